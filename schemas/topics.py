@@ -1,0 +1,69 @@
+"""The logical topics, which records each carries, and how each is keyed (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import records as r
+
+__all__ = ["TopicSpec", "TOPICS", "SESSION_EVENTS", "SESSION_INPUTS", "WORKER_COMMANDS",
+           "WORKER_EVENTS", "SCALING_COMMANDS", "METRICS", "DEAD_LETTERS", "topic_of"]
+
+SESSION_EVENTS = "session-events"
+SESSION_INPUTS = "session-inputs"
+WORKER_COMMANDS = "worker-commands"
+WORKER_EVENTS = "worker-events"
+SCALING_COMMANDS = "scaling-commands"
+METRICS = "metrics"
+DEAD_LETTERS = "dead-letters"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One logical topic: its records, the key each record is sent under, and who uses it."""
+
+    name: str
+    records: tuple[type[r.Record], ...]
+    key_name: str
+    key: Callable[[r.Record], str]
+    writers: str
+    readers: str
+    summary: str
+
+
+TOPICS: dict[str, TopicSpec] = {
+    spec.name: spec
+    for spec in (
+        TopicSpec(SESSION_EVENTS, (r.SessionOpened, r.SessionActive, r.SessionIdle, r.SessionClosed),
+                  "session id", lambda x: x.session_id,  # type: ignore[attr-defined]
+                  "producers (front end)", "detector, dispatch", "Session lifecycle events."),
+        TopicSpec(SESSION_INPUTS, (r.InputPushed,), "session id", lambda x: x.session_id,  # type: ignore[attr-defined]
+                  "producers", "dispatch (input router)", "User inputs with per-session seq."),
+        TopicSpec(WORKER_COMMANDS, (r.Assign, r.Revoke, r.Suspend, r.Resume, r.Terminate, r.RoutedInput),
+                  "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
+                  "dispatch, rebalancer", "workers", "Commands stamped with a generation."),
+        TopicSpec(WORKER_EVENTS, (r.WorkerUp, r.Heartbeat, r.WorkerDown, r.Claimed, r.Released,
+                                  r.ChunkDone, r.InputAccepted, r.CommandRejected),
+                  "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
+                  "workers, provisioner", "dispatch, rebalancer, autoscaler, metrics",
+                  "What workers did."),
+        TopicSpec(SCALING_COMMANDS, (r.ScaleOut, r.Drain, r.Shutdown), "pool",
+                  lambda x: x.pool,  # type: ignore[attr-defined]
+                  "autoscaler", "provisioner", "Pool size changes."),
+        TopicSpec(METRICS, (r.WorkloadSignal, r.PlacementReport, r.ScalingDecision, r.CostTick),
+                  "metric name", lambda x: x.TAG,
+                  "detector, rebalancer, autoscaler, workers", "any subscriber",
+                  "Signals, reports and costs."),
+        TopicSpec(DEAD_LETTERS, (r.DeadLetter,), "source topic",
+                  lambda x: x.source_topic,  # type: ignore[attr-defined]
+                  "every consumer", "operators", "Records a consumer could not take."),
+    )
+}
+
+_BY_TYPE = {cls: spec.name for spec in TOPICS.values() for cls in spec.records}
+
+
+def topic_of(record: r.Record) -> str:
+    """The logical topic a record belongs on."""
+    return _BY_TYPE[type(record)]

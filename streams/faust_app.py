@@ -1,0 +1,87 @@
+"""The faust app factory and the record adapters that faust agents use.
+
+faust carries bytes only (raw serializers): records are decoded by the same per-topic
+decoders as everywhere else, and what does not decode goes to ``dead-letters``. Ownership
+and fencing stay out of faust's machinery (its exactly-once mode and table recovery have
+open bugs): agents are at-least-once and rely on generations.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import faust
+
+from schemas.codec import decoder_for, encode, key_for
+from schemas.errors import SchemaError
+from schemas.records import Record
+from schemas.topics import TOPICS, topic_of
+
+from .config import Settings
+from .kafka import dead_letter_record
+from .topics import TopicCatalogue
+
+__all__ = ["make_app", "FaustPublisher", "decode_event"]
+
+log = logging.getLogger(__name__)
+
+
+def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
+    """A faust app on the configured broker, at-least-once, with no web server by default."""
+    opts: dict[str, Any] = dict(
+        broker=f"kafka://{settings.kafka.bootstrap}",
+        broker_credentials=settings.kafka.faust_credentials(),
+        store="memory://",
+        web_enabled=False,
+        producer_acks=-1,
+        topic_allow_declare=True,
+        topic_disable_leader=False,
+        broker_commit_every=100,
+        broker_commit_interval=0.5,
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=10.0,
+        producer_max_request_size=max(settings.max_record_bytes * 2, 1 << 20),
+        consumer_auto_offset_reset="earliest",
+    )
+    opts.update(overrides)
+    return faust.App(f"{settings.topic_prefix}{name}", **opts)
+
+
+class FaustPublisher:
+    """Publishes records through a faust app's producer, on their own topic and key."""
+
+    def __init__(self, app: faust.App, catalogue: TopicCatalogue) -> None:
+        self._app = app
+        self._catalogue = catalogue
+        self._topics = {
+            name: app.topic(catalogue.name(name), value_serializer="raw", key_serializer="raw",
+                            partitions=catalogue.partitions.get(name, 1))
+            for name in TOPICS
+        }
+
+    def topic(self, logical: str) -> Any:
+        return self._topics[logical]
+
+    async def send(self, rec: Record, wait: bool = False) -> Any:
+        fut = await self._topics[topic_of(rec)].send(key=key_for(rec), value=encode(rec))
+        if wait:
+            return await fut
+        return fut
+
+    async def dead_letter(self, message: Any, reason: str, consumer: str) -> None:
+        log.warning("%s: dead-lettering %s[%s]@%s: %s", consumer, message.topic,
+                    message.partition, message.offset, reason)
+        await self.send(dead_letter_record(message.topic, message.partition, message.offset,
+                                           message.value, message.key, reason, consumer))
+
+
+async def decode_event(event: Any, logical: str, publisher: FaustPublisher,
+                       consumer: str) -> Record | None:
+    """Decode one faust event of ``logical`` topic, or dead-letter it and return None."""
+    try:
+        return decoder_for(logical).decode(event.message.value)
+    except SchemaError as exc:
+        await publisher.dead_letter(event.message, f"schema: {exc}", consumer)
+        return None

@@ -1,0 +1,566 @@
+"""The generation store: who may execute a session right now (DESIGN.md §3, DHSched).
+
+Every check-and-change is one Lua script (``streams/lua/``), loaded with SCRIPT LOAD and run
+by EVALSHA (reloaded on NOSCRIPT), so capacity admission, the epoch CAS and the slot moves
+happen in one atomic step.
+
+Key layout, all under one hash tag per namespace so each script touches one cluster slot::
+
+    {ns}:s:<session>    hash: w, e (epoch), st (active|suspended|closed), cl (claimed),
+                        ci (chunk index), sq (input seq), sn_* (snapshot manifest)
+    {ns}:sd:<session>   hash: snapshot parts, field "<snap id>:<i>"
+    {ns}:workers        hash: c:<w> capacity, d:<w> draining, u:<w> slots used
+    {ns}:ws:<worker>    set: sessions holding a slot on the worker
+
+Cluster story: a commit must change a session's generation *and* two workers' slot counts
+atomically, and on Redis Cluster one script reaches one slot. Any (session, worker) pair may
+meet in a commit, so the only sound static layout is one slot for all ownership keys: the
+store shards by namespace (run one namespace per pool or region to spread load). Per-session
+tags would need a two-phase reservation with leases; we do not do that. Snapshot parts live
+in the same slot because their writes are fenced by the generation in the same script; the
+portable snapshot is the compact state (DESIGN.md §5), written in bounded parts.
+
+The operations are sans-IO generators of script calls, run by the async ``GenerationStore``
+or the blocking ``SyncGenerationStore``; ``generations_memory`` runs the same operations
+against a pure-Python twin of the scripts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Generator, Iterable, NamedTuple
+
+from schemas.errors import (
+    ConfigError,
+    InfraError,
+    NoCapacityError,
+    NotOwnerError,
+    OwnershipError,
+    SnapshotCorruptError,
+    StaleGenerationError,
+    UnknownSessionError,
+)
+from schemas.records import Generation
+
+__all__ = [
+    "DEFAULT_PART_SIZE",
+    "GenerationStore",
+    "SyncGenerationStore",
+    "Keys",
+    "SessionView",
+    "SnapshotManifest",
+    "WorkerLoad",
+    "SCRIPTS",
+    "closed_error",
+]
+
+DEFAULT_PART_SIZE = 8 * 1024 * 1024
+
+Call = tuple[str, list[str], list[Any]]
+Op = Generator[Call, Any, Any]
+
+
+def _load_scripts() -> dict[str, str]:
+    folder = resources.files("streams") / "lua"
+    fence = (folder / "_fence.lua").read_text()
+    out = {}
+    for entry in folder.iterdir():
+        name = entry.name
+        if name.endswith(".lua") and not name.startswith("_"):
+            body = entry.read_text()
+            out[name[:-4]] = (fence + body) if "fence(" in body else body
+    return out
+
+
+SCRIPTS: dict[str, str] = _load_scripts()
+
+
+class WorkerLoad(NamedTuple):
+    """One worker in the load view."""
+
+    used: int
+    capacity: int
+    draining: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotManifest:
+    """A published snapshot: ``parts`` parts of ``snap_id``, ``size`` bytes in all."""
+
+    snap_id: str
+    parts: int
+    size: int
+    sha256: str
+    epoch: int
+    chunk_index: int | None = None
+    input_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """Everything the store keeps for a session (a read: no authority implied)."""
+
+    generation: Generation
+    state: str  # active | suspended | closed
+    claimed: bool
+    chunk_index: int | None
+    input_seq: int | None
+    snapshot: SnapshotManifest | None
+
+
+class Keys:
+    """The key layout above; ``{ns}`` is the one hash tag."""
+
+    def __init__(self, namespace: str) -> None:
+        if not namespace or any(c in namespace for c in "{}"):
+            raise ConfigError("namespace", f"{namespace!r}: must be non-empty, without braces")
+        self.tag = "{" + namespace + "}"
+        self.workers = f"{self.tag}:workers"
+
+    def session(self, sid: str) -> str:
+        return f"{self.tag}:s:{sid}"
+
+    def snapdata(self, sid: str) -> str:
+        return f"{self.tag}:sd:{sid}"
+
+    def slots(self, worker: str) -> str:
+        return f"{self.tag}:ws:{worker}"
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None or _s(v) == "" else int(_s(v))
+
+
+def closed_error(sid: str) -> UnknownSessionError:
+    """Refusal for a terminated session (an UnknownSessionError whose message says closed)."""
+    err = UnknownSessionError(sid)
+    err.args = (f"session {sid}: closed (terminated); it cannot be committed or written again",)
+    return err
+
+
+def _error(reply: list[Any]) -> OwnershipError | SnapshotCorruptError:
+    code, *rest = [_s(x) for x in reply[1:]]
+    if code == "unknown_session":
+        return UnknownSessionError(rest[0])
+    if code == "closed":
+        return closed_error(rest[0])
+    if code == "stale_epoch":
+        return StaleGenerationError(rest[0], int(rest[1]), int(rest[2]))
+    if code == "not_owner":
+        return NotOwnerError(rest[0], rest[1], rest[2])
+    if code == "no_capacity":
+        return NoCapacityError(rest[0], rest[1])
+    if code == "missing_part":
+        return SnapshotCorruptError(f"session {rest[0]}: snapshot {rest[1]} lost part {rest[2]} before commit")
+    raise InfraError(f"generation store: unexpected script reply {reply!r}")
+
+
+def _check(reply: list[Any]) -> list[Any]:
+    if _s(reply[0]) != "ok":
+        raise _error(reply)
+    return reply
+
+
+def _pairs(flat: list[Any]) -> dict[str, Any]:
+    return {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _worker(w: str) -> str:
+    if not isinstance(w, str) or not w:
+        raise ValueError(f"worker id {w!r}: must be a non-empty string")
+    return w
+
+
+class _Ops:
+    """The store's operations as generators of script calls (no I/O here)."""
+
+    def __init__(self, namespace: str, part_size: int = DEFAULT_PART_SIZE) -> None:
+        if part_size <= 0:
+            raise ConfigError("part_size", f"{part_size}: must be positive")
+        self.keys = Keys(namespace)
+        self.namespace = namespace
+        self.part_size = part_size
+        self._owner_hint: dict[str, str] = {}  # last owner seen per session: saves a retry
+
+    def _hint(self, sid: str, worker: str) -> None:
+        if len(self._owner_hint) > 4096:
+            self._owner_hint.clear()
+        self._owner_hint[sid] = worker
+
+    def register_worker(self, worker_id: str, capacity: int) -> Op:
+        if int(capacity) < 0:
+            raise ValueError(f"capacity {capacity}: must be >= 0")
+        _check((yield "register_worker", [self.keys.workers], [_worker(worker_id), int(capacity)]))
+
+    def set_draining(self, worker_id: str, draining: bool) -> Op:
+        args = [_worker(worker_id), "1" if draining else "0"]
+        _check((yield "set_draining", [self.keys.workers], args))
+
+    def deregister_worker(self, worker_id: str, force: bool = False) -> Op:
+        k = [self.keys.workers, self.keys.slots(_worker(worker_id))]
+        reply = _check((yield "deregister_worker", k, [worker_id, "1" if force else "0"]))
+        return sorted(_s(x) for x in reply[1:])
+
+    def load_view(self) -> Op:
+        flat = _pairs((yield "load_view", [self.keys.workers], []))
+        return {
+            f[2:]: WorkerLoad(int(_s(flat.get("u:" + f[2:], 0))), int(_s(v)), _s(flat.get("d:" + f[2:], "0")) == "1")
+            for f, v in sorted(flat.items()) if f.startswith("c:")
+        }
+
+    def sessions_of(self, worker_id: str) -> Op:
+        return sorted(_s(x) for x in (yield "sessions_of", [self.keys.slots(_worker(worker_id))], []))
+
+    def _commit(self, sid: str, expected: int, target: str, source: str) -> Op:
+        guess = source or (self._owner_hint.get(sid, "") if expected else "")
+        for _ in range(4):
+            k = [self.keys.session(sid), self.keys.workers, self.keys.slots(target), self.keys.slots(guess)]
+            reply = yield "commit", k, [sid, int(expected), target, source, guess]
+            if _s(reply[0]) == "retry":
+                guess = _s(reply[1])
+                continue
+            _check(reply)
+            self._hint(sid, target)
+            return Generation(target, int(_s(reply[2])))
+        raise InfraError(f"session {sid}: owner kept changing under commit")
+
+    def commit(self, session_id: str, expected_epoch: int, worker_id: str) -> Op:
+        return (yield from self._commit(session_id, expected_epoch, _worker(worker_id), ""))
+
+    def commit_migration(self, session_id: str, source: Generation, target_worker: str) -> Op:
+        return (yield from self._commit(session_id, source.epoch, _worker(target_worker), _worker(source.worker_id)))
+
+    def _fenced(self, sid: str, gen: Generation) -> tuple[list[str], list[Any]]:
+        _worker(gen.worker_id)
+        return [self.keys.session(sid), self.keys.slots(gen.worker_id)], [sid, gen.worker_id, int(gen.epoch)]
+
+    def claim(self, session_id: str, gen: Generation) -> Op:
+        k, a = self._fenced(session_id, gen)
+        _check((yield "claim", k, a))
+
+    def revalidate(self, items: Iterable[tuple[str, Generation]]) -> Op:
+        keys: list[str] = []
+        args: list[Any] = []
+        for sid, gen in items:
+            k, a = self._fenced(sid, gen)
+            keys += k
+            args += a
+        if not keys:
+            return []
+        return [(_s(r) == "ok", _s(r)) for r in (yield "revalidate", keys, args)]
+
+    def release(self, session_id: str, gen: Generation, close: bool = False) -> Op:
+        k = [self.keys.session(session_id), self.keys.workers, self.keys.slots(gen.worker_id), self.keys.snapdata(session_id)]
+        _check((yield "release", k, [session_id, gen.worker_id, int(gen.epoch), "1" if close else "0"]))
+
+    def write_progress(self, session_id: str, gen: Generation, chunk_index: int | None = None,
+                       input_seq: int | None = None) -> Op:
+        k, a = self._fenced(session_id, gen)
+        a += ["" if chunk_index is None else int(chunk_index), "" if input_seq is None else int(input_seq)]
+        _check((yield "progress", k, a))
+
+    def current(self, session_id: str) -> Op:
+        view = yield from self.session(session_id)
+        return None if view is None or view.state == "closed" else view.generation
+
+    def session(self, session_id: str) -> Op:
+        f = _pairs((yield "session", [self.keys.session(session_id)], []))
+        if "e" not in f:
+            return None
+        gen = Generation(_s(f["w"]), int(_s(f["e"])))
+        self._hint(session_id, gen.worker_id)
+        snap = None
+        if "sn_id" in f:
+            snap = SnapshotManifest(_s(f["sn_id"]), int(_s(f["sn_n"])), int(_s(f["sn_size"])), _s(f["sn_sha"]),
+                                    int(_s(f["sn_e"])), _opt_int(f.get("sn_ci")), _opt_int(f.get("sn_sq")))
+        return SessionView(gen, _s(f["st"]), _s(f.get("cl", "0")) == "1", _opt_int(f.get("ci")),
+                           _opt_int(f.get("sq")), snap)
+
+    def put_snapshot(self, session_id: str, gen: Generation, data: bytes, chunk_index: int | None = None,
+                     input_seq: int | None = None) -> Op:
+        data = bytes(data)
+        snap_id = f"{gen.epoch}.{uuid.uuid4().hex[:12]}"
+        k, a = self._fenced(session_id, gen)
+        k = k + [self.keys.snapdata(session_id)]
+        n = max(1, -(-len(data) // self.part_size))
+        for i in range(n):
+            part = data[i * self.part_size:(i + 1) * self.part_size]
+            _check((yield "snap_part", k, a + [f"{snap_id}:{i}", part]))
+        sha = hashlib.sha256(data).hexdigest()
+        extra = ["" if chunk_index is None else int(chunk_index), "" if input_seq is None else int(input_seq)]
+        _check((yield "snap_commit", k, a + [snap_id, n, len(data), sha] + extra))
+        return SnapshotManifest(snap_id, n, len(data), sha, gen.epoch, chunk_index, input_seq)
+
+    def read_snapshot(self, session_id: str) -> Op:
+        for _ in range(3):
+            view = yield from self.session(session_id)
+            if view is None or view.snapshot is None:
+                return None
+            m = view.snapshot
+            parts = []
+            for i in range(m.parts):
+                part = yield "snap_read", [self.keys.snapdata(session_id)], [f"{m.snap_id}:{i}"]
+                if part is None:
+                    break  # replaced by a newer snapshot under our feet: read the new manifest
+                parts.append(part if isinstance(part, bytes) else _s(part).encode())
+            else:
+                data = b"".join(parts)
+                if len(data) != m.size or hashlib.sha256(data).hexdigest() != m.sha256:
+                    raise SnapshotCorruptError(f"session {session_id}: snapshot {m.snap_id} fails its checksum")
+                return m, data
+        raise SnapshotCorruptError(f"session {session_id}: snapshot parts kept vanishing while reading")
+
+
+def _redis_errors() -> tuple[type[BaseException], ...]:
+    import redis.exceptions as rex
+
+    return rex.ConnectionError, rex.TimeoutError
+
+
+class _RedisScripts:
+    """EVALSHA with one SCRIPT LOAD per script per client, reloading on NOSCRIPT."""
+
+    def __init__(self, client: Any, sources: dict[str, str] | None = None) -> None:
+        pool = getattr(client, "connection_pool", None)
+        if pool is not None and pool.connection_kwargs.get("decode_responses"):
+            raise ConfigError("decode_responses", "the generation store needs a client with decode_responses=False")
+        self.client = client
+        self.sources = sources or SCRIPTS
+        self.shas = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self.sources.items()}
+        self.loaded: set[str] = set()
+
+
+class _AsyncBackend(_RedisScripts):
+    async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        from redis.exceptions import NoScriptError
+
+        try:
+            if name not in self.loaded:
+                await self.client.script_load(self.sources[name])
+                self.loaded.add(name)
+            try:
+                return await self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+            except NoScriptError:
+                await self.client.script_load(self.sources[name])
+                return await self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+        except _redis_errors() as exc:
+            raise InfraError(f"generation store: Redis unreachable: {exc}") from exc
+
+
+class _SyncBackend(_RedisScripts):
+    def call(self, name: str, keys: list[str], args: list[Any]) -> Any:  # type: ignore[override]
+        from redis.exceptions import NoScriptError
+
+        try:
+            if name not in self.loaded:
+                self.client.script_load(self.sources[name])
+                self.loaded.add(name)
+            try:
+                return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+            except NoScriptError:
+                self.client.script_load(self.sources[name])
+                return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+        except _redis_errors() as exc:
+            raise InfraError(f"generation store: Redis unreachable: {exc}") from exc
+
+
+def _drive_sync(backend: Any, op: Op) -> Any:
+    reply = None
+    try:
+        while True:
+            script, keys, argv = op.send(reply)
+            reply = backend.call(script, keys, argv)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def _drive_async(backend: Any, op: Op) -> Any:
+    reply = None
+    try:
+        while True:
+            script, keys, argv = op.send(reply)
+            reply = await backend.call(script, keys, argv)
+    except StopIteration as stop:
+        return stop.value
+
+
+class GenerationStore:
+    """Async generation store on a ``redis.asyncio`` client (decode_responses=False).
+
+    Refusals raise: StaleGenerationError (epoch moved), NotOwnerError (another worker's
+    generation), NoCapacityError (target full / draining / unregistered, or the generation no
+    longer holds a slot), UnknownSessionError (no generation; or closed, see ``closed_error``).
+    """
+
+    def __init__(self, client: Any, namespace: str, *, part_size: int = DEFAULT_PART_SIZE,
+                 backend: Any = None) -> None:
+        self._ops = _Ops(namespace, part_size)
+        self._backend = backend if backend is not None else _AsyncBackend(client)
+        self.client = client
+
+    @classmethod
+    def from_url(cls, url: str, namespace: str, **kwargs: Any) -> "GenerationStore":
+        import redis.asyncio
+
+        return cls(redis.asyncio.Redis.from_url(url), namespace, **kwargs)
+
+    @property
+    def keys(self) -> Keys:
+        return self._ops.keys
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def register_worker(self, worker_id: str, capacity: int) -> None:
+        """Add a worker or set its capacity (refused below the slots in use)."""
+        await _drive_async(self._backend, self._ops.register_worker(worker_id, capacity))
+
+    async def set_draining(self, worker_id: str, draining: bool) -> None:
+        """A draining worker keeps its sessions but admits no new commit."""
+        await _drive_async(self._backend, self._ops.set_draining(worker_id, draining))
+
+    async def deregister_worker(self, worker_id: str, force: bool = False) -> list[str]:
+        """Remove a worker; only when it holds no slot unless ``force``. Returns dropped sessions."""
+        return await _drive_async(self._backend, self._ops.deregister_worker(worker_id, force))
+
+    async def load_view(self) -> dict[str, WorkerLoad]:
+        """``{worker_id: (used, capacity, draining)}``, for ranking candidates (advisory)."""
+        return await _drive_async(self._backend, self._ops.load_view())
+
+    async def sessions_of(self, worker_id: str) -> list[str]:
+        """Sessions currently holding a slot on the worker (e.g. to recover a dead one)."""
+        return await _drive_async(self._backend, self._ops.sessions_of(worker_id))
+
+    async def commit(self, session_id: str, expected_epoch: int, worker_id: str) -> Generation:
+        """Epoch e -> e+1 on ``worker_id`` iff stored epoch is e (0: none yet) and a slot is free."""
+        return await _drive_async(self._backend, self._ops.commit(session_id, expected_epoch, worker_id))
+
+    async def commit_migration(self, session_id: str, source: Generation, target_worker: str) -> Generation:
+        """A commit that applies only while ``source`` is still the exact current generation."""
+        return await _drive_async(self._backend, self._ops.commit_migration(session_id, source, target_worker))
+
+    async def claim(self, session_id: str, gen: Generation) -> None:
+        """The worker takes up ``gen``; refused unless current and holding its slot."""
+        await _drive_async(self._backend, self._ops.claim(session_id, gen))
+
+    async def revalidate(self, items: Iterable[tuple[str, Generation]]) -> list[tuple[bool, str]]:
+        """One round trip: ``(ok, reason)`` per item; reason is "ok", a reason_code or "closed"."""
+        return await _drive_async(self._backend, self._ops.revalidate(list(items)))
+
+    async def release(self, session_id: str, gen: Generation, close: bool = False) -> None:
+        """Free the slot of the current ``gen`` (suspended); ``close`` terminates for good."""
+        await _drive_async(self._backend, self._ops.release(session_id, gen, close))
+
+    async def write_progress(self, session_id: str, gen: Generation, chunk_index: int | None = None,
+                             input_seq: int | None = None) -> None:
+        """Fenced write of the chunk index and/or the last applied input seq."""
+        await _drive_async(self._backend, self._ops.write_progress(session_id, gen, chunk_index, input_seq))
+
+    async def set_chunk_index(self, session_id: str, gen: Generation, index: int) -> None:
+        await self.write_progress(session_id, gen, chunk_index=index)
+
+    async def set_input_seq(self, session_id: str, gen: Generation, seq: int) -> None:
+        await self.write_progress(session_id, gen, input_seq=seq)
+
+    async def current(self, session_id: str) -> Generation | None:
+        """The current generation; None when unknown or closed."""
+        return await _drive_async(self._backend, self._ops.current(session_id))
+
+    async def session(self, session_id: str) -> SessionView | None:
+        """Everything stored for the session, or None."""
+        return await _drive_async(self._backend, self._ops.session(session_id))
+
+    async def put_snapshot(self, session_id: str, gen: Generation, data: bytes, chunk_index: int | None = None,
+                           input_seq: int | None = None) -> SnapshotManifest:
+        """Fenced, part by part (``part_size``), then a fenced manifest with sha256 and count."""
+        return await _drive_async(self._backend,
+                                  self._ops.put_snapshot(session_id, gen, data, chunk_index, input_seq))
+
+    async def read_snapshot(self, session_id: str) -> tuple[SnapshotManifest, bytes] | None:
+        """The last published snapshot, checksum-verified (SnapshotCorruptError), or None."""
+        return await _drive_async(self._backend, self._ops.read_snapshot(session_id))
+
+
+class SyncGenerationStore:
+    """The same store, blocking, on a sync ``redis.Redis`` client (CLIs, tests, studies)."""
+
+    def __init__(self, client: Any, namespace: str, *, part_size: int = DEFAULT_PART_SIZE,
+                 backend: Any = None) -> None:
+        self._ops = _Ops(namespace, part_size)
+        self._backend = backend if backend is not None else _SyncBackend(client)
+        self.client = client
+
+    @classmethod
+    def from_url(cls, url: str, namespace: str, **kwargs: Any) -> "SyncGenerationStore":
+        import redis
+
+        return cls(redis.Redis.from_url(url), namespace, **kwargs)
+
+    @property
+    def keys(self) -> Keys:
+        return self._ops.keys
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    def register_worker(self, worker_id: str, capacity: int) -> None:
+        _drive_sync(self._backend, self._ops.register_worker(worker_id, capacity))
+
+    def set_draining(self, worker_id: str, draining: bool) -> None:
+        _drive_sync(self._backend, self._ops.set_draining(worker_id, draining))
+
+    def deregister_worker(self, worker_id: str, force: bool = False) -> list[str]:
+        return _drive_sync(self._backend, self._ops.deregister_worker(worker_id, force))
+
+    def load_view(self) -> dict[str, WorkerLoad]:
+        return _drive_sync(self._backend, self._ops.load_view())
+
+    def sessions_of(self, worker_id: str) -> list[str]:
+        return _drive_sync(self._backend, self._ops.sessions_of(worker_id))
+
+    def commit(self, session_id: str, expected_epoch: int, worker_id: str) -> Generation:
+        return _drive_sync(self._backend, self._ops.commit(session_id, expected_epoch, worker_id))
+
+    def commit_migration(self, session_id: str, source: Generation, target_worker: str) -> Generation:
+        return _drive_sync(self._backend, self._ops.commit_migration(session_id, source, target_worker))
+
+    def claim(self, session_id: str, gen: Generation) -> None:
+        _drive_sync(self._backend, self._ops.claim(session_id, gen))
+
+    def revalidate(self, items: Iterable[tuple[str, Generation]]) -> list[tuple[bool, str]]:
+        return _drive_sync(self._backend, self._ops.revalidate(list(items)))
+
+    def release(self, session_id: str, gen: Generation, close: bool = False) -> None:
+        _drive_sync(self._backend, self._ops.release(session_id, gen, close))
+
+    def write_progress(self, session_id: str, gen: Generation, chunk_index: int | None = None,
+                       input_seq: int | None = None) -> None:
+        _drive_sync(self._backend, self._ops.write_progress(session_id, gen, chunk_index, input_seq))
+
+    def set_chunk_index(self, session_id: str, gen: Generation, index: int) -> None:
+        self.write_progress(session_id, gen, chunk_index=index)
+
+    def set_input_seq(self, session_id: str, gen: Generation, seq: int) -> None:
+        self.write_progress(session_id, gen, input_seq=seq)
+
+    def current(self, session_id: str) -> Generation | None:
+        return _drive_sync(self._backend, self._ops.current(session_id))
+
+    def session(self, session_id: str) -> SessionView | None:
+        return _drive_sync(self._backend, self._ops.session(session_id))
+
+    def put_snapshot(self, session_id: str, gen: Generation, data: bytes, chunk_index: int | None = None,
+                     input_seq: int | None = None) -> SnapshotManifest:
+        return _drive_sync(self._backend, self._ops.put_snapshot(session_id, gen, data, chunk_index, input_seq))
+
+    def read_snapshot(self, session_id: str) -> tuple[SnapshotManifest, bytes] | None:
+        return _drive_sync(self._backend, self._ops.read_snapshot(session_id))

@@ -1,0 +1,175 @@
+"""Producer and consumer helpers on aiokafka, with the dead-letter path built in.
+
+The embedded broker rejects idempotent producers and transactions (DESIGN.md §7), so
+producers use ``acks=all`` without idempotence: delivery is at-least-once everywhere and
+correctness comes from generations and per-session sequence numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from schemas.codec import decoder_for, encode, key_for
+from schemas.errors import SchemaError
+from schemas.records import DeadLetter, Record
+from schemas.topics import DEAD_LETTERS, topic_of
+
+from .config import Settings
+from .topics import TopicCatalogue
+
+__all__ = ["RecordProducer", "Delivered", "RecordConsumer", "dead_letter_record", "MAX_DEAD_RAW"]
+
+log = logging.getLogger(__name__)
+MAX_DEAD_RAW = 256 * 1024
+
+
+class RecordProducer:
+    """Publishes records on their own topic under their own key (at-least-once)."""
+
+    def __init__(self, settings: Settings, catalogue: TopicCatalogue | None = None,
+                 client_id: str = "chunkserve", **overrides: Any) -> None:
+        self.settings = settings
+        self.catalogue = catalogue or TopicCatalogue.from_settings(settings)
+        opts: dict[str, Any] = dict(acks="all", enable_idempotence=False, linger_ms=1,
+                                    client_id=client_id,
+                                    max_request_size=max(settings.max_record_bytes * 2, 1 << 20))
+        opts.update(overrides)
+        self._producer = AIOKafkaProducer(**settings.kafka.client_kwargs(), **opts)
+
+    async def start(self) -> "RecordProducer":
+        await self._producer.start()
+        return self
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def __aenter__(self) -> "RecordProducer":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def send(self, rec: Record, wait: bool = True) -> Any:
+        """Encode and publish ``rec``; with ``wait`` returns once the broker acknowledged it."""
+        topic = self.catalogue.name(topic_of(rec))
+        data = encode(rec, self.settings.max_record_bytes)
+        if wait:
+            return await self._producer.send_and_wait(topic, data, key=key_for(rec))
+        return await self._producer.send(topic, data, key=key_for(rec))
+
+    async def send_many(self, recs: Iterable[Record]) -> None:
+        """Publish several records and wait until all are acknowledged."""
+        futures = [await self.send(r, wait=False) for r in recs]
+        for fut in futures:
+            await fut
+
+    async def send_raw(self, logical_topic: str, value: bytes, key: bytes | None = None) -> Any:
+        """Publish bytes as they are (tools and tests that need malformed records)."""
+        return await self._producer.send_and_wait(self.catalogue.name(logical_topic), value, key=key)
+
+    async def flush(self) -> None:
+        await self._producer.flush()
+
+
+def dead_letter_record(topic: str, partition: int, offset: int, raw: bytes | None,
+                       key: bytes | None, reason: str, consumer: str) -> DeadLetter:
+    """The dead-letter record of one message that ``consumer`` could not take."""
+    raw = raw or b""
+    return DeadLetter(source_topic=topic, partition=partition, offset=offset,
+                      reason=reason[:2000], consumer=consumer, ts=time.time(),
+                      raw=raw[:MAX_DEAD_RAW], raw_size=len(raw),
+                      key=None if key is None else key[:1024])
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A decoded record and where it was read."""
+
+    record: Record
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+
+
+class RecordConsumer:
+    """Reads records of logical topics; bad bytes go to ``dead-letters`` and are skipped.
+
+    Either joins ``group_id`` (subscribe) or reads explicitly ``assign``-ed partitions.
+    ``poll`` returns the decoded records; ``commit`` commits everything polled so far,
+    including the positions past dead-lettered records.
+    """
+
+    def __init__(self, settings: Settings, topics: list[str], producer: RecordProducer,
+                 name: str, group_id: str | None = None, catalogue: TopicCatalogue | None = None,
+                 **overrides: Any) -> None:
+        self.settings = settings
+        self.catalogue = catalogue or TopicCatalogue.from_settings(settings)
+        self.topics = topics
+        self.name = name
+        self.producer = producer
+        self.group_id = group_id
+        self.dead_lettered = 0
+        self._decoders = {self.catalogue.name(t): decoder_for(t, settings.max_record_bytes)
+                          for t in topics}
+        opts: dict[str, Any] = dict(group_id=group_id, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", client_id=name,
+                                    fetch_max_bytes=max(settings.max_record_bytes * 4, 1 << 22))
+        opts.update(overrides)
+        self._consumer = AIOKafkaConsumer(**settings.kafka.client_kwargs(), **opts)
+
+    @property
+    def raw(self) -> AIOKafkaConsumer:
+        return self._consumer
+
+    async def start(self, subscribe: bool = True) -> "RecordConsumer":
+        await self._consumer.start()
+        if subscribe:
+            self._consumer.subscribe(list(self._decoders))
+        return self
+
+    async def assign(self, logical: str, partitions: list[int], from_end: bool) -> None:
+        """Read the given partitions without a group; ``from_end`` skips what is already there."""
+        tps = [TopicPartition(self.catalogue.name(logical), p) for p in partitions]
+        self._consumer.assign(tps)
+        if from_end:
+            await self._consumer.seek_to_end(*tps)
+            for tp in tps:  # resolve the position now, so later records are not missed
+                await self._consumer.position(tp)
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def poll(self, timeout_ms: int = 200, max_records: int | None = None) -> list[Delivered]:
+        """Decode the next batch; dead-letter what does not decode."""
+        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        out: list[Delivered] = []
+        for tp, messages in batches.items():
+            decoder = self._decoders[tp.topic]
+            for msg in messages:
+                try:
+                    rec = decoder.decode(msg.value)
+                except SchemaError as exc:
+                    await self.dead_letter(tp.topic, tp.partition, msg.offset, msg.value, msg.key,
+                                           f"schema: {exc}")
+                    continue
+                out.append(Delivered(rec, tp.topic, tp.partition, msg.offset, msg.key))
+        return out
+
+    async def dead_letter(self, topic: str, partition: int, offset: int, raw: bytes | None,
+                          key: bytes | None, reason: str) -> None:
+        """Publish one record this consumer could not take, with its source and reason."""
+        self.dead_lettered += 1
+        log.warning("%s: dead-lettering %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
+        await self.producer.send(dead_letter_record(topic, partition, offset, raw, key, reason,
+                                                    self.name))
+
+    async def commit(self) -> None:
+        """Commit the positions of everything polled (group consumers only)."""
+        if self.group_id is not None:
+            await self._consumer.commit()

@@ -1,0 +1,2 @@
+-- KEYS: workers hash. Returns its flat field/value list.
+return redis.call('HGETALL', KEYS[1])

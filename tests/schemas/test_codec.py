@@ -1,0 +1,156 @@
+"""Wire contracts: round trips, and SchemaError (only) for every kind of bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from pathlib import Path
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.asyncapi import asyncapi_json
+from schemas.codec import Decoder, decode, encode, key_for
+from schemas.errors import SchemaError
+from schemas.records import (Assign, ChunkDone, Generation, InputPushed, Record, SessionOpened,
+                             record_types)
+from schemas.topics import TOPICS, topic_of
+
+from .strategies import ALL_RECORDS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@settings(max_examples=600, deadline=None)
+@given(ALL_RECORDS)
+def test_round_trip_every_type(rec: Record) -> None:
+    topic = topic_of(rec)
+    assert decode(topic, encode(rec)) == rec
+    assert isinstance(key_for(rec), bytes) and key_for(rec)
+
+
+def test_every_record_type_is_on_exactly_one_topic() -> None:
+    on_topics = [cls for spec in TOPICS.values() for cls in spec.records]
+    assert sorted(c.TAG for c in on_topics) == sorted(record_types())
+    assert len(on_topics) == len(set(on_topics))
+
+
+def test_records_are_frozen_and_slotted() -> None:
+    rec = SessionOpened(session_id="s1", ts=1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.session_id = "s2"  # type: ignore[misc]
+    assert not hasattr(rec, "__dict__")
+
+
+def _valid_wire() -> dict:
+    return {"t": "cmd.assign", "v": 1, "worker_id": "w1", "session_id": "s1",
+            "generation": {"worker_id": "w1", "epoch": 2}, "ts": 1.5}
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "needle"),
+    [
+        (lambda w: w.update(t="cmd.nope"), "t", "unknown type tag"),
+        (lambda w: w.pop("t"), "t", "type tag"),
+        (lambda w: w.update(v=9), "v", "unsupported version"),
+        (lambda w: w.update(v=True), "v", "version"),
+        (lambda w: w.pop("session_id"), "session_id", "missing field"),
+        (lambda w: w.update(extra=1), "extra", "unexpected field"),
+        (lambda w: w.update(ts="soon"), "ts", "expected a number"),
+        (lambda w: w.update(session_id=""), "session_id", "must not be empty"),
+        (lambda w: w.update(worker_id=7), "worker_id", "expected a string"),
+        (lambda w: w["generation"].update(epoch=-1), "generation.epoch", ">= 0"),
+        (lambda w: w["generation"].update(epoch=1.0), "generation.epoch", "integer"),
+        (lambda w: w.update(ts=math.inf), "ts", "not finite"),
+        (lambda w: w.update(ts=-1.0), "ts", ">= 0"),
+        (lambda w: w.update(restore=1), "restore", "boolean"),
+        (lambda w: w.update(generation=[1, 2]), "generation", "expected a map"),
+    ],
+)
+def test_schema_error_names_field(change, field: str, needle: str) -> None:
+    wire = _valid_wire()
+    change(wire)
+    with pytest.raises(SchemaError) as info:
+        decode("worker-commands", msgpack.packb(wire, use_bin_type=True))
+    assert info.value.field == field
+    assert needle in str(info.value)
+
+
+def test_negative_seq_and_wrong_topic() -> None:
+    good = InputPushed(session_id="s", seq=0, kind="text", payload="hi", ts=0.0)
+    wire = msgpack.unpackb(encode(good))
+    wire["seq"] = -3
+    with pytest.raises(SchemaError, match="seq"):
+        decode("session-inputs", msgpack.packb(wire))
+    with pytest.raises(SchemaError, match="unknown type tag"):
+        decode("session-events", encode(good))
+
+
+def test_size_limit_is_configurable() -> None:
+    rec = SessionOpened(session_id="s", ts=0.0, prompt="x" * 5000)
+    data = encode(rec)
+    assert decode("session-events", data) == rec
+    with pytest.raises(SchemaError, match="over the 1000-byte limit"):
+        Decoder("session-events", max_bytes=1000).decode(data)
+    with pytest.raises(SchemaError, match="limit"):
+        encode(rec, max_bytes=100)
+
+
+def test_invalid_records_cannot_be_built() -> None:
+    with pytest.raises(SchemaError, match="chunk_index"):
+        ChunkDone(worker_id="w", session_id="s", generation=Generation("w", 1), chunk_index=-1, ts=0)
+    with pytest.raises(SchemaError, match="epoch"):
+        Generation("w", -1)
+    with pytest.raises(SchemaError, match="worker_id"):
+        Assign(worker_id="", session_id="s", generation=Generation("w", 1), ts=0.0)
+
+
+def _decode_or_schema_error(topic: str, data: bytes) -> None:
+    try:
+        rec = decode(topic, data)
+    except SchemaError:
+        return
+    assert topic_of(rec) == topic  # a lucky mutation may still be a valid record
+
+
+def test_random_bytes_raise_schema_error_only() -> None:
+    rng = random.Random(1234)
+    topics = list(TOPICS)
+    for i in range(10_000):
+        data = rng.randbytes(rng.randrange(0, 96))
+        if i % 3 == 0:  # start like a msgpack map to get past the first byte
+            data = bytes([0x80 | rng.randrange(16)]) + data
+        _decode_or_schema_error(topics[i % len(topics)], data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ALL_RECORDS, st.randoms(use_true_random=False))
+def test_mutations_raise_schema_error_only(rec: Record, rng: random.Random) -> None:
+    topic = topic_of(rec)
+    base = bytearray(encode(rec))
+    for _ in range(170):  # 60 records x 170 mutations > 10,000
+        data = bytearray(base)
+        for _ in range(rng.randrange(1, 4)):
+            op = rng.randrange(4)
+            pos = rng.randrange(len(data)) if data else 0
+            if op == 0 and data:
+                data[pos] = rng.randrange(256)
+            elif op == 1:
+                data.insert(pos, rng.randrange(256))
+            elif op == 2 and data:
+                del data[pos]
+            else:
+                data = data[: rng.randrange(len(data) + 1)]
+        _decode_or_schema_error(topic, bytes(data))
+
+
+def test_asyncapi_document_is_current() -> None:
+    committed = (ROOT / "docs" / "asyncapi.json").read_text()
+    assert committed == asyncapi_json(), "run `chunkserve schemas asyncapi -o docs/asyncapi.json`"
+    doc = json.loads(committed)
+    assert set(doc["channels"]) == set(TOPICS)
+    assert set(doc["components"]["messages"]) == {c.__name__ for c in record_types().values()}

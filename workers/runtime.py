@@ -1,0 +1,283 @@
+"""The worker runtime: claims generations, runs coalesced chunks, releases only when current.
+
+One process per device. Commands arrive on the ``worker-commands`` partition the worker id
+hashes to (records for other workers are skipped). Every state-advancing step is fenced:
+a session is claimed before its first chunk or input, the whole coalesced batch is
+revalidated in one round trip before any output is released, and inputs are applied once,
+in sequence order. A worker that learns its generation is stale drops the session at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from schemas.errors import OwnershipError
+from schemas.records import (Assign, ChunkDone, Claimed, CommandRejected, Generation, Heartbeat,
+                             InputAccepted, Record, Released, Resume, Revoke, RoutedInput,
+                             Suspend, Terminate, WorkerDown, WorkerUp)
+from schemas.topics import WORKER_COMMANDS
+from streams.config import Settings
+from streams.generations import GenerationStore
+from streams.kafka import RecordConsumer, RecordProducer
+from streams.topics import TopicCatalogue, partition_for_key
+
+__all__ = ["WorkerConfig", "Worker", "session_seed"]
+
+log = logging.getLogger(__name__)
+MAX_PENDING_INPUTS = 1024
+
+
+def session_seed(session_id: str) -> int:
+    """The session's noise seed: a stable function of its id, so any owner reproduces it."""
+    return zlib.crc32(session_id.encode())
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One worker's identity and pacing."""
+
+    worker_id: str
+    capacity: int = 8
+    pool: str = "default"
+    gpu_type: str = "cpu"
+    chunk_interval_s: float = 0.1
+    heartbeat_s: float = 1.0
+    device: str = "cpu"
+
+
+@dataclass
+class _Session:
+    generation: Generation
+    state: Any
+    executing: bool = True
+    next_due: float = 0.0
+    pending: dict[int, RoutedInput] = field(default_factory=dict)
+
+
+class Worker:
+    """Drives a ``StreamingModel`` for the sessions this worker currently owns."""
+
+    def __init__(self, settings: Settings, config: WorkerConfig, model: Any, store: GenerationStore,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.config = config
+        self.model = model
+        self.store = store
+        self.clock = clock
+        self.monotonic = monotonic
+        self.sessions: dict[str, _Session] = {}
+        self.early_inputs: dict[str, dict[int, RoutedInput]] = {}
+        self.chunks_released = 0
+        self.last_latency_s = 0.0
+        self._producer: RecordProducer | None = None
+        self._consumer: RecordConsumer | None = None
+        self._telemetry: Any = None
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from .telemetry import Telemetry
+
+        cfg = self.config
+        catalogue = TopicCatalogue.from_settings(self.settings)
+        self._producer = await RecordProducer(self.settings, catalogue,
+                                              client_id=f"worker-{cfg.worker_id}").start()
+        self._consumer = RecordConsumer(self.settings, [WORKER_COMMANDS], self._producer,
+                                        name=f"worker-{cfg.worker_id}", catalogue=catalogue)
+        await self._consumer.start(subscribe=False)
+        topic = catalogue.name(WORKER_COMMANDS)
+        await self._consumer.raw.topics()  # fetch metadata for the partition count
+        partitions = self._consumer.raw.partitions_for_topic(topic) or {0}
+        mine = partition_for_key(cfg.worker_id.encode(), len(partitions))
+        await self._consumer.assign(WORKER_COMMANDS, [mine], from_end=True)
+        await self.store.register_worker(cfg.worker_id, cfg.capacity)
+        self._telemetry = Telemetry(0 if cfg.device.startswith("cuda") else None)
+        await self._send(WorkerUp(worker_id=cfg.worker_id, ts=self.clock(), capacity=cfg.capacity,
+                                  device=cfg.device, gpu_type=cfg.gpu_type, pool=cfg.pool))
+
+    async def stop(self, reason: str = "shutdown") -> None:
+        if self._producer is not None:
+            await self._send(WorkerDown(worker_id=self.config.worker_id, ts=self.clock(),
+                                        reason=reason))
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set."""
+        await self.start()
+        next_beat = 0.0
+        try:
+            while not stop.is_set():
+                busy = any(s.executing for s in self.sessions.values())
+                await self.poll_commands(timeout_ms=1 if busy else 50)
+                await self.tick()
+                if self.monotonic() >= next_beat:
+                    await self.heartbeat()
+                    next_beat = self.monotonic() + self.config.heartbeat_s
+        finally:
+            await self.stop()
+
+    # --- commands ----------------------------------------------------------------------
+
+    async def poll_commands(self, timeout_ms: int) -> None:
+        assert self._consumer is not None
+        for d in await self._consumer.poll(timeout_ms=timeout_ms):
+            rec = d.record
+            if getattr(rec, "worker_id", None) != self.config.worker_id:
+                continue  # another worker's command on the shared partition
+            await self.handle(rec)
+
+    async def handle(self, rec: Record) -> None:
+        if isinstance(rec, Assign):
+            await self._on_assign(rec)
+        elif isinstance(rec, RoutedInput):
+            await self._on_input(rec)
+        elif isinstance(rec, (Terminate, Revoke)):
+            await self._on_stop(rec)
+        elif isinstance(rec, (Suspend, Resume)):
+            sess = await self._current_session(rec)
+            if sess is not None:
+                sess.executing = isinstance(rec, Resume)
+                sess.next_due = self.monotonic()
+
+    async def _reject(self, rec: Record, reason: str, detail: str = "") -> None:
+        await self._send(CommandRejected(
+            worker_id=self.config.worker_id, session_id=getattr(rec, "session_id", ""),
+            command=rec.TAG, reason=reason, ts=self.clock(),
+            generation=getattr(rec, "generation", None), seq=getattr(rec, "seq", -1),
+            detail=detail[:500]))
+
+    async def _on_assign(self, rec: Assign) -> None:
+        held = self.sessions.get(rec.session_id)
+        if held is not None and held.generation == rec.generation:
+            return  # duplicate delivery
+        try:
+            await self.store.claim(rec.session_id, rec.generation)
+        except OwnershipError as exc:
+            await self._reject(rec, exc.reason_code, str(exc))
+            return
+        if held is not None:  # we held an older generation of the same session
+            self.sessions.pop(rec.session_id)
+        state = self.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id))
+        sess = _Session(rec.generation, state, next_due=self.monotonic())
+        self.sessions[rec.session_id] = sess
+        await self._send(Claimed(worker_id=self.config.worker_id, session_id=rec.session_id,
+                                 generation=rec.generation, ts=self.clock()))
+        early = self.early_inputs.pop(rec.session_id, {})
+        sess.pending.update({s: i for s, i in early.items() if i.generation == rec.generation})
+        await self._apply_pending(rec.session_id, sess)
+
+    async def _current_session(self, rec: Record) -> _Session | None:
+        """The held session if ``rec`` carries its generation; otherwise reject ``rec``."""
+        sid = rec.session_id  # type: ignore[attr-defined]
+        gen = rec.generation  # type: ignore[attr-defined]
+        sess = self.sessions.get(sid)
+        if sess is None or sess.generation != gen:
+            reason = "stale_epoch" if sess is not None and gen.epoch < sess.generation.epoch else "not_owner"
+            await self._reject(rec, reason, f"held: {sess.generation if sess else None}")
+            return None
+        return sess
+
+    async def _on_input(self, rec: RoutedInput) -> None:
+        sess = self.sessions.get(rec.session_id)
+        if sess is None or sess.generation.epoch < rec.generation.epoch:
+            # the Assign may not have arrived yet: keep it, bounded, until it does
+            early = self.early_inputs.setdefault(rec.session_id, {})
+            if len(early) < MAX_PENDING_INPUTS:
+                early[rec.seq] = rec
+            else:
+                await self._reject(rec, "too_many_pending", "pending input buffer full")
+            return
+        if sess.generation != rec.generation:
+            await self._reject(rec, "stale_epoch", f"held: {sess.generation}")
+            return
+        if rec.seq <= sess.state.input_seq:
+            return  # already applied (duplicate delivery)
+        sess.pending[rec.seq] = rec
+        await self._apply_pending(rec.session_id, sess)
+
+    async def _apply_pending(self, sid: str, sess: _Session) -> None:
+        """Apply buffered inputs in order, each after revalidating the generation."""
+        while sess.state.input_seq + 1 in sess.pending:
+            rec = sess.pending.pop(sess.state.input_seq + 1)
+            try:
+                await self.store.set_input_seq(sid, sess.generation, rec.seq)
+            except OwnershipError as exc:
+                await self._drop(sid, sess, f"fenced: {exc}")
+                return
+            self.model.apply_input(sess.state, rec.payload, rec.seq)
+            await self._send(InputAccepted(worker_id=self.config.worker_id, session_id=sid,
+                                           generation=sess.generation, seq=rec.seq, ts=self.clock()))
+
+    async def _on_stop(self, rec: Terminate | Revoke) -> None:
+        sess = await self._current_session(rec)
+        if sess is None:
+            return
+        close = isinstance(rec, Terminate)
+        try:
+            await self.store.release(rec.session_id, rec.generation, close=close)
+        except OwnershipError as exc:
+            log.info("release of %s refused: %s", rec.session_id, exc)
+        self.sessions.pop(rec.session_id, None)
+        await self._send(Released(worker_id=self.config.worker_id, session_id=rec.session_id,
+                                  generation=rec.generation, ts=self.clock(),
+                                  reason="closed" if close else f"revoked: {rec.reason}"))
+
+    async def _drop(self, sid: str, sess: _Session, reason: str) -> None:
+        """Forget a session whose generation is no longer ours (it was fenced)."""
+        if self.sessions.get(sid) is sess:
+            del self.sessions[sid]
+        await self._send(Released(worker_id=self.config.worker_id, session_id=sid,
+                                  generation=sess.generation, ts=self.clock(), reason=reason))
+
+    # --- chunks ------------------------------------------------------------------------
+
+    async def tick(self) -> int:
+        """Run every due session's next chunk as one batch; release only revalidated outputs."""
+        now = self.monotonic()
+        due = [(sid, s) for sid, s in self.sessions.items() if s.executing and s.next_due <= now]
+        if not due:
+            return 0
+        started = time.perf_counter()
+        outputs = self.model.run_batch([s.state for _, s in due])
+        latency = time.perf_counter() - started
+        self.last_latency_s = latency
+        verdicts = await self.store.revalidate([(sid, s.generation) for sid, s in due])
+        released = []
+        for (sid, sess), out, (ok, why) in zip(due, outputs, verdicts):
+            if not ok:
+                await self._drop(sid, sess, f"fenced: {why}")
+                continue
+            sess.next_due = max(sess.next_due + self.config.chunk_interval_s, now)
+            released.append(ChunkDone(
+                worker_id=self.config.worker_id, session_id=sid, generation=sess.generation,
+                chunk_index=out.chunk_index, ts=self.clock(), latency_s=latency,
+                batch_size=len(due), input_seq=out.input_seq, checksum=out.checksum))
+        assert self._producer is not None
+        await self._producer.send_many(released)
+        self.chunks_released += len(released)
+        return len(released)
+
+    async def heartbeat(self) -> None:
+        sample = self._telemetry.sample() if self._telemetry is not None else None
+        await self._send(Heartbeat(
+            worker_id=self.config.worker_id, ts=self.clock(), sessions=len(self.sessions),
+            executing=sum(1 for s in self.sessions.values() if s.executing),
+            capacity=self.config.capacity, chunk_latency_s=self.last_latency_s,
+            device_mem_bytes=sample.device_mem_bytes if sample else 0,
+            device_util=sample.device_util if sample else 0.0,
+            power_w=sample.power_w if sample else 0.0,
+            cpu_percent=sample.cpu_percent if sample else 0.0,
+            rss_bytes=sample.rss_bytes if sample else 0))
+
+    async def _send(self, rec: Record) -> None:
+        assert self._producer is not None
+        await self._producer.send(rec)
