@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -46,6 +47,21 @@ def wait_for_broker(bootstrap: str, timeout_s: float = 20.0) -> None:
     """Block until the broker at ``bootstrap`` answers a metadata request."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # connection refused is expected while it starts
+    try:
+        _poll_metadata(bootstrap, deadline)
+        return
+    except InfraError as exc:
+        last = exc
+    finally:
+        quiet.setLevel(level)
+    raise InfraError(f"broker {bootstrap} did not answer metadata within {timeout_s}s: {last}")
+
+
+def _poll_metadata(bootstrap: str, deadline: float) -> None:
+    last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             asyncio.run(_metadata(bootstrap))
@@ -53,7 +69,7 @@ def wait_for_broker(bootstrap: str, timeout_s: float = 20.0) -> None:
         except Exception as exc:  # connection refused, timeouts: the broker is still starting
             last = exc
             time.sleep(0.1)
-    raise InfraError(f"broker {bootstrap} did not answer metadata within {timeout_s}s: {last}")
+    raise InfraError(str(last))
 
 
 @dataclass
@@ -130,7 +146,7 @@ class EmbeddedRedis:
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
-                client.shutdown()  # type: ignore[attr-defined]
+                client.shutdown(nosave=True)  # type: ignore[attr-defined]
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
