@@ -25,6 +25,8 @@ app = typer.Typer(help="chunkserve: serve long-lived, stateful, GPU-backed strea
                   no_args_is_help=True, pretty_exceptions_enable=False)
 schemas_app = typer.Typer(help="Wire contracts.", no_args_is_help=True)
 app.add_typer(schemas_app, name="schemas")
+bench_app = typer.Typer(help="Benchmarks; each writes JSON.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 console = Console()
 
 
@@ -147,6 +149,40 @@ def demo(
         json_out.write_text(json.dumps(summary.as_dict(), indent=2, default=str))
     if summary.problems:
         raise typer.Exit(1)
+
+
+def _write_json(result: dict, json_out: Optional[Path]) -> None:
+    text = json.dumps(result, indent=2)
+    if json_out is None:
+        sys.stdout.write(text + "\n")
+    else:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(text + "\n")
+        console.print(f"wrote {json_out}")
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint=option)
+    if not values or min(values) < 1:
+        raise typer.BadParameter("expected positive integers", param_hint=option)
+    return values
+
+
+@bench_app.command("scheduler")
+def bench_scheduler(
+    gpus: str = typer.Option("64,256,1024", help="Pool sizes to time, comma-separated."),
+    instances: int = typer.Option(200, min=1, help="Random small instances compared with the exhaustive oracle."),
+    seed: int = typer.Option(0, help="Seed of the generated pools and instances."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+) -> None:
+    """Time one decision epoch on loaded pools; measure the gap to exhaustive placement."""
+    from infra.bench.scheduler import run
+
+    result = run(_int_list(gpus, "--gpus"), instances=instances, seed=seed)
+    _write_json(result, json_out)
 
 
 def _print_summary(summary: object, wall_s: float) -> None:

@@ -1,0 +1,1 @@
+"""The control plane's pure decision core (detector, placement, autoscaler, lifecycle, policies)."""

@@ -1,0 +1,204 @@
+"""Autoscaler with hysteresis, tuned by workload volatility.
+
+u_max = max_j n_j / K_j (unplaced demand counts too) is compared with a target u* and a
+tolerance delta looked up by volatility level. Above u* + delta the pool grows until its
+capacity reaches A / u* (A = executing sessions; ceil(A / (u* K)) GPUs for one type); below
+u* - delta it shrinks to the same bound by draining the least-loaded GPUs. Actions are
+spaced by a minimum dwell time. Scale-out boots first (booting GPUs are not usable, the
+placement controller migrates onto them once ready); scale-in drains first and shuts a
+GPU down only once it holds no session.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from processors.decisions import Command, Drain, ScaleOut, Shutdown
+from processors.latency import LatencyModel
+from processors.lifecycle import SessionState
+from processors.snapshot import GpuState, Snapshot
+from schemas.errors import ConfigError
+
+__all__ = [
+    "VolatilityTable",
+    "DEFAULT_VOLATILITY_TABLE",
+    "load_volatility_table",
+    "AutoscalerConfig",
+    "AutoscalerState",
+    "utilization",
+    "autoscale",
+    "shutdowns",
+    "resize",
+]
+
+TABLE_FORMAT = "chunkserve.volatility-table"
+
+
+@dataclass(frozen=True, slots=True)
+class VolatilityTable:
+    """Level 1..10 -> (u_target, delta); ``entries[level - 1]``."""
+
+    entries: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.entries) != 10:
+            raise ConfigError("levels", "need exactly ten levels (1..10)", "volatility table")
+        for lvl, (u, d) in enumerate(self.entries, 1):
+            if not (0 < u <= 1 and 0 <= d < u):
+                raise ConfigError(f"levels.{lvl}", "need 0 < u_target <= 1 and 0 <= delta < u_target", "volatility table")
+
+    def lookup(self, level: int) -> tuple[float, float]:
+        """(u_target, delta) for ``level`` (clamped to 1..10)."""
+        return self.entries[min(10, max(1, level)) - 1]
+
+    def to_json(self) -> dict[str, Any]:
+        """The file form :func:`load_volatility_table` reads."""
+        return {
+            "format": TABLE_FORMAT,
+            "version": 1,
+            "levels": {str(i): {"u_target": u, "delta": d} for i, (u, d) in enumerate(self.entries, 1)},
+        }
+
+
+def _parse_table(doc: Mapping[str, Any], source: str) -> VolatilityTable:
+    if doc.get("format") != TABLE_FORMAT or doc.get("version") != 1:
+        raise ConfigError("format", f"expected {TABLE_FORMAT!r} version 1", source)
+    try:
+        levels = doc["levels"]
+        entries = tuple((float(levels[str(i)]["u_target"]), float(levels[str(i)]["delta"])) for i in range(1, 11))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError("levels", f"need levels 1..10 with u_target and delta ({exc!r})", source) from None
+    try:
+        return VolatilityTable(entries)
+    except ConfigError as exc:
+        raise ConfigError(exc.key, str(exc).split(": ", 2)[-1], source) from None
+
+
+def load_volatility_table(spec: str | Path = "default") -> VolatilityTable:
+    """Read a table file (or the built-in ``"default"``) in the form of ``to_json``."""
+    if str(spec) == "default":
+        ref = resources.files("processors").joinpath("profiles", "volatility-default.json")
+        return _parse_table(json.loads(ref.read_text(encoding="utf-8")), "builtin:volatility-default")
+    path = Path(spec)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError("volatility_table", f"cannot read ({exc.strerror})", str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError("volatility_table", f"not JSON ({exc})", str(path)) from None
+    return _parse_table(doc, str(path))
+
+
+DEFAULT_VOLATILITY_TABLE = VolatilityTable(
+    ((0.80, 0.08), (0.75, 0.08), (0.70, 0.08), (0.65, 0.07), (0.60, 0.07),
+     (0.53, 0.06), (0.47, 0.06), (0.40, 0.05), (0.33, 0.05), (0.25, 0.04))
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalerConfig:
+    """Pool bounds, the GPU type to add, dwell between actions and boot time (seconds)."""
+
+    gpu_type: str = "b300"
+    min_gpus: int = 1
+    max_gpus: int = 1024
+    dwell_s: float = 30.0
+    boot_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.min_gpus <= self.max_gpus) or self.dwell_s < 0 or self.boot_s < 0:
+            raise ConfigError("autoscaler", "need 0 <= min_gpus <= max_gpus, dwell_s >= 0, boot_s >= 0", "autoscaler")
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalerState:
+    """When the last scale action was taken (None: never)."""
+
+    last_action_at: float | None = None
+
+
+def utilization(snapshot: Snapshot, model: LatencyModel) -> tuple[float, int]:
+    """(u_max, A): worst n_j / K_j over ready GPUs, raised to the unplaced demand's share."""
+    loads = snapshot.loads()
+    active = snapshot.active_count()
+    ready = [g for g in snapshot.gpus if g.state is GpuState.READY]
+    cap = sum(model[g.type].capacity for g in ready)
+    u = max((loads[g.id] / model[g.type].capacity for g in ready), default=0.0)
+    if active:
+        u = max(u, active / cap if cap else math.inf)
+    return u, active
+
+
+def shutdowns(snapshot: Snapshot) -> tuple[Shutdown, ...]:
+    """Shutdown for each draining GPU no session (in any lifecycle state) still names."""
+    held = {s.gpu_id for s in snapshot.sessions if s.gpu_id is not None and s.lifecycle is not SessionState.TERMINATED}
+    return tuple(Shutdown(g.id) for g in sorted(snapshot.gpus, key=lambda g: g.id) if g.state is GpuState.DRAINING and g.id not in held)
+
+
+def autoscale(
+    snapshot: Snapshot,
+    level: int,
+    model: LatencyModel,
+    config: AutoscalerConfig = AutoscalerConfig(),
+    table: VolatilityTable = DEFAULT_VOLATILITY_TABLE,
+    state: AutoscalerState = AutoscalerState(),
+) -> tuple[tuple[Command, ...], AutoscalerState]:
+    """One autoscaling decision: ScaleOut, or Drain of the GPUs to empty, or nothing.
+
+    Shutdown commands are not issued here (see :func:`shutdowns`): they depend on the
+    migrations the placement controller issues for the drained GPUs.
+    """
+    now = snapshot.now
+    if state.last_action_at is not None and now - state.last_action_at < config.dwell_s:
+        return (), state
+    u_target, delta = table.lookup(level)
+    u_max, active = utilization(snapshot, model)
+    need = active / u_target  # session slots the pool should have
+    if u_max > u_target + delta:
+        cmds = resize(snapshot, model, need, config, grow=True)
+    elif u_max < u_target - delta:
+        cmds = resize(snapshot, model, need, config, grow=False)
+    else:
+        cmds = ()
+    return (cmds, AutoscalerState(now)) if cmds else ((), state)
+
+
+def resize(snapshot: Snapshot, model: LatencyModel, need: float, config: AutoscalerConfig, *, grow: bool) -> tuple[Command, ...]:
+    """Grow the non-draining pool to ``need`` session slots, or shrink it towards them.
+
+    Growing counts booting GPUs as capacity (no double boot). Shrinking waits while any GPU
+    boots, drains the least-loaded GPUs first (then the dearest per slot, then by id) and
+    never drops below ``need`` slots, the executing sessions, or ``min_gpus``.
+    """
+    pool = [g for g in snapshot.gpus if g.state is not GpuState.DRAINING]
+    have = sum(model[g.type].capacity for g in pool)
+    if grow:
+        if have >= need:
+            return ()
+        k = model[config.gpu_type].capacity
+        count = min(math.ceil((need - have) / k - 1e-9), config.max_gpus - len(pool))
+        return (ScaleOut(count, config.gpu_type),) if count > 0 else ()
+    if any(g.state is GpuState.BOOTING for g in pool):
+        return ()
+    loads = snapshot.loads()
+    active = snapshot.active_count()
+
+    def order(g: Any) -> tuple[int, float, str]:
+        p = model[g.type]
+        return (loads[g.id], -p.cost_per_hour / p.capacity, g.id)
+
+    drains: list[Command] = []
+    left = len(pool)
+    for g in sorted(pool, key=order):
+        k = model[g.type].capacity
+        if left <= config.min_gpus or have - k < need or have - k < active:
+            continue
+        drains.append(Drain(g.id))
+        have -= k
+        left -= 1
+    return tuple(drains)

@@ -1,0 +1,113 @@
+"""Commands the decision core returns; a thin shell carries them out.
+
+Every command is a frozen, slotted record with a ``kind`` tag. Decisions never act: they
+return these records plus the policy's new state (:class:`Decision`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
+
+__all__ = [
+    "Place",
+    "Resume",
+    "Migrate",
+    "Suspend",
+    "Terminate",
+    "ScaleOut",
+    "Drain",
+    "Shutdown",
+    "Command",
+    "Decision",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Start a new session on ``gpu_id``."""
+
+    kind: ClassVar[str] = "place"
+    session_id: str
+    gpu_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Restore a suspended (or orphaned) session's state onto ``gpu_id``."""
+
+    kind: ClassVar[str] = "resume"
+    session_id: str
+    gpu_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Move a session at a chunk boundary.
+
+    ``gamma`` is the net gain of the rebalance step the move belongs to (a step moves one
+    session off each bottleneck GPU); ``cost_s`` is the alpha-beta transfer estimate kappa.
+    ``reason`` is ``"rebalance"`` or ``"drain"`` (forced evacuation of a draining GPU).
+    """
+
+    kind: ClassVar[str] = "migrate"
+    session_id: str
+    src: str
+    dst: str
+    gamma: float
+    cost_s: float
+    reason: str = "rebalance"
+
+
+@dataclass(frozen=True, slots=True)
+class Suspend:
+    """Offload an idle session's state off ``gpu_id`` (GPU -> host -> snapshot)."""
+
+    kind: ClassVar[str] = "suspend"
+    session_id: str
+    gpu_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    """End a session and free its state; ``gpu_id`` is where it ran, if anywhere."""
+
+    kind: ClassVar[str] = "terminate"
+    session_id: str
+    gpu_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleOut:
+    """Boot ``count`` GPUs of ``gpu_type``; they are unusable until booted."""
+
+    kind: ClassVar[str] = "scale_out"
+    count: int
+    gpu_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Stop placing on ``gpu_id``; its sessions are migrated off before shutdown."""
+
+    kind: ClassVar[str] = "drain"
+    gpu_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Release ``gpu_id``; only ever issued for a draining GPU that holds no session."""
+
+    kind: ClassVar[str] = "shutdown"
+    gpu_id: str
+
+
+Command = Union[Place, Resume, Migrate, Suspend, Terminate, ScaleOut, Drain, Shutdown]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one decision epoch returns: commands in execution order, and the new state."""
+
+    commands: tuple[Command, ...]
+    state: Any = None

@@ -1,0 +1,123 @@
+"""The session lifecycle: the one transition table.
+
+No other module may encode a lifecycle transition: everything that changes a session's
+state goes through :func:`transition` (or :func:`on_event`, which wraps it). Like h11's
+``_state.py``, the table is data, and it is total: every (state, event) pair is listed,
+so a duplicated or reordered event (delivery is at-least-once) lands somewhere defined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Mapping
+
+from processors.decisions import Command, Suspend, Terminate
+
+if TYPE_CHECKING:
+    from processors.snapshot import Session
+
+__all__ = [
+    "SessionState",
+    "EventKind",
+    "Action",
+    "SessionEvent",
+    "TRANSITIONS",
+    "transition",
+    "on_event",
+]
+
+
+class SessionState(str, Enum):
+    """Where a session's state lives: on a GPU, offloaded, or gone."""
+
+    EXECUTION = "execution"
+    SUSPENDED = "suspended"
+    TERMINATED = "terminated"
+
+
+class EventKind(str, Enum):
+    """A session event as it appears on ``session-events`` and in traces."""
+
+    OPEN = "open"
+    ACTIVE = "active"
+    IDLE = "idle"
+    CLOSE = "close"
+
+
+class Action(str, Enum):
+    """What a transition asks of the control plane."""
+
+    NONE = "none"
+    PLACE = "place"  # needs a GPU; the placement controller picks it
+    SUSPEND = "suspend"  # offload command
+    RESUME = "resume"  # needs a GPU and a restore
+    TERMINATE = "terminate"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEvent:
+    """One session event at time ``t`` (seconds); ``state_bytes`` is the session's state size."""
+
+    t: float
+    session_id: str
+    kind: EventKind
+    state_bytes: int = 0
+
+
+_E, _S, _T = SessionState.EXECUTION, SessionState.SUSPENDED, SessionState.TERMINATED
+
+#: (current state or None for an unknown session, event) -> (next state, action)
+TRANSITIONS: Mapping[tuple[SessionState | None, EventKind], tuple[SessionState, Action]] = (
+    MappingProxyType(
+        {
+            (None, EventKind.OPEN): (_E, Action.PLACE),
+            (None, EventKind.ACTIVE): (_E, Action.PLACE),  # open lost or reordered
+            (None, EventKind.IDLE): (_S, Action.NONE),
+            (None, EventKind.CLOSE): (_T, Action.NONE),
+            (_E, EventKind.OPEN): (_E, Action.NONE),  # duplicate
+            (_E, EventKind.ACTIVE): (_E, Action.NONE),  # duplicate
+            (_E, EventKind.IDLE): (_S, Action.SUSPEND),
+            (_E, EventKind.CLOSE): (_T, Action.TERMINATE),
+            (_S, EventKind.OPEN): (_S, Action.NONE),  # duplicate open after an idle
+            (_S, EventKind.ACTIVE): (_E, Action.RESUME),
+            (_S, EventKind.IDLE): (_S, Action.NONE),
+            (_S, EventKind.CLOSE): (_T, Action.TERMINATE),
+            (_T, EventKind.OPEN): (_T, Action.NONE),  # terminated is final
+            (_T, EventKind.ACTIVE): (_T, Action.NONE),
+            (_T, EventKind.IDLE): (_T, Action.NONE),
+            (_T, EventKind.CLOSE): (_T, Action.NONE),
+        }
+    )
+)
+
+
+def transition(state: SessionState | None, event: EventKind) -> tuple[SessionState, Action]:
+    """Look up the next state and the action for ``event`` in ``state``."""
+    return TRANSITIONS[(state, EventKind(event))]
+
+
+def on_event(session: "Session | None", event: SessionEvent) -> tuple["Session", tuple[Command, ...]]:
+    """Apply ``event`` to one session record; returns the new record and its commands.
+
+    A session that must run comes back in EXECUTION with ``gpu_id=None`` (``restore`` set when
+    its state was offloaded): the placement controller gives it a GPU at the next epoch.
+    """
+    from processors.snapshot import Session
+
+    current = session.lifecycle if session is not None else None
+    nxt, action = transition(current, event.kind)
+    if session is None:
+        session = Session(event.session_id, event.state_bytes, nxt)
+    elif event.state_bytes:
+        session = replace(session, state_bytes=event.state_bytes)
+    if action is Action.PLACE:
+        return replace(session, lifecycle=nxt, gpu_id=None, restore=False), ()
+    if action is Action.RESUME:
+        return replace(session, lifecycle=nxt, gpu_id=None, restore=True), ()
+    if action is Action.SUSPEND:
+        return replace(session, lifecycle=nxt, gpu_id=None), (Suspend(session.id, session.gpu_id),)
+    if action is Action.TERMINATE:
+        return replace(session, lifecycle=nxt, gpu_id=None), (Terminate(session.id, session.gpu_id),)
+    return replace(session, lifecycle=nxt), ()

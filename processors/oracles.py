@@ -1,0 +1,157 @@
+"""Oracles: exhaustive placement for small instances; offline autoscaling with future demand.
+
+Exhaustive placement minimises L + eta * sum(kappa of migrated sessions) over every
+feasible placement. Sessions on one GPU differ only by kappa, so a placement's best cost is
+fixed by its per-GPU counts (the cheapest sessions leave a GPU that shrinks; waiting
+sessions are free to go anywhere): the search enumerates count vectors exactly, with
+branch-and-bound, rather than the M**N assignments.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from processors.autoscaler import AutoscalerConfig, resize, shutdowns
+from processors.decisions import Decision, Migrate
+from processors.detector import WorkloadSignal
+from processors.latency import LatencyModel, load_profiles
+from processors.lifecycle import SessionEvent, SessionState, transition
+from processors.placement import PlacementPlan, RebalanceConfig, plan_placement
+from processors.snapshot import GpuState, Snapshot
+from processors.turboserve import apply_drains
+
+__all__ = [
+    "OracleResult",
+    "exhaustive_placement",
+    "plan_objective",
+    "future_active",
+    "oracle_need",
+    "OracleAutoscale",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class OracleResult:
+    """Best objective L + eta * migration cost, its parts, and the per-GPU counts."""
+
+    objective: float
+    worst: float
+    migration_s: float
+    loads: dict[str, int]
+
+
+def exhaustive_placement(snapshot: Snapshot, model: LatencyModel, config: RebalanceConfig = RebalanceConfig()) -> OracleResult:
+    """Exact minimum of L + eta * sum(kappa) over placements (small instances only)."""
+    gpus = sorted(snapshot.gpus, key=lambda g: g.id)
+    index = {g.id: i for i, g in enumerate(gpus)}
+    kappas: list[list[float]] = [[] for _ in gpus]
+    free = 0
+    for s in snapshot.sessions:
+        if s.lifecycle is not SessionState.EXECUTION:
+            continue
+        i = index.get(s.gpu_id) if s.gpu_id is not None else None
+        if i is None:
+            free += 1
+        else:
+            kappas[i].append(config.kappa(s.state_bytes))
+    prefix = []
+    for ks in kappas:
+        ks.sort()
+        acc = [0.0]
+        for k in ks:
+            acc.append(acc[-1] + k)
+        prefix.append(acc)
+    have = [len(k) for k in kappas]
+    profiles = [model[g.type] for g in gpus]
+    usable = [g.state is GpuState.READY for g in gpus]
+    hi = [max(p.capacity, h) if u else h for p, h, u in zip(profiles, have, usable)]
+    room = sum(max(0, p.capacity - h) for p, h, u in zip(profiles, have, usable) if u)
+    total = sum(have) + min(free, room)  # waiting sessions beyond free capacity stay waiting
+    suffix = [0] * (len(gpus) + 1)
+    for i in range(len(gpus) - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + hi[i]
+    eta = config.eta
+    best = [math.inf, math.inf, 0.0, ()]
+    counts = [0] * len(gpus)
+
+    def dfs(i: int, left: int, worst: float, cost: float) -> None:
+        if max(worst, 0.0) + eta * cost >= best[0] - 1e-15:
+            return
+        if i == len(gpus):
+            if left == 0:
+                best[:] = [worst + eta * cost, worst, cost, tuple(counts)]
+            return
+        if suffix[i] < left:
+            return
+        for c in range(min(hi[i], left), -1, -1):
+            out = have[i] - c
+            counts[i] = c
+            dfs(i + 1, left - c, max(worst, profiles[i].latency(c)), cost + (prefix[i][out] if out > 0 else 0.0))
+        counts[i] = 0
+
+    dfs(0, total, 0.0, 0.0)
+    return OracleResult(best[0], best[1], best[2], {g.id: c for g, c in zip(gpus, best[3])})
+
+
+def plan_objective(plan: PlacementPlan, config: RebalanceConfig = RebalanceConfig()) -> float:
+    """The oracle's objective evaluated on a placement plan: L after + eta * sum(kappa)."""
+    cost = sum(c.cost_s for c in plan.commands if isinstance(c, Migrate))
+    return plan.worst_after + config.eta * cost
+
+
+def future_active(events: Iterable[SessionEvent], window_s: float) -> tuple[int, ...]:
+    """Peak executing sessions per window [k * window_s, (k + 1) * window_s), from events."""
+    states: dict[str, SessionState] = {}
+    peaks: list[int] = []
+    active = 0
+    for ev in events:
+        k = int(ev.t // window_s)
+        while len(peaks) <= k:
+            peaks.append(active)
+        old = states.get(ev.session_id)
+        new, _ = transition(old, ev.kind)
+        states[ev.session_id] = new
+        active += (new is SessionState.EXECUTION) - (old is SessionState.EXECUTION)
+        peaks[k] = max(peaks[k], active)
+    return tuple(peaks)
+
+
+def oracle_need(future: Sequence[int], window_s: float, now: float, lookahead_s: float) -> int:
+    """Peak executing sessions over the windows that overlap [now, now + lookahead_s]."""
+    lo = int(now // window_s)
+    hi = int((now + lookahead_s) // window_s)
+    seen = [future[k] for k in range(max(0, lo), min(hi, len(future) - 1) + 1)]
+    return max(seen, default=0)
+
+
+@dataclass(frozen=True)
+class OracleAutoscale:
+    """Offline autoscaling that knows future demand; TurboServe placement underneath.
+
+    It sizes the pool for the peak of the windows it cannot boot ahead of (now .. now +
+    boot_s), at ``u_target`` (1.0: full capacity K, which meets the deadline), with no
+    hysteresis and no dwell.
+    """
+
+    future: tuple[int, ...]
+    window_s: float = 30.0
+    model: LatencyModel = field(default_factory=lambda: load_profiles("paper"))
+    rebalance: RebalanceConfig = RebalanceConfig()
+    autoscaler: AutoscalerConfig = AutoscalerConfig()
+    u_target: float = 1.0
+    name: str = "oracle-autoscale"
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: None) -> Decision:
+        demand = max(oracle_need(self.future, self.window_s, snapshot.now, self.autoscaler.boot_s), snapshot.active_count())
+        need = demand / self.u_target
+        scale = resize(snapshot, self.model, need, self.autoscaler, grow=True)
+        if not scale:
+            scale = resize(snapshot, self.model, need, self.autoscaler, grow=False)
+        view = apply_drains(snapshot, scale)
+        plan = plan_placement(view, self.model, self.rebalance)
+        return Decision(scale + plan.commands + shutdowns(view), None)

@@ -1,0 +1,303 @@
+"""Placement controller: least-loaded arrival placement and migration-aware min-max rebalancing.
+
+Rebalancing starts from the previous placement. A step takes the bottleneck GPU b (worst
+latency L) and moves one session off it to a target t; the new worst latency is
+L' = max(second-worst, l_b(n_b - 1), l_t(n_t + 1)) and the gain is
+Gamma = L - L' - eta * kappa_i with kappa_i = alpha + beta * state_bytes_i. Candidate
+evaluation is exact but cheap by construction: L' depends only on the target and kappa only
+on the session, so the best pair is (cheapest session on b, target with the least
+l_t(n_t + 1)), found with one lazy min-heap of loads per GPU type.
+
+Ties: when several GPUs share the worst latency no single move lowers L, so a step may take
+the bottleneck *set*: it keeps moving one session off the GPU that now binds L' while that
+GPU is untouched, evaluates Gamma after each prefix (summing kappa over the prefix) and
+applies the prefix with the largest Gamma > 0. With one bottleneck GPU this is the paper's
+rule exactly. Steps repeat until no prefix has Gamma > 0 or the move budget is spent.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from processors.decisions import Command, Migrate, Place, Resume
+from processors.latency import LatencyModel
+from processors.lifecycle import SessionState
+from processors.snapshot import GpuState, Session, Snapshot
+from schemas.errors import ConfigError
+
+__all__ = ["RebalanceConfig", "PlacementPlan", "plan_placement", "worst_latency"]
+
+_EXEC = SessionState.EXECUTION
+_FRESH = -1  # cost key of a session placed in this epoch: moving it is free
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceConfig:
+    """Migration cost model (alpha-beta), its weight eta, and the per-epoch move budget."""
+
+    eta: float = 0.1
+    alpha_s: float = 0.02
+    beta_s_per_byte: float = 1.0 / 25e9
+    max_moves: int = 512
+
+    def __post_init__(self) -> None:
+        if self.eta < 0 or self.alpha_s < 0 or self.beta_s_per_byte < 0 or self.max_moves < 0:
+            raise ConfigError("rebalance", "eta, alpha_s, beta_s_per_byte and max_moves must be >= 0", "placement")
+
+    def kappa(self, state_bytes: int) -> float:
+        """Estimated seconds to migrate a session holding ``state_bytes``."""
+        return self.alpha_s + self.beta_s_per_byte * state_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementPlan:
+    """Commands of one placement epoch, sessions left without a GPU, L before and after."""
+
+    commands: tuple[Command, ...]
+    unplaced: tuple[str, ...]
+    worst_before: float
+    worst_after: float
+    loads: dict[str, int]
+
+
+class _Pool:
+    """Mutable working copy of the placement, private to one call."""
+
+    def __init__(self, snapshot: Snapshot, model: LatencyModel, cfg: RebalanceConfig) -> None:
+        gpus = sorted(snapshot.gpus, key=lambda g: g.id)
+        self.cfg = cfg
+        self.ids = [g.id for g in gpus]
+        types = sorted({g.type for g in gpus})
+        tindex = {t: k for k, t in enumerate(types)}
+        self.profiles = [model[t] for t in types]
+        self.curves = [p.curve for p in self.profiles]
+        self.tidx = [tindex[g.type] for g in gpus]
+        self.cap = [self.profiles[k].capacity for k in self.tidx]
+        self.usable = [g.state is GpuState.READY for g in gpus]
+        self.draining = [i for i, g in enumerate(gpus) if g.state is GpuState.DRAINING]
+        m = len(gpus)
+        raw: list[list[Session]] = [[] for _ in range(m)]
+        by_id = dict(zip(self.ids, raw))
+        self.bytes: dict[str, int] = {}
+        self.pending: list[tuple[str, bool]] = []
+        for s in snapshot.sessions:  # the hot loop of large pools: keep it lean
+            if s.lifecycle is _EXEC:
+                lst = by_id.get(s.gpu_id)
+                if lst is not None:
+                    lst.append(s)
+                else:  # waiting for a GPU, or its GPU is gone: restore elsewhere
+                    self.pending.append((s.id, s.restore or s.gpu_id is not None))
+        self.raw = raw
+        self.members: list[list[tuple[int, str]] | None] = [None] * m  # heaps, built on first use
+        self.n = [len(x) for x in raw]
+        self.loc: dict[str, int] = {}
+        self.home: dict[str, int] = {}
+        self.fresh: dict[str, bool] = {}
+        self.heap = [(-self.lat(i), i) for i in range(m)]
+        heapq.heapify(self.heap)
+        self.free: list[list[tuple[int, int]]] = [[] for _ in types]
+        for i in range(m):
+            if self.usable[i] and self.n[i] < self.cap[i]:
+                self.free[self.tidx[i]].append((self.n[i], i))
+        for h in self.free:
+            heapq.heapify(h)
+
+    def lat(self, i: int, extra: int = 0) -> float:
+        c, n = self.curves[self.tidx[i]], self.n[i] + extra
+        return c[n] if n < len(c) else self.profiles[self.tidx[i]].latency(n)
+
+    def set_n(self, i: int, n: int) -> None:
+        self.n[i] = n
+        heapq.heappush(self.heap, (-self.lat(i), i))
+        if self.usable[i] and n < self.cap[i]:
+            heapq.heappush(self.free[self.tidx[i]], (n, i))
+
+    def top(self) -> tuple[float, int]:
+        h = self.heap
+        while -h[0][0] != self.lat(h[0][1]):
+            heapq.heappop(h)
+        return -h[0][0], h[0][1]
+
+    def best_target(self, exclude: set[int]) -> int | None:
+        best: tuple[float, int] | None = None
+        for h in self.free:
+            aside = []
+            while h:
+                n, i = h[0]
+                if n != self.n[i] or n >= self.cap[i]:
+                    heapq.heappop(h)
+                elif i in exclude:
+                    aside.append(heapq.heappop(h))
+                else:
+                    cand = (self.lat(i, 1), i)
+                    if best is None or cand < best:
+                        best = cand
+                    break
+            for e in aside:
+                heapq.heappush(h, e)
+        return None if best is None else best[1]
+
+    def heap_of(self, i: int) -> list[tuple[int, str]]:
+        h = self.members[i]
+        if h is None:
+            h = self.members[i] = [(s.state_bytes, s.id) for s in self.raw[i]]
+            heapq.heapify(h)
+        return h
+
+    def pop_cheapest(self, i: int) -> tuple[int, str] | None:
+        h = self.heap_of(i)
+        loc = self.loc
+        while h:
+            key, sid = heapq.heappop(h)
+            if loc.get(sid, i) == i:
+                return key, sid
+        return None
+
+    def push(self, i: int, entry: tuple[int, str]) -> None:
+        heapq.heappush(self.heap_of(i), entry)
+
+    def kappa(self, key: int) -> float:
+        return 0.0 if key == _FRESH else self.cfg.kappa(key)
+
+    def move(self, entry: tuple[int, str], src: int, dst: int) -> None:
+        sid = entry[1]
+        if entry[0] != _FRESH:
+            self.home.setdefault(sid, src)
+            self.bytes[sid] = entry[0]
+        self.loc[sid] = dst
+        self.push(dst, entry)
+        self.set_n(src, self.n[src] - 1)
+        self.set_n(dst, self.n[dst] + 1)
+
+
+def _place_pending(pool: _Pool, order: list[str]) -> list[str]:
+    unplaced = []
+    for sid, restore in pool.pending:
+        dst = pool.best_target(set())
+        if dst is None:
+            unplaced.append(sid)
+            continue
+        pool.fresh[sid] = restore
+        pool.loc[sid] = dst
+        pool.push(dst, (_FRESH, sid))
+        pool.set_n(dst, pool.n[dst] + 1)
+        order.append(sid)
+    return unplaced
+
+
+def _evacuate(pool: _Pool, order: list[str], gamma: dict[str, tuple[float, str]]) -> None:
+    eta = pool.cfg.eta
+    for src in pool.draining:
+        while pool.n[src] > 0:
+            entry = pool.pop_cheapest(src)
+            dst = pool.best_target(set()) if entry is not None else None
+            if entry is None or dst is None:
+                if entry is not None:
+                    pool.push(src, entry)
+                return
+            before = pool.top()[0]
+            pool.move(entry, src, dst)
+            if entry[1] not in gamma and entry[1] not in pool.fresh:
+                order.append(entry[1])
+            gamma[entry[1]] = (before - pool.top()[0] - eta * pool.kappa(entry[0]), "drain")
+
+
+def _step(pool: _Pool, budget: int) -> list[tuple[tuple[int, str], int, int, float]] | None:
+    """One rebalance step; returns the applied moves, or None when no prefix has Gamma > 0."""
+    eta = pool.cfg.eta
+    L, nxt = pool.top()
+    journal: list[tuple[tuple[int, str], int, int]] = []
+    sources: set[int] = set()
+    targets: set[int] = set()
+    cost = src_post = dst_post = best_gamma = 0.0
+    best_k = real = 0
+    while nxt is not None and pool.n[nxt] > 0:
+        entry = pool.pop_cheapest(nxt)
+        if entry is None:
+            break
+        if entry[0] != _FRESH and real >= budget:
+            pool.push(nxt, entry)
+            break
+        sources.add(nxt)
+        dst = pool.best_target(sources)
+        if dst is None:
+            pool.push(nxt, entry)
+            break
+        pool.move(entry, nxt, dst)
+        journal.append((entry, nxt, dst))
+        targets.add(dst)
+        real += entry[0] != _FRESH
+        cost += pool.kappa(entry[0])
+        src_post = max(src_post, pool.lat(nxt))
+        dst_post = max(dst_post, pool.lat(dst))
+        lp, binding = pool.top()
+        gamma = L - lp - eta * cost
+        if gamma > best_gamma + 1e-12:
+            best_gamma, best_k = gamma, len(journal)
+        # extending the prefix can only help while an untouched GPU binds L', and can never
+        # beat L - max(post-move latencies) - eta * cost (both only grow).
+        if binding in sources or binding in targets or L - max(src_post, dst_post) - eta * cost <= best_gamma:
+            break
+        nxt = binding
+    while len(journal) > best_k:
+        entry, src, dst = journal.pop()
+        pool.loc[entry[1]] = src
+        pool.push(src, entry)
+        pool.set_n(dst, pool.n[dst] - 1)
+        pool.set_n(src, pool.n[src] + 1)
+    if not journal:
+        return None
+    return [(entry, src, dst, best_gamma) for entry, src, dst in journal]
+
+
+def plan_placement(
+    snapshot: Snapshot,
+    model: LatencyModel,
+    config: RebalanceConfig = RebalanceConfig(),
+    *,
+    rebalance: bool = True,
+) -> PlacementPlan:
+    """Place waiting sessions, evacuate draining GPUs, then rebalance (when ``rebalance``).
+
+    Returns Place/Resume for sessions that get a GPU, then Migrate commands; a session that
+    moves more than once in the epoch gets one Migrate from its old GPU to its final one.
+    """
+    pool = _Pool(snapshot, model, config)
+    worst_before = max((pool.lat(i) for i in range(len(pool.ids))), default=0.0)
+    order: list[str] = []
+    unplaced = _place_pending(pool, order)
+    gamma: dict[str, tuple[float, str]] = {}
+    if rebalance:
+        _evacuate(pool, order, gamma)
+        budget = config.max_moves
+        while pool.ids and budget > 0:
+            moves = _step(pool, budget)
+            if moves is None:
+                break
+            for entry, _src, _dst, g in moves:
+                sid = entry[1]
+                if entry[0] != _FRESH:
+                    budget -= 1
+                    if sid not in gamma:
+                        order.append(sid)
+                    gamma[sid] = (g, "rebalance")
+    cmds: list[Command] = []
+    migrations: list[Command] = []
+    ids = pool.ids
+    for sid in order:
+        dst = pool.loc[sid]
+        if sid in pool.fresh:
+            cmds.append(Resume(sid, ids[dst]) if pool.fresh[sid] else Place(sid, ids[dst]))
+        elif pool.home[sid] != dst:
+            g, why = gamma[sid]
+            migrations.append(Migrate(sid, ids[pool.home[sid]], ids[dst], g, config.kappa(pool.bytes[sid]), why))
+    worst_after = max((pool.lat(i) for i in range(len(ids))), default=0.0)
+    loads = dict(zip(ids, pool.n))
+    return PlacementPlan(tuple(cmds + migrations), tuple(unplaced), worst_before, worst_after, loads)
+
+
+def worst_latency(snapshot: Snapshot, model: LatencyModel) -> float:
+    """L = max_j l_j(n_j) over the snapshot's placement (0 for an empty pool)."""
+    types = {g.id: g.type for g in snapshot.gpus}
+    return max((model[types[g]].latency(n) for g, n in snapshot.loads().items()), default=0.0)

@@ -1,0 +1,68 @@
+"""TurboServe: the closed loop of autoscaler and placement controller, and its ablations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from processors.autoscaler import (
+    DEFAULT_VOLATILITY_TABLE,
+    AutoscalerConfig,
+    AutoscalerState,
+    VolatilityTable,
+    autoscale,
+    shutdowns,
+)
+from processors.decisions import Command, Decision, Drain
+from processors.detector import WorkloadSignal
+from processors.latency import LatencyModel, load_profiles
+from processors.placement import RebalanceConfig, plan_placement
+from processors.snapshot import GpuState, Snapshot
+
+__all__ = ["TurboServeState", "TurboServe", "apply_drains"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurboServeState:
+    """Autoscaler state plus the last volatility level seen (used when no signal comes)."""
+
+    autoscaler: AutoscalerState = AutoscalerState()
+    level: int = 1
+
+
+def apply_drains(snapshot: Snapshot, commands: tuple[Command, ...]) -> Snapshot:
+    """The snapshot as the placement controller must see it after these Drain commands."""
+    drained = {c.gpu_id for c in commands if isinstance(c, Drain)}
+    if not drained:
+        return snapshot
+    gpus = tuple(replace(g, state=GpuState.DRAINING) if g.id in drained else g for g in snapshot.gpus)
+    return replace(snapshot, gpus=gpus)
+
+
+@dataclass(frozen=True)
+class TurboServe:
+    """Autoscale (boot first / drain first), place arrivals, evacuate drains, rebalance.
+
+    ``migrate=False`` and ``autoscale=False`` give the paper's two ablations.
+    """
+
+    model: LatencyModel = field(default_factory=lambda: load_profiles("paper"))
+    rebalance: RebalanceConfig = RebalanceConfig()
+    autoscaler: AutoscalerConfig = AutoscalerConfig()
+    table: VolatilityTable = DEFAULT_VOLATILITY_TABLE
+    migrate: bool = True
+    autoscale: bool = True
+    name: str = "turboserve"
+
+    def initial_state(self) -> TurboServeState:
+        return TurboServeState()
+
+    def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: TurboServeState) -> Decision:
+        level = signal.level if signal is not None else state.level
+        scale: tuple[Command, ...] = ()
+        auto = state.autoscaler
+        if self.autoscale:
+            scale, auto = autoscale(snapshot, level, self.model, self.autoscaler, self.table, auto)
+        view = apply_drains(snapshot, scale)
+        plan = plan_placement(view, self.model, self.rebalance, rebalance=self.migrate)
+        tail = shutdowns(view) if self.autoscale else ()
+        return Decision(scale + plan.commands + tail, TurboServeState(auto, level))

@@ -1,0 +1,67 @@
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from processors.detector import DetectorConfig, DetectorState, observe, step, volatility_level
+from processors.lifecycle import EventKind, SessionEvent
+
+
+@st.composite
+def traces(draw):
+    """Valid event sequences: opens for new ids, flips and closes for known ones."""
+    t, events, active, idle, n = 0.0, [], set(), set(), 0
+    for _ in range(draw(st.integers(1, 80))):
+        t += draw(st.sampled_from([0.0, 0.3, 1.0, 2.5, 7.0, 20.0]))
+        choices = ["open"] + (["idle", "close"] if active else []) + (["active", "close"] if idle else [])
+        kind = draw(st.sampled_from(choices))
+        if kind == "open":
+            sid, n = f"s{n}", n + 1
+            active.add(sid)
+        elif kind == "idle":
+            sid = draw(st.sampled_from(sorted(active)))
+            active.remove(sid), idle.add(sid)
+        elif kind == "active":
+            sid = draw(st.sampled_from(sorted(idle)))
+            idle.remove(sid), active.add(sid)
+        else:
+            sid = draw(st.sampled_from(sorted(active | idle)))
+            active.discard(sid), idle.discard(sid)
+        events.append(SessionEvent(t, sid, EventKind(kind)))
+    return events, len(active), len(idle)
+
+
+@settings(max_examples=150, deadline=None)
+@given(traces(), st.sampled_from([(60.0, 5.0), (10.0, 1.0), (30.0, 30.0)]))
+def test_volatility_equals_direct_computation(trace, window):
+    events, n_active, n_idle = trace
+    config = DetectorConfig(window_s=window[0], slot_s=window[1])
+    state, signal = DetectorState(), None
+    for ev in events:
+        state, signal = step(state, ev, config)
+    slot = lambda t: math.floor(t / config.slot_s)  # noqa: E731
+    cur, first = slot(events[-1].t), slot(events[0].t)
+    lo = max(first, cur - config.slots + 1)
+    counts = [sum(1 for e in events if slot(e.t) == k and e.kind in (EventKind.OPEN, EventKind.ACTIVE)) for k in range(lo, cur + 1)]
+    expected = float(np.std(counts)) if len(counts) > 1 else 0.0
+    assert signal.volatility == pytest.approx(expected, abs=1e-9)
+    assert signal.level == volatility_level(expected, config.thresholds)
+    assert (signal.active, signal.idle) == (n_active, n_idle)
+    assert signal.arrivals == sum(1 for e in events if slot(e.t) >= lo and e.kind is EventKind.OPEN)
+
+
+def test_levels_and_window_roll():
+    config = DetectorConfig()
+    assert volatility_level(0.0, config.thresholds) == 1
+    assert volatility_level(100.0, config.thresholds) == 10
+    state, sig = DetectorState(), None
+    for i in range(20):
+        state, sig = step(state, SessionEvent(0.0, f"s{i}", EventKind.OPEN), config)
+    state, sig = observe(state, 5.0, config)
+    assert sig.volatility == pytest.approx(10.0) and sig.arrivals == 20
+    state, sig = observe(state, 1000.0, config)
+    assert sig.volatility == 0.0 and sig.arrivals == 0 and sig.active == 20
+    dup, sig2 = step(state, SessionEvent(1000.0, "s0", EventKind.OPEN), config)
+    assert sig2.active == 20 and sig2.arrivals == 0

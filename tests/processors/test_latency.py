@@ -1,0 +1,41 @@
+import json
+
+import pytest
+
+from processors.latency import GpuProfile, builtin_profiles, load_profiles, parse_profiles
+from schemas.errors import ConfigError
+
+
+def test_paper_profile_is_about_one_second_at_capacity():
+    model = load_profiles("paper")
+    assert "paper" in builtin_profiles()
+    for profile in model.values():
+        assert profile.latency(profile.capacity) == pytest.approx(1.0, abs=0.05)
+        assert profile.latency(0) == 0.0
+        curve = [profile.latency(n) for n in range(2 * profile.capacity + 5)]
+        assert curve == sorted(curve)
+
+
+def test_interpolates_and_extrapolates_linearly():
+    p = GpuProfile("x", 4, 1.0, ((2, 0.5), (4, 0.9)))
+    assert p.latency(1) == pytest.approx(0.25)
+    assert p.latency(3) == pytest.approx(0.7)
+    assert p.latency(6) == pytest.approx(1.3)
+    assert p.latency(100) == pytest.approx(0.9 + 0.2 * 96)
+
+
+def test_loads_a_file_and_rejects_bad_ones(tmp_path):
+    doc = {"format": "chunkserve.latency-profile", "version": 1, "name": "m",
+           "gpu_types": {"cpu": {"capacity": 2, "cost_per_hour": 0, "latency_s": {"1": 0.1, "2": 0.15}}}}
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    assert load_profiles(path)["cpu"].latency(2) == pytest.approx(0.15)
+    bad = dict(doc, gpu_types={"cpu": {"capacity": 2, "cost_per_hour": 0, "latency_s": {"1": 0.3, "2": 0.1}}})
+    with pytest.raises(ConfigError):
+        parse_profiles(bad)
+    with pytest.raises(ConfigError):
+        parse_profiles(dict(doc, format="nope"))
+    with pytest.raises(ConfigError):
+        load_profiles("no-such-profile")
+    with pytest.raises(ConfigError):
+        load_profiles("paper")["no-such-type"]

@@ -1,0 +1,27 @@
+import itertools
+
+from processors.decisions import Suspend, Terminate
+from processors.lifecycle import TRANSITIONS, Action, EventKind, SessionEvent, SessionState, on_event, transition
+
+
+def test_table_is_total_and_terminated_is_final():
+    for state, event in itertools.product([None, *SessionState], EventKind):
+        assert (state, event) in TRANSITIONS
+    for event in EventKind:
+        assert transition(SessionState.TERMINATED, event) == (SessionState.TERMINATED, Action.NONE)
+
+
+def test_idle_suspends_and_active_resumes():
+    s, cmds = on_event(None, SessionEvent(0.0, "a", EventKind.OPEN, 100))
+    assert s.lifecycle is SessionState.EXECUTION and s.gpu_id is None and not s.restore and cmds == ()
+    from dataclasses import replace
+
+    s = replace(s, gpu_id="g1")
+    s, cmds = on_event(s, SessionEvent(1.0, "a", EventKind.IDLE))
+    assert s.lifecycle is SessionState.SUSPENDED and s.gpu_id is None and cmds == (Suspend("a", "g1"),)
+    s, cmds = on_event(s, SessionEvent(2.0, "a", EventKind.ACTIVE))
+    assert s.lifecycle is SessionState.EXECUTION and s.restore and cmds == ()
+    s, cmds = on_event(s, SessionEvent(3.0, "a", EventKind.CLOSE))
+    assert s.lifecycle is SessionState.TERMINATED and cmds == (Terminate("a", None),)
+    again, cmds = on_event(s, SessionEvent(4.0, "a", EventKind.ACTIVE))
+    assert again.lifecycle is SessionState.TERMINATED and cmds == ()

@@ -1,0 +1,139 @@
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from processors.decisions import Migrate, Place, Resume
+from processors.lifecycle import SessionState
+from processors.oracles import exhaustive_placement, plan_objective
+from processors.placement import RebalanceConfig, plan_placement, worst_latency
+from processors.snapshot import Gpu, GpuState, Session, Snapshot
+from tests.processors.strategies import PAPER, SMALL, apply, snapshots
+
+CONFIGS = st.builds(
+    RebalanceConfig,
+    eta=st.sampled_from([0.0, 0.1, 1.0]),
+    alpha_s=st.sampled_from([0.0, 0.02]),
+    max_moves=st.sampled_from([0, 3, 10_000]),
+)
+
+
+def _check_invariants(snap, plan, model):
+    after = apply(snap, plan.commands, model)
+    gpus = {g.id: g for g in after.gpus}
+    loads = after.loads()
+    for gid, n in loads.items():
+        before = snap.loads()[gid]
+        assert n <= max(model[gpus[gid].type].capacity, before)  # never pushed above K
+    executing = [s for s in after.sessions if s.lifecycle is SessionState.EXECUTION]
+    placed = [s for s in executing if s.gpu_id in gpus]
+    assert len({s.id for s in placed}) == len(placed)
+    assert len(placed) + len(plan.unplaced) == len(executing)
+    room = sum(max(0, model[g.type].capacity - snap.loads()[g.id]) for g in snap.gpus if g.state is GpuState.READY)
+    waiting = [s for s in snap.sessions if s.lifecycle is SessionState.EXECUTION and s.gpu_id is None]
+    if len(waiting) <= room:
+        assert plan.unplaced == ()  # every executing session on exactly one GPU
+    for c in plan.commands:
+        if isinstance(c, (Place, Resume, Migrate)):
+            target = c.gpu_id if not isinstance(c, Migrate) else c.dst
+            assert gpus[target].state is GpuState.READY
+    assert plan.loads == loads
+    return after
+
+
+@settings(max_examples=120, deadline=None)
+@given(snapshots(max_gpus=10), CONFIGS)
+def test_placement_invariants_and_gamma(snap, cfg):
+    plan = plan_placement(snap, PAPER, cfg)
+    after = _check_invariants(snap, plan, PAPER)
+    moves = [c for c in plan.commands if isinstance(c, Migrate)]
+    assert len(moves) <= cfg.max_moves
+    for m in moves:
+        assert m.gamma > 0 and m.reason == "rebalance"
+        assert m.cost_s == pytest.approx(cfg.kappa(next(s.state_bytes for s in snap.sessions if s.id == m.session_id)))
+    placed_only = plan_placement(snap, PAPER, cfg, rebalance=False)
+    assert worst_latency(after, PAPER) <= worst_latency(apply(snap, placed_only.commands), PAPER) + 1e-12
+    assert plan.worst_after == pytest.approx(worst_latency(after, PAPER))
+
+
+@settings(max_examples=60, deadline=None)
+@given(snapshots(max_gpus=8), CONFIGS)
+def test_rebalance_never_raises_worst_latency(snap, cfg):
+    settled = apply(snap, plan_placement(snap, PAPER, cfg, rebalance=False).commands)
+    plan = plan_placement(settled, PAPER, cfg)
+    assert plan.worst_after <= plan.worst_before + 1e-12
+    assert not any(isinstance(c, (Place, Resume)) for c in plan.commands) or plan.unplaced == ()
+    again = plan_placement(apply(settled, plan.commands), PAPER, cfg)
+    if cfg.max_moves > 100:  # converged: nothing left with Gamma > 0
+        assert not any(isinstance(c, Migrate) for c in again.commands)
+
+
+@settings(max_examples=60, deadline=None)
+@given(snapshots(max_gpus=8, draining=True, booting=True), CONFIGS, st.randoms(use_true_random=False))
+def test_same_snapshot_same_decision(snap, cfg, rnd):
+    gpus = list(snap.gpus)
+    rnd.shuffle(gpus)
+    shuffled = Snapshot(snap.now, tuple(gpus), snap.sessions)
+    first = plan_placement(snap, PAPER, cfg)
+    assert first == plan_placement(snap, PAPER, cfg)
+    assert first.commands == plan_placement(shuffled, PAPER, cfg).commands
+    _check_invariants(snap, first, PAPER)
+
+
+@settings(max_examples=40, deadline=None)
+@given(snapshots(max_gpus=8, draining=True))
+def test_draining_gpus_are_evacuated(snap):
+    plan = plan_placement(snap, PAPER, RebalanceConfig())
+    after = apply(snap, plan.commands)
+    loads = after.loads()
+    draining = [g.id for g in snap.gpus if g.state is GpuState.DRAINING]
+    room = sum(max(0, PAPER[g.type].capacity - snap.loads()[g.id]) for g in snap.gpus if g.state is GpuState.READY)
+    if sum(snap.loads()[g] for g in draining) + sum(1 for s in snap.sessions if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION) <= room:
+        assert all(loads[g] == 0 for g in draining)
+
+
+def _brute_force(snap, model, cfg):
+    """Every assignment of every executing session to every GPU."""
+    gpus = list(snap.gpus)
+    execs = [s for s in snap.sessions if s.lifecycle is SessionState.EXECUTION]
+    best = math.inf
+    for choice in itertools.product(range(len(gpus)), repeat=len(execs)):
+        n = [0] * len(gpus)
+        cost = 0.0
+        for s, j in zip(execs, choice):
+            n[j] += 1
+            if s.gpu_id is not None and s.gpu_id != gpus[j].id:
+                cost += cfg.kappa(s.state_bytes)
+        if any(k > model[g.type].capacity for k, g in zip(n, gpus)):
+            continue
+        best = min(best, max(model[g.type].latency(k) for k, g in zip(n, gpus)) + cfg.eta * cost)
+    return best
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), st.sampled_from([0.0, 0.05, 0.5]))
+def test_oracle_matches_brute_force_and_bounds_the_heuristic(data, eta):
+    m = data.draw(st.integers(2, 3))
+    gpus = tuple(Gpu(f"g{i}", data.draw(st.sampled_from(["a", "b"]))) for i in range(m))
+    sessions = []
+    for g in gpus:
+        for _ in range(data.draw(st.integers(0, min(3, SMALL[g.type].capacity)))):
+            sessions.append(Session(f"s{len(sessions)}", data.draw(st.integers(0, 2 << 30)), gpu_id=g.id))
+    for _ in range(data.draw(st.integers(0, 2))):
+        sessions.append(Session(f"s{len(sessions)}", 0))
+    snap = Snapshot(0.0, gpus, tuple(sessions))
+    cfg = RebalanceConfig(eta=eta, max_moves=100)
+    oracle = exhaustive_placement(snap, SMALL, cfg)
+    assert oracle.objective == pytest.approx(_brute_force(snap, SMALL, cfg))
+    ours = plan_objective(plan_placement(snap, SMALL, cfg), cfg)
+    assert ours >= oracle.objective - 1e-9
+
+
+def test_tied_bottlenecks_move_together():
+    gpus = tuple(Gpu(f"g{i}", "h20") for i in range(4))
+    sessions = tuple(Session(f"s{i}", 1 << 20, gpu_id=f"g{i % 2}") for i in range(10))
+    plan = plan_placement(Snapshot(0.0, gpus, sessions), PAPER, RebalanceConfig())
+    assert sorted(plan.loads.values()) == [2, 2, 3, 3]
+    assert all(c.gamma > 0 for c in plan.commands)

@@ -1,0 +1,89 @@
+import pytest
+
+from processors.decisions import Decision, Migrate
+from processors.detector import DetectorConfig, DetectorState, step
+from processors.lifecycle import EventKind, SessionEvent, SessionState, on_event
+from processors.oracles import future_active
+from processors.policy import BUILTIN_POLICIES, Policy, load_policy
+from processors.snapshot import Gpu, GpuState, Snapshot
+from schemas.errors import ConfigError
+from tests.processors.strategies import PAPER, apply
+
+
+class Pinned:
+    """A third-party policy: does nothing."""
+
+    name = "pinned"
+
+    def initial_state(self):
+        return 0
+
+    def decide(self, snapshot, signal, state):
+        return Decision((), state + 1)
+
+
+def _trace(n=60):
+    events, t = [], 0.0
+    for i in range(n):
+        t += 0.7
+        events.append(SessionEvent(t, f"s{i}", EventKind.OPEN, 200 << 20))
+        if i % 3 == 0:
+            events.append(SessionEvent(t + 0.1, f"s{i // 2}", EventKind.IDLE))
+        if i % 5 == 0:
+            events.append(SessionEvent(t + 0.2, f"s{i // 2}", EventKind.ACTIVE))
+        if i % 4 == 0:
+            events.append(SessionEvent(t + 0.3, f"s{i // 3}", EventKind.CLOSE))
+    return events
+
+
+def _simulate(policy, events):
+    """A minimal epoch loop: every command completes at once; booted GPUs are ready next epoch."""
+    gpus = {f"g{i}": Gpu(f"g{i}", "h20") for i in range(3)}
+    sessions, det, state, config = {}, DetectorState(), policy.initial_state(), DetectorConfig()
+    for ev in events:
+        det, signal = step(det, ev, config)
+        sessions[ev.session_id], _ = on_event(sessions.get(ev.session_id), ev)
+        gpus = {g: (x if x.state is not GpuState.BOOTING else Gpu(g, x.type)) for g, x in gpus.items()}
+        snap = Snapshot(ev.t, tuple(gpus.values()), tuple(s for s in sessions.values() if s.lifecycle is not SessionState.TERMINATED))
+        decision = policy.decide(snap, signal, state)
+        assert decision == policy.decide(snap, signal, state)
+        state = decision.state
+        after = apply(snap, decision.commands)
+        for c in decision.commands:
+            if isinstance(c, Migrate):
+                assert c.reason == "drain" or c.gamma > 0
+        gpus = {g.id: g for g in after.gpus}
+        for g, n in after.loads().items():
+            assert n <= PAPER[gpus[g].type].capacity
+        sessions.update({s.id: s for s in after.sessions})
+    return gpus
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_POLICIES))
+def test_every_builtin_runs_the_same_loop(name):
+    events = _trace()
+    options = {"future": future_active(events, 30.0)} if name == "oracle-autoscale" else {}
+    if name.startswith("turboserve") or name == "oracle-autoscale":
+        from processors.autoscaler import AutoscalerConfig
+
+        options["autoscaler"] = AutoscalerConfig(gpu_type="h20", dwell_s=2.0)
+    policy = load_policy(name, **options)
+    assert isinstance(policy, Policy) and policy.name == name
+    _simulate(policy, events)
+
+
+def test_module_name_specs_and_errors():
+    policy = load_policy("tests.processors.test_policy:Pinned")
+    assert policy.name == "pinned"
+    _simulate(policy, _trace(10))
+    for bad in ("nope", "no.such.module:X", "processors.policy:Nope", "processors.decisions:Decision"):
+        with pytest.raises(ConfigError):
+            load_policy(bad)
+    with pytest.raises(ConfigError):
+        load_policy("oracle-autoscale")
+
+
+def test_future_active_counts_peaks_per_window():
+    events = [SessionEvent(t, f"s{t}", EventKind.OPEN) for t in (1, 2, 3)] + [
+        SessionEvent(12, "s1", EventKind.IDLE), SessionEvent(25, "s2", EventKind.CLOSE)]
+    assert future_active(events, 10.0) == (3, 3, 2)  # a window starts with what the last one left
