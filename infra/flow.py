@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from schemas.records import (ChunkDone, Claimed, CommandRejected, DeadLetter, InputAccepted,
                              Record, Released, WorkerUp)
-from schemas.topics import DEAD_LETTERS, METRICS, WORKER_EVENTS
+from schemas.topics import DEAD_LETTERS, METRICS, SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS
 from schemas.errors import InfraError
 from streams.client import SessionClient
 from streams.config import Settings
@@ -48,9 +48,13 @@ class FlowSummary:
     chunk_latency_ms_max: float
     wall_s: float
     problems: list[str] = field(default_factory=list)
+    letters: list[DeadLetter] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["letters"] = [{"source_topic": d.source_topic, "offset": d.offset, "reason": d.reason,
+                           "consumer": d.consumer} for d in self.letters]
+        return out
 
 
 class EventLog:
@@ -116,12 +120,12 @@ def audit(log: EventLog, session_ids: list[str], workers: int, wall_s: float) ->
         metrics_records=sum(1 for r in log.records if r.TAG.startswith("metric.")),
         dead_letters=len(log.of(DeadLetter)), rejected=len(log.of(CommandRejected)),
         chunk_latency_ms_p50=statistics.median(lat), chunk_latency_ms_max=max(lat),
-        wall_s=wall_s, problems=problems)
+        wall_s=wall_s, problems=problems, letters=log.of(DeadLetter))
 
 
 async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks: int = 8,
                    workers: int = 2, inputs: int = 2, capacity: int = 8,
-                   chunk_interval_s: float = 0.05, timeout_s: float = 120.0,
+                   chunk_interval_s: float = 0.05, timeout_s: float = 120.0, garbage: int = 0,
                    progress: Callable[[str], None] = lambda _m: None) -> FlowSummary:
     """Start a dispatch replica and ``workers`` workers, serve ``sessions``, audit, stop."""
     started = time.monotonic()
@@ -139,6 +143,10 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                 await log.until(lambda rs: len({r.worker_id for r in rs if isinstance(r, WorkerUp)})
                                 >= workers, timeout_s, "workers to come up")
                 ids = [f"session-{i}" for i in range(sessions)]
+                for n in range(garbage):  # malformed records must be dead-lettered, not fatal
+                    topic = SESSION_EVENTS if n % 2 == 0 else SESSION_INPUTS
+                    await producer.send_raw(topic, b"\x81\xa1t\xa4nope" + bytes([n % 256]),
+                                            key=f"garbage-{n}".encode())
                 async with SessionClient(settings) as client:
                     for sid in ids:
                         await client.open(sid, prompt=f"a paper boat on a river, take {sid}")
@@ -163,6 +171,8 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                 progress("closing sessions")
                 await log.until(lambda rs: {r.session_id for r in rs if isinstance(r, Released)}
                                 >= set(ids), timeout_s, "sessions to be released")
+                await log.until(lambda rs: sum(isinstance(r, DeadLetter) for r in rs) >= garbage,
+                                timeout_s, "malformed records on dead-letters")
                 await log.pump(timeout_ms=300)
             finally:
                 await log.stop()

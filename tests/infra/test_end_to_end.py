@@ -21,7 +21,8 @@ def test_sessions_flow_end_to_end(kafka_bootstrap, redis_url, namespace, tmp_pat
     settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
         kafka_bootstrap, redis_url)
     summary = asyncio.run(run_flow(settings, tmp_path / "logs", sessions=3, chunks=5, workers=2,
-                                   inputs=2, chunk_interval_s=0.02, timeout_s=90))
+                                   inputs=2, chunk_interval_s=0.02, timeout_s=90,
+                                   garbage=2))
     assert summary.problems == []
     assert summary.sessions == 3 and summary.workers == 2
     for sid, indices in summary.chunk_indices.items():
@@ -32,7 +33,10 @@ def test_sessions_flow_end_to_end(kafka_bootstrap, redis_url, namespace, tmp_pat
         assert summary.released[sid] == "closed"             # released on close
         assert summary.inputs_accepted[sid] == [1, 2]        # inputs once, in order
     assert summary.metrics_records >= 3                      # a placement report per admission
-    assert summary.dead_letters == 0 and summary.rejected == 0
+    assert summary.rejected == 0
+    assert summary.dead_letters == 2  # the garbage on session-events and session-inputs
+    assert {d.consumer for d in summary.letters} == {"dispatch"}
+    assert all(d.reason.startswith("schema:") for d in summary.letters)
 
     store = SyncGenerationStore.from_url(redis_url, namespace)
     try:  # closed in Redis too: no current generation, every slot given back
