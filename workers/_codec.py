@@ -14,7 +14,15 @@ from torch import Tensor
 
 from schemas.errors import SnapshotCorruptError
 
-__all__ = ["KIND", "VERSION", "tensor_to_record", "tensor_from_record", "pack_rng", "unpack_rng", "field"]
+__all__ = [
+    "KIND",
+    "VERSION",
+    "field",
+    "pack_rng",
+    "tensor_from_record",
+    "tensor_to_record",
+    "unpack_rng",
+]
 
 KIND = "chunkserve.reference-state"
 VERSION = 1
@@ -43,9 +51,10 @@ def tensor_from_record(rec: Any, name: str) -> Tensor:
     for s in shape:
         numel *= s
     if len(data) != numel * dtype.itemsize:
-        raise SnapshotCorruptError(f"{name}: {len(data)} bytes do not fill shape {shape} of {dtype_name}")
-    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-    return raw.view(dtype).reshape(shape)
+        raise SnapshotCorruptError(f"{name}: {len(data)} bytes do not fill {dtype_name} {shape}")
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 def pack_rng(seed: int, counter: int) -> bytes:

@@ -100,7 +100,7 @@ class Block(nn.Module):
         x = x + g1 * self.proj(a.transpose(1, 2).reshape(b, n, d))
         if not last:
             h = F.layer_norm(x, (d,)) * (1 + sc2) + sh2
-            x = x + g2 * self.fc2(F.gelu(self.fc1(h), approximate="tanh"))
+            x = x + g2 * self.fc2(F.silu(self.fc1(h)))
         return x, k, v
 
 
@@ -182,6 +182,6 @@ class RefNet(nn.Module):
         n, _, h, w = lat.shape
         u = self.cfg.upsample
         cols = F.unfold(lat, kernel_size=3, padding=1).transpose(1, 2)
-        y = self.dec2(F.gelu(self.dec1(cols), approximate="tanh"))
+        y = self.dec2(F.silu(self.dec1(cols)))
         y = y.view(n, h, w, u, u, 3).permute(0, 1, 3, 2, 4, 5).reshape(n, h * u, w * u, 3)
         return (torch.sigmoid(y) * 255.0).round_().to(torch.uint8)

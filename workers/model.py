@@ -109,19 +109,35 @@ def _move(t: Tensor, dev: torch.device) -> Tensor:
 
 @runtime_checkable
 class StreamingModel(Protocol):
-    """What the worker runtime needs from a model; real models plug in behind it."""
+    """What the worker runtime needs from a model; real models plug in behind it.
 
-    def init_state(self, session_id: str, prompt: str, seed: int) -> SessionState: ...
+    Contract: a session's outputs depend only on its own seed, prompt, inputs and chunk
+    count, never on its batch mates or on having been exported and imported.
+    """
 
-    def apply_input(self, state: SessionState, text: str, seq: int) -> None: ...
+    def init_state(self, session_id: str, prompt: str, seed: int) -> SessionState:
+        """A fresh session at chunk 0 with no context."""
+        ...
 
-    def run_batch(self, states: list[SessionState]) -> list[ChunkOutput]: ...
+    def apply_input(self, state: SessionState, text: str, seq: int) -> None:
+        """Update the conditioning and record ``seq`` as the applied input seq."""
+        ...
 
-    def export_state(self, state: SessionState) -> dict[str, Any]: ...
+    def run_batch(self, states: list[SessionState]) -> list[ChunkOutput]:
+        """Advance each state by exactly one chunk in one coalesced pass; outputs in order."""
+        ...
 
-    def import_state(self, data: dict[str, Any]) -> SessionState: ...
+    def export_state(self, state: SessionState) -> dict[str, Any]:
+        """The compact portable state as msgpack-ready plain data (no KV cache)."""
+        ...
 
-    def state_nbytes(self, state: SessionState) -> int: ...
+    def import_state(self, data: dict[str, Any]) -> SessionState:
+        """Rebuild a session (KV cache recomputed from context) from ``export_state``."""
+        ...
+
+    def state_nbytes(self, state: SessionState) -> int:
+        """Size in bytes of the compact state."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,13 +202,16 @@ class ReferenceModel:
     BLAS that picks split-K kernels by batch size can break this to ~1e-6 relative.
     """
 
-    def __init__(self, config: ModelConfig | None = None, seed: int = 0, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, config: ModelConfig | None = None, seed: int = 0, device: str | torch.device = "cpu"
+    ) -> None:
         self.config = config or ModelConfig()
         self.device = _resolve(device)
         self.net = RefNet(self.config)
         self.net.reset_parameters(seed)
         self.net.to(self.device).eval()
-        self._times = [1.0 - i / self.config.denoise_steps for i in range(self.config.denoise_steps)] + [0.0]
+        steps = self.config.denoise_steps
+        self._times = [1.0 - i / steps for i in range(steps)] + [0.0]  # last: clean, for the cache
         self.fingerprint = self._fingerprint()
 
     # -- checkpoints -------------------------------------------------------------------
@@ -200,7 +219,8 @@ class ReferenceModel:
     def save(self, path: str | Path) -> None:
         """Write weights and config to a safetensors checkpoint."""
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.net.state_dict().items()}
-        save_file(tensors, str(path), metadata={"chunkserve.model": "reference", "config": self.config.to_json()})
+        meta = {"chunkserve.model": "reference", "config": self.config.to_json()}
+        save_file(tensors, str(path), metadata=meta)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "ReferenceModel":
@@ -209,7 +229,11 @@ class ReferenceModel:
             meta = fh.metadata() or {}
         if meta.get("chunkserve.model") != "reference" or "config" not in meta:
             raise ConfigError("checkpoint", f"{path} is not a reference-model checkpoint", "load")
-        model = cls(ModelConfig.from_json(meta["config"]), seed=0, device="cpu")
+        try:
+            config = ModelConfig.from_json(meta["config"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError("checkpoint", f"{path}: bad config metadata ({exc})", "load") from exc
+        model = cls(config, seed=0, device="cpu")
         model.net.load_state_dict(load_file(str(path)), strict=True)
         model.device = _resolve(device)
         model.net.to(model.device)
@@ -303,7 +327,8 @@ class ReferenceModel:
         lats = lats.view(b, f, c, lat, lat)
         outs = []
         for i, s in enumerate(states):
-            s_kv = new_kv[:, :, i * f : (i + 1) * f].transpose(2, 3).reshape(cfg.n_layers, 2, heads, f * t_, dh)
+            s_kv = new_kv[:, :, i * f : (i + 1) * f].transpose(2, 3)
+            s_kv = s_kv.reshape(cfg.n_layers, 2, heads, f * t_, dh)
             s.kv = torch.cat([s.kv, s_kv], dim=3)[:, :, :, -w * t_ :].contiguous()  # type: ignore[list-item]
             s.context = torch.cat([s.context, lats[i]])[-w:].contiguous()
             fr = frames[i].clone()
@@ -330,7 +355,8 @@ class ReferenceModel:
                 s.kv = torch.empty(cfg.n_layers, 2, cfg.n_heads, 0, dh, device=self.device)
             return
         frames = patchify(torch.cat([s.context for s in states]), cfg.patch_size)
-        pos = torch.cat([torch.arange(s.chunk_index * f - n, s.chunk_index * f) for s, n in zip(states, counts)])
+        ends = [s.chunk_index * f for s in states]  # context frames are the last n before this
+        pos = torch.cat([torch.arange(e - n, e) for e, n in zip(ends, counts)])
         cos, sin = rope_tables(pos.to(self.device).reshape(-1, 1), dh, cfg.rope_base)
         mods = torch.cat([s.mods[-1:].expand(n, -1, -1, -1) for s, n in zip(states, counts)])
         kv = self.net.encode_context(frames, mods, cos[:, None], sin[:, None])
@@ -364,7 +390,8 @@ class ReferenceModel:
         if fld(data, "kind", str) != _codec.KIND or fld(data, "version", int) != _codec.VERSION:
             raise SnapshotCorruptError(f"not a {_codec.KIND} v{_codec.VERSION} snapshot")
         if fld(data, "model", str) != self.fingerprint:
-            raise ConfigError("model", f"snapshot is for model {data['model']}, this is {self.fingerprint}", "snapshot")
+            reason = f"snapshot is for model {data['model']}, this is {self.fingerprint}"
+            raise ConfigError("model", reason, "snapshot")
         cfg = self.config
         ctx = _codec.tensor_from_record(fld(data, "context", dict), "context")
         lat = cfg.latent_size
@@ -374,13 +401,14 @@ class ReferenceModel:
             raise SnapshotCorruptError(f"context: shape {list(ctx.shape)} does not fit this model")
         inputs = []
         for item in fld(data, "inputs", list):
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], str)):
+            ok = isinstance(item, list) and len(item) == 2
+            if not (ok and isinstance(item[0], int) and isinstance(item[1], str)):
                 raise SnapshotCorruptError("inputs: expected [seq, text] pairs")
             inputs.append((item[0], item[1]))
         seed, counter = _codec.unpack_rng(fld(data, "rng", bytes))
         chunk_index = fld(data, "chunk_index", int)
         if chunk_index < 0 or ctx.shape[0] > chunk_index * cfg.frames_per_chunk:
-            raise SnapshotCorruptError(f"chunk_index {chunk_index} does not fit {ctx.shape[0]} context frames")
+            raise SnapshotCorruptError(f"chunk_index {chunk_index} cannot follow {ctx.shape[0]} context frames")
         ctx = ctx.to(self.device)
         st = SessionState(
             session_id=fld(data, "session_id", str),
