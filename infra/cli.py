@@ -185,6 +185,29 @@ def bench_scheduler(
     _write_json(result, json_out)
 
 
+@bench_app.command("worker")
+def bench_worker(
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+    profile_out: Optional[Path] = typer.Option(None, help="Also write the latencies as a latency profile."),
+    sessions: int = typer.Option(32, min=1, help="Sessions offloaded and restored."),
+    migrations: int = typer.Option(40, min=1, help="Migrations timed."),
+) -> None:
+    """Chunk latency by batch, coalescing speedup, state size, offload/restore, migration time."""
+    from infra.bench.worker import run, write_profile
+    from infra.embedded import EmbeddedRedis
+
+    settings = _settings(require_endpoints=False)
+    embedded = None if settings.redis.url else EmbeddedRedis().start()
+    try:
+        result = run(settings.redis.url or embedded.url, sessions=sessions, migrations=migrations)  # type: ignore[union-attr]
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    _write_json(result, json_out)
+    if profile_out is not None:
+        write_profile(result, profile_out)
+
+
 def _print_summary(summary: object, wall_s: float) -> None:
     s = summary  # FlowSummary
     table = Table(title="chunkserve demo")
