@@ -103,13 +103,16 @@ def worker(
     asyncio.run(main())
 
 
+PROCESSORS = ("dispatch", "detector", "control", "metrics")
+
+
 @app.command("processor")
-def processor(name: str = typer.Argument(..., help="Which processor: dispatch.")) -> None:
+def processor(name: str = typer.Argument(..., help="Which processor: dispatch, detector, control, metrics.")) -> None:
     """Run one control-plane processor (a faust worker) against the configured cluster."""
     import faust
 
     settings = _settings()
-    builders = {"dispatch": "processors.agents.dispatch"}
+    builders = {name: f"processors.agents.{name}" for name in PROCESSORS}
     if name not in builders:
         console.print(f"[red]unknown processor {name!r}[/red]; choose from {sorted(builders)}")
         raise typer.Exit(2)

@@ -18,7 +18,7 @@ __all__ = [
     # session-inputs
     "InputPushed",
     # worker-commands
-    "Assign", "Revoke", "Suspend", "Resume", "Terminate", "RoutedInput",
+    "Assign", "Revoke", "Suspend", "Resume", "Terminate", "Handoff", "RoutedInput",
     # worker-events
     "WorkerUp", "Heartbeat", "WorkerDown", "Claimed", "Released", "ChunkDone",
     "InputAccepted", "CommandRejected",
@@ -185,6 +185,19 @@ class Terminate(Record):
     ts: Seconds
 
 
+@record("cmd.handoff")
+class Handoff(Record):
+    """Migrate at the next chunk boundary: freeze, snapshot (fenced), then commit the session
+    to ``target_worker`` with a source guard on ``generation``; the source then releases."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    target_worker: Id
+    ts: Seconds
+    reason: str = "rebalance"
+
+
 @record("cmd.input")
 class RoutedInput(Record):
     """A user input forwarded to the owner of ``generation``."""
@@ -251,13 +264,19 @@ class Claimed(Record):
 
 @record("worker.released")
 class Released(Record):
-    """The worker stopped executing the session under ``generation``."""
+    """The worker stopped executing the session under ``generation``.
+
+    ``reason`` is ``closed``, ``suspended`` (offloaded, slot freed), ``migrated`` (then
+    ``successor`` is the target's new generation), ``revoked: ...`` or ``fenced: ...``.
+    """
 
     worker_id: Id
     session_id: Id
     generation: Generation
     ts: Seconds
     reason: str = ""
+    successor: Generation | None = None
+    chunk_index: int = -1
 
 
 @record("worker.chunk")

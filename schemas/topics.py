@@ -40,7 +40,8 @@ TOPICS: dict[str, TopicSpec] = {
                   "producers (front end)", "detector, dispatch", "Session lifecycle events."),
         TopicSpec(SESSION_INPUTS, (r.InputPushed,), "session id", lambda x: x.session_id,  # type: ignore[attr-defined]
                   "producers", "dispatch (input router)", "User inputs with per-session seq."),
-        TopicSpec(WORKER_COMMANDS, (r.Assign, r.Revoke, r.Suspend, r.Resume, r.Terminate, r.RoutedInput),
+        TopicSpec(WORKER_COMMANDS, (r.Assign, r.Revoke, r.Suspend, r.Resume, r.Terminate, r.Handoff,
+                                    r.RoutedInput),
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
                   "dispatch, rebalancer", "workers", "Commands stamped with a generation."),
         TopicSpec(WORKER_EVENTS, (r.WorkerUp, r.Heartbeat, r.WorkerDown, r.Claimed, r.Released,
