@@ -30,6 +30,15 @@ app.add_typer(bench_app, name="bench")
 console = Console()
 
 
+def _register_extensions() -> None:
+    from infra.sim_cli import register as register_sim
+
+    register_sim(app)
+
+
+_register_extensions()
+
+
 def _settings(require_endpoints: bool = True) -> Settings:
     try:
         settings = Settings.from_env()

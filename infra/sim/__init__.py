@@ -1,0 +1,1 @@
+"""Traces and the trace simulator: replay session events through the real decision core."""

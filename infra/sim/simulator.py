@@ -1,0 +1,383 @@
+"""Discrete-event trace simulator around the real decision core.
+
+One heap ordered by ``(t, kind, seq)`` with a per-simulator counter. GPUs run coalesced
+chunks back to back, each taking ``l(n)`` from the latency model; a session's per-chunk
+latency is the time from when it needed the chunk (activation, its previous chunk's end,
+or the chunk boundary it migrated at) to the chunk's end, so waiting for a GPU, restore
+time, migration pauses and batch alignment all count. Policies are only ever called
+through ``decide``; the simulator carries out their commands, like the live shell does.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from processors.decisions import Drain, Migrate, Place, Resume, ScaleOut, Shutdown, Suspend, Terminate
+from processors.detector import DetectorConfig, DetectorState, WorkloadSignal, observe, step
+from processors.latency import LatencyModel
+from processors.lifecycle import SessionEvent, SessionState, on_event
+from processors.policy import Policy
+from processors.snapshot import Gpu, GpuState, Session, Snapshot
+from schemas.errors import ConfigError
+
+__all__ = ["SimConfig", "SimResult", "Signals", "signals_for", "simulate"]
+
+_BOOT, _CHUNK, _ARRIVE, _START, _EVENT, _DECIDE = range(6)
+_EXEC = SessionState.EXECUTION
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """World parameters (not policy parameters) of one simulation."""
+
+    gpu_type: str = "b300"
+    initial_gpus: int = 1
+    boot_s: float = 60.0
+    deadline_s: float = 1.0  # a chunk's media duration
+    tick_s: float = 5.0  # periodic decision epochs besides the event-driven ones
+    epoch_s: float = 0.5  # events are quantized up to this grid (one decision epoch per step); 0: exact
+    migrate_alpha_s: float = 0.02
+    migrate_beta_s_per_byte: float = 1.0 / 25e9
+    restore_alpha_s: float = 0.05
+    restore_beta_s_per_byte: float = 1.0 / 12e9
+    window_s: float = 60.0  # timeline window
+    detector: DetectorConfig = DetectorConfig(window_s=60.0, slot_s=1.0)
+
+    def __post_init__(self) -> None:
+        if self.initial_gpus < 0 or self.boot_s < 0 or self.deadline_s <= 0 or self.tick_s <= 0 or self.window_s <= 0:
+            raise ConfigError("sim", "need initial_gpus >= 0, boot_s >= 0, deadline_s, tick_s, window_s > 0", "simulator")
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """The detector's signals along a trace (shared by every policy run on it)."""
+
+    times: tuple[float, ...]
+    signals: tuple[WorkloadSignal, ...]
+
+    def at(self, t: float) -> WorkloadSignal | None:
+        i = bisect_right(self.times, t) - 1
+        return self.signals[i] if i >= 0 else None
+
+
+def signals_for(events: Sequence[SessionEvent], tick_s: float, config: DetectorConfig = DetectorConfig()) -> Signals:
+    """Run the real detector over the events, plus an ``observe`` on every tick."""
+    state = DetectorState()
+    times: list[float] = []
+    sigs: list[WorkloadSignal] = []
+    tick = tick_s
+    for ev in events:
+        while tick < ev.t:
+            state, sig = observe(state, tick, config)
+            times.append(tick)
+            sigs.append(sig)
+            tick += tick_s
+        state, sig = step(state, ev, config)
+        times.append(ev.t)
+        sigs.append(sig)
+    return Signals(tuple(times), tuple(sigs))
+
+
+@dataclass
+class SimResult:
+    """Metrics of one run, and the per-window timeline."""
+
+    policy: str
+    worst_chunk_latency_s: float
+    p99_chunk_latency_s: float
+    deadline_miss_rate: float
+    gpu_seconds: float
+    cost: float
+    migrations: int
+    scale_events: int
+    chunks: int
+    invalid_commands: int
+    timeline: dict[str, list[float]] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, Any]:
+        keys = ("worst_chunk_latency_s", "p99_chunk_latency_s", "deadline_miss_rate", "gpu_seconds", "cost", "migrations", "scale_events")
+        return {k: getattr(self, k) for k in keys}
+
+
+class _Gpu:
+    __slots__ = ("id", "type", "state", "since", "roster", "batch", "busy", "leaving")
+
+    def __init__(self, gid: str, gtype: str, state: GpuState, since: float) -> None:
+        self.id, self.type, self.state, self.since = gid, gtype, state, since
+        self.roster: set[str] = set()  # sessions arrived and runnable here
+        self.batch: list[str] = []  # members of the running chunk
+        self.busy = False
+        self.leaving: dict[str, tuple[str, float]] = {}  # sid -> (dst, cost) at chunk end
+
+
+class _Sim:
+    def __init__(self, policy: Policy, events: Sequence[SessionEvent], model: LatencyModel, cfg: SimConfig, signals: Signals) -> None:
+        self.policy, self.events, self.model, self.cfg, self.signals = policy, events, model, cfg, signals
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.gpus: dict[str, _Gpu] = {}
+        self.next_gpu = 0
+        self.sessions: dict[str, Session] = {}  # executing sessions, as policies see them
+        self.where: dict[str, str] = {}  # sid -> gpu it runs on or travels to (sim's truth)
+        self.req: dict[str, float] = {}  # sid -> when it needed its next chunk
+        self.bytes: dict[str, int] = {}
+        self.lat: list[float] = []
+        self.state = policy.initial_state()
+        self.decide_at: float | None = None
+        self.gpu_s = 0.0
+        self.cost = 0.0
+        self.migrations = self.scale_events = self.invalid = 0
+        q = cfg.epoch_s
+        last = events[-1].t if events else 0.0
+        self.end = math.ceil(last / q - 1e-9) * q if q > 0 else last
+        nwin = int(self.end // cfg.window_s) + 1
+        self.tl = {k: [0.0] * nwin for k in ("gpus", "active", "migrations", "worst_latency_s")}
+        for _ in range(cfg.initial_gpus):
+            self.add_gpu(cfg.gpu_type, 0.0, GpuState.READY)
+
+    # -- plumbing ----------------------------------------------------------------------
+    def push(self, t: float, kind: int, item: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, item))
+
+    def win(self, t: float) -> int:
+        return min(int(t // self.cfg.window_s), len(self.tl["gpus"]) - 1)
+
+    def add_gpu(self, gtype: str, now: float, state: GpuState) -> _Gpu:
+        gid = f"g{self.next_gpu:05d}"
+        self.next_gpu += 1
+        g = self.gpus[gid] = _Gpu(gid, gtype, state, now)
+        self.model[gtype]  # unknown types fail here, as a ConfigError
+        return g
+
+    def bill(self, g: _Gpu, now: float) -> None:
+        secs = max(0.0, min(now, self.end) - g.since)
+        self.gpu_s += secs
+        self.cost += secs * self.model[g.type].cost_per_hour / 3600.0
+        g.since = now
+
+    # -- GPU execution -----------------------------------------------------------------
+    def kick(self, g: _Gpu, now: float) -> None:
+        if g.busy or not g.roster or g.id not in self.gpus:
+            return
+        g.batch = sorted(g.roster)
+        g.busy = True
+        self.push(now + self.model[g.type].latency(len(g.batch)), _CHUNK, g.id)
+
+    def chunk_done(self, g: _Gpu, now: float) -> None:
+        g.busy = False
+        worst = 0.0
+        for sid in g.batch:
+            if (sid in g.roster or sid in g.leaving) and sid in self.req:
+                x = now - self.req[sid]
+                self.lat.append(x)
+                worst = max(worst, x)
+                self.req[sid] = now
+        w = self.win(now)
+        self.tl["worst_latency_s"][w] = max(self.tl["worst_latency_s"][w], worst)
+        g.batch = []
+        for sid, (dst, cost) in g.leaving.items():
+            g.roster.discard(sid)
+            self.push(now + cost, _ARRIVE, (sid, dst))
+        g.leaving = {}
+        self.kick(g, now)
+
+    def arrive(self, sid: str, gid: str, now: float) -> None:
+        g = self.gpus.get(gid)
+        if self.where.get(sid) != gid:
+            return  # suspended, closed or re-routed while travelling
+        if g is None:  # its GPU went away: wait for a new placement
+            self.orphan(sid, now)
+            return
+        g.roster.add(sid)
+        if not g.busy:  # start after every arrival of this instant
+            self.push(now, _START, g.id)
+
+    def orphan(self, sid: str, now: float) -> None:
+        self.where.pop(sid, None)
+        if sid in self.sessions:
+            self.sessions[sid] = replace(self.sessions[sid], gpu_id=None, restore=True)
+
+    def leave(self, sid: str, now: float) -> None:
+        """A session stops running (suspend, close): its chunk in flight is dropped."""
+        gid = self.where.pop(sid, None)
+        for g in self.gpus.values():  # it may still sit on a migration's source
+            g.roster.discard(sid)
+            g.leaving.pop(sid, None)
+        if (gid is None or gid not in self.gpus) and sid in self.req and now - self.req[sid] > self.cfg.deadline_s:
+            self.lat.append(now - self.req[sid])  # waited past its deadline without a GPU
+        self.req.pop(sid, None)
+
+    # -- commands ----------------------------------------------------------------------
+    def apply(self, cmd: Any, now: float) -> None:
+        s = self.sessions.get(getattr(cmd, "session_id", ""), None)
+        if isinstance(cmd, (Place, Resume)):
+            g = self.gpus.get(cmd.gpu_id)
+            if s is None or s.gpu_id is not None or g is None or g.state is not GpuState.READY:
+                self.invalid += 1
+                return
+            self.sessions[s.id] = replace(s, gpu_id=g.id, restore=False)
+            self.where[s.id] = g.id
+            pause = 0.0
+            if isinstance(cmd, Resume):
+                pause = self.cfg.restore_alpha_s + self.cfg.restore_beta_s_per_byte * s.state_bytes
+            self.push(now + pause, _ARRIVE, (s.id, g.id))
+        elif isinstance(cmd, Migrate):
+            src, dst = self.gpus.get(cmd.src), self.gpus.get(cmd.dst)
+            if s is None or s.gpu_id != cmd.src or dst is None or dst.state is not GpuState.READY or cmd.src == cmd.dst:
+                self.invalid += 1
+                return
+            self.sessions[s.id] = replace(s, gpu_id=dst.id)
+            self.where[s.id] = dst.id
+            self.migrations += 1
+            self.tl["migrations"][self.win(now)] += 1
+            cost = self.cfg.migrate_alpha_s + self.cfg.migrate_beta_s_per_byte * s.state_bytes
+            if src is not None and src.busy and s.id in src.batch and s.id in src.roster:
+                src.leaving[s.id] = (dst.id, cost)  # moves at the chunk boundary
+            else:
+                if src is not None:
+                    src.roster.discard(s.id)
+                self.push(now + cost, _ARRIVE, (s.id, dst.id))
+        elif isinstance(cmd, ScaleOut):
+            if cmd.count < 1:
+                self.invalid += 1
+                return
+            self.scale_events += 1
+            for _ in range(cmd.count):
+                g = self.add_gpu(cmd.gpu_type, now, GpuState.BOOTING)
+                self.push(now + self.cfg.boot_s, _BOOT, g.id)
+        elif isinstance(cmd, Drain):
+            g = self.gpus.get(cmd.gpu_id)
+            if g is None:
+                self.invalid += 1
+                return
+            if g.state is not GpuState.DRAINING:
+                self.scale_events += 1
+            g.state = GpuState.DRAINING
+        elif isinstance(cmd, Shutdown):
+            g = self.gpus.pop(cmd.gpu_id, None)
+            if g is None:
+                self.invalid += 1
+                return
+            self.bill(g, now)
+            for sid in list(g.roster) + list(g.leaving):
+                self.orphan(sid, now)
+                self.req[sid] = now
+        else:
+            self.invalid += 1
+
+    # -- epochs ------------------------------------------------------------------------
+    def snapshot(self, now: float) -> Snapshot:
+        gpus = tuple(Gpu(g.id, g.type, g.state) for g in self.gpus.values())
+        return Snapshot(now, gpus, tuple(self.sessions.values()))
+
+    def decide(self, now: float) -> None:
+        self.decide_at = None
+        d = self.policy.decide(self.snapshot(now), self.signals.at(now), self.state)
+        self.state = d.state
+        for cmd in d.commands:
+            self.apply(cmd, now)
+
+    def schedule_decide(self, t: float) -> None:
+        if self.decide_at is None or t < self.decide_at:
+            self.decide_at = t
+            self.push(t, _DECIDE, t)
+
+    def on_trace(self, ev: SessionEvent, now: float) -> None:
+        sid = ev.session_id
+        old = self.sessions.get(sid)
+        if old is None and sid in self.bytes:  # suspended: rebuild its record
+            old = Session(sid, self.bytes[sid], SessionState.SUSPENDED)
+        new, cmds = on_event(old, ev)
+        self.bytes[sid] = new.state_bytes
+        if new.lifecycle is _EXEC:
+            if old is None or old.lifecycle is not _EXEC:
+                self.req[sid] = now
+            self.sessions[sid] = new if old is None or old.lifecycle is not _EXEC else old
+        else:
+            self.sessions.pop(sid, None)
+            if any(isinstance(c, (Suspend, Terminate)) for c in cmds) or (old is not None and old.lifecycle is _EXEC):
+                self.leave(sid, now)
+            if new.lifecycle is SessionState.TERMINATED:
+                self.bytes.pop(sid, None)
+        self.schedule_decide(now)
+
+    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+        q = self.cfg.epoch_s
+        for i, ev in enumerate(self.events):
+            self.push(math.ceil(ev.t / q - 1e-9) * q if q > 0 else ev.t, _EVENT, i)
+        t = self.cfg.tick_s
+        while t < self.end:
+            self.push(t, _DECIDE, None)
+            t += self.cfg.tick_s
+        heap = self.heap
+        last_win = -1
+        while heap:
+            now, kind, _, item = heapq.heappop(heap)
+            if now > self.end and kind != _EVENT:
+                break
+            w = self.win(now)
+            if w != last_win:
+                last_win = w
+                if progress is not None:
+                    progress(now)
+            if kind == _CHUNK:
+                g = self.gpus.get(item)
+                if g is not None and g.busy:
+                    self.chunk_done(g, now)
+            elif kind == _ARRIVE:
+                self.arrive(item[0], item[1], now)
+            elif kind == _START:
+                g = self.gpus.get(item)
+                if g is not None:
+                    self.kick(g, now)
+            elif kind == _EVENT:
+                self.on_trace(self.events[item], now)
+            elif kind == _BOOT:
+                g = self.gpus.get(item)
+                if g is not None and g.state is GpuState.BOOTING:
+                    g.state = GpuState.READY
+                    self.schedule_decide(now)
+            elif item is None or item == self.decide_at:
+                self.decide(now)
+            self.tl["gpus"][w] = max(self.tl["gpus"][w], len(self.gpus))
+            self.tl["active"][w] = max(self.tl["active"][w], len(self.sessions))
+        for g in list(self.gpus.values()):
+            self.bill(g, self.end)
+        return self.result()
+
+    def result(self) -> SimResult:
+        lat = np.asarray(self.lat) if self.lat else np.zeros(1)
+        return SimResult(
+            policy=self.policy.name,
+            worst_chunk_latency_s=float(lat.max()),
+            p99_chunk_latency_s=float(np.percentile(lat, 99)),
+            deadline_miss_rate=float(np.mean(lat > self.cfg.deadline_s + 1e-9)),
+            gpu_seconds=self.gpu_s,
+            cost=self.cost,
+            migrations=self.migrations,
+            scale_events=self.scale_events,
+            chunks=len(self.lat),
+            invalid_commands=self.invalid,
+            timeline=self.tl,
+        )
+
+
+def simulate(
+    policy: Policy,
+    events: Sequence[SessionEvent],
+    model: LatencyModel,
+    config: SimConfig = SimConfig(),
+    signals: Signals | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> SimResult:
+    """Replay ``events`` through ``policy`` (pass ``signals`` to share one detector pass)."""
+    if signals is None:
+        signals = signals_for(events, config.tick_s, config.detector)
+    return _Sim(policy, events, model, config, signals).run(progress)

@@ -1,0 +1,55 @@
+"""Build the autoscaler's volatility table by simulation (``chunkserve tune``).
+
+Per volatility level: generate traces at that level, run turboserve with every
+(u_target, delta) of the grid applied to all levels, and keep the cheapest setting whose
+worst chunk latency meets the bound. Levels with no feasible setting get the most
+conservative grid point. The result is processors.autoscaler's VolatilityTable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Sequence
+
+from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, VolatilityTable
+from processors.latency import LatencyModel
+
+from infra.sim.report import Runner
+from infra.sim.simulator import SimConfig
+from infra.sim.trace import Trace
+from infra.sim.tracegen import GenConfig, generate
+
+__all__ = ["tune", "U_GRID", "DELTA_GRID"]
+
+U_GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.25)
+DELTA_GRID = (0.05, 0.1)
+
+
+def tune(
+    model: LatencyModel,
+    bound_s: float,
+    levels: Sequence[int] = tuple(range(1, 11)),
+    seeds: Sequence[int] = (0,),
+    gen: GenConfig = GenConfig(duration_s=900.0, sessions=1200),
+    config: SimConfig = SimConfig(),
+    on_step: Callable[[str], None] | None = None,
+) -> VolatilityTable:
+    """The cheapest (u_target, delta) per level meeting ``bound_s``; unlisted levels keep defaults."""
+    entries = list(DEFAULT_VOLATILITY_TABLE.entries)
+    for level in levels:
+        runners = [Runner(Trace(tuple(generate(replace(gen, level=level, seed=s))), f"level{level}/seed{s}"), model, config) for s in seeds]
+        best: tuple[float, float, float] | None = None  # (cost, u, delta)
+        for u in U_GRID:
+            for d in DELTA_GRID:
+                if d >= u:
+                    continue
+                table = VolatilityTable(((u, d),) * 10)
+                if on_step is not None:
+                    on_step(f"level {level}: u*={u} delta={d}")
+                runs = [r.run("turboserve", None, table=table) for r in runners]
+                if max(x.worst_chunk_latency_s for x in runs) <= bound_s:
+                    cost = sum(x.cost for x in runs)
+                    if best is None or cost < best[0]:
+                        best = (cost, u, d)
+        entries[level - 1] = (best[1], best[2]) if best is not None else (U_GRID[-1], DELTA_GRID[0])
+    return VolatilityTable(tuple(entries))

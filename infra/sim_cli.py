@@ -1,0 +1,187 @@
+"""CLI commands of the simulator: ``trace gen``, ``simulate`` and ``tune``.
+
+``register(app)`` adds them to the main app. User errors (bad trace, bad option) print one
+line and exit 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from schemas.errors import ChunkserveError
+
+__all__ = ["register"]
+
+_console = Console()
+_err = Console(stderr=True)
+
+
+def _fail(exc: Exception) -> None:
+    _err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def trace_gen(
+    output: Path = typer.Option(..., "-o", "--output", help="Trace CSV to write."),
+    level: int = typer.Option(5, "--level", min=1, max=10, help="Volatility 1..10: share and size of arrival bursts and of synchronized idle->active wake-ups (1 calm, 10 bursty)."),
+    duration: float = typer.Option(3600.0, "--duration", min=1.0, help="Trace length in seconds."),
+    seed: int = typer.Option(0, "--seed", help="Random seed; same seed, same trace."),
+    sessions: int = typer.Option(5000, "--sessions", min=1, help="Expected sessions over the trace (sets the mean arrival rate)."),
+    swing: float = typer.Option(0.5, "--swing", min=0.0, max=0.99, help="Relative amplitude of the slow daily-like swing of the arrival rate."),
+    period: float = typer.Option(0.0, "--period", min=0.0, help="Swing period in seconds (0: one period over the trace)."),
+    life_median: float = typer.Option(120.0, "--life-median", min=1.0, help="Median session lifetime, s (log-normal; clipped to 2 s .. 40 min)."),
+    life_sigma: float = typer.Option(1.3, "--life-sigma", min=0.0, help="Log-sigma of session lifetime (heavier tail when larger)."),
+    active_mean: float = typer.Option(45.0, "--active-mean", min=0.1, help="Mean active spell, s (exponential)."),
+    idle_scale: float = typer.Option(8.0, "--idle-scale", min=0.1, help="Idle gap Pareto scale, s (minimum gap)."),
+    idle_shape: float = typer.Option(1.5, "--idle-shape", min=0.1, help="Idle gap Pareto shape (heavier tail when smaller)."),
+    state_mb: float = typer.Option(2000.0, "--state-mb", min=1.0, help="Median per-session state size, MB (log-normal)."),
+) -> None:
+    """Generate a synthetic session trace (CSV t_s,session_id,event,state_mb)."""
+    from infra.sim.trace import write_trace
+    from infra.sim.tracegen import GenConfig, generate
+
+    try:
+        cfg = GenConfig(level, duration, sessions, seed, swing, period, life_median, life_sigma, active_mean, idle_scale, idle_shape, state_mb)
+        events = generate(cfg)
+        write_trace(events, output)
+    except (ChunkserveError, OSError) as exc:
+        _fail(exc)
+    _console.print(f"wrote {output}: {len(events)} events, {sum(e.kind.value == 'open' for e in events)} sessions")
+
+
+def simulate_cmd(
+    trace: Path = typer.Argument(..., help="Trace CSV (t_s,session_id,event[,state_mb])."),
+    policy: list[str] = typer.Option(["all"], "--policy", "-p", help="base, lag, mag, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle-autoscale, module:Name, or all (repeatable)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the timeline plot (PNG) here."),
+    profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
+    table: str = typer.Option("default", "--table", help="Volatility table JSON (from `chunkserve tune`) or 'default'."),
+    gpu_type: str = typer.Option("b300", "--gpu-type", help="GPU type of fixed pools and of scale-out."),
+    pool: Optional[int] = typer.Option(None, "--pool", min=1, help="Fixed pool size for fixed-pool policies when turboserve is not run (default: peak-provisioned)."),
+    deadline: float = typer.Option(1.0, "--deadline", min=0.001, help="Chunk deadline = media duration of a chunk, s."),
+    boot: float = typer.Option(60.0, "--boot", min=0.0, help="GPU boot time, s."),
+    epoch: float = typer.Option(0.5, "--epoch", min=0.0, help="Decision epoch grid, s (events are quantized up to it; 0: exact)."),
+) -> None:
+    """Replay a trace through policies; print a table, write JSON and a timeline plot."""
+    from processors.autoscaler import AutoscalerConfig, load_volatility_table
+    from processors.latency import load_profiles
+    from infra.sim.report import ALL_POLICIES, Runner, check_policies, compare, plot_timeline, timelines
+    from infra.sim.simulator import SimConfig
+    from infra.sim.trace import load_trace
+
+    start = time.perf_counter()
+    try:
+        names = list(ALL_POLICIES) if "all" in policy else list(dict.fromkeys(policy))
+        check_policies(names)
+        model = load_profiles(profile)
+        model[gpu_type]
+        vt = load_volatility_table(table)
+        tr = load_trace(trace)
+        if not tr.events:
+            raise ChunkserveError(f"{trace}: the trace has no events")
+        cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, epoch_s=epoch)
+        auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot)
+        ts_opts = {"table": vt, "autoscaler": auto}
+        options = {n: dict(ts_opts) for n in ("turboserve", "turboserve-no-migration", "turboserve-no-autoscale")}
+        options["oracle-autoscale"] = {"autoscaler": auto}
+        with Progress(console=_err, transient=True) as bar:
+            task = bar.add_task("simulating", total=None)
+            runner = Runner(tr, model, cfg, options, on_run=lambda s: bar.update(task, description=f"simulating {s}"))
+            if pool is not None and "turboserve" not in names:
+                runner.peak_pool = pool
+            out = compare(runner, names)
+    except ChunkserveError as exc:
+        _fail(exc)
+    out["wall_s"] = time.perf_counter() - start
+    _print_table(out)
+    try:
+        if json_out is not None:
+            json_out.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+        if plot is not None:
+            plot_timeline(timelines(runner, names), cfg.window_s, str(plot))
+    except OSError as exc:
+        _fail(exc)
+
+
+
+def _print_table(out: dict) -> None:
+    t = Table(title=f"{out['trace']['sessions']} sessions, {out['trace']['duration_s']:.0f} s")
+    for col in ("policy", "worst s", "p99 s", "miss %", "GPU-h", "cost", "migr.", "scale"):
+        t.add_column(col, justify="right" if col != "policy" else "left")
+    for name, m in out["policies"].items():
+        t.add_row(name, f"{m['worst_chunk_latency_s']:.2f}", f"{m['p99_chunk_latency_s']:.2f}", f"{100 * m['deadline_miss_rate']:.2f}",
+                  f"{m['gpu_seconds'] / 3600:.1f}", f"{m['cost']:.1f}", str(m["migrations"]), str(m["scale_events"]))
+    _console.print(t)
+    if "matched_cost" in out:
+        mc, ml = out["matched_cost"], out["matched_latency"]
+        for b in ("base", "lag", "mag"):
+            _console.print(f"vs {b}: matched cost (pool {mc['pool_size'][b]}) worst latency reduction {mc['worst_latency_reduction_pct'][b]:.1f}%; "
+                           f"matched latency (pool {ml['pool_size'][b]}) cost reduction {ml['cost_reduction_pct'][b]:.1f}%")
+    if "oracle_gap_pct" in out:
+        _console.print(f"oracle gap {out['oracle_gap_pct']:.1f}%")
+    _console.print(f"wall {out['wall_s']:.1f} s")
+
+
+def tune_cmd(
+    output: Path = typer.Option(..., "-o", "--output", help="Volatility table JSON to write."),
+    bound: float = typer.Option(2.5, "--bound", min=0.001, help="Latency bound on the worst chunk latency, s."),
+    levels: str = typer.Option("1-10", "--levels", help="Levels to tune, e.g. 1-10 or 1,5,10 (others keep defaults)."),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Generated traces per level."),
+    duration: float = typer.Option(900.0, "--duration", min=60.0, help="Length of each generated trace, s."),
+    sessions: int = typer.Option(1200, "--sessions", min=1, help="Expected sessions per generated trace."),
+    profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
+) -> None:
+    """Search u* and delta per volatility level by simulation; write the autoscaler's table."""
+    from processors.latency import load_profiles
+    from infra.sim.tracegen import GenConfig
+    from infra.sim.tune import tune
+
+    try:
+        lv = _levels(levels)
+        model = load_profiles(profile)
+        with Progress(console=_err, transient=True) as bar:
+            task = bar.add_task("tuning", total=None)
+            vt = tune(model, bound, lv, range(seeds), GenConfig(duration_s=duration, sessions=sessions),
+                      on_step=lambda s: bar.update(task, description=s))
+        output.write_text(json.dumps(vt.to_json(), indent=2) + "\n")
+    except ChunkserveError as exc:
+        _fail(exc)
+    except OSError as exc:
+        _fail(exc)
+    for i in lv:
+        u, d = vt.lookup(i)
+        _console.print(f"level {i}: u*={u:.2f} delta={d:.2f}")
+    _console.print(f"wrote {output}")
+
+
+def _levels(spec: str) -> list[int]:
+    from schemas.errors import ConfigError
+
+    try:
+        if "-" in spec:
+            a, b = spec.split("-", 1)
+            out = list(range(int(a), int(b) + 1))
+        else:
+            out = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError("levels", "expected like 1-10 or 1,5,10", spec) from None
+    if not out or any(not 1 <= x <= 10 for x in out):
+        raise ConfigError("levels", "levels are 1..10", spec)
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``trace gen``, ``simulate`` and ``tune`` to ``app``."""
+    trace_app = typer.Typer(help="Session traces.", no_args_is_help=True)
+    trace_app.command("gen")(trace_gen)
+    app.add_typer(trace_app, name="trace")
+    app.command("simulate")(simulate_cmd)
+    app.command("tune")(tune_cmd)

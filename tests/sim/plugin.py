@@ -1,0 +1,47 @@
+"""Plug-in policies for the simulator tests, loaded by ``module:Name`` path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from processors.decisions import Decision, Migrate, Place, ScaleOut
+from processors.lifecycle import SessionState
+from processors.snapshot import GpuState
+
+
+@dataclass(frozen=True)
+class PackThenMigrate:
+    """Places every session on the first GPU, then moves ``session`` to the second at ``at``."""
+
+    session: str = "b"
+    at: float = 5.0
+    name: str = "pack-then-migrate"
+
+    def initial_state(self) -> bool:
+        return False
+
+    def decide(self, snapshot, signal, moved):
+        gpus = sorted(g.id for g in snapshot.gpus)
+        cmds = [Place(s.id, gpus[0]) for s in snapshot.sessions if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION]
+        if not moved and snapshot.now >= self.at:
+            s = next(x for x in snapshot.sessions if x.id == self.session)
+            cmds.append(Migrate(s.id, s.gpu_id, gpus[1], 0.0, 0.0))
+            moved = True
+        return Decision(tuple(cmds), moved)
+
+
+@dataclass(frozen=True)
+class BootOne:
+    """Boots one GPU at the first epoch and places waiting sessions on ready GPUs."""
+
+    name: str = "boot-one"
+
+    def initial_state(self) -> bool:
+        return False
+
+    def decide(self, snapshot, signal, booted):
+        cmds = [] if booted else [ScaleOut(1, "b300")]
+        ready = [g.id for g in snapshot.gpus if g.state is GpuState.READY]
+        if ready:
+            cmds += [Place(s.id, ready[0]) for s in snapshot.sessions if s.gpu_id is None]
+        return Decision(tuple(cmds), True)

@@ -1,0 +1,94 @@
+"""The simulator on tiny traces with known answers, determinism, plug-ins and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from infra.sim.simulator import SimConfig, simulate
+from infra.sim_cli import register
+from processors.latency import load_profiles
+from processors.lifecycle import EventKind, SessionEvent
+from processors.policy import load_policy
+
+MODEL = load_profiles("paper")  # b300: l(1) = 0.30 s, l(2) = 0.32 s, 6.50 per hour
+O, C = EventKind.OPEN, EventKind.CLOSE
+
+
+def _ev(*rows):
+    return [SessionEvent(t, s, k, b) for t, s, k, b in rows]
+
+
+def test_one_gpu_two_sessions():
+    ev = _ev((0, "a", O, 0), (0, "b", O, 0), (10, "a", C, 0), (10, "b", C, 0))
+    r = simulate(load_policy("base", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, epoch_s=0))
+    assert r.worst_chunk_latency_s == pytest.approx(0.32)
+    assert r.chunks == 2 * 31 and r.deadline_miss_rate == 0
+    assert r.gpu_seconds == pytest.approx(10) and r.cost == pytest.approx(10 * 6.5 / 3600)
+
+
+def test_forced_migration_pauses_for_its_cost():
+    ev = _ev((0, "a", O, 10**9), (0, "b", O, 10**9), (10, "a", C, 0), (10, "b", C, 0))
+    pol = load_policy("tests.sim.plugin:PackThenMigrate")
+    r = simulate(pol, ev, MODEL, SimConfig(initial_gpus=2, epoch_s=0))
+    # b leaves at the chunk boundary 5.12, travels 0.02 + 1e9 / 25e9 = 0.06 s, runs alone 0.30 s
+    assert r.migrations == 1 and r.invalid_commands == 0
+    assert r.worst_chunk_latency_s == pytest.approx(5.12 + 0.06 + 0.30 - 5.12)
+
+
+def test_scale_out_waits_for_boot():
+    ev = _ev((0, "a", O, 0), (100, "a", C, 0))
+    r = simulate(load_policy("tests.sim.plugin:BootOne"), ev, MODEL, SimConfig(initial_gpus=0, boot_s=60, epoch_s=0))
+    assert r.scale_events == 1
+    assert r.worst_chunk_latency_s == pytest.approx(60.30)
+    assert r.gpu_seconds == pytest.approx(100)  # billed from the boot request
+
+
+def _app():
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    return app
+
+
+def test_cli_is_deterministic_and_reports(tmp_path):
+    run = CliRunner()
+    app = _app()
+    trace = tmp_path / "t.csv"
+    res = run.invoke(app, ["trace", "gen", "--level", "5", "--duration", "240", "--sessions", "150", "--seed", "2", "-o", str(trace)])
+    assert res.exit_code == 0, res.output
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"o{i}.json"
+        args = ["simulate", str(trace), "--json", str(out)] + (["--plot", str(tmp_path / "p.png")] if i == 0 else [])
+        res = run.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        doc = json.loads(out.read_text())
+        doc.pop("wall_s")
+        outs.append(doc)
+    assert outs[0] == outs[1]
+    assert set(outs[0]["policies"]) == {"base", "lag", "mag", "turboserve", "turboserve-no-migration", "turboserve-no-autoscale", "oracle-autoscale"}
+    assert set(outs[0]["matched_cost"]["worst_latency_reduction_pct"]) == {"base", "lag", "mag"}
+    assert "oracle_gap_pct" in outs[0] and (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_cli_user_errors_are_one_line(tmp_path):
+    app = _app()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("t_s,session_id,event\n0,a,open\n1,a,fly\n")
+    for args in (["simulate", str(bad)], ["simulate", str(tmp_path / "none.csv")], ["simulate", str(bad), "-p", "nope"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and "Traceback" not in res.output
+        assert len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
+    app = _app()
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n8,a,close,\n")
+    res = CliRunner().invoke(app, ["simulate", str(trace), "-p", "tests.sim.plugin:PackThenMigrate", "--pool", "2", "--json", str(tmp_path / "o.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "o.json").read_text())["policies"]["tests.sim.plugin:PackThenMigrate"]["migrations"] == 1
