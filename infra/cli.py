@@ -197,6 +197,37 @@ def bench_scheduler(
     _write_json(result, json_out)
 
 
+@app.command("ownership-check")
+def ownership_check(
+    runs: int = typer.Option(100_000, min=1, help="Randomized runs, split evenly over the protocols."),
+    protocol: str = typer.Option("all", help="all, or a comma list of assignment, claim-only, worker-id, generation."),
+    seed: int = typer.Option(0, help="Seed of the random schedules."),
+    redis_sample: int = typer.Option(200, min=0, help="Extra generation runs against real Redis."),
+    processes: int = typer.Option(2, min=1, help="Worker processes for the in-memory runs."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+) -> None:
+    """The protocol study: drive four ownership protocols through the same faulty schedules."""
+    from infra.embedded import EmbeddedRedis
+    from infra.ownership_check import PROTOCOLS, run
+
+    chosen = list(PROTOCOLS) if protocol == "all" else [p.strip() for p in protocol.split(",")]
+    unknown = [p for p in chosen if p not in PROTOCOLS]
+    if unknown:
+        raise typer.BadParameter(f"unknown protocol(s) {unknown}; choose from {list(PROTOCOLS)}",
+                                 param_hint="--protocol")
+    settings = _settings(require_endpoints=False)
+    embedded = None
+    if redis_sample and not settings.redis.url:
+        embedded = EmbeddedRedis().start()
+    try:
+        url = settings.redis.url or (embedded.url if embedded else None)
+        result = run(runs, chosen, seed, redis_url=url, redis_sample=redis_sample, processes=processes)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    _write_json(result, json_out)
+
+
 @bench_app.command("worker")
 def bench_worker(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),

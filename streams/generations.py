@@ -158,7 +158,8 @@ def _error(reply: list[Any]) -> OwnershipError | SnapshotCorruptError:
     if code == "no_capacity":
         return NoCapacityError(rest[0], rest[1])
     if code == "missing_part":
-        return SnapshotCorruptError(f"session {rest[0]}: snapshot {rest[1]} lost part {rest[2]} before commit")
+        sid, snap, part = rest
+        return SnapshotCorruptError(f"session {sid}: snapshot {snap} lost part {part} before commit")
     raise InfraError(f"generation store: unexpected script reply {reply!r}")
 
 
@@ -210,10 +211,13 @@ class _Ops:
 
     def load_view(self) -> Op:
         flat = _pairs((yield "load_view", [self.keys.workers], []))
-        return {
-            f[2:]: WorkerLoad(int(_s(flat.get("u:" + f[2:], 0))), int(_s(v)), _s(flat.get("d:" + f[2:], "0")) == "1")
-            for f, v in sorted(flat.items()) if f.startswith("c:")
-        }
+        out = {}
+        for field, cap in sorted(flat.items()):
+            if field.startswith("c:"):
+                w = field[2:]
+                used, draining = int(_s(flat.get("u:" + w, 0))), _s(flat.get("d:" + w, "0")) == "1"
+                out[w] = WorkerLoad(used, int(_s(cap)), draining)
+        return out
 
     def sessions_of(self, worker_id: str) -> Op:
         return sorted(_s(x) for x in (yield "sessions_of", [self.keys.slots(_worker(worker_id))], []))
@@ -235,7 +239,8 @@ class _Ops:
         return (yield from self._commit(session_id, expected_epoch, _worker(worker_id), ""))
 
     def commit_migration(self, session_id: str, source: Generation, target_worker: str) -> Op:
-        return (yield from self._commit(session_id, source.epoch, _worker(target_worker), _worker(source.worker_id)))
+        src = _worker(source.worker_id)
+        return (yield from self._commit(session_id, source.epoch, _worker(target_worker), src))
 
     def _fenced(self, sid: str, gen: Generation) -> tuple[list[str], list[Any]]:
         _worker(gen.worker_id)
@@ -257,7 +262,8 @@ class _Ops:
         return [(_s(r) == "ok", _s(r)) for r in (yield "revalidate", keys, args)]
 
     def release(self, session_id: str, gen: Generation, close: bool = False) -> Op:
-        k = [self.keys.session(session_id), self.keys.workers, self.keys.slots(gen.worker_id), self.keys.snapdata(session_id)]
+        k = [self.keys.session(session_id), self.keys.workers, self.keys.slots(gen.worker_id),
+             self.keys.snapdata(session_id)]
         _check((yield "release", k, [session_id, gen.worker_id, int(gen.epoch), "1" if close else "0"]))
 
     def write_progress(self, session_id: str, gen: Generation, chunk_index: int | None = None,
@@ -330,7 +336,7 @@ class _RedisScripts:
     def __init__(self, client: Any, sources: dict[str, str] | None = None) -> None:
         pool = getattr(client, "connection_pool", None)
         if pool is not None and pool.connection_kwargs.get("decode_responses"):
-            raise ConfigError("decode_responses", "the generation store needs a client with decode_responses=False")
+            raise ConfigError("decode_responses", "the generation store needs decode_responses=False")
         self.client = client
         self.sources = sources or SCRIPTS
         self.shas = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self.sources.items()}
@@ -415,6 +421,10 @@ class GenerationStore:
     def keys(self) -> Keys:
         return self._ops.keys
 
+    def for_namespace(self, namespace: str) -> "GenerationStore":
+        """A store on another namespace sharing this one's client and loaded scripts."""
+        return GenerationStore(self.client, namespace, part_size=self._ops.part_size, backend=self._backend)
+
     async def aclose(self) -> None:
         if self.client is not None:
             await self.client.aclose()
@@ -445,7 +455,8 @@ class GenerationStore:
 
     async def commit_migration(self, session_id: str, source: Generation, target_worker: str) -> Generation:
         """A commit that applies only while ``source`` is still the exact current generation."""
-        return await _drive_async(self._backend, self._ops.commit_migration(session_id, source, target_worker))
+        op = self._ops.commit_migration(session_id, source, target_worker)
+        return await _drive_async(self._backend, op)
 
     async def claim(self, session_id: str, gen: Generation) -> None:
         """The worker takes up ``gen``; refused unless current and holding its slot."""
@@ -508,6 +519,11 @@ class SyncGenerationStore:
     def keys(self) -> Keys:
         return self._ops.keys
 
+    def for_namespace(self, namespace: str) -> "SyncGenerationStore":
+        """A store on another namespace sharing this one's client and loaded scripts."""
+        return SyncGenerationStore(self.client, namespace, part_size=self._ops.part_size,
+                                   backend=self._backend)
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
@@ -560,7 +576,8 @@ class SyncGenerationStore:
 
     def put_snapshot(self, session_id: str, gen: Generation, data: bytes, chunk_index: int | None = None,
                      input_seq: int | None = None) -> SnapshotManifest:
-        return _drive_sync(self._backend, self._ops.put_snapshot(session_id, gen, data, chunk_index, input_seq))
+        op = self._ops.put_snapshot(session_id, gen, data, chunk_index, input_seq)
+        return _drive_sync(self._backend, op)
 
     def read_snapshot(self, session_id: str) -> tuple[SnapshotManifest, bytes] | None:
         return _drive_sync(self._backend, self._ops.read_snapshot(session_id))

@@ -1,0 +1,245 @@
+"""A pure-Python twin of the generation store, for simulation and model tests.
+
+``MemoryScripts`` re-implements each Lua script of ``streams/lua`` line for line over a dict
+keyspace (hashes and sets, values as str/bytes like Redis keeps them), and the stores below run
+the very same operations (``generations._Ops``) against it, so answers match the Redis store's
+(tests/streams/test_generations_equivalence.py holds them to it). One process, no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from streams.generations import DEFAULT_PART_SIZE, GenerationStore, SyncGenerationStore
+
+__all__ = ["MemoryScripts", "MemoryGenerationStore", "SyncMemoryGenerationStore"]
+
+Reply = Any
+
+
+def _arg(v: Any) -> Any:
+    return v if isinstance(v, bytes) else str(v)
+
+
+class MemoryScripts:
+    """The scripts over ``self.data``: key -> dict (hash) or set; a script runs atomically."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+        self.calls = 0
+
+    def call(self, name: str, keys: list[str], args: list[Any]) -> Reply:
+        self.calls += 1
+        script: Callable[[list[str], list[Any]], Reply] = getattr(self, "_" + name)
+        return script(keys, [_arg(a) for a in args])
+
+    # -- data structure helpers (Redis semantics: empty containers vanish) --
+
+    def _h(self, key: str) -> dict[str, Any]:
+        return self.data.get(key) or {}
+
+    def _hset(self, key: str, **fields: Any) -> None:
+        self.data.setdefault(key, {}).update(fields)
+
+    def _hdel(self, key: str, *fields: str) -> None:
+        h = self.data.get(key)
+        if h is not None:
+            for f in fields:
+                h.pop(f, None)
+            if not h:
+                del self.data[key]
+
+    def _hincr(self, key: str, field: str, by: int) -> None:
+        h = self.data.setdefault(key, {})
+        h[field] = str(int(h.get(field, "0")) + by)
+
+    def _srem(self, key: str, member: str) -> bool:
+        s = self.data.get(key)
+        if s is None or member not in s:
+            return False
+        s.discard(member)
+        if not s:
+            del self.data[key]
+        return True
+
+    def _sismember(self, key: str, member: str) -> bool:
+        return member in (self.data.get(key) or ())
+
+    def _fence(self, skey: str, slot_key: str, sid: str, worker: str, epoch: int, need_slot: bool) -> Reply:
+        cur = self._h(skey)
+        if "e" not in cur:
+            return ["err", "unknown_session", sid]
+        if cur.get("st") == "closed":
+            return ["err", "closed", sid]
+        e = int(cur["e"])
+        if epoch != e:
+            return ["err", "stale_epoch", sid, str(epoch), str(e)]
+        if worker != cur["w"]:
+            return ["err", "not_owner", sid, worker, cur["w"]]
+        if need_slot and not self._sismember(slot_key, sid):
+            return ["err", "no_capacity", worker,
+                    f"session {sid}: generation {e} holds no slot (released or deregistered)"]
+        return None
+
+    # -- the scripts, one per streams/lua/<name>.lua --
+
+    def _register_worker(self, k: list[str], a: list[Any]) -> Reply:
+        w, cap = a[0], int(a[1])
+        h = self._h(k[0])
+        used = int(h.get("u:" + w, "0"))
+        if cap < used:
+            return ["err", "no_capacity", w, f"capacity {cap} below {used} slots in use"]
+        if "c:" + w not in h:
+            self._hset(k[0], **{"d:" + w: "0", "u:" + w: "0"})
+        self._hset(k[0], **{"c:" + w: str(cap)})
+        return ["ok"]
+
+    def _set_draining(self, k: list[str], a: list[Any]) -> Reply:
+        if "c:" + a[0] not in self._h(k[0]):
+            return ["err", "no_capacity", a[0], "not registered"]
+        self._hset(k[0], **{"d:" + a[0]: a[1]})
+        return ["ok"]
+
+    def _deregister_worker(self, k: list[str], a: list[Any]) -> Reply:
+        w = a[0]
+        if "c:" + w not in self._h(k[0]):
+            return ["ok"]
+        held = sorted(self.data.get(k[1]) or ())
+        if held and a[1] != "1":
+            return ["err", "no_capacity", w, f"deregister refused: {len(held)} sessions hold slots (drain or force)"]
+        self.data.pop(k[1], None)
+        self._hdel(k[0], "c:" + w, "d:" + w, "u:" + w)
+        return ["ok", *held]
+
+    def _load_view(self, k: list[str], a: list[Any]) -> Reply:
+        return [x for kv in self._h(k[0]).items() for x in kv]
+
+    def _commit(self, k: list[str], a: list[Any]) -> Reply:
+        sid, exp, target, src, guess = a[0], int(a[1]), a[2], a[3], a[4]
+        cur = self._h(k[0])
+        if cur.get("st") == "closed":
+            return ["err", "closed", sid]
+        e = int(cur.get("e", "0"))
+        if e == 0 and exp != 0:
+            return ["err", "unknown_session", sid]
+        if exp != e:
+            return ["err", "stale_epoch", sid, str(exp), str(e)]
+        prev = cur.get("w", "")
+        if src != "" and src != prev:
+            return ["err", "not_owner", sid, src, prev]
+        if prev != guess:
+            return ["retry", prev]
+        wh = self._h(k[1])
+        cap = wh.get("c:" + target)
+        if cap is None:
+            return ["err", "no_capacity", target, "not registered"]
+        if wh.get("d:" + target) == "1":
+            return ["err", "no_capacity", target, "draining"]
+        used = int(wh.get("u:" + target, "0"))
+        already = self._sismember(k[2], sid)
+        if not already and used >= int(cap):
+            return ["err", "no_capacity", target, f"no free slot ({used}/{cap} used)"]
+        if prev != "" and prev != target and self._srem(k[3], sid):
+            self._hincr(k[1], "u:" + prev, -1)
+        if not already:
+            self.data.setdefault(k[2], set()).add(sid)
+            self._hincr(k[1], "u:" + target, 1)
+        self._hset(k[0], w=target, e=str(e + 1), st="active", cl="0")
+        return ["ok", target, str(e + 1)]
+
+    def _claim(self, k: list[str], a: list[Any]) -> Reply:
+        bad = self._fence(k[0], k[1], a[0], a[1], int(a[2]), True)
+        if bad:
+            return bad
+        self._hset(k[0], cl="1")
+        return ["ok"]
+
+    def _revalidate(self, k: list[str], a: list[Any]) -> Reply:
+        out = []
+        for i in range(len(k) // 2):
+            bad = self._fence(k[2 * i], k[2 * i + 1], a[3 * i], a[3 * i + 1], int(a[3 * i + 2]), True)
+            out.append(bad[1] if bad else "ok")
+        return out
+
+    def _release(self, k: list[str], a: list[Any]) -> Reply:
+        sid, w, epoch, close = a[0], a[1], int(a[2]), a[3] == "1"
+        cur = self._h(k[0])
+        if cur.get("st") == "closed" and cur.get("w") == w and int(cur["e"]) == epoch:
+            return ["ok"]
+        bad = self._fence(k[0], k[2], sid, w, epoch, False)
+        if bad:
+            return bad
+        if self._srem(k[2], sid):
+            self._hincr(k[1], "u:" + w, -1)
+        if close:
+            self._hset(k[0], st="closed")
+            self._hdel(k[0], "sn_id", "sn_n", "sn_size", "sn_sha", "sn_e", "sn_ci", "sn_sq")
+            self.data.pop(k[3], None)
+        else:
+            self._hset(k[0], st="suspended")
+        return ["ok"]
+
+    def _progress(self, k: list[str], a: list[Any]) -> Reply:
+        bad = self._fence(k[0], k[1], a[0], a[1], int(a[2]), True)
+        if bad:
+            return bad
+        if a[3] != "":
+            self._hset(k[0], ci=a[3])
+        if a[4] != "":
+            self._hset(k[0], sq=a[4])
+        return ["ok"]
+
+    def _snap_part(self, k: list[str], a: list[Any]) -> Reply:
+        bad = self._fence(k[0], k[1], a[0], a[1], int(a[2]), True)
+        if bad:
+            return bad
+        self._hset(k[2], **{a[3]: a[4]})
+        return ["ok"]
+
+    def _snap_commit(self, k: list[str], a: list[Any]) -> Reply:
+        bad = self._fence(k[0], k[1], a[0], a[1], int(a[2]), True)
+        if bad:
+            return bad
+        sid, snap_id, n = a[0], a[3], int(a[4])
+        parts = self._h(k[2])
+        for i in range(n):
+            if f"{snap_id}:{i}" not in parts:
+                return ["err", "missing_part", sid, snap_id, str(i)]
+        self._hdel(k[2], *[f for f in list(parts) if not f.startswith(snap_id + ":")])
+        self._hset(k[0], sn_id=snap_id, sn_n=a[4], sn_size=a[5], sn_sha=a[6], sn_e=a[2], sn_ci=a[7], sn_sq=a[8])
+        return ["ok"]
+
+    def _session(self, k: list[str], a: list[Any]) -> Reply:
+        return [x for kv in self._h(k[0]).items() for x in kv]
+
+    def _snap_read(self, k: list[str], a: list[Any]) -> Reply:
+        return self._h(k[0]).get(a[0])
+
+    def _sessions_of(self, k: list[str], a: list[Any]) -> Reply:
+        return sorted(self.data.get(k[0]) or ())
+
+
+class _AsyncScripts:
+    def __init__(self, scripts: MemoryScripts) -> None:
+        self.scripts = scripts
+
+    async def call(self, name: str, keys: list[str], args: list[Any]) -> Reply:
+        return self.scripts.call(name, keys, args)
+
+
+class MemoryGenerationStore(GenerationStore):
+    """``GenerationStore``'s async API over ``MemoryScripts`` (never suspends)."""
+
+    def __init__(self, namespace: str = "mem", *, part_size: int = DEFAULT_PART_SIZE,
+                 scripts: MemoryScripts | None = None) -> None:
+        self.scripts = scripts if scripts is not None else MemoryScripts()
+        super().__init__(None, namespace, part_size=part_size, backend=_AsyncScripts(self.scripts))
+
+
+class SyncMemoryGenerationStore(SyncGenerationStore):
+    """``SyncGenerationStore``'s API over ``MemoryScripts``: the fast path for simulations."""
+
+    def __init__(self, namespace: str = "mem", *, part_size: int = DEFAULT_PART_SIZE,
+                 scripts: MemoryScripts | None = None) -> None:
+        self.scripts = scripts if scripts is not None else MemoryScripts()
+        super().__init__(None, namespace, part_size=part_size, backend=self.scripts)
