@@ -85,6 +85,7 @@ def worker(
     device: str = typer.Option("cpu", help="torch device: cpu, cuda, cuda:1, ..."),
     checkpoint: Optional[Path] = typer.Option(None, help="safetensors checkpoint of the model."),
     pool: str = typer.Option("default", help="Pool this worker belongs to."),
+    gpu_type: str = typer.Option("cpu", help="Device type name, as in the latency profile."),
 ) -> None:
     """Run one worker: claim sessions, run coalesced chunks, release only when current."""
     from streams.generations import GenerationStore
@@ -96,7 +97,7 @@ def worker(
     model = (ReferenceModel.load(checkpoint, device=device) if checkpoint
              else ReferenceModel(seed=0, device=device))
     cfg = WorkerConfig(worker_id=worker_id, capacity=capacity, chunk_interval_s=chunk_interval,
-                       device=device, pool=pool)
+                       device=device, pool=pool, gpu_type=gpu_type)
 
     async def main() -> None:
         store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
@@ -113,6 +114,24 @@ def worker(
 
 
 PROCESSORS = ("dispatch", "detector", "control", "metrics")
+
+
+@app.command("provisioner")
+def provisioner() -> None:
+    """Run the local process provisioner: starts, drains and stops workers on scaling commands."""
+    from workers.provisioner import run_provisioner
+
+    settings = _settings()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_provisioner(settings, stop)
+
+    asyncio.run(main())
 
 
 @app.command("processor")

@@ -307,7 +307,11 @@ class InputAccepted(Record):
 
 @record("worker.rejected")
 class CommandRejected(Record):
-    """A command or routed input was refused; ``reason`` is a code, ``detail`` prose."""
+    """A command or routed input was refused; ``reason`` is a code, ``detail`` prose.
+
+    A refused input carries its ``kind`` and ``payload`` so the router can re-route it to
+    the session's current owner.
+    """
 
     worker_id: Id
     session_id: str
@@ -317,6 +321,8 @@ class CommandRejected(Record):
     generation: Generation | None = None
     seq: int = -1
     detail: str = ""
+    kind: str = ""
+    payload: str = ""
 
 
 # --- scaling-commands (key: pool) ------------------------------------------------------
@@ -398,12 +404,13 @@ class ScalingDecision(Record):
 
 @record("metric.cost")
 class CostTick(Record):
-    """Cost accrued so far by the pool."""
+    """Cost accrued so far by the pool (``pool`` empty: all pools together)."""
 
     ts: Seconds
     gpus: Count
     gpu_seconds: Seconds
     cost: Seconds
+    pool: str = ""
 
 
 # --- dead-letters (key: source topic) ------------------------------------------------

@@ -1,0 +1,289 @@
+"""The control agent: rebalancer and autoscaler, one active instance (the faust leader).
+
+Every instance folds ``session-events``, ``worker-events`` and ``scaling-commands`` from
+the start of the log into a :class:`~processors.cluster.ClusterView` (a group-less reader,
+so each instance sees every partition); only the leader runs decision epochs, so a leader
+change loses nothing. An epoch runs the configured policy on the view's snapshot and turns
+its commands into records (:func:`command_records`): ``Migrate`` becomes a ``Handoff``,
+scale commands go to ``scaling-commands``. Placing, resuming, suspending and terminating
+sessions is the dispatch's job (it admits through the Redis commit), so those are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping
+
+from processors import decisions as d
+from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, AutoscalerConfig, utilization
+from processors.cluster import (BOOTING_PREFIX, ClusterView, apply, current_generation,
+                                dead_workers, prune, to_snapshot)
+from processors.detector import DetectorConfig, DetectorState, WorkloadSignal, observe, step
+from processors.latency import GpuProfile, LatencyModel, load_profiles
+from processors.lifecycle import EventKind, SessionEvent
+from processors.placement import worst_latency
+from processors.policy import BUILTIN_POLICIES, Policy, load_policy
+from processors.snapshot import GpuState, Snapshot
+from processors.turboserve import TurboServeState
+from schemas import records as r
+
+__all__ = ["ControlConfig", "ControlShell", "command_records", "fit_capacity", "make_policy",
+           "build_app"]
+
+log = logging.getLogger(__name__)
+
+_KINDS = {r.SessionOpened: EventKind.OPEN, r.SessionActive: EventKind.ACTIVE,
+          r.SessionIdle: EventKind.IDLE, r.SessionClosed: EventKind.CLOSE}
+
+
+def command_records(commands: Iterable[d.Command], view: ClusterView, now: float, *,
+                    pool: str = "default", decision_id: str = "",
+                    shutdown_resend_s: float = 10.0) -> tuple[r.Record, ...]:
+    """The records that carry out a policy's commands (pure).
+
+    ``Migrate`` -> ``Handoff`` stamped with the view's current generation of the session
+    (dropped when the view has none on the source, or the target is a booting placeholder);
+    ``ScaleOut`` -> a scale-out of ``pool``; ``Drain`` / ``Shutdown`` -> the same for the
+    worker's pool (a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not repeated).
+    Place, Resume, Suspend and Terminate belong to the dispatch and are dropped.
+    """
+    out: list[r.Record] = []
+    pools = {w.id: w.pool for w in view.workers.values()}
+    for cmd in commands:
+        if isinstance(cmd, d.Migrate):
+            gen = current_generation(view, cmd.session_id)
+            if gen is None or gen.worker_id != cmd.src or cmd.dst.startswith(BOOTING_PREFIX):
+                continue
+            out.append(r.Handoff(worker_id=cmd.src, session_id=cmd.session_id, generation=gen,
+                                 target_worker=cmd.dst, ts=now, reason=cmd.reason))
+        elif isinstance(cmd, d.ScaleOut):
+            out.append(r.ScaleOut(pool=pool, count=cmd.count, ts=now, gpu_type=cmd.gpu_type,
+                                  decision_id=decision_id))
+        elif isinstance(cmd, d.Drain) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
+            out.append(r.Drain(pool=pools.get(cmd.gpu_id, pool), worker_id=cmd.gpu_id, ts=now,
+                               decision_id=decision_id))
+        elif isinstance(cmd, d.Shutdown) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
+            w = view.workers.get(cmd.gpu_id)
+            if w is not None and now - w.shutdown_ts < shutdown_resend_s:
+                continue
+            out.append(r.Shutdown(pool=pools.get(cmd.gpu_id, pool), worker_id=cmd.gpu_id, ts=now,
+                                  decision_id=decision_id))
+    return tuple(out)
+
+
+def fit_capacity(model: LatencyModel, view: ClusterView) -> LatencyModel:
+    """The model with each GPU type's K set to what its live workers report, when they agree.
+
+    The admission limit is the workers' (Redis counts their slots), so the policy must plan
+    with the same K; the latency curve and price stay the profile's.
+    """
+    caps: dict[str, set[int]] = {}
+    for w in view.workers.values():
+        if w.alive and w.capacity > 0:
+            caps.setdefault(w.gpu_type, set()).add(w.capacity)
+    profiles = dict(model.profiles)
+    for gpu_type, ks in caps.items():
+        p = profiles.get(gpu_type)
+        if p is not None and len(ks) == 1 and p.capacity != next(iter(ks)):
+            profiles[gpu_type] = GpuProfile(p.name, next(iter(ks)), p.cost_per_hour, p.points, p.memory_bytes)
+    return model if profiles == dict(model.profiles) else LatencyModel(profiles, model.name)
+
+
+def make_policy(spec: str, model: LatencyModel, gpu_type: str, **autoscaler: Any) -> Policy:
+    """The policy ``spec`` on ``model``; built-in TurboServe variants scale out ``gpu_type``."""
+    if spec not in BUILTIN_POLICIES:
+        return load_policy(spec)
+    opts: dict[str, Any] = {"model": model}
+    if spec.startswith("turboserve"):
+        opts["autoscaler"] = AutoscalerConfig(gpu_type=gpu_type, **autoscaler)
+    return load_policy(spec, **opts)
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """Policy and pacing; ``from_env`` reads ``CHUNKSERVE_POLICY``, ``CHUNKSERVE_PROFILE`` etc."""
+
+    policy: str = "turboserve"
+    profile: str = "reference-cpu"
+    gpu_type: str = "cpu"
+    pool: str = "default"
+    tick_s: float = 0.5  # how often the leader looks for a pending epoch
+    period_s: float = 5.0  # an epoch at least this often, even without events
+    heartbeat_timeout_s: float = 10.0  # then a worker is declared down
+    boot_s: float = 10.0  # expected worker boot time (the autoscaler's; also its scale-in delay)
+    boot_timeout_s: float = 120.0  # a scale-out not answered by WorkerUp by then is forgotten
+    dwell_s: float = 30.0
+    min_gpus: int = 1
+    max_gpus: int = 64
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "ControlConfig":
+        env = os.environ if env is None else env
+        base = cls()
+        num = {"tick_s": "CONTROL_TICK_S", "period_s": "CONTROL_PERIOD_S",
+               "heartbeat_timeout_s": "HEARTBEAT_TIMEOUT_S", "boot_s": "BOOT_S",
+               "boot_timeout_s": "BOOT_TIMEOUT_S",
+               "dwell_s": "SCALE_DWELL_S", "min_gpus": "MIN_WORKERS", "max_gpus": "MAX_WORKERS"}
+        kw: dict[str, Any] = {k: type(getattr(base, k))(env["CHUNKSERVE_" + v])
+                              for k, v in num.items() if env.get("CHUNKSERVE_" + v)}
+        for key in ("policy", "profile", "gpu_type", "pool"):
+            if env.get("CHUNKSERVE_" + key.upper()):
+                kw[key] = env["CHUNKSERVE_" + key.upper()]
+        return replace(base, **kw)
+
+
+@dataclass
+class ControlShell:
+    """The view, the detector window and the policy state; ``epoch`` is one decision."""
+
+    config: ControlConfig = field(default_factory=ControlConfig)
+    clock: Callable[[], float] = time.time
+    view: ClusterView = field(default_factory=ClusterView)
+    detector: DetectorState = field(default_factory=DetectorState)
+    detector_config: DetectorConfig = field(default_factory=DetectorConfig)
+    dirty: bool = True
+    last_epoch: float = -math.inf
+    last_report: Any = None
+
+    def __post_init__(self) -> None:
+        self.model = load_profiles(self.config.profile)
+        self.policy_state: Any = None
+
+    def fold(self, rec: r.Record) -> None:
+        """Fold one record; an arrival, departure or flip (or a worker change) asks for an epoch."""
+        kind = _KINDS.get(type(rec))
+        if kind is not None:
+            before = self.view.sessions.get(rec.session_id)  # type: ignore[attr-defined]
+            self.detector, _ = step(self.detector, SessionEvent(rec.ts, rec.session_id, kind),  # type: ignore[attr-defined]
+                                    self.detector_config)
+        self.view = apply(self.view, rec)
+        if kind is not None:
+            after = self.view.sessions.get(rec.session_id)  # type: ignore[attr-defined]
+            self.dirty |= before is None or after is None or before.lifecycle != after.lifecycle
+        elif isinstance(rec, (r.WorkerUp, r.WorkerDown)):
+            self.dirty = True
+
+    def due(self, now: float) -> bool:
+        return self.dirty or now - self.last_epoch >= self.config.period_s
+
+    def epoch(self, now: float | None = None) -> list[r.Record]:
+        """One decision epoch: the records to publish (already folded into the view)."""
+        now = self.clock() if now is None else now
+        cfg = self.config
+        self.dirty, self.last_epoch = False, now
+        out: list[r.Record] = [r.WorkerDown(worker_id=w, ts=now, reason="missed heartbeats")
+                               for w in dead_workers(self.view, now, cfg.heartbeat_timeout_s)]
+        for rec in out:
+            self.view = apply(self.view, rec)
+        model = fit_capacity(self.model, self.view)
+        policy = make_policy(cfg.policy, model, cfg.gpu_type, min_gpus=cfg.min_gpus, max_gpus=cfg.max_gpus,
+                             dwell_s=cfg.dwell_s, boot_s=cfg.boot_s)
+        snap = to_snapshot(self.view, now, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+                           boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model))
+        self.detector, signal = observe(self.detector, now, self.detector_config)
+        state = self._policy_state(policy)
+        decision = policy.decide(snap, signal, state)
+        self.policy_state = decision.state
+        recs = command_records(decision.commands, self.view, now, pool=cfg.pool,
+                               decision_id=uuid.uuid4().hex[:12])
+        for rec in recs:
+            self.view = apply(self.view, rec)
+        out += recs
+        out += self._reports(snap, model, signal, recs, now, policy)
+        self.view = prune(self.view, now - 3600.0)
+        return out
+
+    def _policy_state(self, policy: Policy) -> Any:
+        state = self.policy_state if self.policy_state is not None else policy.initial_state()
+        if isinstance(state, TurboServeState) and math.isfinite(self.view.last_scale_ts):
+            last = state.autoscaler.last_action_at
+            # the dwell survives a leader change: the last scale action is in the log
+            at = max(last if last is not None else -math.inf, self.view.last_scale_ts)
+            state = replace(state, autoscaler=replace(state.autoscaler, last_action_at=at))
+        return state
+
+    def _reports(self, snap: Snapshot, model: LatencyModel, signal: WorkloadSignal, recs: tuple[r.Record, ...],
+                 now: float, policy: Any) -> list[r.Record]:
+        out: list[r.Record] = []
+        handoffs = [x for x in recs if isinstance(x, r.Handoff)]
+        after = to_snapshot(self.view, now, heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+                            boot_timeout_s=self.config.boot_timeout_s, gpu_types=set(model))
+        loads = {k: v for k, v in sorted(after.loads().items()) if not k.startswith(BOOTING_PREFIX)}
+        key = (len(after.gpus), loads)
+        if handoffs or key != self.last_report:
+            self.last_report = key
+            out.append(r.PlacementReport(ts=now, workers=len(loads), sessions=sum(loads.values()),
+                                         worst_latency_s=worst_latency(after, model), migrations=len(handoffs),
+                                         source="control", loads=dict(list(loads.items())[:256])))
+        outs = [x for x in recs if isinstance(x, r.ScaleOut)]
+        drains = [x for x in recs if isinstance(x, r.Drain)]
+        if outs or drains:
+            u_max, _ = utilization(snap, model)
+            table = getattr(policy, "table", DEFAULT_VOLATILITY_TABLE)
+            u_target, delta = table.lookup(signal.level)
+            current = sum(1 for g in snap.gpus if g.state is not GpuState.DRAINING)
+            target = current + sum(x.count for x in outs) - len(drains)
+            out.append(r.ScalingDecision(ts=now, current=current, target=max(0, target),
+                                         u_max=min(u_max, 1e6), u_target=u_target, delta=delta,
+                                         level=signal.level, reason="scale-out" if outs else "scale-in"))
+        return out
+
+
+def build_app(settings: Any) -> Any:
+    """The faust app: every instance folds the log; the leader runs the epochs."""
+    from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_EVENTS
+    from streams.faust_app import FaustPublisher, make_app
+    from streams.kafka import RecordConsumer, RecordProducer
+    from streams.topics import TopicCatalogue
+
+    app = make_app("control", settings)
+    catalogue = TopicCatalogue.from_settings(settings)
+    publisher = FaustPublisher(app, catalogue)
+    config = ControlConfig.from_env()
+    shell = ControlShell(config)
+    caught_up = {"done": False}
+
+    @app.task
+    async def fold_log() -> None:
+        from aiokafka import TopicPartition
+
+        topics = [SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS]
+        producer = await RecordProducer(settings, catalogue, client_id="control-fold").start()
+        consumer = RecordConsumer(settings, topics, producer, name="control", catalogue=catalogue)
+
+        async def skip(topic: str, partition: int, offset: int, *_: Any) -> None:
+            # a group-less reader: the topic's own consumers dead-letter bad records, once
+            log.warning("control: skipping undecodable %s[%d]@%d", topic, partition, offset)
+
+        consumer.dead_letter = skip  # type: ignore[method-assign]
+        await consumer.start(subscribe=False)
+        try:
+            await consumer.raw.topics()
+            tps = [TopicPartition(catalogue.name(t), p) for t in topics
+                   for p in sorted(consumer.raw.partitions_for_topic(catalogue.name(t)) or {0})]
+            consumer.raw.assign(tps)
+            await consumer.raw.seek_to_beginning(*tps)
+            ends = await consumer.raw.end_offsets(tps)
+            while True:
+                for delivered in await consumer.poll(timeout_ms=200):
+                    shell.fold(delivered.record)
+                if not caught_up["done"]:
+                    positions = [await consumer.raw.position(tp) for tp in tps]
+                    caught_up["done"] = all(p >= ends[tp] for p, tp in zip(positions, tps))
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    @app.timer(config.tick_s, on_leader=True)
+    async def decide() -> None:
+        if not caught_up["done"] or not shell.due(shell.clock()):
+            return
+        for rec in shell.epoch():
+            await publisher.send(rec)
+
+    return app

@@ -1,0 +1,100 @@
+"""The detector agent: feeds ``session-events`` to :func:`processors.detector.step`.
+
+It publishes a ``WorkloadSignal`` on ``metrics`` after session events (at most one per
+``min_interval_s``; a held-back one goes out at the next tick) and on a periodic tick that
+rolls the window forward with :func:`~processors.detector.observe`. Run one replica: the
+window must see every partition.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from processors.detector import DetectorConfig, DetectorState, WorkloadSignal, observe, step
+from processors.lifecycle import EventKind, SessionEvent
+from schemas import records as r
+
+__all__ = ["DetectorShell", "signal_record", "build_app"]
+
+_KINDS = {r.SessionOpened: EventKind.OPEN, r.SessionActive: EventKind.ACTIVE,
+          r.SessionIdle: EventKind.IDLE, r.SessionClosed: EventKind.CLOSE}
+
+
+def signal_record(signal: WorkloadSignal, state: DetectorState, config: DetectorConfig) -> r.WorkloadSignal:
+    """The wire record of a detector signal (flips split by direction from the window)."""
+    lo = (state.last_slot or 0) - config.slots + 1
+    rows = [row for row in state.window if row[0] >= lo]
+    return r.WorkloadSignal(ts=max(0.0, signal.now), window_s=config.window_s, active=signal.active,
+                            arrivals=signal.arrivals, departures=signal.departures,
+                            to_idle=sum(row[3] for row in rows), to_active=sum(row[4] for row in rows),
+                            volatility=signal.volatility, level=signal.level)
+
+
+@dataclass
+class DetectorShell:
+    """The detector state between events, and when a signal was last published."""
+
+    config: DetectorConfig = field(default_factory=DetectorConfig)
+    clock: Callable[[], float] = time.time
+    min_interval_s: float = 0.25
+    state: DetectorState = field(default_factory=DetectorState)
+    last_published: float = -math.inf
+    held: bool = False
+
+    def on_event(self, rec: r.Record) -> r.WorkloadSignal | None:
+        """Fold a session event; the signal to publish now, if any."""
+        kind = _KINDS.get(type(rec))
+        if kind is None:
+            return None
+        event = SessionEvent(rec.ts, rec.session_id, kind)  # type: ignore[attr-defined]
+        self.state, signal = step(self.state, event, self.config)
+        now = self.clock()
+        if now - self.last_published < self.min_interval_s:
+            self.held = True
+            return None
+        self.last_published, self.held = now, False
+        return signal_record(signal, self.state, self.config)
+
+    def tick(self) -> r.WorkloadSignal | None:
+        """Roll the window to now; the signal, once any event was seen."""
+        if self.state.last_slot is None:
+            return None
+        now = self.clock()
+        self.state, signal = observe(self.state, now, self.config)
+        self.last_published, self.held = now, False
+        return signal_record(signal, self.state, self.config)
+
+
+def build_app(settings: Any) -> Any:
+    """The faust app: one agent over ``session-events`` and a periodic tick."""
+    from schemas.topics import SESSION_EVENTS
+    from streams.faust_app import FaustPublisher, decode_event, make_app
+    from streams.topics import TopicCatalogue
+
+    app = make_app("detector", settings)
+    publisher = FaustPublisher(app, TopicCatalogue.from_settings(settings))
+    env = {k: float(os.environ[f"CHUNKSERVE_DETECTOR_{k.upper()}"]) for k in ("window_s", "slot_s")
+           if os.environ.get(f"CHUNKSERVE_DETECTOR_{k.upper()}")}
+    config = DetectorConfig(**env)
+    shell = DetectorShell(config)
+    tick_s = float(os.environ.get("CHUNKSERVE_DETECTOR_TICK_S", 1.0))
+
+    @app.agent(publisher.topic(SESSION_EVENTS), name="detector-session-events")
+    async def session_events(stream: Any) -> None:
+        async for event in stream.events():
+            rec = await decode_event(event, SESSION_EVENTS, publisher, "detector")
+            signal = shell.on_event(rec) if rec is not None else None
+            if signal is not None:
+                await publisher.send(signal)
+
+    @app.timer(tick_s)
+    async def tick() -> None:
+        signal = shell.tick()
+        if signal is not None:
+            await publisher.send(signal)
+
+    return app

@@ -1,0 +1,202 @@
+"""The control-plane agents and the provisioner on the real broker and Redis, as processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from aiokafka import TopicPartition
+
+from schemas import records as r
+from schemas.topics import DEAD_LETTERS, METRICS, SCALING_COMMANDS, WORKER_EVENTS
+from streams.config import Settings
+from streams.generations import GenerationStore
+from streams.kafka import RecordConsumer, RecordProducer
+from streams.topics import ensure_topics
+from processors.agents.detector import DetectorShell
+from processors.agents.metrics import cost_tick, fold_cost
+from processors.detector import DetectorConfig
+from processors.latency import load_profiles
+from workers.provisioner import LocalProcessProvisioner, next_index, run_provisioner
+
+pytestmark = pytest.mark.integration
+
+
+def _settings(bootstrap: str, redis_url: str, namespace: str) -> Settings:
+    return Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(bootstrap, redis_url)
+
+
+def _env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(CHUNKSERVE_KAFKA_BOOTSTRAP=settings.kafka.bootstrap, CHUNKSERVE_REDIS_URL=settings.redis.url,
+               CHUNKSERVE_TOPIC_PREFIX=settings.topic_prefix, CHUNKSERVE_NAMESPACE=settings.namespace,
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _spawn_processor(name: str, settings: Settings, log: Path, **extra: str) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "infra", "processor", name], env=_env(settings, **extra),
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+class Reader:
+    """Reads logical topics from the beginning, without a group."""
+
+    def __init__(self, settings: Settings, producer: RecordProducer, topics: list[str]) -> None:
+        self.settings, self.topics = settings, topics
+        self.consumer = RecordConsumer(settings, topics, producer, name="test-reader")
+        self.records: list[r.Record] = []
+
+    async def start(self) -> "Reader":
+        await self.consumer.start(subscribe=False)
+        tps = [TopicPartition(self.consumer.catalogue.name(t), p)
+               for t in self.topics for p in range(self.settings.partitions.get(t, 1))]
+        self.consumer.raw.assign(tps)
+        await self.consumer.raw.seek_to_beginning(*tps)
+        return self
+
+    async def wait_for(self, pred: Callable[[r.Record], bool], timeout_s: float, what: str) -> r.Record:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for rec in self.records:
+                if pred(rec):
+                    return rec
+            self.records.extend(d.record for d in await self.consumer.poll(timeout_ms=200))
+        raise AssertionError(f"no {what} within {timeout_s}s; saw {[type(x).__name__ for x in self.records]}")
+
+
+def test_detector_control_and_metrics_agents_answer_events(kafka_bootstrap, redis_url, namespace, tmp_path):
+    """The detector publishes a WorkloadSignal; the control agent, seeing sessions and no
+    worker, asks for a scale-out and reports it; the metrics agent bills a worker's uptime."""
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+    asyncio.run(ensure_topics(settings))
+    procs = [_spawn_processor("detector", settings, tmp_path / "detector.log", CHUNKSERVE_DETECTOR_TICK_S="0.5"),
+             _spawn_processor("control", settings, tmp_path / "control.log", CHUNKSERVE_CONTROL_TICK_S="0.2",
+                              CHUNKSERVE_POOL="p"),
+             _spawn_processor("metrics", settings, tmp_path / "metrics.log", CHUNKSERVE_COST_INTERVAL_S="0.5")]
+
+    async def run() -> None:
+        async with RecordProducer(settings) as producer:
+            now = time.time()
+            for i in range(3):
+                await producer.send(r.SessionOpened(session_id=f"s{i}", ts=now))
+            await producer.send(r.SessionIdle(session_id="s0", ts=now + 0.1))
+            await producer.send(r.WorkerUp(worker_id="old-0", ts=now - 3600, capacity=4))
+            await producer.send(r.WorkerDown(worker_id="old-0", ts=now - 1800))
+            reader = await Reader(settings, producer, [METRICS, SCALING_COMMANDS]).start()
+            try:
+                sig = await reader.wait_for(lambda x: isinstance(x, r.WorkloadSignal) and x.arrivals == 3
+                                            and x.to_idle == 1, 45, "workload signal")
+                assert sig.active == 2 and 1 <= sig.level <= 10
+                scale = await reader.wait_for(lambda x: isinstance(x, r.ScaleOut), 30, "scale-out")
+                assert scale.pool == "p" and scale.count == 1 and scale.gpu_type == "cpu"
+                decision = await reader.wait_for(lambda x: isinstance(x, r.ScalingDecision), 5, "decision")
+                assert decision.current == 0 and decision.target == 1
+                tick = await reader.wait_for(lambda x: isinstance(x, r.CostTick), 20, "cost tick")
+                assert tick.gpus == 0 and tick.gpu_seconds == pytest.approx(1800)
+                assert tick.cost == pytest.approx(1800 * 0.1 / 3600)  # reference-cpu: 0.10 per hour
+            finally:
+                await reader.consumer.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for proc in procs:
+            _stop(proc)
+
+
+def test_provisioner_starts_a_worker_and_stops_it_once_empty(kafka_bootstrap, redis_url, namespace, tmp_path):
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+
+    async def run() -> None:
+        await ensure_topics(settings)
+        stop = asyncio.Event()
+        prov = LocalProcessProvisioner(settings, "p", capacity=2, log_dir=tmp_path / "logs")
+        task = asyncio.create_task(run_provisioner(settings, stop, prov, retry_s=0.3))
+        store = GenerationStore(settings.redis.async_client(), namespace=namespace)
+        try:
+            async with RecordProducer(settings) as producer, contextlib.AsyncExitStack() as stack:
+                reader = await Reader(settings, producer, [WORKER_EVENTS, DEAD_LETTERS]).start()
+                stack.push_async_callback(reader.consumer.stop)
+                await producer.send_raw(SCALING_COMMANDS, b"\x00garbage", key=b"p")
+                await producer.send(r.ScaleOut(pool="p", count=100, ts=time.time(), decision_id="too-many"))
+                await producer.send(r.ScaleOut(pool="other", count=1, ts=time.time(), decision_id="not-ours"))
+                await producer.send(r.ScaleOut(pool="p", count=1, ts=time.time(), decision_id="d1"))
+                await producer.send(r.ScaleOut(pool="p", count=1, ts=time.time(), decision_id="d1"))  # redelivered
+                up = await reader.wait_for(lambda x: isinstance(x, r.WorkerUp), 45, "WorkerUp")
+                assert up.worker_id == "p-0" and up.pool == "p" and up.capacity == 2
+                await reader.wait_for(lambda x: isinstance(x, r.DeadLetter) and x.reason.startswith("refused"),
+                                      5, "refused dead letter")
+                letters = [x for x in reader.records if isinstance(x, r.DeadLetter)]
+                assert {x.consumer for x in letters} == {"provisioner"} and len(letters) == 2
+                assert list(prov.procs) == ["p-0"]  # the duplicate and the other pool started nothing
+
+                gen = await store.commit("s1", 0, "p-0")  # the worker holds a session
+                await producer.send(r.Shutdown(pool="p", worker_id="p-0", ts=time.time()))
+                await asyncio.sleep(1.5)
+                assert prov.procs["p-0"].poll() is None  # not empty: still running
+                assert (await store.load_view())["p-0"].draining
+                await store.release("s1", gen, close=True)
+                down = await reader.wait_for(lambda x: isinstance(x, r.WorkerDown)
+                                             and x.reason == "shutdown by provisioner", 20, "WorkerDown")
+                assert down.worker_id == "p-0"
+                assert "p-0" not in prov.procs and "p-0" not in await store.load_view()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+            await store.aclose()
+
+    asyncio.run(run())
+
+
+def test_cost_fold_bills_each_worker_from_up_to_down():
+    model = load_profiles("reference-cpu")
+    spans: dict = {}
+    for rec in [r.WorkerUp(worker_id="a", ts=0, capacity=4), r.WorkerUp(worker_id="a", ts=0, capacity=4),
+                r.WorkerUp(worker_id="b", ts=100, capacity=4),
+                r.Heartbeat(worker_id="b", ts=150, sessions=0, executing=0, capacity=4),
+                r.WorkerDown(worker_id="a", ts=3600), r.WorkerDown(worker_id="a", ts=3600),
+                r.WorkerUp(worker_id="a", ts=3000, capacity=4),  # stale redelivery: ignored
+                r.ChunkDone(worker_id="b", session_id="s", generation=r.Generation("b", 1), chunk_index=0, ts=1)]:
+        spans = fold_cost(spans, rec)
+    tick = cost_tick(spans, 160.0, model, stale_s=30)
+    assert tick.gpus == 1 and tick.gpu_seconds == pytest.approx(3600 + 60)
+    silent = cost_tick(spans, 1000.0, model, stale_s=30)  # b went silent at 150: billed to 180
+    assert silent.gpus == 0 and silent.gpu_seconds == pytest.approx(3600 + 80)
+    assert silent.cost == pytest.approx((3600 + 80) * 0.1 / 3600)
+
+
+def test_detector_shell_holds_back_bursts_and_ticks():
+    clock = [100.0]
+    shell = DetectorShell(DetectorConfig(window_s=10, slot_s=1), clock=lambda: clock[0])
+    assert shell.tick() is None  # nothing seen yet
+    first = shell.on_event(r.SessionOpened(session_id="a", ts=100))
+    assert first is not None and (first.active, first.arrivals) == (1, 1)
+    assert shell.on_event(r.SessionIdle(session_id="a", ts=100)) is None and shell.held
+    clock[0] = 101.0
+    sig = shell.tick()
+    assert sig is not None and (sig.active, sig.to_idle, sig.to_active) == (0, 1, 0) and not shell.held
+
+
+def test_next_index_follows_the_highest_worker_of_the_pool():
+    assert next_index("p", []) == 0
+    assert next_index("p", ["p-0", "p-7", "q-9", "p-x", "pp-12"]) == 8

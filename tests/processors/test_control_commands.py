@@ -1,0 +1,111 @@
+"""The control agent's pure parts: commands -> records, capacity fitting, one decision epoch."""
+
+from __future__ import annotations
+
+from processors import decisions as d
+from processors.agents.control import ControlConfig, ControlShell, command_records, fit_capacity
+from processors.cluster import BOOTING_PREFIX, ClusterView, apply_all
+from processors.latency import load_profiles
+from schemas import records as r
+
+G = r.Generation
+
+
+def _view() -> ClusterView:
+    return apply_all(ClusterView(), [
+        r.WorkerUp(worker_id="p-0", ts=1, capacity=4, pool="p"),
+        r.WorkerUp(worker_id="p-1", ts=1, capacity=4, pool="p"),
+        r.SessionOpened(session_id="a", ts=1),
+        r.Claimed(worker_id="p-0", session_id="a", generation=G("p-0", 3), ts=2),
+        r.SessionOpened(session_id="b", ts=1),
+    ])
+
+
+def test_migrate_becomes_a_handoff_stamped_with_the_current_generation():
+    (rec,) = command_records([d.Migrate("a", "p-0", "p-1", gamma=0.1, cost_s=0.02, reason="drain")],
+                             _view(), 10.0)
+    assert rec == r.Handoff(worker_id="p-0", session_id="a", generation=G("p-0", 3),
+                            target_worker="p-1", ts=10.0, reason="drain")
+
+
+def test_migrations_the_view_cannot_stamp_are_dropped():
+    cmds = [d.Migrate("a", "p-1", "p-0", 0.1, 0.0),           # the view says a is on p-0
+            d.Migrate("b", "p-0", "p-1", 0.1, 0.0),           # b has no generation yet
+            d.Migrate("a", "p-0", BOOTING_PREFIX + "p:0", 0.1, 0.0)]  # target not up yet
+    assert command_records(cmds, _view(), 10.0) == ()
+
+
+def test_scale_commands_go_to_the_pool_and_session_commands_are_the_dispatchs():
+    cmds = [d.Place("b", "p-1"), d.Resume("b", "p-1"), d.Suspend("a", "p-0"), d.Terminate("a", "p-0"),
+            d.ScaleOut(2, "cpu"), d.Drain("p-1"), d.Shutdown("p-1"), d.Drain(BOOTING_PREFIX + "p:0")]
+    recs = command_records(cmds, _view(), 10.0, pool="p", decision_id="x")
+    assert recs == (
+        r.ScaleOut(pool="p", count=2, ts=10.0, gpu_type="cpu", decision_id="x"),
+        r.Drain(pool="p", worker_id="p-1", ts=10.0, decision_id="x"),
+        r.Shutdown(pool="p", worker_id="p-1", ts=10.0, decision_id="x"),
+    )
+    assert not any(isinstance(x, r.Assign) for x in recs)
+
+
+def test_a_shutdown_is_not_repeated_within_the_resend_interval():
+    view = apply_all(_view(), [r.Shutdown(pool="p", worker_id="p-1", ts=9.0)])
+    assert command_records([d.Shutdown("p-1")], view, 12.0, shutdown_resend_s=10) == ()
+    assert len(command_records([d.Shutdown("p-1")], view, 20.0, shutdown_resend_s=10)) == 1
+
+
+def test_fit_capacity_uses_the_workers_k():
+    model = load_profiles("reference-cpu")
+    fitted = fit_capacity(model, _view())
+    assert fitted["cpu"].capacity == 4 and fitted["cpu"].cost_per_hour == model["cpu"].cost_per_hour
+    assert fit_capacity(model, ClusterView()) is model
+
+
+def test_an_epoch_scales_out_when_sessions_outgrow_the_pool_and_remembers_it():
+    shell = ControlShell(ControlConfig(dwell_s=30.0), clock=lambda: 100.0)
+    shell.fold(r.WorkerUp(worker_id="p-0", ts=1, capacity=2, pool="default"))
+    shell.fold(r.Heartbeat(worker_id="p-0", ts=99, sessions=6, executing=6, capacity=2))
+    for i in range(6):
+        shell.fold(r.SessionOpened(session_id=f"s{i}", ts=90.0 + i))
+        shell.fold(r.Claimed(worker_id="p-0", session_id=f"s{i}", generation=G("p-0", 1), ts=99.0))
+    assert shell.due(100.0)
+    out = shell.epoch(100.0)
+    (scale,) = [x for x in out if isinstance(x, r.ScaleOut)]
+    assert scale.pool == "default" and scale.count >= 2 and scale.gpu_type == "cpu"
+    (decision,) = [x for x in out if isinstance(x, r.ScalingDecision)]
+    assert decision.target == 1 + scale.count and decision.reason == "scale-out"
+    assert any(isinstance(x, r.PlacementReport) for x in out)
+    assert not any(isinstance(x, (r.Assign, r.Handoff)) for x in out)
+    assert not shell.due(101.0)
+    # the scale-out is in the view: booting workers count, so the next epoch does not repeat it
+    assert not any(isinstance(x, r.ScaleOut) for x in shell.epoch(140.0))
+
+
+def test_an_epoch_declares_silent_workers_down():
+    shell = ControlShell(ControlConfig(heartbeat_timeout_s=5.0))
+    shell.fold(r.WorkerUp(worker_id="p-0", ts=1, capacity=2))
+    out = shell.epoch(50.0)
+    assert r.WorkerDown(worker_id="p-0", ts=50.0, reason="missed heartbeats") in out
+    assert not shell.view.workers["p-0"].alive
+
+
+def test_an_epoch_rebalances_with_handoffs():
+    shell = ControlShell(ControlConfig(policy="turboserve-no-autoscale", profile="paper", gpu_type="h20"))
+    shell.fold(r.WorkerUp(worker_id="w0", ts=1, capacity=16, gpu_type="h20"))
+    shell.fold(r.WorkerUp(worker_id="w1", ts=1, capacity=16, gpu_type="h20"))
+    for i in range(8):
+        shell.fold(r.SessionOpened(session_id=f"s{i}", ts=1))
+        shell.fold(r.Claimed(worker_id="w0", session_id=f"s{i}", generation=G("w0", 1), ts=2))
+    out = shell.epoch(3.0)
+    handoffs = [x for x in out if isinstance(x, r.Handoff)]
+    assert handoffs and all(h.worker_id == "w0" and h.target_worker == "w1" for h in handoffs)
+    (report,) = [x for x in out if isinstance(x, r.PlacementReport)]
+    assert report.migrations == len(handoffs) and report.loads == {"w0": 8 - len(handoffs), "w1": len(handoffs)}
+    assert not [x for x in shell.epoch(4.0) if isinstance(x, r.Handoff)]  # in flight: not asked twice
+
+
+def test_config_from_env():
+    cfg = ControlConfig.from_env({"CHUNKSERVE_POLICY": "lag", "CHUNKSERVE_PROFILE": "paper",
+                                  "CHUNKSERVE_GPU_TYPE": "b300", "CHUNKSERVE_MIN_WORKERS": "2",
+                                  "CHUNKSERVE_CONTROL_TICK_S": "0.1"})
+    assert (cfg.policy, cfg.profile, cfg.gpu_type, cfg.min_gpus, cfg.tick_s) == ("lag", "paper", "b300", 2, 0.1)
+    assert ControlConfig.from_env({}) == ControlConfig()

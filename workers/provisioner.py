@@ -1,0 +1,246 @@
+"""The provisioner: carries out ``scaling-commands`` by starting and stopping workers.
+
+``ScaleOut`` starts workers (each registers with ``WorkerUp`` once its model is loaded: that
+is the boot time); ``Drain`` marks a worker draining in the generation store so no session
+is admitted there; ``Shutdown`` drains too and stops the worker only once the store shows it
+holds no session, retrying until then. How workers run is behind the small
+:class:`Provisioner` protocol: :class:`LocalProcessProvisioner` runs child processes; a
+Kubernetes one can follow. Bad records go to ``dead-letters``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol
+
+from schemas import records as r
+from schemas.codec import encode
+from schemas.topics import SCALING_COMMANDS
+from streams.config import Settings
+
+__all__ = ["Provisioner", "LocalProcessProvisioner", "ProvisionerService", "run_provisioner",
+           "next_index"]
+
+log = logging.getLogger(__name__)
+
+
+class Provisioner(Protocol):
+    """Starts and stops the workers of one pool; the store bookkeeping is not its business."""
+
+    pool: str
+
+    async def start(self, count: int, gpu_type: str) -> list[str]:
+        """Start ``count`` workers; returns their ids (they register themselves when booted)."""
+        ...
+
+    async def drain(self, worker_id: str) -> None:
+        """The worker will get no new session (platform hook; admission is closed in Redis)."""
+        ...
+
+    async def shutdown(self, worker_id: str) -> bool:
+        """Stop the worker (called once it is empty); False when it is not this provisioner's."""
+        ...
+
+
+def next_index(pool: str, worker_ids: Iterable[str]) -> int:
+    """One past the highest ``n`` of the ``<pool>-<n>`` ids given (0 when none)."""
+    pattern = re.compile(re.escape(pool) + r"-(\d+)$")
+    return 1 + max((int(m.group(1)) for w in worker_ids if (m := pattern.match(w))), default=-1)
+
+
+def _child_env(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(CHUNKSERVE_KAFKA_BOOTSTRAP=settings.kafka.bootstrap, CHUNKSERVE_REDIS_URL=settings.redis.url,
+               CHUNKSERVE_TOPIC_PREFIX=settings.topic_prefix, CHUNKSERVE_NAMESPACE=settings.namespace,
+               PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+class LocalProcessProvisioner:
+    """Workers as child processes: ``python -m infra worker --worker-id <pool>-<n> ...``.
+
+    Children inherit the ``CHUNKSERVE_*`` environment (pointed at ``settings``), log to
+    ``log_dir/<id>.log`` (or to this process's output) and stop with this provisioner.
+    """
+
+    def __init__(self, settings: Settings, pool: str = "default", *, capacity: int = 8,
+                 device: str = "cpu", chunk_interval_s: float = 0.1, first_index: int = 0,
+                 log_dir: Path | None = None, stop_timeout_s: float = 15.0,
+                 command: Iterable[str] = (sys.executable, "-m", "infra", "worker")) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.capacity = capacity
+        self.device = device
+        self.chunk_interval_s = chunk_interval_s
+        self.index = first_index
+        self.log_dir = log_dir
+        self.stop_timeout_s = stop_timeout_s
+        self.command = list(command)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    async def start(self, count: int, gpu_type: str) -> list[str]:
+        ids = []
+        for _ in range(count):
+            wid = f"{self.pool}-{self.index}"
+            self.index += 1
+            args = [*self.command, "--worker-id", wid, "--pool", self.pool, "--capacity", str(self.capacity),
+                    "--device", self.device, "--gpu-type", gpu_type,
+                    "--chunk-interval", str(self.chunk_interval_s)]
+            out: Any = None
+            if self.log_dir is not None:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                out = open(self.log_dir / f"{wid}.log", "ab")
+            try:
+                self.procs[wid] = subprocess.Popen(args, env=_child_env(self.settings), stdout=out,
+                                                   stderr=subprocess.STDOUT if out else None,
+                                                   stdin=subprocess.DEVNULL)
+            finally:
+                if out is not None:
+                    out.close()
+            log.info("provisioner: started %s (pid %d)", wid, self.procs[wid].pid)
+            ids.append(wid)
+        return ids
+
+    async def drain(self, worker_id: str) -> None:
+        log.info("provisioner: %s draining", worker_id)
+
+    async def shutdown(self, worker_id: str) -> bool:
+        proc = self.procs.pop(worker_id, None)
+        if proc is None:
+            return False
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(proc.wait, self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await asyncio.to_thread(proc.wait, 5)
+        log.info("provisioner: stopped %s (rc %s)", worker_id, proc.returncode)
+        return True
+
+    def exited(self) -> dict[str, int]:
+        """Children that exited without being asked to, with their return codes (forgotten here)."""
+        gone = {w: p.returncode for w, p in self.procs.items() if p.poll() is not None}
+        for w in gone:
+            del self.procs[w]
+        return gone
+
+    async def close(self) -> None:
+        """Stop every child still running."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for wid in list(self.procs):
+            await self.shutdown(wid)
+
+
+class ProvisionerService:
+    """Applies scaling commands to the store and the provisioner; retries pending shutdowns."""
+
+    def __init__(self, provisioner: Provisioner, store: Any, publish: Callable[[r.Record], Any],
+                 clock: Callable[[], float] = time.time, max_start: int = 32) -> None:
+        self.provisioner = provisioner
+        self.store = store
+        self.publish = publish
+        self.clock = clock
+        self.max_start = max_start
+        self.pending: set[str] = set()
+        self.seen: set[str] = set()  # decision ids of scale-outs carried out
+
+    async def handle(self, rec: r.Record) -> None:
+        """Carry out one command; ValueError when the record is unusable (dead-letter it)."""
+        if getattr(rec, "pool", None) != self.provisioner.pool:
+            return  # another pool's provisioner
+        if isinstance(rec, r.ScaleOut):
+            if not 0 < rec.count <= self.max_start:
+                raise ValueError(f"scale-out of {rec.count} workers: must be 1..{self.max_start}")
+            if rec.decision_id and rec.decision_id in self.seen:
+                return  # redelivered
+            self.seen.add(rec.decision_id)
+            await self.provisioner.start(rec.count, rec.gpu_type)
+        elif isinstance(rec, (r.Drain, r.Shutdown)):
+            await self.store.set_draining(rec.worker_id, True)
+            await self.provisioner.drain(rec.worker_id)
+            if isinstance(rec, r.Shutdown):
+                self.pending.add(rec.worker_id)
+                await self.retry()
+
+    async def retry(self) -> None:
+        """Stop every pending worker the store shows empty; the others wait for the next try."""
+        if not self.pending:
+            return
+        view = await self.store.load_view()
+        for wid in sorted(self.pending):
+            load = view.get(wid)
+            if load is not None and (load.used > 0 or await self.store.sessions_of(wid)):
+                continue
+            self.pending.discard(wid)
+            if await self.provisioner.shutdown(wid):
+                if load is not None:
+                    await self.store.deregister_worker(wid)
+                await self.publish(r.WorkerDown(worker_id=wid, ts=self.clock(), reason="shutdown by provisioner"))
+
+    async def reap(self) -> None:
+        """Report children that died on their own."""
+        exited = getattr(self.provisioner, "exited", None)
+        for wid, rc in (exited() if exited else {}).items():
+            log.warning("provisioner: %s exited on its own (rc %s)", wid, rc)
+            await self.publish(r.WorkerDown(worker_id=wid, ts=self.clock(), reason=f"exited rc={rc}"))
+
+
+async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
+                          provisioner: Provisioner | None = None, *, retry_s: float = 1.0) -> None:
+    """Consume ``scaling-commands`` in the provisioner group until ``stop_event`` is set.
+
+    Without ``provisioner``, a :class:`LocalProcessProvisioner` for ``CHUNKSERVE_POOL``
+    (default ``default``) starting workers of ``CHUNKSERVE_WORKER_CAPACITY`` slots (default 8),
+    logging under ``CHUNKSERVE_LOG_DIR`` when set.
+    """
+    from streams.generations import GenerationStore
+    from streams.kafka import RecordConsumer, RecordProducer
+    from streams.topics import ensure_topics
+
+    catalogue = await ensure_topics(settings)
+    store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
+    if provisioner is None:
+        pool = os.environ.get("CHUNKSERVE_POOL") or "default"
+        log_dir = os.environ.get("CHUNKSERVE_LOG_DIR")
+        provisioner = LocalProcessProvisioner(
+            settings, pool, capacity=int(os.environ.get("CHUNKSERVE_WORKER_CAPACITY") or 8),
+            first_index=next_index(pool, await store.load_view()),
+            log_dir=Path(log_dir) if log_dir else None)
+    producer = await RecordProducer(settings, catalogue, client_id="provisioner").start()
+    consumer = RecordConsumer(settings, [SCALING_COMMANDS], producer, name="provisioner",
+                              group_id=f"{settings.topic_prefix}provisioner", catalogue=catalogue)
+    service = ProvisionerService(provisioner, store, producer.send)
+    await consumer.start()
+    next_retry = 0.0
+    try:
+        while not stop_event.is_set():
+            for d in await consumer.poll(timeout_ms=200):
+                try:
+                    await service.handle(d.record)
+                except ValueError as exc:
+                    await consumer.dead_letter(d.topic, d.partition, d.offset, encode(d.record), d.key,
+                                               f"refused: {exc}")
+            await consumer.commit()
+            if time.monotonic() >= next_retry:
+                await service.retry()
+                await service.reap()
+                next_retry = time.monotonic() + retry_s
+    finally:
+        close = getattr(provisioner, "close", None)
+        if close is not None:
+            await close()
+        await consumer.stop()
+        await producer.stop()
+        await store.aclose()
