@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from schemas.records import (ChunkDone, Claimed, CommandRejected, DeadLetter, InputAccepted,
-                             Record, Released, WorkerUp)
+from schemas.records import (ChunkDone, Claimed, CommandRejected, DeadLetter, Handoff,
+                             Heartbeat, InputAccepted, Record, Released, WorkerUp)
 from schemas.topics import DEAD_LETTERS, METRICS, SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS
 from schemas.errors import InfraError
 from streams.client import SessionClient
@@ -94,24 +94,29 @@ class EventLog:
 
 
 def audit(log: EventLog, session_ids: list[str], workers: int, wall_s: float) -> FlowSummary:
+    """Check every session's chunks: indices 0..n-1 with no gap or repeat across all its
+    generations, epochs never going back (no stale release), last release on close."""
     chunks = [c for c in log.of(ChunkDone) if c.session_id in session_ids]
     indices: dict[str, list[int]] = defaultdict(list)
     gens: dict[str, set[str]] = defaultdict(set)
-    for c in chunks:
+    for c in sorted(chunks, key=lambda c: (c.generation.epoch, c.chunk_index)):
         indices[c.session_id].append(c.chunk_index)
         gens[c.session_id].add(str(c.generation))
-    released = {r.session_id: r.reason for r in log.of(Released) if r.session_id in session_ids}
+    released: dict[str, str] = {}
+    for r in sorted(log.of(Released), key=lambda r: r.generation.epoch):
+        if r.session_id in session_ids:
+            released[r.session_id] = r.reason
     accepted: dict[str, list[int]] = defaultdict(list)
     for a in log.of(InputAccepted):
         accepted[a.session_id].append(a.seq)
     problems = []
     for sid in session_ids:
         if indices[sid] != list(range(len(indices[sid]))):
-            problems.append(f"{sid}: chunk indices out of order: {indices[sid][:20]}")
-        if len(gens[sid]) != 1:
-            problems.append(f"{sid}: released under {len(gens[sid])} generations")
+            problems.append(f"{sid}: chunk indices not 0..n-1 across generations: {indices[sid][:40]}")
         if released.get(sid) != "closed":
             problems.append(f"{sid}: not released on close ({released.get(sid)})")
+        if sorted(accepted[sid]) != list(range(1, len(accepted[sid]) + 1)):
+            problems.append(f"{sid}: inputs applied out of order or twice: {accepted[sid]}")
     lat = [c.latency_s * 1000 for c in chunks] or [0.0]
     return FlowSummary(
         workers=workers, sessions=len(session_ids), chunks=len(chunks),
@@ -123,9 +128,22 @@ def audit(log: EventLog, session_ids: list[str], workers: int, wall_s: float) ->
         wall_s=wall_s, problems=problems, letters=log.of(DeadLetter))
 
 
+def _count(rs: list[Record], cls: type, **match: Any) -> int:
+    return sum(1 for r in rs if isinstance(r, cls) and all(getattr(r, k) == v for k, v in match.items()))
+
+
+def _chunks_of(rs: list[Record], ids: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for r in rs:
+        if isinstance(r, ChunkDone) and r.session_id in ids:
+            counts[r.session_id] += 1
+    return counts
+
+
 async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks: int = 8,
                    workers: int = 2, inputs: int = 2, capacity: int = 8,
                    chunk_interval_s: float = 0.05, timeout_s: float = 120.0, garbage: int = 0,
+                   flips: bool = False, handoff: bool = False,
                    progress: Callable[[str], None] = lambda _m: None) -> FlowSummary:
     """Start a dispatch replica and ``workers`` workers, serve ``sessions``, audit, stop."""
     started = time.monotonic()
@@ -166,14 +184,43 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                         return all(counts[s] >= chunks and acks[s] >= inputs for s in ids)
 
                     await log.until(served, timeout_s, "chunks and inputs of every session")
+                    if flips:  # idle -> offloaded to Redis, slot freed; active -> restored
+                        progress("sessions go idle (offload) and come back (restore)")
+                        for sid in ids:
+                            await client.idle(sid)
+                        await log.until(lambda rs: all(_count(rs, Released, session_id=s,
+                                                              reason="suspended") for s in ids),
+                                        timeout_s, "sessions to be offloaded")
+                        for sid in ids:
+                            await client.active(sid)
+                        await log.until(lambda rs: all(_count(rs, Claimed, session_id=s) >= 2
+                                                       for s in ids), timeout_s, "sessions to be restored")
+                    if handoff and workers > 1:  # an operator migrates session 0 at a chunk boundary
+                        progress("migrating a session to another worker")
+                        claim = [r for r in log.records if isinstance(r, Claimed) and r.session_id == ids[0]][-1]
+                        target = next(f"worker-{i}" for i in range(workers) if f"worker-{i}" != claim.worker_id)
+                        await producer.send(Handoff(worker_id=claim.worker_id, session_id=ids[0],
+                                                    generation=claim.generation, target_worker=target,
+                                                    ts=time.time(), reason="operator"))
+                        await log.until(lambda rs: _count(rs, Claimed, session_id=ids[0],
+                                                          worker_id=target) >= 1, timeout_s,
+                                        "the migrated session to be claimed by its target")
+                    if flips or handoff:
+                        before = _chunks_of(log.records, ids)
+                        await log.until(lambda rs: all(_chunks_of(rs, ids)[s] >= before[s] + chunks
+                                                       for s in ids), timeout_s, "chunks after the moves")
                     for sid in ids:
                         await client.close(sid)
                 progress("closing sessions")
-                await log.until(lambda rs: {r.session_id for r in rs if isinstance(r, Released)}
-                                >= set(ids), timeout_s, "sessions to be released")
+                await log.until(lambda rs: all(_count(rs, Released, session_id=s, reason="closed")
+                                               for s in ids), timeout_s, "sessions to be released")
                 await log.until(lambda rs: sum(isinstance(r, DeadLetter) for r in rs) >= garbage,
                                 timeout_s, "malformed records on dead-letters")
                 await log.pump(timeout_ms=300)
+            except InfraError:
+                (log_dir / "events.txt").write_text(
+                    "\n".join(repr(r) for r in log.records if not isinstance(r, (ChunkDone, Heartbeat))))
+                raise
             finally:
                 await log.stop()
         return audit(log, ids, workers, time.monotonic() - started)

@@ -13,13 +13,16 @@ import asyncio
 import logging
 import time
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from schemas.errors import OwnershipError
-from schemas.records import (Assign, ChunkDone, Claimed, CommandRejected, Generation, Heartbeat,
-                             InputAccepted, Record, Released, Resume, Revoke, RoutedInput,
-                             Suspend, Terminate, WorkerDown, WorkerUp)
+import msgpack
+
+from schemas.errors import ChunkserveError, OwnershipError, SnapshotCorruptError
+from schemas.records import (Assign, ChunkDone, Claimed, CommandRejected, Generation, Handoff,
+                             Heartbeat, InputAccepted, Record, Released, Resume, Revoke,
+                             RoutedInput, Suspend, Terminate, WorkerDown, WorkerUp)
 from schemas.topics import WORKER_COMMANDS
 from streams.config import Settings
 from streams.generations import GenerationStore
@@ -48,6 +51,8 @@ class WorkerConfig:
     chunk_interval_s: float = 0.1
     heartbeat_s: float = 1.0
     device: str = "cpu"
+    snapshot_every: int = 16
+    host_cache_sessions: int = 64
 
 
 @dataclass
@@ -73,6 +78,8 @@ class Worker:
         self.monotonic = monotonic
         self.sessions: dict[str, _Session] = {}
         self.early_inputs: dict[str, dict[int, RoutedInput]] = {}
+        # offloaded sessions kept in host memory, by snapshot id: a resume here skips Redis
+        self.host_cache: OrderedDict[str, tuple[str, Any]] = OrderedDict()
         self.chunks_released = 0
         self.last_latency_s = 0.0
         self._producer: RecordProducer | None = None
@@ -142,10 +149,14 @@ class Worker:
             await self._on_input(rec)
         elif isinstance(rec, (Terminate, Revoke)):
             await self._on_stop(rec)
-        elif isinstance(rec, (Suspend, Resume)):
+        elif isinstance(rec, Suspend):
+            await self._on_suspend(rec)
+        elif isinstance(rec, Handoff):
+            await self._on_handoff(rec)
+        elif isinstance(rec, Resume):
             sess = await self._current_session(rec)
             if sess is not None:
-                sess.executing = isinstance(rec, Resume)
+                sess.executing = True
                 sess.next_due = self.monotonic()
 
     async def _reject(self, rec: Record, reason: str, detail: str = "") -> None:
@@ -153,7 +164,7 @@ class Worker:
             worker_id=self.config.worker_id, session_id=getattr(rec, "session_id", ""),
             command=rec.TAG, reason=reason, ts=self.clock(),
             generation=getattr(rec, "generation", None), seq=getattr(rec, "seq", -1),
-            detail=detail[:500]))
+            detail=detail[:500], kind=getattr(rec, "kind", ""), payload=getattr(rec, "payload", "")))
 
     async def _on_assign(self, rec: Assign) -> None:
         held = self.sessions.get(rec.session_id)
@@ -166,14 +177,92 @@ class Worker:
             return
         if held is not None:  # we held an older generation of the same session
             self.sessions.pop(rec.session_id)
-        state = self.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id))
+        try:
+            state = await self._initial_state(rec)
+        except (SnapshotCorruptError, ChunkserveError) as exc:
+            await self._reject(rec, "snapshot_corrupt", str(exc))
+            try:
+                await self.store.release(rec.session_id, rec.generation, close=False)
+            except OwnershipError:
+                pass
+            return
         sess = _Session(rec.generation, state, next_due=self.monotonic())
         self.sessions[rec.session_id] = sess
         await self._send(Claimed(worker_id=self.config.worker_id, session_id=rec.session_id,
                                  generation=rec.generation, ts=self.clock()))
         early = self.early_inputs.pop(rec.session_id, {})
-        sess.pending.update({s: i for s, i in early.items() if i.generation == rec.generation})
+        sess.pending.update({s: i for s, i in early.items()
+                             if i.generation == rec.generation and s > state.input_seq})
         await self._apply_pending(rec.session_id, sess)
+
+    async def _initial_state(self, rec: Assign) -> Any:
+        """A new session's state, or a restored one: host cache if it holds the latest
+        snapshot, else the fenced snapshot from Redis (checksum-verified, KV rebuilt)."""
+        if not rec.restore:
+            return self.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id))
+        view = await self.store.session(rec.session_id)
+        manifest = view.snapshot if view is not None else None
+        if manifest is None:  # never snapshotted: start over from the prompt
+            return self.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id))
+        cached = self.host_cache.pop(rec.session_id, None)
+        if cached is not None and cached[0] == manifest.snap_id:
+            return cached[1].to(self.config.device)
+        got = await self.store.read_snapshot(rec.session_id)
+        if got is None:
+            raise SnapshotCorruptError(f"session {rec.session_id}: snapshot vanished")
+        try:
+            data = msgpack.unpackb(got[1], raw=False)
+        except Exception as exc:
+            raise SnapshotCorruptError(f"session {rec.session_id}: snapshot is not msgpack: {exc}") from None
+        return self.model.import_state(data).to(self.config.device)
+
+    async def _snapshot(self, sid: str, sess: _Session) -> Any:
+        """Fenced snapshot of the compact state at a chunk boundary; returns the manifest."""
+        blob = msgpack.packb(self.model.export_state(sess.state), use_bin_type=True)
+        return await self.store.put_snapshot(sid, sess.generation, blob,
+                                             chunk_index=sess.state.chunk_index,
+                                             input_seq=sess.state.input_seq)
+
+    async def _on_suspend(self, rec: Suspend) -> None:
+        """Offload: device -> host -> fenced snapshot in Redis, then free the slot."""
+        sess = await self._current_session(rec)
+        if sess is None:
+            return
+        try:
+            sess.state.to("cpu")
+            manifest = await self._snapshot(rec.session_id, sess)
+            await self.store.release(rec.session_id, sess.generation, close=False)
+        except OwnershipError as exc:
+            await self._drop(rec.session_id, sess, f"fenced: {exc}")
+            return
+        self.sessions.pop(rec.session_id, None)
+        self.host_cache[rec.session_id] = (manifest.snap_id, sess.state)
+        while len(self.host_cache) > self.config.host_cache_sessions:
+            self.host_cache.popitem(last=False)
+        await self._send(Released(worker_id=self.config.worker_id, session_id=rec.session_id,
+                                  generation=sess.generation, ts=self.clock(), reason="suspended",
+                                  chunk_index=sess.state.chunk_index))
+
+    async def _on_handoff(self, rec: Handoff) -> None:
+        """Migrate at this chunk boundary: freeze, fenced snapshot, commit to the target with a
+        source guard; the target restores from the snapshot when its Assign arrives."""
+        sess = await self._current_session(rec)
+        if sess is None:
+            return
+        try:
+            await self._snapshot(rec.session_id, sess)
+            successor = await self.store.commit_migration(rec.session_id, sess.generation,
+                                                          rec.target_worker)
+        except OwnershipError as exc:
+            if exc.reason_code == "no_capacity":  # the target is full: keep serving here
+                await self._reject(rec, exc.reason_code, str(exc))
+                return
+            await self._drop(rec.session_id, sess, f"fenced: {exc}")
+            return
+        self.sessions.pop(rec.session_id, None)
+        await self._send(Released(worker_id=self.config.worker_id, session_id=rec.session_id,
+                                  generation=sess.generation, ts=self.clock(), reason="migrated",
+                                  successor=successor, chunk_index=sess.state.chunk_index))
 
     async def _current_session(self, rec: Record) -> _Session | None:
         """The held session if ``rec`` carries its generation; otherwise reject ``rec``."""
@@ -188,6 +277,13 @@ class Worker:
 
     async def _on_input(self, rec: RoutedInput) -> None:
         sess = self.sessions.get(rec.session_id)
+        if sess is None:
+            current = await self.store.current(rec.session_id)
+            if current != rec.generation:  # we lost (or never had) the session
+                stale = current is not None and current.epoch > rec.generation.epoch
+                await self._reject(rec, "stale_epoch" if stale else "not_owner",
+                                   f"current: {current}")
+                return
         if sess is None or sess.generation.epoch < rec.generation.epoch:
             # the Assign may not have arrived yet: keep it, bounded, until it does
             early = self.early_inputs.setdefault(rec.session_id, {})
@@ -264,6 +360,13 @@ class Worker:
         assert self._producer is not None
         await self._producer.send_many(released)
         self.chunks_released += len(released)
+        every = self.config.snapshot_every
+        for sid, sess in due:  # periodic fenced checkpoints bound what a recovery replays
+            if every and self.sessions.get(sid) is sess and sess.state.chunk_index % every == 0:
+                try:
+                    await self._snapshot(sid, sess)
+                except OwnershipError as exc:
+                    await self._drop(sid, sess, f"fenced: {exc}")
         return len(released)
 
     async def heartbeat(self) -> None:

@@ -12,9 +12,9 @@ import time
 from typing import Any, Callable, Protocol
 
 from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
-from schemas.records import (Assign, Generation, InputPushed, PlacementReport, Record,
-                             Resume, RoutedInput, SessionActive, SessionClosed, SessionIdle,
-                             SessionOpened, Suspend, Terminate)
+from schemas.records import (Assign, CommandRejected, Generation, InputPushed, PlacementReport,
+                             Record, Released, Resume, RoutedInput, SessionActive, SessionClosed,
+                             SessionIdle, SessionOpened, Suspend, Terminate)
 
 from ..dispatch import WorkerLoad, rank_candidates
 
@@ -55,24 +55,45 @@ class DispatchShell:
         if isinstance(rec, SessionOpened):
             await self.admit(rec.session_id, rec.prompt)
             return
-        gen = await self.store.current(rec.session_id)  # type: ignore[attr-defined]
-        if gen is None:
+        sid = rec.session_id  # type: ignore[attr-defined]
+        view = await self.store.session(sid)
+        if view is None or view.state == "closed":
             log.info("%s: %s for session without generation", self.name, rec.TAG)
             return
-        ts = self.clock()
-        sid = rec.session_id  # type: ignore[attr-defined]
+        gen, ts = view.generation, self.clock()
         if isinstance(rec, SessionClosed):
-            await self.publisher.send(Terminate(worker_id=gen.worker_id, session_id=sid,
-                                                generation=gen, ts=ts))
-        elif isinstance(rec, SessionIdle):
+            if view.state == "suspended":  # nobody holds it: close it in the store directly
+                await self.store.release(sid, gen, close=True)
+            else:
+                await self.publisher.send(Terminate(worker_id=gen.worker_id, session_id=sid,
+                                                    generation=gen, ts=ts))
+        elif isinstance(rec, SessionIdle) and view.state == "active":
             await self.publisher.send(Suspend(worker_id=gen.worker_id, session_id=sid,
                                               generation=gen, ts=ts))
         elif isinstance(rec, SessionActive):
-            await self.publisher.send(Resume(worker_id=gen.worker_id, session_id=sid,
-                                             generation=gen, ts=ts))
+            if view.state == "suspended":  # back from idle: a new generation, restored
+                await self.admit(sid, "", expected_epoch=gen.epoch, restore=True)
+            else:
+                await self.publisher.send(Resume(worker_id=gen.worker_id, session_id=sid,
+                                                 generation=gen, ts=ts))
 
-    async def admit(self, session_id: str, prompt: str) -> Generation | None:
-        """Commit the session's first generation on the best worker that admits it."""
+    async def on_worker_event(self, rec: Record) -> None:
+        """Complete migrations (assign the successor) and re-route inputs a stale owner refused."""
+        if isinstance(rec, Released) and rec.successor is not None:
+            await self.publisher.send(Assign(worker_id=rec.successor.worker_id,
+                                             session_id=rec.session_id, generation=rec.successor,
+                                             ts=self.clock(), restore=True))
+        elif (isinstance(rec, CommandRejected) and rec.command == RoutedInput.TAG
+              and rec.reason in ("stale_epoch", "not_owner") and rec.generation is not None):
+            current = await self.store.current(rec.session_id)
+            if current is not None and current.epoch > rec.generation.epoch:
+                await self.publisher.send(RoutedInput(
+                    worker_id=current.worker_id, session_id=rec.session_id, generation=current,
+                    seq=rec.seq, kind=rec.kind, payload=rec.payload, ts=self.clock()))  # type: ignore[arg-type]
+
+    async def admit(self, session_id: str, prompt: str, expected_epoch: int = 0,
+                    restore: bool = False) -> Generation | None:
+        """Commit the session's next generation on the best worker that admits it."""
         deadline = time.monotonic() + self.admission_timeout_s
         tried: set[str] = set()
         while True:
@@ -88,7 +109,7 @@ class DispatchShell:
                 continue
             worker = candidates[0]
             try:
-                gen = await self.store.commit(session_id, 0, worker)
+                gen = await self.store.commit(session_id, expected_epoch, worker)
             except NoCapacityError:
                 tried.add(worker)
                 continue
@@ -101,7 +122,8 @@ class DispatchShell:
                 log.info("%s: session %s not admitted: %s", self.name, session_id, exc)
                 return None
             await self.publisher.send(Assign(worker_id=gen.worker_id, session_id=session_id,
-                                             generation=gen, ts=self.clock(), prompt=prompt))
+                                             generation=gen, ts=self.clock(), prompt=prompt,
+                                             restore=restore))
             await self._report(gen.worker_id)
             return gen
 
@@ -131,7 +153,7 @@ class DispatchShell:
 
 def build_app(settings: Any) -> Any:
     """The faust app running the dispatch agents (session events and inputs)."""
-    from schemas.topics import SESSION_EVENTS, SESSION_INPUTS
+    from schemas.topics import SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS
     from streams.faust_app import FaustPublisher, decode_event, make_app
     from streams.generations import GenerationStore
     from streams.topics import TopicCatalogue
@@ -160,5 +182,12 @@ def build_app(settings: Any) -> Any:
             rec = await decode_event(event, SESSION_INPUTS, publisher, "dispatch")
             if rec is not None and not await (await shell()).on_input(rec):  # type: ignore[arg-type]
                 await publisher.dead_letter(event.message, "no owner for session", "dispatch")
+
+    @app.agent(publisher.topic(WORKER_EVENTS), name="dispatch-worker-events")
+    async def worker_events(stream: Any) -> None:
+        async for event in stream.events():
+            rec = await decode_event(event, WORKER_EVENTS, publisher, "dispatch")
+            if rec is not None:
+                await (await shell()).on_worker_event(rec)
 
     return app

@@ -47,6 +47,25 @@ def test_sessions_flow_end_to_end(kafka_bootstrap, redis_url, namespace, tmp_pat
         store.client.close()
 
 
+def test_sessions_survive_offload_restore_and_migration(kafka_bootstrap, redis_url, namespace,
+                                                         tmp_path):
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
+        kafka_bootstrap, redis_url)
+    summary = asyncio.run(run_flow(settings, tmp_path / "logs", sessions=3, chunks=4, workers=2,
+                                   inputs=2, chunk_interval_s=0.02, timeout_s=90,
+                                   flips=True, handoff=True))
+    assert summary.problems == []
+    for sid, indices in summary.chunk_indices.items():
+        # one chunk sequence across generations: no chunk lost or repeated by a move
+        assert indices == list(range(len(indices))) and len(indices) >= 8
+        epochs = sorted(int(g.split("@")[1]) for g in summary.generations[sid])
+        assert epochs[:2] == [1, 2]                          # idle/active gave a new generation
+        assert summary.released[sid] == "closed"
+    assert len(summary.generations["session-0"]) == 3       # ...and the migration a third
+    workers_of_0 = {g.split("@")[0] for g in summary.generations["session-0"]}
+    assert len(workers_of_0) == 2
+
+
 def test_demo_command_prints_and_writes_summary(tmp_path):
     out = tmp_path / "demo.json"
     env = dict(os.environ)
