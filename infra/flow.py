@@ -202,9 +202,10 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                         await producer.send(Handoff(worker_id=claim.worker_id, session_id=ids[0],
                                                     generation=claim.generation, target_worker=target,
                                                     ts=time.time(), reason="operator"))
-                        await log.until(lambda rs: _count(rs, Claimed, session_id=ids[0],
-                                                          worker_id=target) >= 1, timeout_s,
-                                        "the migrated session to be claimed by its target")
+                        await log.until(lambda rs: any(
+                            isinstance(r, Claimed) and r.session_id == ids[0] and r.worker_id == target
+                            and r.generation.epoch > claim.generation.epoch for r in rs), timeout_s,
+                            "the migrated session to be claimed by its target")
                     if flips or handoff:
                         before = _chunks_of(log.records, ids)
                         await log.until(lambda rs: all(_chunks_of(rs, ids)[s] >= before[s] + chunks

@@ -265,10 +265,27 @@ class Worker:
                                   successor=successor, chunk_index=sess.state.chunk_index))
 
     async def _current_session(self, rec: Record) -> _Session | None:
-        """The held session if ``rec`` carries its generation; otherwise reject ``rec``."""
+        """The held session if ``rec`` carries its generation; otherwise reject ``rec``.
+
+        A Terminate or Suspend may overtake the Assign of the same generation (they come from
+        different agents): if the store says the generation is current and ours, the session
+        is ended or suspended in the store directly, so the late Assign finds nothing to run.
+        """
         sid = rec.session_id  # type: ignore[attr-defined]
         gen = rec.generation  # type: ignore[attr-defined]
         sess = self.sessions.get(sid)
+        if sess is None and isinstance(rec, (Terminate, Suspend)) and gen.worker_id == self.config.worker_id:
+            if await self.store.current(sid) == gen:
+                close = isinstance(rec, Terminate)
+                try:
+                    await self.store.release(sid, gen, close=close)
+                except OwnershipError as exc:
+                    await self._reject(rec, exc.reason_code, str(exc))
+                    return None
+                await self._send(Released(worker_id=self.config.worker_id, session_id=sid,
+                                          generation=gen, ts=self.clock(),
+                                          reason="closed" if close else "suspended"))
+                return None
         if sess is None or sess.generation != gen:
             reason = "stale_epoch" if sess is not None and gen.epoch < sess.generation.epoch else "not_owner"
             await self._reject(rec, reason, f"held: {sess.generation if sess else None}")

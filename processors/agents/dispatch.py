@@ -83,6 +83,12 @@ class DispatchShell:
             await self.publisher.send(Assign(worker_id=rec.successor.worker_id,
                                              session_id=rec.session_id, generation=rec.successor,
                                              ts=self.clock(), restore=True))
+        elif (isinstance(rec, CommandRejected) and rec.command == Resume.TAG
+              and rec.generation is not None):
+            # the Resume overtook a pending Suspend: the session is offloaded now, bring it back
+            view = await self.store.session(rec.session_id)
+            if view is not None and view.state == "suspended" and view.generation == rec.generation:
+                await self.admit(rec.session_id, "", expected_epoch=view.generation.epoch, restore=True)
         elif (isinstance(rec, CommandRejected) and rec.command == RoutedInput.TAG
               and rec.reason in ("stale_epoch", "not_owner") and rec.generation is not None):
             current = await self.store.current(rec.session_id)
