@@ -41,6 +41,7 @@ class FlowSummary:
     generations: dict[str, list[str]]
     released: dict[str, str]
     inputs_accepted: dict[str, list[int]]
+    inputs_reapplied: int
     metrics_records: int
     dead_letters: int
     rejected: int
@@ -107,21 +108,28 @@ def audit(log: EventLog, session_ids: list[str], workers: int, wall_s: float) ->
         if r.session_id in session_ids:
             released[r.session_id] = r.reason
     accepted: dict[str, list[int]] = defaultdict(list)
+    by_gen: dict[tuple[str, str], list[int]] = defaultdict(list)
     for a in log.of(InputAccepted):
         accepted[a.session_id].append(a.seq)
+        by_gen[(a.session_id, str(a.generation))].append(a.seq)
     problems = []
     for sid in session_ids:
         if indices[sid] != list(range(len(indices[sid]))):
             problems.append(f"{sid}: chunk indices not 0..n-1 across generations: {indices[sid][:40]}")
         if released.get(sid) != "closed":
             problems.append(f"{sid}: not released on close ({released.get(sid)})")
-        if sorted(accepted[sid]) != list(range(1, len(accepted[sid]) + 1)):
-            problems.append(f"{sid}: inputs applied out of order or twice: {accepted[sid]}")
+        seqs = sorted(set(accepted[sid]))
+        if seqs != list(range(1, len(seqs) + 1)):
+            problems.append(f"{sid}: inputs lost: applied {seqs}")
+        for (s_id, gen), got in by_gen.items():  # within one owner: once each, in order
+            if s_id == sid and got != sorted(set(got)):
+                problems.append(f"{sid}: inputs out of order or twice under {gen}: {got}")
     lat = [c.latency_s * 1000 for c in chunks] or [0.0]
     return FlowSummary(
         workers=workers, sessions=len(session_ids), chunks=len(chunks),
         chunk_indices=dict(indices), generations={k: sorted(v) for k, v in gens.items()},
-        released=released, inputs_accepted=dict(accepted),
+        released=released, inputs_accepted={k: sorted(set(v)) for k, v in accepted.items()},
+        inputs_reapplied=sum(len(v) - len(set(v)) for v in accepted.values()),
         metrics_records=sum(1 for r in log.records if r.TAG.startswith("metric.")),
         dead_letters=len(log.of(DeadLetter)), rejected=len(log.of(CommandRejected)),
         chunk_latency_ms_p50=statistics.median(lat), chunk_latency_ms_max=max(lat),
@@ -143,7 +151,7 @@ def _chunks_of(rs: list[Record], ids: list[str]) -> dict[str, int]:
 async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks: int = 8,
                    workers: int = 2, inputs: int = 2, capacity: int = 8,
                    chunk_interval_s: float = 0.05, timeout_s: float = 120.0, garbage: int = 0,
-                   flips: bool = False, handoff: bool = False,
+                   flips: bool = False, handoff: bool = False, crash: bool = False,
                    progress: Callable[[str], None] = lambda _m: None) -> FlowSummary:
     """Start a dispatch replica and ``workers`` workers, serve ``sessions``, audit, stop."""
     started = time.monotonic()
@@ -151,6 +159,10 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
     fleet = LocalFleet(settings, log_dir)
     try:
         fleet.start_processor("dispatch")
+        if crash:  # the control processor detects the crash from missed heartbeats
+            fleet.extra_env = {"CHUNKSERVE_POLICY": "base", "CHUNKSERVE_HEARTBEAT_TIMEOUT_S": "3",
+                               "CHUNKSERVE_CONTROL_PERIOD_S": "1"}
+            fleet.start_processor("control")
         for i in range(workers):
             fleet.start_worker(f"worker-{i}", capacity=capacity, chunk_interval_s=chunk_interval_s)
         async with RecordProducer(settings, client_id="flow") as producer:
@@ -206,7 +218,26 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                             isinstance(r, Claimed) and r.session_id == ids[0] and r.worker_id == target
                             and r.generation.epoch > claim.generation.epoch for r in rs), timeout_s,
                             "the migrated session to be claimed by its target")
-                    if flips or handoff:
+                    pushed = inputs
+                    if crash:  # inputs after the last snapshot, then the owner dies
+                        for sid in ids:
+                            await client.push(sid, "after the snapshot")
+                        pushed += 1
+                        await log.until(lambda rs: all(_count(rs, InputAccepted, session_id=s, seq=pushed)
+                                                       for s in ids), timeout_s, "inputs before the crash")
+                        claim = [r for r in log.records if isinstance(r, Claimed) and r.session_id == ids[0]][-1]
+                        progress(f"killing {claim.worker_id}")
+                        fleet.kill(claim.worker_id)
+                        await log.until(lambda rs: any(
+                            isinstance(r, Claimed) and r.session_id == ids[0]
+                            and r.generation.epoch > claim.generation.epoch for r in rs), timeout_s,
+                            "the crashed worker's session to be recovered")
+                        for sid in ids:
+                            await client.push(sid, "after the recovery")
+                        pushed += 1
+                        await log.until(lambda rs: all(_count(rs, InputAccepted, session_id=s, seq=pushed)
+                                                       for s in ids), timeout_s, "inputs after the recovery")
+                    if flips or handoff or crash:
                         before = _chunks_of(log.records, ids)
                         await log.until(lambda rs: all(_chunks_of(rs, ids)[s] >= before[s] + chunks
                                                        for s in ids), timeout_s, "chunks after the moves")

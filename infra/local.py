@@ -37,11 +37,13 @@ class LocalFleet:
     settings: Settings
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "infra", *args], env=child_env(self.settings),
+            proc = subprocess.Popen([sys.executable, "-m", "infra", *args],
+                                    env={**child_env(self.settings), **self.extra_env},
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.procs[name] = proc
         return proc
@@ -68,6 +70,12 @@ class LocalFleet:
                 proc.kill()
                 proc.wait(timeout=5)
         return proc.returncode
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a child (a crash, for recovery and chaos runs)."""
+        proc = self.procs.pop(name)
+        proc.kill()
+        proc.wait(timeout=10)
 
     def stop_all(self) -> None:
         for name in list(self.procs):

@@ -134,7 +134,9 @@ class InputPushed(Record):
 
 @record("cmd.assign")
 class Assign(Record):
-    """Run the session under ``generation``; ``restore`` means start from its last snapshot."""
+    """Run the session under ``generation``; ``restore`` means start from its last snapshot;
+    ``recover`` (the previous owner died) also replays the inputs after the snapshot from
+    ``session-inputs``."""
 
     worker_id: Id
     session_id: Id
@@ -142,6 +144,7 @@ class Assign(Record):
     ts: Seconds
     prompt: str = ""
     restore: bool = False
+    recover: bool = False
 
 
 @record("cmd.revoke")
@@ -200,7 +203,8 @@ class Handoff(Record):
 
 @record("cmd.input")
 class RoutedInput(Record):
-    """A user input forwarded to the owner of ``generation``."""
+    """A user input forwarded to the owner of ``generation``; ``source_partition`` and
+    ``source_offset`` locate the original ``InputPushed`` (-1: unknown)."""
 
     worker_id: Id
     session_id: Id
@@ -209,6 +213,8 @@ class RoutedInput(Record):
     kind: InputKind
     payload: str
     ts: Seconds
+    source_partition: int = -1
+    source_offset: int = -1
 
 
 # --- worker-events (key: worker_id) --------------------------------------------------

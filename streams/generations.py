@@ -261,6 +261,17 @@ class _Ops:
             return []
         return [(_s(r) == "ok", _s(r)) for r in (yield "revalidate", keys, args)]
 
+    def release_chunks(self, items: Iterable[tuple[str, Generation, int]]) -> Op:
+        keys: list[str] = []
+        args: list[Any] = []
+        for sid, gen, index in items:
+            k, a = self._fenced(sid, gen)
+            keys += k
+            args += a + [int(index)]
+        if not keys:
+            return []
+        return [(_s(r) == "ok", _s(r)) for r in (yield "release_chunks", keys, args)]
+
     def release(self, session_id: str, gen: Generation, close: bool = False) -> Op:
         k = [self.keys.session(session_id), self.keys.workers, self.keys.slots(gen.worker_id),
              self.keys.snapdata(session_id)]
@@ -466,6 +477,11 @@ class GenerationStore:
         """One round trip: ``(ok, reason)`` per item; reason is "ok", a reason_code or "closed"."""
         return await _drive_async(self._backend, self._ops.revalidate(list(items)))
 
+    async def release_chunks(self, items: Iterable[tuple[str, Generation, int]]) -> list[tuple[bool, str]]:
+        """Revalidate a batch and advance each released chunk index, in one round trip:
+        ``(ok, reason)`` per item; reason "released" means an earlier owner released it."""
+        return await _drive_async(self._backend, self._ops.release_chunks(list(items)))
+
     async def release(self, session_id: str, gen: Generation, close: bool = False) -> None:
         """Free the slot of the current ``gen`` (suspended); ``close`` terminates for good."""
         await _drive_async(self._backend, self._ops.release(session_id, gen, close))
@@ -551,6 +567,9 @@ class SyncGenerationStore:
 
     def claim(self, session_id: str, gen: Generation) -> None:
         _drive_sync(self._backend, self._ops.claim(session_id, gen))
+
+    def release_chunks(self, items: Iterable[tuple[str, Generation, int]]) -> list[tuple[bool, str]]:
+        return _drive_sync(self._backend, self._ops.release_chunks(list(items)))
 
     def revalidate(self, items: Iterable[tuple[str, Generation]]) -> list[tuple[bool, str]]:
         return _drive_sync(self._backend, self._ops.revalidate(list(items)))

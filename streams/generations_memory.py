@@ -161,6 +161,22 @@ class MemoryScripts:
             out.append(bad[1] if bad else "ok")
         return out
 
+    def _release_chunks(self, k: list[str], a: list[Any]) -> Reply:
+        out = []
+        for i in range(len(k) // 2):
+            skey = k[2 * i]
+            bad = self._fence(skey, k[2 * i + 1], a[4 * i], a[4 * i + 1], int(a[4 * i + 2]), True)
+            if bad:
+                out.append(bad[1])
+                continue
+            ci, stored = int(a[4 * i + 3]), int(self._h(skey).get("ci", "-1"))
+            if ci <= stored:
+                out.append("released")
+            else:
+                self._hset(skey, ci=str(ci))
+                out.append("ok")
+        return out
+
     def _release(self, k: list[str], a: list[Any]) -> Reply:
         sid, w, epoch, close = a[0], a[1], int(a[2]), a[3] == "1"
         cur = self._h(k[0])

@@ -23,7 +23,7 @@ from schemas.errors import ChunkserveError, OwnershipError, SnapshotCorruptError
 from schemas.records import (Assign, ChunkDone, Claimed, CommandRejected, Generation, Handoff,
                              Heartbeat, InputAccepted, Record, Released, Resume, Revoke,
                              RoutedInput, Suspend, Terminate, WorkerDown, WorkerUp)
-from schemas.topics import WORKER_COMMANDS
+from schemas.topics import SESSION_INPUTS, WORKER_COMMANDS
 from streams.config import Settings
 from streams.generations import GenerationStore
 from streams.kafka import RecordConsumer, RecordProducer
@@ -33,6 +33,7 @@ __all__ = ["WorkerConfig", "Worker", "session_seed"]
 
 log = logging.getLogger(__name__)
 MAX_PENDING_INPUTS = 1024
+SNAPSHOT_FORMAT = "chunkserve.snapshot.v1"
 
 
 def session_seed(session_id: str) -> int:
@@ -62,6 +63,7 @@ class _Session:
     executing: bool = True
     next_due: float = 0.0
     pending: dict[int, RoutedInput] = field(default_factory=dict)
+    input_pos: tuple[int, int] = (-1, -1)  # session-inputs (partition, offset) of the last applied input
 
 
 class Worker:
@@ -79,7 +81,7 @@ class Worker:
         self.sessions: dict[str, _Session] = {}
         self.early_inputs: dict[str, dict[int, RoutedInput]] = {}
         # offloaded sessions kept in host memory, by snapshot id: a resume here skips Redis
-        self.host_cache: OrderedDict[str, tuple[str, Any]] = OrderedDict()
+        self.host_cache: OrderedDict[str, tuple[str, Any, tuple[int, int]]] = OrderedDict()
         self.chunks_released = 0
         self.last_latency_s = 0.0
         self._producer: RecordProducer | None = None
@@ -104,6 +106,7 @@ class Worker:
         mine = partition_for_key(cfg.worker_id.encode(), len(partitions))
         await self._consumer.assign(WORKER_COMMANDS, [mine], from_end=True)
         await self.store.register_worker(cfg.worker_id, cfg.capacity)
+        await self.store.set_draining(cfg.worker_id, False)  # a restarted worker admits again
         self._telemetry = Telemetry(0 if cfg.device.startswith("cuda") else None)
         await self._send(WorkerUp(worker_id=cfg.worker_id, ts=self.clock(), capacity=cfg.capacity,
                                   device=cfg.device, gpu_type=cfg.gpu_type, pool=cfg.pool))
@@ -178,7 +181,7 @@ class Worker:
         if held is not None:  # we held an older generation of the same session
             self.sessions.pop(rec.session_id)
         try:
-            state = await self._initial_state(rec)
+            state, input_pos = await self._initial_state(rec)
         except (SnapshotCorruptError, ChunkserveError) as exc:
             await self._reject(rec, "snapshot_corrupt", str(exc))
             try:
@@ -186,8 +189,10 @@ class Worker:
             except OwnershipError:
                 pass
             return
-        sess = _Session(rec.generation, state, next_due=self.monotonic())
+        sess = _Session(rec.generation, state, next_due=self.monotonic(), input_pos=input_pos)
         self.sessions[rec.session_id] = sess
+        if rec.recover:
+            await self._replay_inputs(rec.session_id, sess)
         await self._send(Claimed(worker_id=self.config.worker_id, session_id=rec.session_id,
                                  generation=rec.generation, ts=self.clock()))
         early = self.early_inputs.pop(rec.session_id, {})
@@ -195,30 +200,78 @@ class Worker:
                              if i.generation == rec.generation and s > state.input_seq})
         await self._apply_pending(rec.session_id, sess)
 
-    async def _initial_state(self, rec: Assign) -> Any:
+    async def _initial_state(self, rec: Assign) -> tuple[Any, tuple[int, int]]:
         """A new session's state, or a restored one: host cache if it holds the latest
-        snapshot, else the fenced snapshot from Redis (checksum-verified, KV rebuilt)."""
+        snapshot, else the fenced snapshot from Redis (checksum-verified, KV rebuilt).
+        Returns the state and the input position the snapshot was taken at."""
+        fresh = (self.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id)), (-1, -1))
         if not rec.restore:
-            return self.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id))
+            return fresh
         view = await self.store.session(rec.session_id)
         manifest = view.snapshot if view is not None else None
         if manifest is None:  # never snapshotted: start over from the prompt
-            return self.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id))
+            return fresh
         cached = self.host_cache.pop(rec.session_id, None)
         if cached is not None and cached[0] == manifest.snap_id:
-            return cached[1].to(self.config.device)
+            return cached[1].to(self.config.device), cached[2]
         got = await self.store.read_snapshot(rec.session_id)
         if got is None:
             raise SnapshotCorruptError(f"session {rec.session_id}: snapshot vanished")
         try:
             data = msgpack.unpackb(got[1], raw=False)
+            pos = (int(data["input_partition"]), int(data["input_offset"]))
+            if data.get("format") != SNAPSHOT_FORMAT:
+                raise ValueError(f"unknown snapshot format {data.get('format')!r}")
         except Exception as exc:
-            raise SnapshotCorruptError(f"session {rec.session_id}: snapshot is not msgpack: {exc}") from None
-        return self.model.import_state(data).to(self.config.device)
+            raise SnapshotCorruptError(f"session {rec.session_id}: unreadable snapshot: {exc}") from None
+        return self.model.import_state(data["state"]).to(self.config.device), pos
+
+    async def _replay_inputs(self, sid: str, sess: _Session) -> int:
+        """Recovery: queue the session's inputs after the snapshot, read from ``session-inputs``
+        (from the snapshot's position, or the partition's start when it has none)."""
+        from aiokafka import TopicPartition
+
+        from schemas.records import InputPushed
+
+        assert self._producer is not None
+        reader = RecordConsumer(self.settings, [SESSION_INPUTS], self._producer,
+                                name=f"worker-{self.config.worker_id}-replay")
+        await reader.start(subscribe=False)
+        try:
+            topic = reader.catalogue.name(SESSION_INPUTS)
+            await reader.raw.topics()
+            partitions = reader.raw.partitions_for_topic(topic) or {0}
+            part = partition_for_key(sid.encode(), len(partitions))
+            tp = TopicPartition(topic, part)
+            reader.raw.assign([tp])
+            end = (await reader.raw.end_offsets([tp]))[tp]
+            start = sess.input_pos[1] + 1 if sess.input_pos[0] == part else 0
+            reader.raw.seek(tp, start)
+            queued = 0
+            while await reader.raw.position(tp) < end:
+                for d in await reader.poll(timeout_ms=200):
+                    rec = d.record
+                    if (isinstance(rec, InputPushed) and rec.session_id == sid
+                            and rec.seq > sess.state.input_seq and d.offset < end):
+                        sess.pending[rec.seq] = RoutedInput(
+                            worker_id=self.config.worker_id, session_id=sid,
+                            generation=sess.generation, seq=rec.seq, kind=rec.kind,
+                            payload=rec.payload, ts=self.clock(), source_partition=part,
+                            source_offset=d.offset)
+                        queued += 1
+            return queued
+        finally:
+            await reader.stop()
 
     async def _snapshot(self, sid: str, sess: _Session) -> Any:
-        """Fenced snapshot of the compact state at a chunk boundary; returns the manifest."""
-        blob = msgpack.packb(self.model.export_state(sess.state), use_bin_type=True)
+        """Fenced snapshot of the compact state at a chunk boundary; returns the manifest.
+
+        Beside the model's compact state it records where in ``session-inputs`` the last
+        applied input was, so a recovery replays exactly the inputs after it.
+        """
+        blob = msgpack.packb({"format": SNAPSHOT_FORMAT, "state": self.model.export_state(sess.state),
+                              "input_partition": sess.input_pos[0], "input_offset": sess.input_pos[1]},
+                             use_bin_type=True)
         return await self.store.put_snapshot(sid, sess.generation, blob,
                                              chunk_index=sess.state.chunk_index,
                                              input_seq=sess.state.input_seq)
@@ -236,7 +289,7 @@ class Worker:
             await self._drop(rec.session_id, sess, f"fenced: {exc}")
             return
         self.sessions.pop(rec.session_id, None)
-        self.host_cache[rec.session_id] = (manifest.snap_id, sess.state)
+        self.host_cache[rec.session_id] = (manifest.snap_id, sess.state, sess.input_pos)
         while len(self.host_cache) > self.config.host_cache_sessions:
             self.host_cache.popitem(last=False)
         await self._send(Released(worker_id=self.config.worker_id, session_id=rec.session_id,
@@ -295,11 +348,13 @@ class Worker:
     async def _on_input(self, rec: RoutedInput) -> None:
         sess = self.sessions.get(rec.session_id)
         if sess is None:
-            current = await self.store.current(rec.session_id)
-            if current != rec.generation:  # we lost (or never had) the session
+            view = await self.store.session(rec.session_id)
+            if view is None or view.state != "active" or view.generation != rec.generation:
+                # we lost (or never had) the session, or it was offloaded: the router re-routes
+                current = view.generation if view is not None else None
                 stale = current is not None and current.epoch > rec.generation.epoch
-                await self._reject(rec, "stale_epoch" if stale else "not_owner",
-                                   f"current: {current}")
+                reason = "stale_epoch" if stale else "not_owner"
+                await self._reject(rec, reason, f"current: {current} ({view.state if view else 'unknown'})")
                 return
         if sess is None or sess.generation.epoch < rec.generation.epoch:
             # the Assign may not have arrived yet: keep it, bounded, until it does
@@ -327,6 +382,8 @@ class Worker:
                 await self._drop(sid, sess, f"fenced: {exc}")
                 return
             self.model.apply_input(sess.state, rec.payload, rec.seq)
+            if rec.source_offset >= 0:
+                sess.input_pos = (rec.source_partition, rec.source_offset)
             await self._send(InputAccepted(worker_id=self.config.worker_id, session_id=sid,
                                            generation=sess.generation, seq=rec.seq, ts=self.clock()))
 
@@ -363,13 +420,17 @@ class Worker:
         outputs = self.model.run_batch([s.state for _, s in due])
         latency = time.perf_counter() - started
         self.last_latency_s = latency
-        verdicts = await self.store.revalidate([(sid, s.generation) for sid, s in due])
+        # one round trip: revalidate every generation and advance the released chunk indices
+        verdicts = await self.store.release_chunks(
+            [(sid, s.generation, out.chunk_index) for (sid, s), out in zip(due, outputs)])
         released = []
         for (sid, sess), out, (ok, why) in zip(due, outputs, verdicts):
-            if not ok:
+            if not ok and why != "released":
                 await self._drop(sid, sess, f"fenced: {why}")
                 continue
             sess.next_due = max(sess.next_due + self.config.chunk_interval_s, now)
+            if not ok:  # recomputed after a recovery: an earlier owner already released it
+                continue
             released.append(ChunkDone(
                 worker_id=self.config.worker_id, session_id=sid, generation=sess.generation,
                 chunk_index=out.chunk_index, ts=self.clock(), latency_s=latency,

@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
 from schemas.records import (Assign, CommandRejected, Generation, InputPushed, PlacementReport,
                              Record, Released, Resume, RoutedInput, SessionActive, SessionClosed,
-                             SessionIdle, SessionOpened, Suspend, Terminate)
+                             SessionIdle, SessionOpened, Suspend, Terminate, WorkerDown)
 
 from ..dispatch import WorkerLoad, rank_candidates
 
@@ -78,8 +78,11 @@ class DispatchShell:
                                                  generation=gen, ts=ts))
 
     async def on_worker_event(self, rec: Record) -> None:
-        """Complete migrations (assign the successor) and re-route inputs a stale owner refused."""
-        if isinstance(rec, Released) and rec.successor is not None:
+        """Complete migrations (assign the successor), recover a dead worker's sessions and
+        re-route inputs a stale owner refused."""
+        if isinstance(rec, WorkerDown):
+            await self.recover(rec.worker_id)
+        elif isinstance(rec, Released) and rec.successor is not None:
             await self.publisher.send(Assign(worker_id=rec.successor.worker_id,
                                              session_id=rec.session_id, generation=rec.successor,
                                              ts=self.clock(), restore=True))
@@ -91,17 +94,33 @@ class DispatchShell:
                 await self.admit(rec.session_id, "", expected_epoch=view.generation.epoch, restore=True)
         elif (isinstance(rec, CommandRejected) and rec.command == RoutedInput.TAG
               and rec.reason in ("stale_epoch", "not_owner") and rec.generation is not None):
-            current = await self.store.current(rec.session_id)
-            if current is not None and current.epoch > rec.generation.epoch:
-                await self.publisher.send(RoutedInput(
-                    worker_id=current.worker_id, session_id=rec.session_id, generation=current,
-                    seq=rec.seq, kind=rec.kind, payload=rec.payload, ts=self.clock()))  # type: ignore[arg-type]
+            view = await self.store.session(rec.session_id)
+            if view is not None and (view.generation.epoch > rec.generation.epoch
+                                     or view.state == "suspended"):
+                await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload)
+
+    async def recover(self, worker: str) -> int:
+        """Source-independent recovery: every session the dead worker still owns gets a new
+        generation elsewhere, restored from its last fenced snapshot plus the inputs after it."""
+        await self.store.set_draining(worker, True)  # admit nothing more there
+        self._view_at = -1e18
+        recovered = 0
+        for sid in await self.store.sessions_of(worker):
+            view = await self.store.session(sid)
+            if view is None or view.state != "active" or view.generation.worker_id != worker:
+                continue
+            gen = await self.admit(sid, "", expected_epoch=view.generation.epoch, restore=True,
+                                   recover=True, exclude=frozenset({worker}))
+            recovered += gen is not None
+        log.info("%s: recovered %d sessions of %s", self.name, recovered, worker)
+        return recovered
 
     async def admit(self, session_id: str, prompt: str, expected_epoch: int = 0,
-                    restore: bool = False) -> Generation | None:
+                    restore: bool = False, recover: bool = False,
+                    exclude: frozenset[str] = frozenset()) -> Generation | None:
         """Commit the session's next generation on the best worker that admits it."""
         deadline = time.monotonic() + self.admission_timeout_s
-        tried: set[str] = set()
+        tried: set[str] = set(exclude)
         while True:
             view = await self.load_view(force=bool(tried))
             candidates = rank_candidates(view, frozenset(tried))
@@ -109,7 +128,7 @@ class DispatchShell:
                 if time.monotonic() > deadline:
                     log.error("%s: no worker admitted session %s", self.name, session_id)
                     return None
-                tried.clear()
+                tried = set(exclude)
                 await asyncio.sleep(0.2)
                 self._view_at = -1e18
                 continue
@@ -129,7 +148,7 @@ class DispatchShell:
                 return None
             await self.publisher.send(Assign(worker_id=gen.worker_id, session_id=session_id,
                                              generation=gen, ts=self.clock(), prompt=prompt,
-                                             restore=restore))
+                                             restore=restore, recover=recover))
             await self._report(gen.worker_id)
             return gen
 
@@ -142,18 +161,32 @@ class DispatchShell:
             ts=self.clock(), workers=len(view), sessions=sum(w.used for w in view.values()),
             source=self.name, loads={k: v.used for k, v in sorted(view.items())[:256]}))
 
-    async def on_input(self, rec: InputPushed) -> bool:
+    async def on_input(self, rec: InputPushed, partition: int = -1, offset: int = -1) -> bool:
         """Forward an input to the current owner, stamped with its generation."""
+        return await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload,
+                                      partition, offset)
+
+    async def route_input(self, sid: str, seq: int, kind: str, payload: str,
+                          partition: int = -1, offset: int = -1) -> bool:
+        """Route to the owner; an input for a suspended session wakes it (restored first)."""
         deadline = time.monotonic() + self.owner_wait_s
-        gen = await self.store.current(rec.session_id)
-        while gen is None and time.monotonic() < deadline:  # the open may still be in flight
+        view = await self.store.session(sid)
+        while view is None and time.monotonic() < deadline:  # the open may still be in flight
             await asyncio.sleep(0.05)
-            gen = await self.store.current(rec.session_id)
+            view = await self.store.session(sid)
+        if view is None or view.state == "closed":
+            return False
+        gen: Generation | None = view.generation
+        if view.state == "suspended":
+            gen = await self.admit(sid, "", expected_epoch=view.generation.epoch, restore=True)
+            if gen is None:
+                gen = await self.store.current(sid)
         if gen is None:
             return False
-        await self.publisher.send(RoutedInput(worker_id=gen.worker_id, session_id=rec.session_id,
-                                              generation=gen, seq=rec.seq, kind=rec.kind,
-                                              payload=rec.payload, ts=self.clock()))
+        await self.publisher.send(RoutedInput(worker_id=gen.worker_id, session_id=sid,
+                                              generation=gen, seq=seq, kind=kind,  # type: ignore[arg-type]
+                                              payload=payload, ts=self.clock(),
+                                              source_partition=partition, source_offset=offset))
         return True
 
 
@@ -186,8 +219,11 @@ def build_app(settings: Any) -> Any:
     async def session_inputs(stream: Any) -> None:
         async for event in stream.events():
             rec = await decode_event(event, SESSION_INPUTS, publisher, "dispatch")
-            if rec is not None and not await (await shell()).on_input(rec):  # type: ignore[arg-type]
-                await publisher.dead_letter(event.message, "no owner for session", "dispatch")
+            if rec is None:
+                continue
+            msg = event.message
+            if not await (await shell()).on_input(rec, msg.partition, msg.offset):  # type: ignore[arg-type]
+                await publisher.dead_letter(msg, "no owner for session (unknown or closed)", "dispatch")
 
     @app.agent(publisher.topic(WORKER_EVENTS), name="dispatch-worker-events")
     async def worker_events(stream: Any) -> None:

@@ -66,6 +66,20 @@ def test_sessions_survive_offload_restore_and_migration(kafka_bootstrap, redis_u
     assert len(workers_of_0) == 2
 
 
+def test_crashed_worker_sessions_recover_from_snapshot_and_replayed_inputs(
+        kafka_bootstrap, redis_url, namespace, tmp_path):
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
+        kafka_bootstrap, redis_url)
+    summary = asyncio.run(run_flow(settings, tmp_path / "logs", sessions=2, chunks=20, workers=2,
+                                   inputs=2, chunk_interval_s=0.02, timeout_s=90, crash=True))
+    assert summary.problems == []
+    for sid, indices in summary.chunk_indices.items():
+        assert indices == list(range(len(indices)))  # recomputed chunks are not released twice
+        assert summary.inputs_accepted[sid] == [1, 2, 3, 4]  # none lost across the crash
+        assert summary.released[sid] == "closed"
+    assert len(summary.generations["session-0"]) == 2  # the recovery's new generation
+
+
 def test_demo_command_prints_and_writes_summary(tmp_path):
     out = tmp_path / "demo.json"
     env = dict(os.environ)

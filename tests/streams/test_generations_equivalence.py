@@ -105,3 +105,37 @@ def test_sync_twin_and_round_trips() -> None:
     assert s.scripts.calls == before + 1
     m = s.put_snapshot("a", g, b"0123456789")
     assert m.parts == 3 and s.read_snapshot("a") == (m, b"0123456789")
+
+
+def test_release_chunks_same_answers_on_redis_and_in_memory(redis_url: str, namespace: str) -> None:
+    """A recovering owner re-computes chunks an earlier owner released: refused as 'released'."""
+    import redis as redis_lib
+
+    from streams.generations import SyncGenerationStore
+    from streams.generations_memory import SyncMemoryGenerationStore
+
+    client = redis_lib.Redis.from_url(redis_url)
+    stores = [SyncGenerationStore(client, namespace), SyncMemoryGenerationStore(namespace)]
+    answers = []
+    for s in stores:
+        s.register_worker("w1", 2)
+        s.register_worker("w2", 2)
+        g1 = s.commit("a", 0, "w1")
+        s.claim("a", g1)
+        got = [s.release_chunks([("a", g1, 0), ("a", g1, 1)])]
+        got.append(s.release_chunks([("a", g1, 1)]))              # a duplicate index
+        g2 = s.commit("a", g1.epoch, "w2")                         # w1 died; recovered on w2
+        s.claim("a", g2)
+        got.append(s.release_chunks([("a", g1, 2)]))              # the stale owner: refused
+        got.append(s.release_chunks([("a", g2, 1), ("a", g2, 2)]))  # recomputed 1, new 2
+        answers.append(got)
+    assert answers[0] == answers[1]
+    assert answers[0] == [
+        [(True, "ok"), (True, "ok")],
+        [(False, "released")],
+        [(False, "stale_epoch")],
+        [(False, "released"), (True, "ok")],
+    ]
+    for key in client.scan_iter(f"{{{namespace}}}*"):
+        client.delete(key)
+    client.close()
