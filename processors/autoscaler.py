@@ -3,8 +3,10 @@
 u_max = max_j n_j / K_j (unplaced demand counts too) is compared with a target u* and a
 tolerance delta looked up by volatility level. Above u* + delta the pool grows until its
 capacity reaches A / u* (A = executing sessions; ceil(A / (u* K)) GPUs for one type); below
-u* - delta it shrinks to the same bound by draining the least-loaded GPUs. Actions are
-spaced by a minimum dwell time. Scale-out boots first (booting GPUs are not usable, the
+u* - delta it shrinks to the same bound by draining the least-loaded GPUs, but only once
+u_max has stayed below the band for ``scale_in_delay_s`` (default: one boot time, the
+break-even of shutting a GPU down and booting it again); scale-in then sizes for the peak
+demand seen while waiting. Actions are spaced by a minimum dwell time. Scale-out boots first (booting GPUs are not usable, the
 placement controller migrates onto them once ready); scale-in drains first and shuts a
 GPU down only once it holds no session.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -102,24 +104,36 @@ DEFAULT_VOLATILITY_TABLE = VolatilityTable(
 
 @dataclass(frozen=True, slots=True)
 class AutoscalerConfig:
-    """Pool bounds, the GPU type to add, dwell between actions and boot time (seconds)."""
+    """Pool bounds, the GPU type to add, dwell between actions, boot time and scale-in delay (s).
+
+    ``scale_in_delay_s`` None means ``boot_s``.
+    """
 
     gpu_type: str = "b300"
     min_gpus: int = 1
     max_gpus: int = 1024
     dwell_s: float = 30.0
     boot_s: float = 60.0
+    scale_in_delay_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not (0 <= self.min_gpus <= self.max_gpus) or self.dwell_s < 0 or self.boot_s < 0:
-            raise ConfigError("autoscaler", "need 0 <= min_gpus <= max_gpus, dwell_s >= 0, boot_s >= 0", "autoscaler")
+        if not (0 <= self.min_gpus <= self.max_gpus) or self.dwell_s < 0 or self.boot_s < 0 or self.scale_in_delay < 0:
+            raise ConfigError("autoscaler", "need 0 <= min_gpus <= max_gpus, dwell_s, boot_s, scale_in_delay_s >= 0", "autoscaler")
+
+    @property
+    def scale_in_delay(self) -> float:
+        """Seconds u_max must stay below the band before a scale-in."""
+        return self.boot_s if self.scale_in_delay_s is None else self.scale_in_delay_s
 
 
 @dataclass(frozen=True, slots=True)
 class AutoscalerState:
-    """When the last scale action was taken (None: never)."""
+    """When the last scale action was taken, since when u_max is below the band, and the
+    peak executing sessions seen since then (None: never / not below)."""
 
     last_action_at: float | None = None
+    low_since: float | None = None
+    low_peak: int = 0
 
 
 def utilization(snapshot: Snapshot, model: LatencyModel) -> tuple[float, int]:
@@ -154,15 +168,21 @@ def autoscale(
     migrations the placement controller issues for the drained GPUs.
     """
     now = snapshot.now
-    if state.last_action_at is not None and now - state.last_action_at < config.dwell_s:
-        return (), state
     u_target, delta = table.lookup(level)
     u_max, active = utilization(snapshot, model)
-    need = active / u_target  # session slots the pool should have
+    low = u_max < u_target - delta
+    if low:
+        since = state.low_since if state.low_since is not None else now
+        peak = max(active, state.low_peak) if state.low_since is not None else active
+        state = replace(state, low_since=since, low_peak=peak)
+    elif state.low_since is not None:
+        state = replace(state, low_since=None, low_peak=0)
+    if state.last_action_at is not None and now - state.last_action_at < config.dwell_s:
+        return (), state
     if u_max > u_target + delta:
-        cmds = resize(snapshot, model, need, config, grow=True)
-    elif u_max < u_target - delta:
-        cmds = resize(snapshot, model, need, config, grow=False)
+        cmds = resize(snapshot, model, active / u_target, config, grow=True)  # session slots to have
+    elif low and now - state.low_since >= config.scale_in_delay:  # type: ignore[operator]
+        cmds = resize(snapshot, model, state.low_peak / u_target, config, grow=False)
     else:
         cmds = ()
     return (cmds, AutoscalerState(now)) if cmds else ((), state)

@@ -3,7 +3,10 @@
 ``step(state, event, config) -> (state, signal)``; the faust agent and the simulator only
 feed it. Volatility is the population standard deviation of newly active sessions (opens
 and idle->active flips) per slot over the window's slots (zero-filled, never counting slots
-before the first event seen); the level 1..10 comes from nine ascending thresholds.
+before the first event seen). The level 1..10 reads that spread relative to the load: nine
+ascending thresholds on its coefficient of variation (std / mean), since the autoscaler's
+target is a relative utilization and a raw std grows with any load. The default thresholds
+are calibrated on ``infra.sim.tracegen`` traces (1 s slots): level L reads near L.
 The state is immutable: each step copies the active/idle id sets (O(sessions) per event).
 """
 
@@ -23,6 +26,7 @@ __all__ = [
     "step",
     "observe",
     "volatility",
+    "variation",
     "volatility_level",
 ]
 
@@ -32,11 +36,11 @@ _Slot = tuple[int, int, int, int, int, int]
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    """Window length, slot length (seconds) and the nine level thresholds."""
+    """Window length, slot length (seconds) and the nine level thresholds (on std / mean)."""
 
     window_s: float = 60.0
-    slot_s: float = 5.0
-    thresholds: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
+    slot_s: float = 1.0
+    thresholds: tuple[float, ...] = (0.44, 0.55, 0.71, 0.92, 1.14, 1.36, 1.58, 1.81, 2.04)
 
     def __post_init__(self) -> None:
         if not (self.slot_s > 0 and self.window_s >= self.slot_s):
@@ -74,6 +78,7 @@ class WorkloadSignal:
     flips: int
     volatility: float
     level: int
+    variation: float = 0.0  # std / mean of newly active per slot: what ``level`` reads
 
 
 def volatility(newly_active_per_slot: list[int] | tuple[int, ...]) -> float:
@@ -85,8 +90,17 @@ def volatility(newly_active_per_slot: list[int] | tuple[int, ...]) -> float:
     return math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
 
 
+def variation(newly_active_per_slot: list[int] | tuple[int, ...]) -> float:
+    """Coefficient of variation (std / mean) of per-slot counts (0 when none or one slot)."""
+    xs = list(newly_active_per_slot)
+    mean = sum(xs) / len(xs) if xs else 0.0
+    return volatility(xs) / mean if mean > 0 else 0.0
+
+
 def volatility_level(vol: float, thresholds: tuple[float, ...]) -> int:
-    """Level 1 (calm) .. 10 (bursty): one plus the number of thresholds at or below ``vol``."""
+    """Level 1 (calm) .. 10 (bursty): one plus the number of thresholds at or below ``vol``.
+
+    ``vol`` is the measure the thresholds are set on (the signal's ``variation``)."""
     return 1 + bisect_right(thresholds, vol)
 
 
@@ -102,6 +116,7 @@ def _signal(state: DetectorState, now: float, config: DetectorConfig) -> Workloa
     by_slot = {s[0]: s for s in state.window if lo <= s[0] <= cur}
     counts = [by_slot[i][5] if i in by_slot else 0 for i in range(lo, cur + 1)]
     vol = volatility(counts)
+    cv = variation(counts)
     rows = by_slot.values()
     return WorkloadSignal(
         now=now,
@@ -111,7 +126,8 @@ def _signal(state: DetectorState, now: float, config: DetectorConfig) -> Workloa
         departures=sum(r[2] for r in rows),
         flips=sum(r[3] + r[4] for r in rows),
         volatility=vol,
-        level=volatility_level(vol, config.thresholds),
+        level=volatility_level(cv, config.thresholds),
+        variation=cv,
     )
 
 

@@ -20,7 +20,7 @@ from processors.latency import LatencyModel, load_profiles
 from processors.lifecycle import SessionEvent, SessionState, transition
 from processors.placement import PlacementPlan, RebalanceConfig, plan_placement
 from processors.snapshot import GpuState, Snapshot
-from processors.turboserve import apply_drains
+from processors.turboserve import TURBOSERVE_REBALANCE, apply_drains
 
 __all__ = [
     "OracleResult",
@@ -138,7 +138,7 @@ class OracleAutoscale:
     future: tuple[int, ...]
     window_s: float = 30.0
     model: LatencyModel = field(default_factory=lambda: load_profiles("paper"))
-    rebalance: RebalanceConfig = RebalanceConfig()
+    rebalance: RebalanceConfig = TURBOSERVE_REBALANCE
     autoscaler: AutoscalerConfig = AutoscalerConfig()
     u_target: float = 1.0
     name: str = "oracle-autoscale"

@@ -18,6 +18,7 @@ rule exactly. Steps repeat until no prefix has Gamma > 0 or the move budget is s
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 from processors.decisions import Command, Migrate, Place, Resume
@@ -34,16 +35,22 @@ _FRESH = -1  # cost key of a session placed in this epoch: moving it is free
 
 @dataclass(frozen=True, slots=True)
 class RebalanceConfig:
-    """Migration cost model (alpha-beta), its weight eta, and the per-epoch move budget."""
+    """Migration cost model (alpha-beta), its weight eta, and the per-epoch move budget.
+
+    ``drain_max_kappa_s`` bounds which sessions a draining GPU sheds by migration: a larger
+    one would stall its next chunk longer than that, so it stays until it goes idle or
+    closes (the GPU shuts down a little later instead).
+    """
 
     eta: float = 0.1
     alpha_s: float = 0.02
     beta_s_per_byte: float = 1.0 / 25e9
     max_moves: int = 512
+    drain_max_kappa_s: float = math.inf
 
     def __post_init__(self) -> None:
-        if self.eta < 0 or self.alpha_s < 0 or self.beta_s_per_byte < 0 or self.max_moves < 0:
-            raise ConfigError("rebalance", "eta, alpha_s, beta_s_per_byte and max_moves must be >= 0", "placement")
+        if self.eta < 0 or self.alpha_s < 0 or self.beta_s_per_byte < 0 or self.max_moves < 0 or not self.drain_max_kappa_s >= 0:
+            raise ConfigError("rebalance", "eta, alpha_s, beta_s_per_byte, max_moves and drain_max_kappa_s must be >= 0", "placement")
 
     def kappa(self, state_bytes: int) -> float:
         """Estimated seconds to migrate a session holding ``state_bytes``."""
@@ -187,10 +194,13 @@ def _place_pending(pool: _Pool, order: list[str]) -> list[str]:
 
 
 def _evacuate(pool: _Pool, order: list[str], gamma: dict[str, tuple[float, str]]) -> None:
-    eta = pool.cfg.eta
+    eta, cap = pool.cfg.eta, pool.cfg.drain_max_kappa_s
     for src in pool.draining:
         while pool.n[src] > 0:
             entry = pool.pop_cheapest(src)
+            if entry is not None and pool.kappa(entry[0]) > cap:
+                pool.push(src, entry)  # the rest are dearer still: they leave when idle
+                break
             dst = pool.best_target(set()) if entry is not None else None
             if entry is None or dst is None:
                 if entry is not None:

@@ -18,7 +18,11 @@ from processors.latency import LatencyModel, load_profiles
 from processors.placement import RebalanceConfig, plan_placement
 from processors.snapshot import GpuState, Snapshot
 
-__all__ = ["TurboServeState", "TurboServe", "apply_drains"]
+__all__ = ["TurboServeState", "TurboServe", "apply_drains", "TURBOSERVE_REBALANCE"]
+
+# eta 1: a move must gain more worst latency than the seconds its transfer stalls the
+# session; drains shed by migration only sessions that move in 0.2 s or less.
+TURBOSERVE_REBALANCE = RebalanceConfig(eta=1.0, drain_max_kappa_s=0.2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +50,7 @@ class TurboServe:
     """
 
     model: LatencyModel = field(default_factory=lambda: load_profiles("paper"))
-    rebalance: RebalanceConfig = RebalanceConfig()
+    rebalance: RebalanceConfig = field(default_factory=lambda: TURBOSERVE_REBALANCE)
     autoscaler: AutoscalerConfig = AutoscalerConfig()
     table: VolatilityTable = DEFAULT_VOLATILITY_TABLE
     migrate: bool = True

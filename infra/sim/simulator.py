@@ -3,9 +3,13 @@
 One heap ordered by ``(t, kind, seq)`` with a per-simulator counter. GPUs run coalesced
 chunks back to back, each taking ``l(n)`` from the latency model; a session's per-chunk
 latency is the time from when it needed the chunk (activation, its previous chunk's end,
-or the chunk boundary it migrated at) to the chunk's end, so waiting for a GPU, restore
-time, migration pauses and batch alignment all count. Policies are only ever called
-through ``decide``; the simulator carries out their commands, like the live shell does.
+or the chunk boundary it migrated at) to the chunk's end, so waiting for a GPU, migration
+pauses, restores a policy caused (a GPU shut down under a session) and batch alignment all
+count. The one part no policy can change, the state transfer of the restore every
+idle->active flip needs, is left out of the per-chunk figure and reported on its own as
+the resume latency (activation to first chunk, everything included). Policies are only
+ever called through ``decide``; the simulator carries out their commands, like the live
+shell does.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class SimConfig:
     restore_alpha_s: float = 0.05
     restore_beta_s_per_byte: float = 1.0 / 12e9
     window_s: float = 60.0  # timeline window
-    detector: DetectorConfig = DetectorConfig(window_s=60.0, slot_s=1.0)
+    detector: DetectorConfig = DetectorConfig()
 
     def __post_init__(self) -> None:
         if self.initial_gpus < 0 or self.boot_s < 0 or self.deadline_s <= 0 or self.tick_s <= 0 or self.window_s <= 0:
@@ -98,15 +102,18 @@ class SimResult:
     scale_events: int
     chunks: int
     invalid_commands: int
+    worst_resume_latency_s: float = 0.0
+    p99_resume_latency_s: float = 0.0
     timeline: dict[str, list[float]] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, Any]:
-        keys = ("worst_chunk_latency_s", "p99_chunk_latency_s", "deadline_miss_rate", "gpu_seconds", "cost", "migrations", "scale_events")
+        keys = ("worst_chunk_latency_s", "p99_chunk_latency_s", "deadline_miss_rate", "gpu_seconds", "cost", "migrations", "scale_events",
+                "worst_resume_latency_s", "p99_resume_latency_s")
         return {k: getattr(self, k) for k in keys}
 
 
 class _Gpu:
-    __slots__ = ("id", "type", "state", "since", "roster", "batch", "busy", "leaving")
+    __slots__ = ("id", "type", "state", "since", "roster", "batch", "busy", "leaving", "closing")
 
     def __init__(self, gid: str, gtype: str, state: GpuState, since: float) -> None:
         self.id, self.type, self.state, self.since = gid, gtype, state, since
@@ -114,6 +121,7 @@ class _Gpu:
         self.batch: list[str] = []  # members of the running chunk
         self.busy = False
         self.leaving: dict[str, tuple[str, float]] = {}  # sid -> (dst, cost) at chunk end
+        self.closing = False  # shut down once the migrations leaving it are out
 
 
 class _Sim:
@@ -128,6 +136,9 @@ class _Sim:
         self.req: dict[str, float] = {}  # sid -> when it needed its next chunk
         self.bytes: dict[str, int] = {}
         self.lat: list[float] = []
+        self.resume_lat: list[float] = []  # activation (idle -> active) to first chunk end
+        self.waking: set[str] = set()  # activated, first chunk not done yet
+        self.transfer: dict[str, float] = {}  # sid -> restore transfer of its activation
         self.state = policy.initial_state()
         self.decide_at: float | None = None
         self.gpu_s = 0.0
@@ -176,6 +187,10 @@ class _Sim:
         for sid in g.batch:
             if (sid in g.roster or sid in g.leaving) and sid in self.req:
                 x = now - self.req[sid]
+                if sid in self.waking:
+                    self.waking.discard(sid)
+                    self.resume_lat.append(x)
+                x -= self.transfer.pop(sid, 0.0)
                 self.lat.append(x)
                 worst = max(worst, x)
                 self.req[sid] = now
@@ -186,6 +201,9 @@ class _Sim:
             g.roster.discard(sid)
             self.push(now + cost, _ARRIVE, (sid, dst))
         g.leaving = {}
+        if g.closing:
+            self.release(g, now)
+            return
         self.kick(g, now)
 
     def arrive(self, sid: str, gid: str, now: float) -> None:
@@ -210,9 +228,12 @@ class _Sim:
         for g in self.gpus.values():  # it may still sit on a migration's source
             g.roster.discard(sid)
             g.leaving.pop(sid, None)
-        if (gid is None or gid not in self.gpus) and sid in self.req and now - self.req[sid] > self.cfg.deadline_s:
-            self.lat.append(now - self.req[sid])  # waited past its deadline without a GPU
+        waited = now - self.req[sid] - self.transfer.get(sid, 0.0) if sid in self.req else 0.0
+        if (gid is None or gid not in self.gpus) and waited > self.cfg.deadline_s:
+            self.lat.append(waited)  # waited past its deadline without a GPU
         self.req.pop(sid, None)
+        self.transfer.pop(sid, None)
+        self.waking.discard(sid)
 
     # -- commands ----------------------------------------------------------------------
     def apply(self, cmd: Any, now: float) -> None:
@@ -227,6 +248,8 @@ class _Sim:
             pause = 0.0
             if isinstance(cmd, Resume):
                 pause = self.cfg.restore_alpha_s + self.cfg.restore_beta_s_per_byte * s.state_bytes
+                if s.id in self.waking:  # the activation's own restore (once), not a policy's
+                    self.transfer.setdefault(s.id, pause)
             self.push(now + pause, _ARRIVE, (s.id, g.id))
         elif isinstance(cmd, Migrate):
             src, dst = self.gpus.get(cmd.src), self.gpus.get(cmd.dst)
@@ -261,16 +284,24 @@ class _Sim:
                 self.scale_events += 1
             g.state = GpuState.DRAINING
         elif isinstance(cmd, Shutdown):
-            g = self.gpus.pop(cmd.gpu_id, None)
+            g = self.gpus.get(cmd.gpu_id)
             if g is None:
                 self.invalid += 1
                 return
-            self.bill(g, now)
-            for sid in list(g.roster) + list(g.leaving):
-                self.orphan(sid, now)
-                self.req[sid] = now
+            if g.leaving:  # like the live shell: release after the outgoing transfers
+                g.closing = True
+                return
+            self.release(g, now)
         else:
             self.invalid += 1
+
+    def release(self, g: _Gpu, now: float) -> None:
+        del self.gpus[g.id]
+        self.bill(g, now)
+        for sid in list(g.roster):  # the policy shut it down under these: restore elsewhere
+            self.orphan(sid, now)
+            self.req[sid] = now
+            self.transfer.pop(sid, None)
 
     # -- epochs ------------------------------------------------------------------------
     def snapshot(self, now: float) -> Snapshot:
@@ -299,6 +330,8 @@ class _Sim:
         if new.lifecycle is _EXEC:
             if old is None or old.lifecycle is not _EXEC:
                 self.req[sid] = now
+                if old is not None:
+                    self.waking.add(sid)
             self.sessions[sid] = new if old is None or old.lifecycle is not _EXEC else old
         else:
             self.sessions.pop(sid, None)
@@ -354,6 +387,7 @@ class _Sim:
 
     def result(self) -> SimResult:
         lat = np.asarray(self.lat) if self.lat else np.zeros(1)
+        res = np.asarray(self.resume_lat) if self.resume_lat else np.zeros(1)
         return SimResult(
             policy=self.policy.name,
             worst_chunk_latency_s=float(lat.max()),
@@ -365,6 +399,8 @@ class _Sim:
             scale_events=self.scale_events,
             chunks=len(self.lat),
             invalid_commands=self.invalid,
+            worst_resume_latency_s=float(res.max()),
+            p99_resume_latency_s=float(np.percentile(res, 99)),
             timeline=self.tl,
         )
 

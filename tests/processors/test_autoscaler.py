@@ -47,10 +47,14 @@ def test_hysteresis_band_and_volatility():
 
 def test_scale_in_drains_least_loaded_and_waits_for_boots():
     snap = _pool([2, 1, 0, 3])
-    cmds, _ = autoscale(snap, 1, PAPER, CFG)
+    cmds, low = autoscale(snap, 1, PAPER, CFG)  # below the band: scale in only after one boot time
+    assert cmds == () and low.low_since == 100.0
+    later = _pool([2, 1, 0, 3], now=100.0 + CFG.boot_s)
+    cmds, _ = autoscale(later, 1, PAPER, CFG, state=low)
     assert cmds == (Drain("g02"), Drain("g01"), Drain("g00"))
-    booting = Snapshot(snap.now, snap.gpus + (Gpu("new", "h20", GpuState.BOOTING),), snap.sessions)
-    assert autoscale(booting, 1, PAPER, CFG)[0] == ()
+    assert autoscale(snap, 1, PAPER, AutoscalerConfig(gpu_type="h20", scale_in_delay_s=0.0))[0] == cmds
+    booting = Snapshot(later.now, later.gpus + (Gpu("new", "h20", GpuState.BOOTING),), later.sessions)
+    assert autoscale(booting, 1, PAPER, CFG, state=low)[0] == ()
 
 
 @settings(max_examples=80, deadline=None)

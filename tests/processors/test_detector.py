@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.detector import DetectorConfig, DetectorState, observe, step, volatility_level
+from processors.detector import DetectorConfig, DetectorState, observe, step, variation, volatility_level
 from processors.lifecycle import EventKind, SessionEvent
 
 
@@ -47,13 +47,15 @@ def test_volatility_equals_direct_computation(trace, window):
     counts = [sum(1 for e in events if slot(e.t) == k and e.kind in (EventKind.OPEN, EventKind.ACTIVE)) for k in range(lo, cur + 1)]
     expected = float(np.std(counts)) if len(counts) > 1 else 0.0
     assert signal.volatility == pytest.approx(expected, abs=1e-9)
-    assert signal.level == volatility_level(expected, config.thresholds)
+    cv = float(np.std(counts) / np.mean(counts)) if len(counts) > 1 and np.mean(counts) > 0 else 0.0
+    assert signal.variation == pytest.approx(cv, abs=1e-9) == pytest.approx(variation(counts), abs=1e-9)
+    assert signal.level == volatility_level(signal.variation, config.thresholds)
     assert (signal.active, signal.idle) == (n_active, n_idle)
     assert signal.arrivals == sum(1 for e in events if slot(e.t) >= lo and e.kind is EventKind.OPEN)
 
 
 def test_levels_and_window_roll():
-    config = DetectorConfig()
+    config = DetectorConfig(slot_s=5.0)
     assert volatility_level(0.0, config.thresholds) == 1
     assert volatility_level(100.0, config.thresholds) == 10
     state, sig = DetectorState(), None
@@ -65,3 +67,4 @@ def test_levels_and_window_roll():
     assert sig.volatility == 0.0 and sig.arrivals == 0 and sig.active == 20
     dup, sig2 = step(state, SessionEvent(1000.0, "s0", EventKind.OPEN), config)
     assert sig2.active == 20 and sig2.arrivals == 0
+
