@@ -81,6 +81,7 @@ class LocalFleet:
         for name in list(self.procs):
             proc = self.procs[name]
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a paused child cannot handle SIGTERM
                 proc.send_signal(signal.SIGTERM)
         for name in list(self.procs):
             self.stop(name)

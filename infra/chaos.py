@@ -1,0 +1,252 @@
+"""The chaos run: the live system under faults, then an audit of what the topics recorded.
+
+Real broker, real Redis, several workers and dispatch replicas as child processes, the
+control processor detecting deaths from missed heartbeats. Faults: a worker SIGSTOPped past
+detection and resumed (a stale runtime that is still alive), a worker SIGKILLed, a dispatch
+replica SIGKILLed, and worker commands duplicated and delayed (re-published late, so they
+also arrive out of order). The audit reads every chunk and input acknowledgement back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from schemas.records import ChunkDone, Claimed, InputAccepted, Record, WorkerUp
+from schemas.topics import WORKER_COMMANDS
+from streams.client import SessionClient
+from streams.config import Settings
+from streams.generations import GenerationStore
+from streams.kafka import RecordConsumer, RecordProducer
+from streams.topics import ensure_topics
+
+from .flow import EventLog
+from .local import LocalFleet
+
+__all__ = ["ChaosConfig", "audit_chunks", "audit_inputs", "run_chaos"]
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    sessions: int = 12
+    duration_s: float = 40.0
+    workers: int = 4
+    dispatchers: int = 2
+    capacity: int = 8
+    chunk_interval_s: float = 0.1
+    input_every_s: float = 1.0
+    heartbeat_timeout_s: float = 3.0
+    duplicate_fraction: float = 0.1
+    seed: int = 0
+
+
+def audit_chunks(chunks: list[ChunkDone]) -> dict[str, Any]:
+    """Dual-owner releases (one session and chunk index released by two generations) and stale
+    releases (an older generation releasing an index past one a newer generation released)."""
+    owners: dict[tuple[str, int], set[int]] = defaultdict(set)
+    first_of: dict[tuple[str, int], int] = {}
+    last_of: dict[tuple[str, int], int] = {}
+    for c in chunks:
+        owners[(c.session_id, c.chunk_index)].add(c.generation.epoch)
+        key = (c.session_id, c.generation.epoch)
+        first_of[key] = min(first_of.get(key, c.chunk_index), c.chunk_index)
+        last_of[key] = max(last_of.get(key, c.chunk_index), c.chunk_index)
+    dual = sum(1 for epochs in owners.values() if len(epochs) > 1)
+    stale = 0
+    by_session: dict[str, list[int]] = defaultdict(list)
+    for sid, epoch in last_of:
+        by_session[sid].append(epoch)
+    for sid, epochs in by_session.items():
+        epochs.sort()
+        for i, old in enumerate(epochs):
+            for new in epochs[i + 1:]:
+                if last_of[(sid, old)] >= first_of[(sid, new)]:
+                    stale += 1
+    return {"dual_owner": dual, "stale_releases": stale}
+
+
+def audit_inputs(pushed: dict[str, int], accepted: list[InputAccepted]) -> dict[str, int]:
+    """Inputs lost (pushed, never applied), duplicated (applied twice by one generation) and
+    out of order (one generation applied them not in seq order)."""
+    per_gen: dict[tuple[str, int], list[int]] = defaultdict(list)
+    seen: dict[str, set[int]] = defaultdict(set)
+    for a in accepted:
+        per_gen[(a.session_id, a.generation.epoch)].append(a.seq)
+        seen[a.session_id].add(a.seq)
+    lost = sum(len(set(range(1, n + 1)) - seen[sid]) for sid, n in pushed.items())
+    dup = sum(len(v) - len(set(v)) for v in per_gen.values())
+    disorder = sum(1 for v in per_gen.values() if v != sorted(v))
+    return {"inputs_lost": lost, "inputs_duplicated": dup, "inputs_out_of_order": disorder}
+
+
+def max_gap_s(chunks: list[ChunkDone], start: float, end: float) -> float:
+    """Longest time any session went without a released chunk between ``start`` and ``end``."""
+    times: dict[str, list[float]] = defaultdict(list)
+    for c in chunks:
+        times[c.session_id].append(c.ts)
+    worst = 0.0
+    for ts in times.values():
+        ts = sorted(t for t in ts if start <= t <= end) or [start]
+        edges = [start, *ts, end]
+        worst = max(worst, max(b - a for a, b in zip(edges, edges[1:])))
+    return worst
+
+
+async def _duplicator(settings: Settings, producer: RecordProducer, fraction: float,
+                      rng: random.Random, stop: asyncio.Event, counts: dict[str, int]) -> None:
+    """Re-publish a fraction of worker commands 0.2-2 s later: duplicates, delayed and reordered."""
+    consumer = RecordConsumer(settings, [WORKER_COMMANDS], producer, name="chaos-duplicator")
+    await consumer.start(subscribe=False)
+    from aiokafka import TopicPartition
+
+    tps = [TopicPartition(consumer.catalogue.name(WORKER_COMMANDS), p)
+           for p in range(settings.partitions.get(WORKER_COMMANDS, 1))]
+    consumer.raw.assign(tps)
+    await consumer.raw.seek_to_end(*tps)
+    pending: list[asyncio.Task[Any]] = []
+
+    async def later(rec: Record, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await producer.send(rec)
+        counts["commands_duplicated"] += 1
+
+    try:
+        while not stop.is_set():
+            for d in await consumer.poll(timeout_ms=100):
+                if rng.random() < fraction:
+                    pending.append(asyncio.create_task(later(d.record, rng.uniform(0.2, 2.0))))
+    finally:
+        for t in pending:
+            t.cancel()
+        await consumer.stop()
+
+
+async def _sample_overshoots(store: GenerationStore, stop: asyncio.Event, counts: dict[str, int]) -> None:
+    while not stop.is_set():
+        for load in (await store.load_view()).values():
+            if load.used > load.capacity:
+                counts["overshoots"] += 1
+        await asyncio.sleep(0.2)
+
+
+async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
+                    progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    """Run the faults against a live fleet and return the audit (see module docstring)."""
+    rng = random.Random(config.seed)
+    started = time.monotonic()
+    await ensure_topics(settings)
+    fleet = LocalFleet(settings, log_dir, extra_env={
+        "CHUNKSERVE_POLICY": "base", "CHUNKSERVE_CONTROL_PERIOD_S": "1",
+        "CHUNKSERVE_HEARTBEAT_TIMEOUT_S": str(config.heartbeat_timeout_s)})
+    counts: dict[str, int] = defaultdict(int)
+    faults: dict[str, Any] = {}
+    pushed: dict[str, int] = defaultdict(int)
+    stop = asyncio.Event()
+    store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
+    try:
+        for i in range(config.dispatchers):
+            fleet.start_processor("dispatch", replica=str(i))
+        fleet.start_processor("control")
+        workers = [f"worker-{i}" for i in range(config.workers)]
+        for w in workers:
+            fleet.start_worker(w, capacity=config.capacity, chunk_interval_s=config.chunk_interval_s)
+        async with RecordProducer(settings, client_id="chaos") as producer, SessionClient(settings) as client:
+            log = EventLog(settings, producer)
+            await log.start()
+            progress(f"waiting for {config.workers} workers")
+            await log.until(lambda rs: len({r.worker_id for r in rs if isinstance(r, WorkerUp)})
+                            >= config.workers, 120, "workers to come up")
+            ids = [f"chaos-{i}" for i in range(config.sessions)]
+            for sid in ids:
+                await client.open(sid, prompt=f"chaos {sid}")
+            await log.until(lambda rs: {r.session_id for r in rs if isinstance(r, Claimed)} >= set(ids),
+                            60, "every session to be claimed")
+            helpers = [asyncio.create_task(_duplicator(settings, producer, config.duplicate_fraction,
+                                                        rng, stop, counts)),
+                       asyncio.create_task(_sample_overshoots(store, stop, counts))]
+            t0 = time.time()
+            plan = [(0.15, "pause"), (0.45, "kill_worker"), (0.6, "kill_dispatch")]
+            next_input = time.monotonic()
+            run_end = time.monotonic() + config.duration_s
+            paused: tuple[str, float] | None = None
+            while time.monotonic() < run_end:
+                frac = 1 - (run_end - time.monotonic()) / config.duration_s
+                while plan and frac >= plan[0][0]:
+                    _, kind = plan.pop(0)
+                    owners = _owners(log.records)
+                    if kind == "pause":
+                        victim = _busiest(owners, workers)
+                        fleet.procs[victim].send_signal(signal.SIGSTOP)
+                        paused = (victim, time.monotonic() + config.heartbeat_timeout_s + 3)
+                        faults["paused_worker"] = victim
+                        progress(f"SIGSTOP {victim}")
+                    elif kind == "kill_worker":
+                        victim = _busiest(owners, [w for w in workers if w != faults.get("paused_worker")])
+                        fleet.kill(victim)
+                        faults["killed_worker"] = victim
+                        progress(f"SIGKILL {victim}")
+                    else:
+                        fleet.kill("dispatch-0")
+                        faults["killed_dispatch"] = "dispatch-0"
+                        progress("SIGKILL dispatch-0")
+                if paused and time.monotonic() >= paused[1]:
+                    fleet.procs[paused[0]].send_signal(signal.SIGCONT)
+                    progress(f"SIGCONT {paused[0]}")
+                    paused = None
+                if time.monotonic() >= next_input:
+                    for sid in ids:
+                        pushed[sid] = await client.push(sid, f"steer {pushed[sid] + 1}")
+                    next_input += config.input_every_s
+                await log.pump(timeout_ms=50)
+            t1 = time.time()
+            progress("draining: waiting for every input to be applied")
+            try:
+                await log.until(lambda rs: audit_inputs(pushed, [r for r in rs if isinstance(r, InputAccepted)])
+                                ["inputs_lost"] == 0, 45, "inputs to be applied")
+            except Exception:
+                pass  # counted as lost below
+            stop.set()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            for sid in ids:
+                await client.close(sid)
+            await log.pump(timeout_ms=500)
+            await log.stop()
+        chunks = log.of(ChunkDone)
+        result: dict[str, Any] = {
+            "sessions": config.sessions,
+            "chunks": len(chunks),
+            "faults": {**faults, "commands_duplicated": counts["commands_duplicated"]},
+            **audit_chunks(chunks),
+            "overshoots": counts["overshoots"],
+            **audit_inputs(pushed, log.of(InputAccepted)),
+            "inputs_pushed": sum(pushed.values()),
+            "max_recovery_s": round(max_gap_s(chunks, t0, t1), 3),
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+        return result
+    finally:
+        stop.set()
+        fleet.stop_all()
+        await store.aclose()
+
+
+def _owners(records: list[Record]) -> dict[str, str]:
+    owner: dict[str, tuple[int, str]] = {}
+    for r in records:
+        if isinstance(r, Claimed) and r.generation.epoch >= owner.get(r.session_id, (0, ""))[0]:
+            owner[r.session_id] = (r.generation.epoch, r.worker_id)
+    return {sid: w for sid, (_, w) in owner.items()}
+
+
+def _busiest(owners: dict[str, str], candidates: list[str]) -> str:
+    load = {w: 0 for w in candidates}
+    for w in owners.values():
+        if w in load:
+            load[w] += 1
+    return max(sorted(load), key=lambda w: load[w])
