@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from schemas.records import ChunkDone, Claimed, InputAccepted, Record, WorkerUp
+from schemas.records import ChunkDone, Claimed, InputAccepted, Record, Released, WorkerUp
 from schemas.topics import WORKER_COMMANDS
 from streams.client import SessionClient
 from streams.config import Settings
@@ -226,6 +226,8 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
             "overshoots": counts["overshoots"],
             **audit_inputs(pushed, log.of(InputAccepted)),
             "inputs_pushed": sum(pushed.values()),
+            "fenced_releases": sum(1 for r in log.of(Released) if r.reason.startswith("fenced")),
+            "recovered_sessions": len({c.session_id for c in log.of(Claimed) if c.generation.epoch > 1}),
             "max_recovery_s": round(max_gap_s(chunks, t0, t1), 3),
             "wall_s": round(time.monotonic() - started, 1),
         }

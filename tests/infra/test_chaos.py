@@ -38,6 +38,8 @@ def test_chaos_run_audits_clean(kafka_bootstrap, redis_url, namespace, tmp_path)
     result = asyncio.run(run_chaos(settings, cfg, tmp_path / "logs"))
     assert set(result["faults"]) >= {"paused_worker", "killed_worker", "killed_dispatch"}
     assert result["chunks"] > 100
+    assert result["recovered_sessions"] >= 1   # the paused and the killed workers' sessions moved
+    assert result["fenced_releases"] >= 1      # the resumed stale runtime learned it lost them
     for key in ("dual_owner", "stale_releases", "overshoots", "inputs_lost", "inputs_duplicated",
                 "inputs_out_of_order"):
         assert result[key] == 0, (key, result)
