@@ -247,6 +247,26 @@ def ownership_check(
     _write_json(result, json_out)
 
 
+@app.command("replay")
+def replay_cmd(
+    processor: str = typer.Argument("control", help="Whose state to rebuild: control, dispatch, detector."),
+    offset: int = typer.Option(0, min=0, help="Start at this offset in every partition (0: the beginning)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rebuilt state here."),
+) -> None:
+    """Rebuild a processor's state from the topics and print it (the log is the truth)."""
+    from infra.replay import replay
+
+    settings = _settings()
+    try:
+        result = asyncio.run(replay(settings, processor, offset))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="processor")
+    if json_out is None and "session_states" in result:
+        console.print(f"{result['records']} records; sessions by state {result['session_states']}; "
+                      f"workers {len(result['workers'])}")
+    _write_json(result, json_out)
+
+
 @app.command("chaos")
 def chaos(
     sessions: int = typer.Option(12, min=1, help="Sessions kept open through the faults."),

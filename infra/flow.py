@@ -152,6 +152,7 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                    workers: int = 2, inputs: int = 2, capacity: int = 8,
                    chunk_interval_s: float = 0.05, timeout_s: float = 120.0, garbage: int = 0,
                    flips: bool = False, handoff: bool = False, crash: bool = False,
+                   restart_dispatch: bool = False,
                    progress: Callable[[str], None] = lambda _m: None) -> FlowSummary:
     """Start a dispatch replica and ``workers`` workers, serve ``sessions``, audit, stop."""
     started = time.monotonic()
@@ -219,6 +220,15 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                             and r.generation.epoch > claim.generation.epoch for r in rs), timeout_s,
                             "the migrated session to be claimed by its target")
                     pushed = inputs
+                    if restart_dispatch:  # processors die mid-run; a new one rebuilds from the log
+                        progress("killing and restarting the dispatch processor")
+                        fleet.kill("dispatch-0")
+                        fleet.start_processor("dispatch", replica="1")
+                        for sid in ids:
+                            await client.push(sid, "after the restart")
+                        pushed += 1
+                        await log.until(lambda rs: all(_count(rs, InputAccepted, session_id=s, seq=pushed)
+                                                       for s in ids), timeout_s, "inputs after the restart")
                     if crash:  # inputs after the last snapshot, then the owner dies
                         for sid in ids:
                             await client.push(sid, "after the snapshot")
