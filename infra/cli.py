@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -39,9 +40,36 @@ def _register_extensions() -> None:
 _register_extensions()
 
 
+_CONFIG: dict[str, Optional[Path]] = {"path": None}
+
+
+@app.callback()
+def _global_options(
+    config: Optional[Path] = typer.Option(None, "--config", envvar="CHUNKSERVE_CONFIG",
+                                          help="TOML configuration file; CHUNKSERVE_* variables override it."),
+) -> None:
+    """chunkserve: serve long-lived, stateful, GPU-backed streaming sessions."""
+    _CONFIG["path"] = config
+    if config is not None:  # child processes read the same file
+        os.environ["CHUNKSERVE_CONFIG"] = str(config)
+
+
+def _metrics_server(port: Optional[int]) -> None:
+    from streams.prom import start_metrics_server
+
+    if port:
+        start_metrics_server(port)
+        console.print(f"Prometheus metrics on 127.0.0.1:{port}/metrics")
+
+
+MetricsPort = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port.")
+
+
 def _settings(require_endpoints: bool = True) -> Settings:
+    from infra.config_file import load_settings
+
     try:
-        settings = Settings.from_env()
+        settings = load_settings(_CONFIG["path"])
     except ConfigError as exc:
         console.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2)
@@ -86,6 +114,7 @@ def worker(
     checkpoint: Optional[Path] = typer.Option(None, help="safetensors checkpoint of the model."),
     pool: str = typer.Option("default", help="Pool this worker belongs to."),
     gpu_type: str = typer.Option("cpu", help="Device type name, as in the latency profile."),
+    metrics_port: Optional[int] = MetricsPort,
 ) -> None:
     """Run one worker: claim sessions, run coalesced chunks, release only when current."""
     from streams.generations import GenerationStore
@@ -93,6 +122,7 @@ def worker(
     from workers.runtime import Worker, WorkerConfig
 
     settings = _settings()
+    _metrics_server(metrics_port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model = (ReferenceModel.load(checkpoint, device=device) if checkpoint
              else ReferenceModel(seed=0, device=device))
@@ -117,11 +147,12 @@ PROCESSORS = ("dispatch", "detector", "control", "metrics")
 
 
 @app.command("provisioner")
-def provisioner() -> None:
+def provisioner(metrics_port: Optional[int] = MetricsPort) -> None:
     """Run the local process provisioner: starts, drains and stops workers on scaling commands."""
     from workers.provisioner import run_provisioner
 
     settings = _settings()
+    _metrics_server(metrics_port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def main() -> None:
@@ -135,11 +166,13 @@ def provisioner() -> None:
 
 
 @app.command("processor")
-def processor(name: str = typer.Argument(..., help="Which processor: dispatch, detector, control, metrics.")) -> None:
+def processor(name: str = typer.Argument(..., help="Which processor: dispatch, detector, control, metrics."),
+              metrics_port: Optional[int] = MetricsPort) -> None:
     """Run one control-plane processor (a faust worker) against the configured cluster."""
     import faust
 
     settings = _settings()
+    _metrics_server(metrics_port)
     builders = {name: f"processors.agents.{name}" for name in PROCESSORS}
     if name not in builders:
         console.print(f"[red]unknown processor {name!r}[/red]; choose from {sorted(builders)}")
@@ -151,6 +184,71 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
 
 @app.command("demo")
 def demo(
+    duration: float = typer.Option(90.0, min=20.0, help="Wall-clock seconds of the run."),
+    sessions: int = typer.Option(60, min=1, help="Expected sessions in the generated trace."),
+    level: int = typer.Option(5, min=1, max=10, help="Volatility level of the generated trace."),
+    speed: float = typer.Option(10.0, min=1.0, help="Trace seconds replayed per wall second."),
+    max_workers: int = typer.Option(4, min=1, help="Most workers the autoscaler may run."),
+    seed: int = typer.Option(0, help="Seed of the generated trace."),
+    report_dir: Optional[Path] = typer.Option(None, help="Folder for summary.json and timeline.png."),
+    log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
+) -> None:
+    """An autoscaled fleet on the embedded broker and Redis serving a generated trace, then a
+    summary, an ownership audit and a report folder with the timeline plot."""
+    from rich.live import Live
+
+    from infra.demo import DemoConfig, run_demo
+    from infra.embedded import infrastructure
+
+    base = _settings(require_endpoints=False)
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-demo-logs-"))
+    report = report_dir or Path("reports") / time.strftime("demo-%Y%m%d-%H%M%S")
+    cfg = DemoConfig(duration_s=duration, sessions=sessions, level=level, speed=speed,
+                     max_workers=max_workers, seed=seed)
+    run_id = uuid.uuid4().hex[:6]
+    with infrastructure(logs) as (bootstrap, redis_url):
+        settings = replace(base.with_endpoints(bootstrap, redis_url),
+                           topic_prefix=f"{base.topic_prefix}demo-{run_id}.",
+                           namespace=f"{base.namespace}-demo-{run_id}")
+        console.print(f"broker {bootstrap}  redis {redis_url}  logs {logs}")
+        with Live(_live_table({"phase": "starting"}), console=console, refresh_per_second=4) as live:
+            summary = asyncio.run(run_demo(settings, cfg, logs, report,
+                                           on_tick=lambda s: live.update(_live_table(s))))
+    _print_demo(summary, report)
+    if any(summary["audit"].values()):
+        raise typer.Exit(1)
+
+
+def _live_table(state: dict) -> Table:
+    table = Table(title="chunkserve demo (live)", show_header=False)
+    for key, value in state.items():
+        table.add_row(key, str(value))
+    return table
+
+
+def _print_demo(s: dict, report: Path) -> None:
+    table = Table(title="chunkserve demo")
+    table.add_column("figure")
+    table.add_column("value")
+    lat = s["chunk_latency_ms"]
+    rows = [("sessions", s["sessions"]), ("chunks", s["chunks"]),
+            ("chunk latency p50 / p99 / worst", f"{lat['p50']} / {lat['p99']} / {lat['worst']} ms"),
+            ("workers started", s["workers_started"]), ("migrations", s["migrations"]),
+            ("scale events", s["scale_events"]), ("offloads / restores", f"{s['offloads']} / {s['restores']}"),
+            ("cost", s["cost"]), ("dead letters", s["dead_letters"]), ("wall", f"{s['wall_s']} s")]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    console.print(table)
+    audit = s["audit"]
+    colour = "red" if any(audit.values()) else "green"
+    console.print(f"[{colour}]ownership audit: dual-owner releases {audit['dual_owner']}, stale releases "
+                  f"{audit['stale_releases']}, inputs lost {audit['inputs_lost']}, duplicated "
+                  f"{audit['inputs_duplicated']}, out of order {audit['inputs_out_of_order']}[/{colour}]")
+    console.print(f"report: {report / 'summary.json'}  {report / 'timeline.png'}")
+
+
+@app.command("smoke")
+def smoke(
     sessions: int = typer.Option(3, min=1, help="Sessions to open."),
     chunks: int = typer.Option(12, min=1, help="Chunks each session streams before it closes."),
     workers: int = typer.Option(2, min=1, help="Worker processes to start."),
@@ -158,19 +256,19 @@ def demo(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the summary here."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
 ) -> None:
-    """Serve a few sessions end to end on the embedded broker and Redis, and audit them."""
+    """A few sessions end to end (dispatch and fixed workers, no autoscaling), then the audit."""
     from infra.embedded import infrastructure
     from infra.flow import run_flow
 
     base = _settings(require_endpoints=False)
-    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-demo-"))
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-smoke-"))
     run_id = uuid.uuid4().hex[:6]
     started = time.monotonic()
     with console.status("starting the broker and Redis") as status:
         with infrastructure(logs) as (bootstrap, redis_url):
             settings = replace(base.with_endpoints(bootstrap, redis_url),
-                               topic_prefix=f"{base.topic_prefix}demo-{run_id}.",
-                               namespace=f"{base.namespace}-demo-{run_id}")
+                               topic_prefix=f"{base.topic_prefix}smoke-{run_id}.",
+                               namespace=f"{base.namespace}-smoke-{run_id}")
             console.print(f"broker {bootstrap}  redis {redis_url}  logs {logs}")
             summary = asyncio.run(run_flow(settings, logs, sessions=sessions, chunks=chunks,
                                            workers=workers, inputs=inputs,
@@ -247,6 +345,57 @@ def ownership_check(
     _write_json(result, json_out)
 
 
+@app.command("up")
+def up(
+    dispatchers: int = typer.Option(1, min=1, help="Dispatch replicas (one consumer group)."),
+    log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
+) -> None:
+    """Run every processor and the provisioner against the configured cluster until Ctrl-C."""
+    from infra.local import LocalFleet
+    from streams.topics import ensure_topics
+
+    settings = _settings()
+    asyncio.run(ensure_topics(settings))
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-up-"))
+    fleet = LocalFleet(settings, logs)
+    try:
+        for i in range(dispatchers):
+            fleet.start_processor("dispatch", replica=str(i))
+        for name in ("detector", "control", "metrics"):
+            fleet.start_processor(name)
+        fleet.start_provisioner()
+        console.print(f"up: {', '.join(fleet.procs)}; logs in {logs}; Ctrl-C stops them")
+        while all(fleet.alive().values()):
+            time.sleep(1.0)
+        console.print(f"[red]a process exited:[/red] {[n for n, ok in fleet.alive().items() if not ok]}")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        fleet.stop_all()
+
+
+@app.command("watch")
+def watch_cmd(
+    duration: Optional[float] = typer.Option(None, min=1.0, help="Stop after this many seconds."),
+    from_offset: Optional[int] = typer.Option(None, min=0, help="Start at this offset (default: the end)."),
+    no_render: bool = typer.Option(False, "--no-render", help="No live table; print the summary."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the final summary here."),
+    metrics_port: Optional[int] = MetricsPort,
+) -> None:
+    """Follow the metrics and worker events: GPUs, sessions, worst chunk latency, migrations, cost."""
+    from infra.watch import watch
+
+    settings = _settings()
+    _metrics_server(metrics_port)
+    try:
+        result = asyncio.run(watch(settings, duration, render=not no_render, from_offset=from_offset))
+    except KeyboardInterrupt:
+        return
+    if json_out is not None or no_render:
+        _write_json(result, json_out)
+
+
 @app.command("replay")
 def replay_cmd(
     processor: str = typer.Argument("control", help="Whose state to rebuild: control, dispatch, detector."),
@@ -301,6 +450,26 @@ def chaos(
                   f"max recovery {result['max_recovery_s']} s")
 
 
+@bench_app.command("control-plane")
+def bench_control_plane(
+    sessions: int = typer.Option(5000, min=1, help="Concurrent sessions to open."),
+    workers: int = typer.Option(4, min=1, help="Light workers (claim and acknowledge, no model)."),
+    inputs: int = typer.Option(1, min=0, help="Inputs (PushText) per session."),
+    rate: float = typer.Option(500.0, min=1.0, help="Opens (and pushes) published per second."),
+    dispatch_replicas: int = typer.Option(1, min=1, help="Dispatch replicas."),
+    timeout: float = typer.Option(120.0, min=1.0, help="Give up waiting after this many seconds."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+    log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
+) -> None:
+    """CreateLive and PushText latency through the real broker, dispatch and Redis."""
+    from infra.bench.control_plane import run
+
+    result = run(_settings(require_endpoints=False), sessions, workers=workers,
+                 inputs_per_session=inputs, log_dir=log_dir, rate=rate,
+                 dispatch_replicas=dispatch_replicas, timeout_s=timeout)
+    _write_json(result, json_out)
+
+
 @bench_app.command("worker")
 def bench_worker(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
@@ -326,7 +495,7 @@ def bench_worker(
 
 def _print_summary(summary: object, wall_s: float) -> None:
     s = summary  # FlowSummary
-    table = Table(title="chunkserve demo")
+    table = Table(title="chunkserve smoke")
     for col in ("session", "generation", "chunks", "inputs applied", "released"):
         table.add_column(col)
     for sid in sorted(s.chunk_indices):  # type: ignore[attr-defined]

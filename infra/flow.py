@@ -61,10 +61,11 @@ class FlowSummary:
 class EventLog:
     """Reads worker events, metrics and dead letters from the start, without a group."""
 
-    def __init__(self, settings: Settings, producer: RecordProducer) -> None:
+    def __init__(self, settings: Settings, producer: RecordProducer,
+                 topics: tuple[str, ...] = (WORKER_EVENTS, METRICS, DEAD_LETTERS)) -> None:
         self.settings = settings
-        self.consumer = RecordConsumer(settings, [WORKER_EVENTS, METRICS, DEAD_LETTERS], producer,
-                                       name="flow-audit")
+        self.topics = topics
+        self.consumer = RecordConsumer(settings, list(topics), producer, name="flow-audit")
         self.records: list[Record] = []
 
     async def start(self) -> None:
@@ -72,8 +73,7 @@ class EventLog:
         from aiokafka import TopicPartition
 
         tps = [TopicPartition(self.consumer.catalogue.name(t), p)
-               for t in (WORKER_EVENTS, METRICS, DEAD_LETTERS)
-               for p in range(self.settings.partitions.get(t, 1))]
+               for t in self.topics for p in range(self.settings.partitions.get(t, 1))]
         self.consumer.raw.assign(tps)
         await self.consumer.raw.seek_to_beginning(*tps)
 

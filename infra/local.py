@@ -52,6 +52,9 @@ class LocalFleet:
         self._spawn(worker_id, ["worker", "--worker-id", worker_id, "--capacity", str(capacity),
                                 "--chunk-interval", str(chunk_interval_s)])
 
+    def start_provisioner(self) -> None:
+        self._spawn("provisioner", ["provisioner"])
+
     def start_processor(self, name: str, replica: str = "0") -> None:
         self._spawn(f"{name}-{replica}", ["processor", name])
 

@@ -20,12 +20,14 @@ from schemas.records import DeadLetter, Record
 from schemas.topics import DEAD_LETTERS, topic_of
 
 from .config import Settings
+from .prom import metrics
 from .topics import TopicCatalogue
 
 __all__ = ["RecordProducer", "Delivered", "RecordConsumer", "dead_letter_record", "MAX_DEAD_RAW"]
 
 log = logging.getLogger(__name__)
 MAX_DEAD_RAW = 256 * 1024
+FETCH_MAX_WAIT_MS = 10  # a broker may hold a fetch this long for data; short keeps hops fast
 
 
 class RecordProducer:
@@ -56,8 +58,10 @@ class RecordProducer:
 
     async def send(self, rec: Record, wait: bool = True) -> Any:
         """Encode and publish ``rec``; with ``wait`` returns once the broker acknowledged it."""
-        topic = self.catalogue.name(topic_of(rec))
+        logical = topic_of(rec)
+        topic = self.catalogue.name(logical)
         data = encode(rec, self.settings.max_record_bytes)
+        metrics().produced.labels(logical).inc()
         if wait:
             return await self._producer.send_and_wait(topic, data, key=key_for(rec))
         return await self._producer.send(topic, data, key=key_for(rec))
@@ -119,6 +123,7 @@ class RecordConsumer:
                           for t in topics}
         opts: dict[str, Any] = dict(group_id=group_id, enable_auto_commit=False,
                                     auto_offset_reset="earliest", client_id=name,
+                                    fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
                                     fetch_max_bytes=max(settings.max_record_bytes * 4, 1 << 22))
         opts.update(overrides)
         self._consumer = AIOKafkaConsumer(**settings.kafka.client_kwargs(), **opts)
@@ -159,12 +164,14 @@ class RecordConsumer:
                                            f"schema: {exc}")
                     continue
                 out.append(Delivered(rec, tp.topic, tp.partition, msg.offset, msg.key))
+                metrics().consumed.labels(topic_of(rec)).inc()
         return out
 
     async def dead_letter(self, topic: str, partition: int, offset: int, raw: bytes | None,
                           key: bytes | None, reason: str) -> None:
         """Publish one record this consumer could not take, with its source and reason."""
         self.dead_lettered += 1
+        metrics().dead_lettered.labels(topic).inc()
         log.warning("%s: dead-lettering %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
         await self.producer.send(dead_letter_record(topic, partition, offset, raw, key, reason,
                                                     self.name))

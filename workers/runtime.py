@@ -27,6 +27,7 @@ from schemas.topics import SESSION_INPUTS, WORKER_COMMANDS
 from streams.config import Settings
 from streams.generations import GenerationStore
 from streams.kafka import RecordConsumer, RecordProducer
+from streams.prom import metrics, observe_heartbeat
 from streams.topics import TopicCatalogue, partition_for_key
 
 __all__ = ["WorkerConfig", "Worker", "session_seed"]
@@ -163,6 +164,7 @@ class Worker:
                 sess.next_due = self.monotonic()
 
     async def _reject(self, rec: Record, reason: str, detail: str = "") -> None:
+        metrics().rejected.labels(reason).inc()
         await self._send(CommandRejected(
             worker_id=self.config.worker_id, session_id=getattr(rec, "session_id", ""),
             command=rec.TAG, reason=reason, ts=self.clock(),
@@ -438,6 +440,7 @@ class Worker:
         assert self._producer is not None
         await self._producer.send_many(released)
         self.chunks_released += len(released)
+        metrics().chunks_released.labels(self.config.worker_id).inc(len(released))
         every = self.config.snapshot_every
         for sid, sess in due:  # periodic fenced checkpoints bound what a recovery replays
             if every and self.sessions.get(sid) is sess and sess.state.chunk_index % every == 0:
@@ -449,7 +452,8 @@ class Worker:
 
     async def heartbeat(self) -> None:
         sample = self._telemetry.sample() if self._telemetry is not None else None
-        await self._send(Heartbeat(
+        metrics().sessions_held.set(len(self.sessions))
+        await self._send(beat := Heartbeat(
             worker_id=self.config.worker_id, ts=self.clock(), sessions=len(self.sessions),
             executing=sum(1 for s in self.sessions.values() if s.executing),
             capacity=self.config.capacity, chunk_latency_s=self.last_latency_s,
@@ -458,6 +462,7 @@ class Worker:
             power_w=sample.power_w if sample else 0.0,
             cpu_percent=sample.cpu_percent if sample else 0.0,
             rss_bytes=sample.rss_bytes if sample else 0))
+        observe_heartbeat(beat)
 
     async def _send(self, rec: Record) -> None:
         assert self._producer is not None

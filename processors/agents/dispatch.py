@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
 from schemas.records import (Assign, CommandRejected, Generation, InputPushed, PlacementReport,
@@ -32,7 +32,8 @@ class DispatchShell:
 
     def __init__(self, store: Any, publisher: Publisher, clock: Callable[[], float] = time.time,
                  view_ttl_s: float = 0.25, admission_timeout_s: float = 30.0,
-                 owner_wait_s: float = 10.0, name: str = "dispatch") -> None:
+                 owner_wait_s: float = 10.0, name: str = "dispatch",
+                 max_in_flight: int = 1024, report_every_s: float = 0.1) -> None:
         self.store = store
         self.publisher = publisher
         self.clock = clock
@@ -42,6 +43,38 @@ class DispatchShell:
         self.name = name
         self._view: dict[str, WorkerLoad] = {}
         self._view_at = -1e18
+        self._chains: dict[str, asyncio.Task[Any]] = {}
+        self._reported_at = -1e18
+        self.report_every_s = report_every_s
+        self._slots = asyncio.Semaphore(max_in_flight)
+
+    async def submit(self, key: str, work: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``work`` after every earlier submission under the same key (a session's events,
+        or its inputs), concurrently with other keys: one session waiting for capacity does not
+        hold up the others, and each session's events (and inputs) keep their order. Returns
+        once the work is scheduled."""
+        await self._slots.acquire()
+        previous = self._chains.get(key)
+
+        async def run() -> None:
+            try:
+                if previous is not None:
+                    await asyncio.gather(previous, return_exceptions=True)
+                await work()
+            except Exception:
+                log.exception("%s: handling %s failed", self.name, key)
+            finally:
+                self._slots.release()
+                if self._chains.get(key) is task:
+                    del self._chains[key]
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._chains[key] = task
+
+    async def drain(self) -> None:
+        """Wait for all submitted work (tests and shutdown)."""
+        while self._chains:
+            await asyncio.gather(*list(self._chains.values()), return_exceptions=True)
 
     async def load_view(self, force: bool = False) -> dict[str, WorkerLoad]:
         now = time.monotonic()
@@ -157,6 +190,10 @@ class DispatchShell:
         if worker in view:  # keep the cached view close to the truth between refreshes
             w = view[worker]
             view[worker] = WorkerLoad(w.used + 1, w.capacity, w.draining)
+        now = time.monotonic()
+        if now - self._reported_at < self.report_every_s:
+            return
+        self._reported_at = now
         await self.publisher.send(PlacementReport(
             ts=self.clock(), workers=len(view), sessions=sum(w.used for w in view.values()),
             source=self.name, loads={k: v.used for k, v in sorted(view.items())[:256]}))
@@ -213,7 +250,9 @@ def build_app(settings: Any) -> Any:
         async for event in stream.events():
             rec = await decode_event(event, SESSION_EVENTS, publisher, "dispatch")
             if rec is not None:
-                await (await shell()).on_session_event(rec)
+                sh = await shell()
+                await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
+                                lambda rec=rec, sh=sh: sh.on_session_event(rec))
 
     @app.agent(publisher.topic(SESSION_INPUTS), name="dispatch-session-inputs")
     async def session_inputs(stream: Any) -> None:
@@ -222,14 +261,21 @@ def build_app(settings: Any) -> Any:
             if rec is None:
                 continue
             msg = event.message
-            if not await (await shell()).on_input(rec, msg.partition, msg.offset):  # type: ignore[arg-type]
-                await publisher.dead_letter(msg, "no owner for session (unknown or closed)", "dispatch")
+            sh = await shell()
+
+            async def route(rec: Any = rec, msg: Any = msg, sh: DispatchShell = sh) -> None:
+                if not await sh.on_input(rec, msg.partition, msg.offset):
+                    await publisher.dead_letter(msg, "no owner for session (unknown or closed)", "dispatch")
+
+            await sh.submit(f"inputs:{rec.session_id}", route)  # type: ignore[attr-defined]
 
     @app.agent(publisher.topic(WORKER_EVENTS), name="dispatch-worker-events")
     async def worker_events(stream: Any) -> None:
         async for event in stream.events():
             rec = await decode_event(event, WORKER_EVENTS, publisher, "dispatch")
             if rec is not None:
-                await (await shell()).on_worker_event(rec)
+                sh = await shell()
+                key = f"workers:{getattr(rec, 'session_id', '') or rec.worker_id}"  # type: ignore[attr-defined]
+                await sh.submit(key, lambda rec=rec, sh=sh: sh.on_worker_event(rec))
 
     return app

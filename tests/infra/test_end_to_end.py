@@ -32,7 +32,7 @@ def test_sessions_flow_end_to_end(kafka_bootstrap, redis_url, namespace, tmp_pat
         assert summary.generations[sid][0].endswith("@1")    # the first commit's epoch
         assert summary.released[sid] == "closed"             # released on close
         assert summary.inputs_accepted[sid] == [1, 2]        # inputs once, in order
-    assert summary.metrics_records >= 3                      # a placement report per admission
+    assert summary.metrics_records >= 1                      # placement reports (throttled)
     assert summary.rejected == 0
     assert summary.dead_letters == 2  # the garbage on session-events and session-inputs
     assert {d.consumer for d in summary.letters} == {"dispatch"}
@@ -80,12 +80,12 @@ def test_crashed_worker_sessions_recover_from_snapshot_and_replayed_inputs(
     assert len(summary.generations["session-0"]) == 2  # the recovery's new generation
 
 
-def test_demo_command_prints_and_writes_summary(tmp_path):
-    out = tmp_path / "demo.json"
+def test_smoke_command_prints_and_writes_summary(tmp_path):
+    out = tmp_path / "smoke.json"
     env = dict(os.environ)
-    env.pop("CHUNKSERVE_KAFKA_BOOTSTRAP", None)  # the demo starts its own embedded broker
+    env.pop("CHUNKSERVE_KAFKA_BOOTSTRAP", None)  # the command starts its own embedded broker
     proc = subprocess.run(
-        [sys.executable, "-m", "infra", "demo", "--sessions", "2", "--chunks", "3",
+        [sys.executable, "-m", "infra", "smoke", "--sessions", "2", "--chunks", "3",
          "--workers", "1", "--json", str(out), "--log-dir", str(tmp_path / "logs")],
         env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,0 +1,244 @@
+"""Control-plane benchmark: CreateLive and PushText latency through the real dispatch path.
+
+Real broker, real Redis, ``dispatch_replicas`` dispatch processors (``python -m infra
+processor dispatch``) and ``workers`` light workers (``python -m workers.light``: the real
+runtime driving ``NullModel``, one chunk per session per hour), all as child processes.
+
+- CreateLive: ``SessionOpened`` handed to the producer -> the owner's ``Claimed`` read back
+  from ``worker-events`` (matched by session id).
+- PushText: ``InputPushed`` handed to the producer -> the owner's ``InputAccepted`` read
+  back (matched by session id and seq).
+
+Opens go out at a steady ``rate`` per second (not all at once), then the pushes at the same
+rate; every session stays open, so ``sessions`` is the concurrency reached. ``events_per_s``
+is (opens + pushes) / (first publish -> last Claimed or InputAccepted seen).
+``max_consumer_lag`` is the largest, over samples every 0.25 s, of the dispatch consumer
+group's total lag: the sum over every partition of ``session-events``, ``session-inputs``
+and ``worker-events`` of (log end offset - the group's committed offset). faust commits
+every 0.5 s or 100 records, so a healthy run still shows a few hundred.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from schemas.records import Claimed, InputAccepted, InputPushed, SessionOpened, WorkerUp
+from schemas.topics import SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS
+from streams.config import Settings
+from streams.kafka import RecordConsumer, RecordProducer
+from streams.topics import TopicCatalogue, ensure_topics
+
+from ..local import LocalFleet, child_env
+
+__all__ = ["run", "percentiles"]
+
+_LAG_TOPICS = (SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS)
+
+
+def percentiles(values_ms: list[float]) -> dict[str, float]:
+    """``{"p50", "p99"}`` by nearest rank, in ms (zeros when empty)."""
+    if not values_ms:
+        return {"p50": 0.0, "p99": 0.0}
+    ordered = sorted(values_ms)
+
+    def rank(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))], 3)
+
+    return {"p50": rank(0.50), "p99": rank(0.99)}
+
+
+def run(settings: Settings, sessions: int, workers: int = 4, inputs_per_session: int = 1,
+        log_dir: Path | None = None, rate: float = 500.0, dispatch_replicas: int = 1,
+        timeout_s: float = 120.0) -> dict[str, Any]:
+    """Run the benchmark; without endpoints in ``settings`` it starts embedded ones."""
+    from ..embedded import infrastructure
+
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-bench-"))
+    run_id = uuid.uuid4().hex[:6]
+    with ExitStack() as stack:
+        if not settings.kafka.bootstrap or not settings.redis.url:
+            bootstrap, redis_url = stack.enter_context(infrastructure(logs))
+            settings = settings.with_endpoints(settings.kafka.bootstrap or bootstrap,
+                                               settings.redis.url or redis_url)
+        settings = replace(settings, topic_prefix=f"{settings.topic_prefix}cp-{run_id}.",
+                           namespace=f"{settings.namespace}-cp-{run_id}")
+        return asyncio.run(_bench(settings, logs, sessions, workers, inputs_per_session, rate,
+                                  dispatch_replicas, timeout_s))
+
+
+class _Tracker:
+    """Reads worker events and notes when each awaited Claimed / InputAccepted shows up."""
+
+    def __init__(self, settings: Settings, producer: RecordProducer) -> None:
+        # Tansu answers a fetch only when its max wait ends, even if records arrive sooner,
+        # so a short wait is what makes "visible on worker-events" mean "just published"
+        self.consumer = RecordConsumer(settings, [WORKER_EVENTS], producer, name="bench-tracker",
+                                       fetch_max_wait_ms=5)
+        self.partitions = settings.partitions.get(WORKER_EVENTS, 1)
+        self.up: set[str] = set()
+        self.claimed: dict[str, float] = {}
+        self.accepted: dict[tuple[str, int], float] = {}
+        self.last_seen = 0.0
+
+    async def start(self) -> None:
+        await self.consumer.start(subscribe=False)
+        await self.consumer.assign(WORKER_EVENTS, list(range(self.partitions)), from_end=True)
+
+    async def pump(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for d in await self.consumer.poll(timeout_ms=5):
+                now, rec = time.perf_counter(), d.record
+                if isinstance(rec, Claimed):
+                    self.claimed.setdefault(rec.session_id, now)
+                    self.last_seen = now
+                elif isinstance(rec, InputAccepted):
+                    self.accepted.setdefault((rec.session_id, rec.seq), now)
+                    self.last_seen = now
+                elif isinstance(rec, WorkerUp):
+                    self.up.add(rec.worker_id)
+
+
+async def _lag_sampler(settings: Settings, group: str, stop: asyncio.Event, out: list[int]) -> None:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    cat = TopicCatalogue.from_settings(settings)
+    tps = [TopicPartition(cat.name(t), p) for t in _LAG_TOPICS for p in range(cat.partitions.get(t, 1))]
+    # a consumer carrying the group id that never subscribes: it reads the group's committed
+    # offsets (OffsetFetch) without joining; aiokafka's admin OffsetFetch does not decode
+    # Tansu's answer
+    ends = AIOKafkaConsumer(**settings.kafka.client_kwargs(), group_id=group,
+                            enable_auto_commit=False)
+    await ends.start()
+    try:
+        while not stop.is_set():
+            try:
+                end = await ends.end_offsets(tps)
+                lag = 0
+                for tp in tps:
+                    committed = await ends.committed(tp)
+                    lag += max(0, end[tp] - (committed or 0))
+                out.append(lag)
+            except Exception:  # the group may not have committed yet while dispatch joins
+                pass
+            try:
+                await asyncio.wait_for(stop.wait(), 0.25)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        await ends.stop()
+
+
+async def _until(pred: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def _paced(items: list[Any], rate: float, send: Any) -> None:
+    """Call ``send(item)`` for each item on a steady schedule of ``rate`` per second."""
+    t0 = time.perf_counter()
+    for i, item in enumerate(items):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await send(item)
+
+
+async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, inputs: int,
+                 rate: float, replicas: int, timeout_s: float) -> dict[str, Any]:
+    await ensure_topics(settings)
+    warm = [f"warm-{i}" for i in range(max(2, workers))]
+    capacity = math.ceil((sessions + len(warm)) / workers * 1.25) + 8
+    fleet = LocalFleet(settings, logs)
+    stop, lag_stop = asyncio.Event(), asyncio.Event()
+    lags: list[int] = []
+    try:
+        async with RecordProducer(settings, client_id="bench") as producer:
+            tracker = _Tracker(settings, producer)
+            await tracker.start()
+            pump = asyncio.create_task(tracker.pump(stop))
+            for i in range(replicas):
+                fleet.start_processor("dispatch", str(i))
+            for i in range(workers):
+                _spawn_light(fleet, settings, f"light-{i}", capacity)
+            await _until(lambda: len(tracker.up) >= workers, 60, "workers to come up")
+            sent: dict[Any, float] = {}
+
+            async def open_(sid: str) -> None:
+                sent[sid] = time.perf_counter()
+                await producer.send(SessionOpened(session_id=sid, ts=time.time()), wait=False)
+
+            async def push(item: tuple[str, int]) -> None:
+                sent[item] = time.perf_counter()
+                await producer.send(InputPushed(session_id=item[0], seq=item[1], kind="text",
+                                                payload=f"say {item[1]}", ts=time.time()), wait=False)
+
+            for sid in warm:  # the dispatch group joins; its first admissions are not measured
+                await open_(sid)
+            await _until(lambda: all(s in tracker.claimed for s in warm), 90, "dispatch to start")
+            lag_task = asyncio.create_task(
+                _lag_sampler(settings, f"{settings.topic_prefix}dispatch", lag_stop, lags))
+            ids = [f"s{i}" for i in range(sessions)]
+            pushes = [(sid, seq) for seq in range(1, inputs + 1) for sid in ids]
+            t_first = time.perf_counter()
+            await _paced(ids, rate, open_)
+            budget = timeout_s + sessions / rate
+            timed_out = []
+            try:
+                await _until(lambda: all(s in tracker.claimed for s in ids), budget, "claims")
+            except TimeoutError as exc:
+                timed_out.append(str(exc))
+            await _paced(pushes, rate, push)
+            try:
+                await _until(lambda: all(p in tracker.accepted for p in pushes),
+                             timeout_s + len(pushes) / rate, "accepted inputs")
+            except TimeoutError as exc:
+                timed_out.append(str(exc))
+            lag_stop.set()
+            await lag_task
+            stop.set()
+            await pump
+            await tracker.consumer.stop()
+    finally:
+        stop.set()
+        lag_stop.set()
+        fleet.stop_all()
+    create = [(tracker.claimed[s] - sent[s]) * 1e3 for s in ids if s in tracker.claimed]
+    accept = [(tracker.accepted[p] - sent[p]) * 1e3 for p in pushes if p in tracker.accepted]
+    span = max(tracker.last_seen - t_first, 1e-9)
+    return {
+        "sessions": sessions,
+        "create_live_ms": percentiles(create),
+        "push_text_ms": percentiles(accept),
+        "events_per_s": round((len(create) + len(accept)) / span, 1),
+        "max_consumer_lag": max(lags, default=0),
+        "rate_per_s": rate,
+        "workers": workers,
+        "dispatch_replicas": replicas,
+        "claimed": len(create),
+        "inputs_accepted": len(accept),
+        "inputs_pushed": len(pushes),
+        "complete": len(create) == sessions and len(accept) == len(pushes),
+        "errors": timed_out,
+    }
+
+
+def _spawn_light(fleet: LocalFleet, settings: Settings, worker_id: str, capacity: int) -> None:
+    fleet.log_dir.mkdir(parents=True, exist_ok=True)
+    with open(fleet.log_dir / f"{worker_id}.log", "ab") as log:
+        fleet.procs[worker_id] = subprocess.Popen(
+            [sys.executable, "-m", "workers.light", "--worker-id", worker_id, "--capacity",
+             str(capacity)], env=child_env(settings), stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)

@@ -1,0 +1,209 @@
+"""The demo: an autoscaled fleet serving a generated trace, replayed with time compressed.
+
+Starts the processors (dispatch, detector, control, metrics) and the provisioner as child
+processes; the control processor scales workers out and in through ``scaling-commands``
+and migrates sessions with ``Handoff``; sessions go idle (offloaded to Redis) and come back
+(restored). At the end the topics are read back and audited, and a report folder gets the
+summary JSON and a timeline plot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from processors.lifecycle import EventKind
+from schemas.records import (ChunkDone, Claimed, CostTick, DeadLetter, Drain, InputAccepted,
+                             Record, Released, ScaleOut, Shutdown, WorkerDown, WorkerUp)
+from schemas.topics import DEAD_LETTERS, METRICS, SCALING_COMMANDS, WORKER_EVENTS
+from streams.client import SessionClient
+from streams.config import Settings
+from streams.kafka import RecordProducer
+from streams.topics import ensure_topics
+
+from .chaos import audit_chunks, audit_inputs
+from .flow import EventLog
+from .local import LocalFleet
+
+__all__ = ["DemoConfig", "run_demo", "summarize", "plot_timeline"]
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Wall-clock length, the trace behind it and the fleet's bounds."""
+
+    duration_s: float = 90.0
+    speed: float = 10.0  # trace seconds per wall second
+    sessions: int = 60  # expected sessions in the trace
+    level: int = 5
+    seed: int = 0
+    min_workers: int = 1
+    max_workers: int = 4
+    capacity: int = 8
+    chunk_interval_s: float = 0.1
+
+
+def _trace(cfg: DemoConfig) -> list[Any]:
+    from infra.sim.tracegen import GenConfig, generate
+
+    trace_s = cfg.duration_s * cfg.speed * 0.8  # leave the last fifth of the run to drain
+    return generate(GenConfig(level=cfg.level, duration_s=trace_s, sessions=cfg.sessions,
+                              seed=cfg.seed, life_median_s=120.0, state_median_mb=8.0))
+
+
+def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall_s: float) -> dict[str, Any]:
+    """The demo's figures and its ownership audit, from what the topics recorded."""
+    chunks = [r for r in records if isinstance(r, ChunkDone)]
+    lat = sorted(c.latency_s * 1000 for c in chunks) or [0.0]
+    released = [r for r in records if isinstance(r, Released)]
+    costs = [r for r in records if isinstance(r, CostTick)]
+    ups = {r.worker_id for r in records if isinstance(r, WorkerUp)}
+    return {
+        "sessions": sessions,
+        "chunks": len(chunks),
+        "chunk_latency_ms": {"p50": round(statistics.median(lat), 2),
+                             "p99": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
+                             "worst": round(lat[-1], 2)},
+        "workers_started": len(ups),
+        "migrations": sum(1 for r in released if r.reason == "migrated"),
+        "offloads": sum(1 for r in released if r.reason == "suspended"),
+        "restores": sum(1 for r in records if isinstance(r, Claimed) and r.generation.epoch > 1),
+        "scale_events": {"scale_out": sum(r.count for r in records if isinstance(r, ScaleOut)),
+                         "drain": sum(1 for r in records if isinstance(r, Drain)),
+                         "shutdown": len({r.worker_id for r in records if isinstance(r, Shutdown)})},
+        "cost": round(costs[-1].cost, 4) if costs else 0.0,
+        "dead_letters": sum(1 for r in records if isinstance(r, DeadLetter)),
+        "audit": {**audit_chunks(chunks), **audit_inputs(pushed, [r for r in records if isinstance(r, InputAccepted)])},
+        "wall_s": round(wall_s, 1),
+    }
+
+
+def plot_timeline(records: list[Record], active: list[tuple[float, int]], t0: float, path: Path,
+                  window_s: float = 2.0) -> None:
+    """Four panels over wall time: workers up, active sessions, migrations per window and the
+    worst chunk latency per window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    up: list[tuple[float, int]] = []
+    alive: set[str] = set()
+    for r in sorted((r for r in records if isinstance(r, (WorkerUp, WorkerDown))), key=lambda r: r.ts):
+        (alive.add if isinstance(r, WorkerUp) else alive.discard)(r.worker_id)
+        up.append((r.ts - t0, len(alive)))
+    migr: dict[int, int] = defaultdict(int)
+    worst: dict[int, float] = defaultdict(float)
+    for r in records:
+        if isinstance(r, Released) and r.reason == "migrated":
+            migr[int((r.ts - t0) // window_s)] += 1
+        elif isinstance(r, ChunkDone):
+            k = int((r.ts - t0) // window_s)
+            worst[k] = max(worst[k], r.latency_s * 1000)
+    fig, axes = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
+    axes[0].step([t for t, _ in up], [n for _, n in up], where="post")
+    axes[0].set_ylabel("workers up")
+    axes[1].step([t for t, _ in active], [n for _, n in active], where="post", color="tab:green")
+    axes[1].set_ylabel("active sessions")
+    axes[2].bar([k * window_s for k in migr], list(migr.values()), width=window_s, color="tab:orange")
+    axes[2].set_ylabel(f"migrations / {window_s:g}s")
+    axes[3].plot([k * window_s for k in sorted(worst)], [worst[k] for k in sorted(worst)], color="tab:red")
+    axes[3].set_ylabel("worst chunk ms")
+    axes[3].set_xlabel("seconds since the first session")
+    fig.suptitle("chunkserve demo timeline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+async def run_demo(settings: Settings, cfg: DemoConfig, log_dir: Path, report_dir: Path,
+                   on_tick: Callable[[dict[str, Any]], None] = lambda _s: None) -> dict[str, Any]:
+    """Run the demo; returns the summary (also written to ``report_dir/summary.json``)."""
+    started = time.monotonic()
+    events = _trace(cfg)
+    await ensure_topics(settings)
+    fleet = LocalFleet(settings, log_dir, extra_env={
+        "CHUNKSERVE_POLICY": "turboserve", "CHUNKSERVE_PROFILE": "reference-cpu",
+        "CHUNKSERVE_MIN_WORKERS": str(cfg.min_workers), "CHUNKSERVE_MAX_WORKERS": str(cfg.max_workers),
+        "CHUNKSERVE_BOOT_S": "6", "CHUNKSERVE_SCALE_DWELL_S": "8", "CHUNKSERVE_CONTROL_PERIOD_S": "1",
+        "CHUNKSERVE_HEARTBEAT_TIMEOUT_S": "8", "CHUNKSERVE_WORKER_CAPACITY": str(cfg.capacity),
+        "CHUNKSERVE_LOG_DIR": str(log_dir), "CHUNKSERVE_COST_INTERVAL_S": "2"})
+    pushed: dict[str, int] = defaultdict(int)
+    active_series: list[tuple[float, int]] = []
+    try:
+        for name in ("dispatch", "detector", "control", "metrics"):
+            fleet.start_processor(name)
+        fleet.start_provisioner()
+        async with RecordProducer(settings, client_id="demo") as producer, SessionClient(settings) as client:
+            log = EventLog(settings, producer, topics=(WORKER_EVENTS, METRICS, DEAD_LETTERS, SCALING_COMMANDS))
+            await log.start()
+            await producer.send(ScaleOut(pool="default", count=cfg.min_workers, ts=time.time(),
+                                         gpu_type="cpu", decision_id="demo-initial"))
+            on_tick({"phase": "booting the first worker"})
+            await log.until(lambda rs: any(isinstance(r, WorkerUp) for r in rs), 120, "the first worker")
+            t0 = time.time()
+            begin = time.monotonic()
+            active: set[str] = set()
+            shown = 0.0
+            for ev in events:
+                due = begin + ev.t / cfg.speed
+                while time.monotonic() < due:
+                    await log.pump(timeout_ms=int(min(100, max(1, (due - time.monotonic()) * 1000))))
+                    if time.monotonic() - shown > 0.5:
+                        shown = time.monotonic()
+                        on_tick(_live(log.records, len(active), shown - begin, ev.t))
+                sid = ev.session_id
+                if ev.kind is EventKind.OPEN:
+                    await client.open(sid, prompt=f"a paper boat, take {sid}", state_bytes=ev.state_bytes)
+                    active.add(sid)
+                elif ev.kind is EventKind.ACTIVE:
+                    await client.active(sid)
+                    active.add(sid)
+                    pushed[sid] = await client.push(sid, f"steer {pushed[sid] + 1}")
+                elif ev.kind is EventKind.IDLE:
+                    await client.idle(sid)
+                    active.discard(sid)
+                else:
+                    await client.close(sid)
+                    active.discard(sid)
+                active_series.append((time.time() - t0, len(active)))
+            on_tick({"phase": "draining"})
+            try:
+                await log.until(lambda rs: audit_inputs(pushed, [r for r in rs if isinstance(r, InputAccepted)])
+                                ["inputs_lost"] == 0, 30, "inputs to be applied")
+            except Exception:
+                pass  # reported as lost in the audit
+            await log.pump(timeout_ms=1000)
+            await log.stop()
+        summary = summarize(log.records, dict(pushed), len({e.session_id for e in events}),
+                            time.monotonic() - started)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "summary.json").write_text(json.dumps({**summary, "config": asdict(cfg)}, indent=2))
+        plot_timeline(log.records, active_series, t0, report_dir / "timeline.png")
+        return summary
+    finally:
+        fleet.stop_all()
+
+
+def _live(records: list[Record], active: int, wall_s: float, trace_s: float) -> dict[str, Any]:
+    up, down = set(), set()
+    chunks, worst = 0, 0.0
+    for r in records:
+        if isinstance(r, WorkerUp):
+            up.add(r.worker_id)
+        elif isinstance(r, WorkerDown):
+            down.add(r.worker_id)
+        elif isinstance(r, ChunkDone):
+            chunks += 1
+            worst = max(worst, r.latency_s)
+    return {"phase": "replaying the trace", "wall_s": round(wall_s, 1), "trace_s": round(trace_s),
+            "active": active, "workers": len(up - down), "chunks": chunks,
+            "worst_ms": round(worst * 1000, 1),
+            "migrations": sum(1 for r in records if isinstance(r, Released) and r.reason == "migrated"),
+            "offloads": sum(1 for r in records if isinstance(r, Released) and r.reason == "suspended")}

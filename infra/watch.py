@@ -1,0 +1,170 @@
+"""``chunkserve watch``: a live view of the fleet from ``metrics`` and ``worker-events``.
+
+Reads both topics without a consumer group (from the end, or from ``from_offset`` on every
+partition). ``fold(state, record) -> state`` is the whole view logic and is pure: it never
+mutates its input and reads no clock. The shell polls, folds and renders a rich table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from schemas.records import (ChunkDone, Claimed, CommandRejected, CostTick, Heartbeat,
+                             PlacementReport, Record, Released, WorkerDown, WorkerUp,
+                             WorkloadSignal)
+from schemas.topics import METRICS, WORKER_EVENTS
+from streams.config import Settings
+
+__all__ = ["WorkerView", "WatchState", "fold", "summary", "table", "watch"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker as its last heartbeat (and chunk) described it."""
+
+    capacity: int = 0
+    sessions: int = 0
+    chunk_latency_s: float = 0.0
+    device_mem_bytes: int = 0
+    device_util: float = 0.0
+    power_w: float = 0.0
+    last_ts: float = 0.0
+    up: bool = True
+
+
+@dataclass(frozen=True)
+class WatchState:
+    """Everything the view shows; a new one per folded record that changes it."""
+
+    workers: dict[str, WorkerView] = field(default_factory=dict)
+    owners: dict[str, str] = field(default_factory=dict)  # session -> worker holding it
+    chunks: int = 0
+    worst_chunk_latency_s: float = 0.0
+    migrations: int = 0
+    rejected: int = 0
+    gpus: int = 0
+    gpu_seconds: float = 0.0
+    cost: float = 0.0
+    volatility_level: int = 0
+    placement_sessions: int = 0
+    records: int = 0
+
+
+def _worker(state: WatchState, wid: str, **changes: Any) -> dict[str, WorkerView]:
+    return {**state.workers, wid: replace(state.workers.get(wid, WorkerView()), **changes)}
+
+
+def fold(state: WatchState, rec: Record) -> WatchState:
+    """The view after ``rec``; ``state`` is left as it was."""
+    s = replace(state, records=state.records + 1)
+    if isinstance(rec, Heartbeat):
+        return replace(s, workers=_worker(s, rec.worker_id, capacity=rec.capacity,
+                                          sessions=rec.sessions, chunk_latency_s=rec.chunk_latency_s,
+                                          device_mem_bytes=rec.device_mem_bytes,
+                                          device_util=rec.device_util, power_w=rec.power_w,
+                                          last_ts=rec.ts, up=True))
+    if isinstance(rec, WorkerUp):
+        return replace(s, workers=_worker(s, rec.worker_id, capacity=rec.capacity, last_ts=rec.ts, up=True))
+    if isinstance(rec, WorkerDown):
+        owners = {k: w for k, w in s.owners.items() if w != rec.worker_id}
+        return replace(s, owners=owners, workers=_worker(s, rec.worker_id, up=False, sessions=0,
+                                                         last_ts=rec.ts))
+    if isinstance(rec, Claimed):
+        return replace(s, owners={**s.owners, rec.session_id: rec.worker_id})
+    if isinstance(rec, Released):
+        owners = s.owners
+        if owners.get(rec.session_id) == rec.worker_id:
+            owners = {k: w for k, w in owners.items() if k != rec.session_id}
+        return replace(s, owners=owners, migrations=s.migrations + (rec.reason == "migrated"))
+    if isinstance(rec, ChunkDone):
+        return replace(s, chunks=s.chunks + 1,
+                       worst_chunk_latency_s=max(s.worst_chunk_latency_s, rec.latency_s))
+    if isinstance(rec, CommandRejected):
+        return replace(s, rejected=s.rejected + 1)
+    if isinstance(rec, CostTick) and not rec.pool:  # the all-pools total
+        return replace(s, gpus=rec.gpus, gpu_seconds=rec.gpu_seconds, cost=rec.cost)
+    if isinstance(rec, WorkloadSignal):
+        return replace(s, volatility_level=rec.level)
+    if isinstance(rec, PlacementReport):
+        return replace(s, placement_sessions=rec.sessions)
+    return s
+
+
+def summary(state: WatchState) -> dict[str, Any]:
+    """The state as plain data (what ``watch`` returns)."""
+    return {
+        "workers": {w: {"up": v.up, "sessions": v.sessions, "capacity": v.capacity,
+                        "chunk_latency_ms": round(v.chunk_latency_s * 1e3, 3),
+                        "device_mem_bytes": v.device_mem_bytes, "device_util": v.device_util}
+                    for w, v in sorted(state.workers.items())},
+        "sessions": len(state.owners), "chunks": state.chunks,
+        "worst_chunk_latency_ms": round(state.worst_chunk_latency_s * 1e3, 3),
+        "migrations": state.migrations, "rejected": state.rejected, "gpus": state.gpus,
+        "gpu_seconds": state.gpu_seconds, "cost": state.cost,
+        "volatility_level": state.volatility_level, "records": state.records,
+    }
+
+
+def table(state: WatchState, now: float) -> Any:
+    """A rich table of the workers plus a caption with the fleet figures."""
+    from rich.table import Table
+
+    t = Table(title="chunkserve watch", caption=(
+        f"sessions {len(state.owners)}  chunks {state.chunks}  worst chunk "
+        f"{state.worst_chunk_latency_s * 1e3:.1f} ms  migrations {state.migrations}  rejected "
+        f"{state.rejected}  gpus {state.gpus}  cost {state.cost:.2f} ({state.gpu_seconds:.0f} GPU-s)"
+        f"  volatility {state.volatility_level}"))
+    for col in ("worker", "state", "sessions", "chunk ms", "device mem MiB", "util", "seen s ago"):
+        t.add_column(col, justify="left" if col in ("worker", "state") else "right")
+    for wid, w in sorted(state.workers.items()):
+        t.add_row(wid, "up" if w.up else "[red]down[/red]", f"{w.sessions}/{w.capacity}",
+                  f"{w.chunk_latency_s * 1e3:.1f}", f"{w.device_mem_bytes / 2**20:.0f}",
+                  f"{w.device_util:.0%}", f"{max(0.0, now - w.last_ts):.1f}")
+    return t
+
+
+async def watch(settings: Settings, duration_s: float | None, render: bool = True,
+                from_offset: int | None = None, clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Follow the fleet for ``duration_s`` seconds (None: until cancelled); returns the summary.
+
+    ``from_offset`` None starts at the end of every partition, else at that offset.
+    """
+    from aiokafka import TopicPartition
+    from rich.live import Live
+
+    from streams.kafka import RecordConsumer, RecordProducer
+
+    state = WatchState()
+    producer = await RecordProducer(settings, client_id="chunkserve-watch").start()
+    consumer = RecordConsumer(settings, [METRICS, WORKER_EVENTS], producer, name="chunkserve-watch",
+                              fetch_max_wait_ms=100)
+    await consumer.start(subscribe=False)
+    live = Live(table(state, clock()), refresh_per_second=4, transient=False) if render else None
+    try:
+        tps = [TopicPartition(consumer.catalogue.name(t), p)
+               for t in (METRICS, WORKER_EVENTS) for p in range(settings.partitions.get(t, 1))]
+        consumer.raw.assign(tps)
+        if from_offset is None:
+            await consumer.raw.seek_to_end(*tps)
+        else:
+            for tp in tps:
+                consumer.raw.seek(tp, from_offset)
+        for tp in tps:
+            await consumer.raw.position(tp)
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        if live is not None:
+            live.start()
+        while deadline is None or time.monotonic() < deadline:
+            for d in await consumer.poll(timeout_ms=200):
+                state = fold(state, d.record)
+            if live is not None:
+                live.update(table(state, clock()))
+    finally:
+        if live is not None:
+            live.stop()
+        await consumer.stop()
+        await producer.stop()
+    return summary(state)

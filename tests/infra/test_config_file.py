@@ -1,0 +1,148 @@
+"""Settings from a TOML file with environment overrides; every bad file is a ConfigError."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from infra.config_file import load_settings
+from schemas.errors import ConfigError
+
+VALID = """\
+topic_prefix = "prod."
+namespace = "eu"
+max_record_bytes = 2097152
+
+[kafka]
+bootstrap = "kafka-1:9093,kafka-2:9093"
+security_protocol = "SASL_SSL"
+sasl_mechanism = "SCRAM-SHA-512"
+sasl_username = "chunkserve"
+ssl_cafile = "ca.pem"
+
+[redis]
+url = "rediss://redis:6380/0"
+username = "cs"
+ssl_ca_certs = "ca.pem"
+
+[partitions]
+worker-commands = 64
+session-events = 16
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "chunkserve.toml"
+    path.write_text(text)
+    return path
+
+
+def test_file_values_and_defaults(tmp_path):
+    s = load_settings(write(tmp_path, VALID), env={})
+    assert s.topic_prefix == "prod." and s.namespace == "eu" and s.max_record_bytes == 2097152
+    assert s.kafka.bootstrap == "kafka-1:9093,kafka-2:9093"
+    assert s.kafka.sasl_mechanism == "SCRAM-SHA-512" and s.kafka.sasl_password is None
+    assert s.redis.url == "rediss://redis:6380/0" and s.redis.password is None
+    assert s.partitions["worker-commands"] == 64 and s.partitions["metrics"] == 1
+
+
+def test_environment_overrides_file_and_supplies_secrets(tmp_path):
+    env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": "other:9092", "CHUNKSERVE_NAMESPACE": "us",
+           "CHUNKSERVE_KAFKA_SASL_PASSWORD": "s3cret", "CHUNKSERVE_REDIS_PASSWORD": "r3dis",
+           "CHUNKSERVE_MAX_RECORD_BYTES": "4096"}
+    s = load_settings(write(tmp_path, VALID), env=env)
+    assert s.kafka.bootstrap == "other:9092" and s.namespace == "us"
+    assert s.kafka.sasl_password == "s3cret" and s.redis.password == "r3dis"
+    assert s.max_record_bytes == 4096
+    assert "s3cret" not in repr(s)
+
+
+def test_no_file_means_environment_only():
+    s = load_settings(None, env={"CHUNKSERVE_REDIS_URL": "redis://r:6379"})
+    assert s.redis.url == "redis://r:6379" and s.kafka.bootstrap == ""
+
+
+@pytest.mark.parametrize("section,key", [("kafka", "sasl_password"), ("redis", "password")])
+def test_secret_in_file_is_an_error_naming_key_and_file(tmp_path, section, key):
+    path = write(tmp_path, f'[{section}]\n{key} = "hunter2"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    assert info.value.key == f"{section}.{key}" and info.value.source == str(path)
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize("text,key", [
+    ('[kafka]\nsecurity_protocol = "SMOKE"\n', "kafka.security_protocol"),
+    ('[kafka]\nbootstrap = 9092\n', "kafka.bootstrap"),
+    ('[kafka]\nboot = "x"\n', "kafka.boot"),
+    ('[partitions]\nnope = 3\n', "partitions.nope"),
+    ('[partitions]\nmetrics = 0\n', "partitions.metrics"),
+    ('[partitions]\nmetrics = true\n', "partitions.metrics"),
+    ('max_record_bytes = 12\n', "max_record_bytes"),
+    ('colour = "blue"\n', "colour"),
+    ('kafka = "x"\n', "kafka"),
+])
+def test_bad_value_names_key_and_file(tmp_path, text, key):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    assert info.value.key == key and info.value.source == str(path)
+
+
+def test_bad_environment_value_names_the_variable(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, VALID), env={"CHUNKSERVE_MAX_RECORD_BYTES": "lots"})
+    assert info.value.source == "env CHUNKSERVE_MAX_RECORD_BYTES"
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, 'namespace = "a"\n\n[kafka\nbootstrap = "x"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    assert info.value.source == f"{path}:3"
+
+
+def test_missing_and_binary_files(tmp_path):
+    with pytest.raises(ConfigError):
+        load_settings(tmp_path / "absent.toml", env={})
+    bad = tmp_path / "bin.toml"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError):
+        load_settings(bad, env={})
+
+
+def _load_or_config_error(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "fuzz.toml"
+    path.write_bytes(data)
+    try:
+        load_settings(path, env={})
+    except ConfigError:
+        pass
+
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@FUZZ
+@given(st.text(alphabet=string.printable + "[]=\"'{}é\x00", max_size=300))
+def test_random_text_raises_only_config_error(tmp_path, text):
+    _load_or_config_error(tmp_path, text.encode("utf-8", "surrogatepass"))
+
+
+@FUZZ
+@given(st.data())
+def test_mutated_valid_file_raises_only_config_error(tmp_path, data):
+    raw = bytearray(VALID.encode())
+    for _ in range(data.draw(st.integers(1, 6))):
+        pos = data.draw(st.integers(0, len(raw) - 1))
+        op = data.draw(st.sampled_from(["flip", "delete", "insert"]))
+        if op == "flip":
+            raw[pos] = data.draw(st.integers(0, 255))
+        elif op == "delete":
+            del raw[pos]
+        else:
+            raw[pos:pos] = data.draw(st.sampled_from([b"=", b"[", b"]", b'"', b"\n", b"0", b"true", b"x"]))
+    _load_or_config_error(tmp_path, bytes(raw))
