@@ -29,7 +29,25 @@ from streams.topics import ensure_topics
 from .flow import EventLog
 from .local import LocalFleet
 
-__all__ = ["ChaosConfig", "audit_chunks", "audit_inputs", "run_chaos"]
+__all__ = ["ChaosConfig", "audit_chunks", "audit_inputs", "refused_inputs", "run_chaos"]
+
+
+def refused_inputs(letters: list[Any]) -> set[tuple[str, int]]:
+    """(session, seq) of inputs a consumer refused with a reason (on ``dead-letters``)."""
+    from schemas.codec import decode
+    from schemas.errors import SchemaError
+    from schemas.records import InputPushed
+
+    out = set()
+    for d in letters:
+        if d.source_topic.endswith("session-inputs"):
+            try:
+                rec = decode("session-inputs", d.raw)
+            except SchemaError:
+                continue
+            if isinstance(rec, InputPushed):
+                out.add((rec.session_id, rec.seq))
+    return out
 
 
 @dataclass(frozen=True)
@@ -71,11 +89,14 @@ def audit_chunks(chunks: list[ChunkDone]) -> dict[str, Any]:
     return {"dual_owner": dual, "stale_releases": stale}
 
 
-def audit_inputs(pushed: dict[str, int], accepted: list[InputAccepted]) -> dict[str, int]:
-    """Inputs lost (pushed, never applied), duplicated (applied twice by one generation) and
-    out of order (one generation applied them not in seq order)."""
+def audit_inputs(pushed: dict[str, int], accepted: list[InputAccepted],
+                 refused: set[tuple[str, int]] = frozenset()) -> dict[str, int]:  # type: ignore[assignment]
+    """Inputs lost (pushed, never applied and not refused with a reason), duplicated (applied
+    twice by one generation) and out of order (one generation applied them not in seq order)."""
     per_gen: dict[tuple[str, int], list[int]] = defaultdict(list)
-    seen: dict[str, set[int]] = defaultdict(set)
+    seen: dict[str, set[int]] = defaultdict(lambda: set())
+    for sid, seq in refused:
+        seen[sid].add(seq)
     for a in accepted:
         per_gen[(a.session_id, a.generation.epoch)].append(a.seq)
         seen[a.session_id].add(a.seq)

@@ -27,7 +27,7 @@ from streams.config import Settings
 from streams.kafka import RecordProducer
 from streams.topics import ensure_topics
 
-from .chaos import audit_chunks, audit_inputs
+from .chaos import audit_chunks, audit_inputs, refused_inputs
 from .flow import EventLog
 from .local import LocalFleet
 
@@ -63,6 +63,7 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
     lat = sorted(c.latency_s * 1000 for c in chunks) or [0.0]
     released = [r for r in records if isinstance(r, Released)]
     costs = [r for r in records if isinstance(r, CostTick)]
+    refused = refused_inputs([r for r in records if isinstance(r, DeadLetter)])
     ups = {r.worker_id for r in records if isinstance(r, WorkerUp)}
     return {
         "sessions": sessions,
@@ -79,7 +80,9 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
                          "shutdown": len({r.worker_id for r in records if isinstance(r, Shutdown)})},
         "cost": round(costs[-1].cost, 4) if costs else 0.0,
         "dead_letters": sum(1 for r in records if isinstance(r, DeadLetter)),
-        "audit": {**audit_chunks(chunks), **audit_inputs(pushed, [r for r in records if isinstance(r, InputAccepted)])},
+        "audit": {**audit_chunks(chunks),
+                  **audit_inputs(pushed, [r for r in records if isinstance(r, InputAccepted)], refused)},
+        "inputs_refused": len(refused),
         "wall_s": round(wall_s, 1),
     }
 
@@ -175,8 +178,10 @@ async def run_demo(settings: Settings, cfg: DemoConfig, log_dir: Path, report_di
                 active_series.append((time.time() - t0, len(active)))
             on_tick({"phase": "draining"})
             try:
-                await log.until(lambda rs: audit_inputs(pushed, [r for r in rs if isinstance(r, InputAccepted)])
-                                ["inputs_lost"] == 0, 30, "inputs to be applied")
+                await log.until(lambda rs: audit_inputs(
+                    pushed, [r for r in rs if isinstance(r, InputAccepted)],
+                    refused_inputs([r for r in rs if isinstance(r, DeadLetter)]))["inputs_lost"] == 0,
+                    30, "inputs to be applied")
             except Exception:
                 pass  # reported as lost in the audit
             await log.pump(timeout_ms=1000)

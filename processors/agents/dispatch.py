@@ -135,7 +135,10 @@ class DispatchShell:
     async def recover(self, worker: str) -> int:
         """Source-independent recovery: every session the dead worker still owns gets a new
         generation elsewhere, restored from its last fenced snapshot plus the inputs after it."""
-        await self.store.set_draining(worker, True)  # admit nothing more there
+        try:
+            await self.store.set_draining(worker, True)  # admit nothing more there
+        except OwnershipError:  # deregistered already (a clean shutdown): nothing to recover
+            return 0
         self._view_at = -1e18
         recovered = 0
         for sid in await self.store.sessions_of(worker):
