@@ -109,6 +109,8 @@ def plot_timeline(records: list[Record], active: list[tuple[float, int]], t0: fl
         elif isinstance(r, ChunkDone):
             k = int((r.ts - t0) // window_s)
             worst[k] = max(worst[k], r.latency_s * 1000)
+    if up and active:  # hold the last worker count to the end of the run
+        up.append((max(active[-1][0], up[-1][0]), up[-1][1]))
     fig, axes = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
     axes[0].step([t for t, _ in up], [n for _, n in up], where="post")
     axes[0].set_ylabel("workers up")

@@ -16,6 +16,10 @@ from schemas.records import (Assign, CommandRejected, Generation, InputPushed, P
                              Record, Released, Resume, RoutedInput, SessionActive, SessionClosed,
                              SessionIdle, SessionOpened, Suspend, Terminate, WorkerDown)
 
+from schemas.codec import encode
+from schemas.topics import SESSION_INPUTS
+from streams.kafka import dead_letter_record
+
 from ..dispatch import WorkerLoad, rank_candidates
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
@@ -128,9 +132,19 @@ class DispatchShell:
         elif (isinstance(rec, CommandRejected) and rec.command == RoutedInput.TAG
               and rec.reason in ("stale_epoch", "not_owner") and rec.generation is not None):
             view = await self.store.session(rec.session_id)
+            routed = False
             if view is not None and (view.generation.epoch > rec.generation.epoch
                                      or view.state == "suspended"):
-                await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload)
+                routed = await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload)
+            if not routed and (view is None or view.state == "closed"):
+                # the session ended before its owner applied the input: refused, with a reason
+                raw = encode(InputPushed(session_id=rec.session_id, seq=rec.seq,
+                                         kind=rec.kind if rec.kind in ("text", "prompt", "control") else "text",  # type: ignore[arg-type]
+                                         payload=rec.payload, ts=rec.ts))
+                await self.publisher.send(dead_letter_record(
+                    SESSION_INPUTS, 0, 0, raw, rec.session_id.encode(),
+                    f"session closed before input {rec.seq} was applied ({rec.reason} at {rec.worker_id})",
+                    self.name))
 
     async def recover(self, worker: str) -> int:
         """Source-independent recovery: every session the dead worker still owns gets a new
