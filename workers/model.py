@@ -384,8 +384,9 @@ class ReferenceModel:
             "last_checksum": state.last_checksum,
         }
 
-    def import_state(self, data: dict[str, Any]) -> SessionState:
-        """Rebuild a session from :meth:`export_state` output, KV cache included."""
+    def import_state(self, data: dict[str, Any], kv: Tensor | None = None) -> SessionState:
+        """Rebuild a session from :meth:`export_state` output, KV cache included: recomputed
+        from the context (KV-recache), or ``kv`` as moved device-to-device by ``transfer``."""
         fld = _codec.field
         if fld(data, "kind", str) != _codec.KIND or fld(data, "version", int) != _codec.VERSION:
             raise SnapshotCorruptError(f"not a {_codec.KIND} v{_codec.VERSION} snapshot")
@@ -425,6 +426,12 @@ class ReferenceModel:
             last_checksum=fld(data, "last_checksum", str),
         )
         self._condition(st)
+        if kv is not None:
+            want = (cfg.n_layers, 2, cfg.n_heads, ctx.shape[0] * cfg.tokens_per_frame)
+            if kv.dim() != 5 or tuple(kv.shape[:4]) != want:
+                raise SnapshotCorruptError(f"kv: shape {list(kv.shape)} does not fit {ctx.shape[0]} context frames")
+            st.kv = kv.to(self.device)
+            return st
         with torch.inference_mode():
             self._recache([st])
         return st
