@@ -23,12 +23,36 @@ from .kafka import dead_letter_record
 from .prom import metrics
 from .topics import TopicCatalogue
 
-__all__ = ["make_app", "FaustPublisher", "decode_event"]
+__all__ = ["make_app", "FaustPublisher", "decode_event", "FETCH_MAX_WAIT_MS"]
 
 log = logging.getLogger(__name__)
 
+# How long a fetch may wait for data. faust hard-codes 1500 ms for its worker consumer, and a
+# broker that holds every fetch to its maximum wait (the embedded Tansu does) then adds that
+# to every hop; a short wait keeps a hop at a few milliseconds.
+FETCH_MAX_WAIT_MS = 10
+
+
+def _short_fetch_wait() -> None:
+    """Make faust's worker consumer use ``FETCH_MAX_WAIT_MS`` (it has no setting for it)."""
+    from faust.transport.drivers import aiokafka as driver
+
+    thread = driver.AIOKafkaConsumerThread
+    if getattr(thread, "_chunkserve_short_fetch", False):
+        return
+    original = thread._create_worker_consumer
+
+    def create(self: Any, *args: Any, **kwargs: Any) -> Any:
+        consumer = original(self, *args, **kwargs)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by its fetcher at start()
+        return consumer
+
+    thread._create_worker_consumer = create
+    thread._chunkserve_short_fetch = True
+
 def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
     """A faust app on the configured broker, at-least-once, with no web server by default."""
+    _short_fetch_wait()
     opts: dict[str, Any] = dict(
         broker=f"kafka://{settings.kafka.bootstrap}",
         broker_credentials=settings.kafka.faust_credentials(),
