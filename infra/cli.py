@@ -117,9 +117,8 @@ def worker(
     metrics_port: Optional[int] = MetricsPort,
 ) -> None:
     """Run one worker: claim sessions, run coalesced chunks, release only when current."""
-    from streams.generations import GenerationStore
     from workers.model import ReferenceModel
-    from workers.runtime import Worker, WorkerConfig
+    from workers.runtime import WorkerConfig, serve
 
     settings = _settings()
     _metrics_server(metrics_port)
@@ -129,18 +128,7 @@ def worker(
     cfg = WorkerConfig(worker_id=worker_id, capacity=capacity, chunk_interval_s=chunk_interval,
                        device=device, pool=pool, gpu_type=gpu_type)
 
-    async def main() -> None:
-        store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await Worker(settings, cfg, model, store).run(stop)
-        finally:
-            await store.aclose()
-
-    asyncio.run(main())
+    serve(settings, cfg, model)
 
 
 PROCESSORS = ("dispatch", "detector", "control", "metrics")

@@ -9,7 +9,6 @@ summary JSON and a timeline plot.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import statistics
 import time

@@ -8,7 +8,6 @@ session released on close. The demo and the end-to-end test both run this.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
 from collections import defaultdict

@@ -6,28 +6,15 @@ The embedded default for one machine; every child reads its endpoints from the
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streams.config import Settings
+from streams.config import Settings, child_env
 
 __all__ = ["LocalFleet", "child_env"]
-
-
-def child_env(settings: Settings) -> dict[str, str]:
-    """The environment that points a child process at the same deployment."""
-    env = dict(os.environ)
-    env.update(CHUNKSERVE_KAFKA_BOOTSTRAP=settings.kafka.bootstrap,
-               CHUNKSERVE_REDIS_URL=settings.redis.url,
-               CHUNKSERVE_TOPIC_PREFIX=settings.topic_prefix,
-               CHUNKSERVE_NAMESPACE=settings.namespace,
-               PYTHONUNBUFFERED="1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 @dataclass

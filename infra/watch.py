@@ -7,7 +7,6 @@ mutates its input and reads no clock. The shell polls, folds and renders a rich 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable

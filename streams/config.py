@@ -16,7 +16,8 @@ from schemas.errors import ConfigError
 from schemas.topics import (DEAD_LETTERS, METRICS, SCALING_COMMANDS, SESSION_EVENTS,
                             SESSION_INPUTS, TOPICS, WORKER_COMMANDS, WORKER_EVENTS)
 
-__all__ = ["KafkaSettings", "RedisSettings", "Settings", "DEFAULT_PARTITIONS", "ENV_PREFIX"]
+__all__ = ["KafkaSettings", "RedisSettings", "Settings", "DEFAULT_PARTITIONS", "ENV_PREFIX",
+           "child_env"]
 
 ENV_PREFIX = "CHUNKSERVE_"
 
@@ -172,3 +173,15 @@ class Settings:
                                   source=f"env {ENV_PREFIX}MAX_RECORD_BYTES")
             kwargs["max_record_bytes"] = int(raw)
         return cls(**kwargs)
+
+
+def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment that points a child process at the same deployment as ``settings``."""
+    env = dict(os.environ if base is None else base)
+    env.update({ENV_PREFIX + "KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
+                ENV_PREFIX + "REDIS_URL": settings.redis.url,
+                ENV_PREFIX + "TOPIC_PREFIX": settings.topic_prefix,
+                ENV_PREFIX + "NAMESPACE": settings.namespace,
+                "PYTHONUNBUFFERED": "1"})
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env

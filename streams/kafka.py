@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from schemas.codec import decoder_for, encode, key_for
 from schemas.errors import SchemaError
 from schemas.records import DeadLetter, Record
-from schemas.topics import DEAD_LETTERS, topic_of
+from schemas.topics import topic_of
 
 from .config import Settings
 from .prom import metrics

@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 
 from streams.config import Settings
 
 from .null_model import NullModel
-from .runtime import Worker, WorkerConfig
+from .runtime import Worker, WorkerConfig, serve
 
 __all__ = ["LightWorker", "main"]
 
@@ -60,20 +59,7 @@ def main(argv: list[str] | None = None) -> None:
                        chunk_interval_s=args.chunk_interval, heartbeat_s=args.heartbeat,
                        snapshot_every=0)
 
-    async def run() -> None:
-        from streams.generations import GenerationStore
-
-        store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await LightWorker(settings, cfg, NullModel(), store).run(stop)
-        finally:
-            await store.aclose()
-
-    asyncio.run(run())
+    serve(settings, cfg, NullModel(), worker_cls=LightWorker)
 
 
 if __name__ == "__main__":

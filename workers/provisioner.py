@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Protocol
 from schemas import records as r
 from schemas.codec import encode
 from schemas.topics import SCALING_COMMANDS
-from streams.config import Settings
+from streams.config import Settings, child_env
 
 __all__ = ["Provisioner", "LocalProcessProvisioner", "ProvisionerService", "run_provisioner",
            "next_index"]
@@ -54,15 +54,6 @@ def next_index(pool: str, worker_ids: Iterable[str]) -> int:
     """One past the highest ``n`` of the ``<pool>-<n>`` ids given (0 when none)."""
     pattern = re.compile(re.escape(pool) + r"-(\d+)$")
     return 1 + max((int(m.group(1)) for w in worker_ids if (m := pattern.match(w))), default=-1)
-
-
-def _child_env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(CHUNKSERVE_KAFKA_BOOTSTRAP=settings.kafka.bootstrap, CHUNKSERVE_REDIS_URL=settings.redis.url,
-               CHUNKSERVE_TOPIC_PREFIX=settings.topic_prefix, CHUNKSERVE_NAMESPACE=settings.namespace,
-               PYTHONUNBUFFERED="1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 class LocalProcessProvisioner:
@@ -100,7 +91,7 @@ class LocalProcessProvisioner:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 out = open(self.log_dir / f"{wid}.log", "ab")
             try:
-                self.procs[wid] = subprocess.Popen(args, env=_child_env(self.settings), stdout=out,
+                self.procs[wid] = subprocess.Popen(args, env=child_env(self.settings), stdout=out,
                                                    stderr=subprocess.STDOUT if out else None,
                                                    stdin=subprocess.DEVNULL)
             finally:

@@ -30,7 +30,7 @@ from streams.kafka import RecordConsumer, RecordProducer
 from streams.prom import metrics, observe_heartbeat
 from streams.topics import TopicCatalogue, partition_for_key
 
-__all__ = ["WorkerConfig", "Worker", "session_seed"]
+__all__ = ["WorkerConfig", "Worker", "session_seed", "serve"]
 
 log = logging.getLogger(__name__)
 MAX_PENDING_INPUTS = 1024
@@ -127,8 +127,10 @@ class Worker:
         next_beat = 0.0
         try:
             while not stop.is_set():
-                busy = any(s.executing for s in self.sessions.values())
-                await self.poll_commands(timeout_ms=1 if busy else 50)
+                # block in the poll until the next chunk is due (at most 50 ms): no spinning
+                due = min((s.next_due for s in self.sessions.values() if s.executing), default=None)
+                wait_s = 0.05 if due is None else min(0.05, max(0.001, due - self.monotonic()))
+                await self.poll_commands(timeout_ms=int(wait_s * 1000))
                 await self.tick()
                 if self.monotonic() >= next_beat:
                     await self.heartbeat()
@@ -467,3 +469,21 @@ class Worker:
     async def _send(self, rec: Record) -> None:
         assert self._producer is not None
         await self._producer.send(rec)
+
+
+def serve(settings: Settings, config: WorkerConfig, model: Any, worker_cls: type[Worker] = Worker) -> None:
+    """Run one worker process until SIGTERM or SIGINT (the ``chunkserve worker`` main loop)."""
+    import signal
+
+    async def main() -> None:
+        store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await worker_cls(settings, config, model, store).run(stop)
+        finally:
+            await store.aclose()
+
+    asyncio.run(main())
