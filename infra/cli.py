@@ -65,6 +65,12 @@ def _metrics_server(port: Optional[int]) -> None:
 MetricsPort = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port.")
 
 
+def _warn_unsigned(settings: Settings) -> None:
+    if not settings.command_keys.enabled:
+        console.print("[yellow]command signing is off[/yellow]: set CHUNKSERVE_COMMAND_KEYS to sign "
+                      "and verify worker and scaling commands")
+
+
 def _settings(require_endpoints: bool = True) -> Settings:
     from infra.config_file import load_settings
 
@@ -121,6 +127,7 @@ def worker(
     from workers.runtime import WorkerConfig, serve
 
     settings = _settings()
+    _warn_unsigned(settings)
     _metrics_server(metrics_port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model = (ReferenceModel.load(checkpoint, device=device) if checkpoint
@@ -140,6 +147,7 @@ def provisioner(metrics_port: Optional[int] = MetricsPort) -> None:
     from workers.provisioner import run_provisioner
 
     settings = _settings()
+    _warn_unsigned(settings)
     _metrics_server(metrics_port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
@@ -160,6 +168,7 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
     import faust
 
     settings = _settings()
+    _warn_unsigned(settings)
     _metrics_server(metrics_port)
     builders = {name: f"processors.agents.{name}" for name in PROCESSORS}
     if name not in builders:
@@ -344,6 +353,7 @@ def up(
     from streams.topics import ensure_topics
 
     settings = _settings()
+    _warn_unsigned(settings)
     asyncio.run(ensure_topics(settings))
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-up-"))
     fleet = LocalFleet(settings, logs)

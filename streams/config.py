@@ -125,6 +125,7 @@ class Settings:
     namespace: str = "cs"
     partitions: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_PARTITIONS))
     max_record_bytes: int = DEFAULT_MAX_BYTES
+    command_keys: Any = field(default_factory=lambda: _command_keys(), repr=False)
 
     def __post_init__(self) -> None:
         for topic, n in self.partitions.items():
@@ -173,6 +174,12 @@ class Settings:
                                   source=f"env {ENV_PREFIX}MAX_RECORD_BYTES")
             kwargs["max_record_bytes"] = int(raw)
         return cls(**kwargs)
+
+
+def _command_keys() -> Any:
+    from .signing import CommandKeys
+
+    return CommandKeys.from_env()
 
 
 def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -76,7 +76,10 @@ def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
 class FaustPublisher:
     """Publishes records through a faust app's producer, on their own topic and key."""
 
-    def __init__(self, app: faust.App, catalogue: TopicCatalogue) -> None:
+    def __init__(self, app: faust.App, catalogue: TopicCatalogue, keys: Any = None) -> None:
+        from .signing import CommandKeys
+
+        self._keys = keys if keys is not None else CommandKeys.from_env()
         self._app = app
         self._catalogue = catalogue
         self._topics = {
@@ -89,7 +92,10 @@ class FaustPublisher:
         return self._topics[logical]
 
     async def send(self, rec: Record, wait: bool = False) -> Any:
-        fut = await self._topics[topic_of(rec)].send(key=key_for(rec), value=encode(rec))
+        logical = topic_of(rec)
+        value = encode(rec)
+        headers = self._keys.sign(logical, value) or None
+        fut = await self._topics[logical].send(key=key_for(rec), value=value, headers=headers)
         if wait:
             return await fut
         return fut

@@ -62,9 +62,10 @@ class RecordProducer:
         topic = self.catalogue.name(logical)
         data = encode(rec, self.settings.max_record_bytes)
         metrics().produced.labels(logical).inc()
+        headers = self.settings.command_keys.sign(logical, data) or None
         if wait:
-            return await self._producer.send_and_wait(topic, data, key=key_for(rec))
-        return await self._producer.send(topic, data, key=key_for(rec))
+            return await self._producer.send_and_wait(topic, data, key=key_for(rec), headers=headers)
+        return await self._producer.send(topic, data, key=key_for(rec), headers=headers)
 
     async def send_many(self, recs: Iterable[Record]) -> None:
         """Publish several records and wait until all are acknowledged."""
@@ -99,6 +100,7 @@ class Delivered:
     partition: int
     offset: int
     key: bytes | None
+    refused: str | None = None  # unsigned / unknown_key / forged, where commands are signed
 
 
 class RecordConsumer:
@@ -154,8 +156,10 @@ class RecordConsumer:
         """Decode the next batch; dead-letter what does not decode."""
         batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         out: list[Delivered] = []
+        keys = self.settings.command_keys
         for tp, messages in batches.items():
             decoder = self._decoders[tp.topic]
+            logical = decoder.topic
             for msg in messages:
                 try:
                     rec = decoder.decode(msg.value)
@@ -163,7 +167,8 @@ class RecordConsumer:
                     await self.dead_letter(tp.topic, tp.partition, msg.offset, msg.value, msg.key,
                                            f"schema: {exc}")
                     continue
-                out.append(Delivered(rec, tp.topic, tp.partition, msg.offset, msg.key))
+                refused = keys.verify(logical, msg.value, msg.headers)
+                out.append(Delivered(rec, tp.topic, tp.partition, msg.offset, msg.key, refused))
                 metrics().consumed.labels(topic_of(rec)).inc()
         return out
 

@@ -198,6 +198,7 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
     """
     from streams.generations import GenerationStore
     from streams.kafka import RecordConsumer, RecordProducer
+    from streams.prom import metrics
     from streams.topics import ensure_topics
 
     catalogue = await ensure_topics(settings)
@@ -218,6 +219,13 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
     try:
         while not stop_event.is_set():
             for d in await consumer.poll(timeout_ms=200):
+                if d.refused is not None:  # unsigned, unknown key or forged: never acted on
+                    metrics().rejected.labels(d.refused).inc()
+                    await producer.send(r.CommandRejected(
+                        worker_id=f"provisioner-{provisioner.pool}", session_id="",
+                        command=d.record.TAG, reason=d.refused, ts=time.time(),
+                        detail="scaling command failed its authenticity check"))
+                    continue
                 try:
                     await service.handle(d.record)
                 except ValueError as exc:

@@ -146,6 +146,9 @@ class Worker:
             rec = d.record
             if getattr(rec, "worker_id", None) != self.config.worker_id:
                 continue  # another worker's command on the shared partition
+            if d.refused is not None:  # unsigned, unknown key or forged: never acted on
+                await self._reject(rec, d.refused, "command failed its authenticity check")
+                continue
             await self.handle(rec)
 
     async def handle(self, rec: Record) -> None:

@@ -1,0 +1,73 @@
+"""A worker with command keys refuses unsigned, forged and unknown-key commands, and reports
+each as CommandRejected; a command signed with the previous key is still taken (rotation)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import pytest
+
+from infra.flow import EventLog
+from infra.local import LocalFleet
+from schemas.records import Assign, Claimed, CommandRejected, Generation, WorkerUp
+from streams.config import Settings
+from streams.generations import SyncGenerationStore
+from streams.kafka import RecordProducer
+from streams.signing import CommandKeys
+from streams.topics import ensure_topics
+
+pytestmark = pytest.mark.integration
+OLD, NEW, OTHER = "11" * 16, "22" * 16, "33" * 16
+
+
+def test_worker_refuses_unauthentic_commands(kafka_bootstrap, redis_url, namespace, tmp_path):
+    base = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
+        kafka_bootstrap, redis_url)
+    worker_keys = {"CHUNKSERVE_COMMAND_KEYS": f"old:{OLD},new:{NEW}", "CHUNKSERVE_COMMAND_KEY_ID": "new"}
+    signer_old = replace(base, command_keys=CommandKeys.from_env({"CHUNKSERVE_COMMAND_KEYS": f"old:{OLD}"}))
+    unsigned = replace(base, command_keys=CommandKeys())
+    stranger = replace(base, command_keys=CommandKeys.from_env({"CHUNKSERVE_COMMAND_KEYS": f"x:{OTHER}"}))
+    forger = replace(base, command_keys=CommandKeys.from_env({"CHUNKSERVE_COMMAND_KEYS": f"new:{OTHER}"}))
+
+    store = SyncGenerationStore.from_url(redis_url, namespace)
+    fleet = LocalFleet(base, tmp_path / "logs", extra_env=worker_keys)
+
+    async def run() -> list:
+        await ensure_topics(base)
+        fleet.start_worker("w-auth", capacity=4, chunk_interval_s=0.5)
+        async with RecordProducer(base) as reader_producer:
+            log = EventLog(base, reader_producer)
+            await log.start()
+            await log.until(lambda rs: any(isinstance(r, WorkerUp) for r in rs), 90, "the worker")
+            gens = {sid: store.commit(sid, 0, "w-auth") for sid in ("s-unsigned", "s-stranger",
+                                                                      "s-forged", "s-rotated")}
+            for sid, settings in (("s-unsigned", unsigned), ("s-stranger", stranger),
+                                  ("s-forged", forger), ("s-rotated", signer_old)):
+                async with RecordProducer(settings) as p:
+                    await p.send(Assign(worker_id="w-auth", session_id=sid, generation=gens[sid],
+                                        ts=time.time()))
+            await log.until(lambda rs: sum(isinstance(r, (CommandRejected, Claimed)) for r in rs) >= 4,
+                            60, "the worker's answers")
+            await log.stop()
+            return log.records
+
+    try:
+        records = asyncio.run(run())
+    finally:
+        fleet.stop_all()
+        store.client.close()
+    rejected = {r.session_id: r.reason for r in records if isinstance(r, CommandRejected)}
+    claimed = {r.session_id for r in records if isinstance(r, Claimed)}
+    assert rejected == {"s-unsigned": "unsigned", "s-stranger": "unknown_key", "s-forged": "forged"}
+    assert claimed == {"s-rotated"}
+    assert Generation("w-auth", 1) == store_generation_of(redis_url, namespace, "s-forged")
+
+
+def store_generation_of(url: str, ns: str, sid: str) -> Generation | None:
+    store = SyncGenerationStore.from_url(url, ns)
+    try:
+        return store.current(sid)
+    finally:
+        store.client.close()

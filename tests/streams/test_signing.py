@@ -1,0 +1,46 @@
+"""Command authenticity: HMAC headers on worker and scaling commands, with key rotation."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.errors import ConfigError
+from streams.signing import CommandKeys
+
+A, B = "11" * 16, "22" * 16
+
+
+def keys(spec: str, active: str | None = None) -> CommandKeys:
+    env = {"CHUNKSERVE_COMMAND_KEYS": spec}
+    if active:
+        env["CHUNKSERVE_COMMAND_KEY_ID"] = active
+    return CommandKeys.from_env(env)
+
+
+def test_sign_and_verify_with_rotation() -> None:
+    old, both = keys(f"a:{A}"), keys(f"a:{A},b:{B}", active="b")
+    value = b"an encoded Assign"
+    assert both.verify("worker-commands", value, old.sign("worker-commands", value)) is None  # old key still accepted
+    assert old.verify("worker-commands", value, both.sign("worker-commands", value)) == "unknown_key"
+    assert both.verify("worker-commands", value, []) == "unsigned"
+    assert both.verify("worker-commands", value + b"!", both.sign("worker-commands", value)) == "forged"
+    # a tag is bound to its topic: a worker command cannot be replayed as a scaling command
+    assert both.verify("scaling-commands", value, both.sign("worker-commands", value)) == "forged"
+    forged = [("cs-kid", b"a"), ("cs-mac", b"\0" * 32)]
+    assert both.verify("worker-commands", value, forged) == "forged"
+
+
+def test_unsigned_topics_and_disabled_keys() -> None:
+    off = CommandKeys.from_env({})
+    assert not off.enabled and off.sign("worker-commands", b"x") == []
+    assert off.verify("worker-commands", b"x", None) is None  # nothing configured: nothing checked
+    on = keys(f"a:{A}")
+    assert on.sign("session-events", b"x") == [] and on.verify("session-events", b"x", None) is None
+
+
+@pytest.mark.parametrize("spec", ["a", "a:zz", f"a:{A[:10]}", ":" + A, "a:" + A + ",b"])
+def test_bad_key_config_names_the_variable(spec: str) -> None:
+    with pytest.raises(ConfigError, match="CHUNKSERVE_COMMAND_KEYS"):
+        keys(spec)
+    with pytest.raises(ConfigError, match="CHUNKSERVE_COMMAND_KEY_ID"):
+        keys(f"a:{A}", active="c")
