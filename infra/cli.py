@@ -469,6 +469,29 @@ def bench_control_plane(
     _write_json(result, json_out)
 
 
+@bench_app.command("fuzz")
+def bench_fuzz(
+    records: int = typer.Option(1_000_000, min=1, help="Hostile records fed to the decoders."),
+    consumer_records: int = typer.Option(2000, min=0, help="Of which also through a real consumer loop."),
+    seed: int = typer.Option(0, help="Seed of the generated and mutated records."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+) -> None:
+    """Generated and mutated records against every decoder and a real consumer loop."""
+    from infra.bench.fuzz import run
+    from infra.embedded import infrastructure
+
+    base = _settings(require_endpoints=False)
+    run_id = uuid.uuid4().hex[:6]
+    logging.getLogger("streams.kafka").setLevel(logging.ERROR)  # one warning per bad record otherwise
+    with infrastructure() as (bootstrap, redis_url):
+        settings = replace(base.with_endpoints(bootstrap, redis_url),
+                           topic_prefix=f"{base.topic_prefix}fuzz-{run_id}.")
+        result = run(records, seed, settings if consumer_records else None, consumer_records)
+    _write_json(result, json_out)
+    if result["crashes"] or result["hangs"]:
+        raise typer.Exit(1)
+
+
 @bench_app.command("worker")
 def bench_worker(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),

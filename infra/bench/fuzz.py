@@ -1,0 +1,166 @@
+"""Hostile input: generated and mutated records against every topic's decoder, and a sample
+through a real consumer loop, counting crashes (anything but SchemaError), hangs and
+dead-lettered records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+import types
+import typing
+from typing import Annotated, Any, Literal, Union
+
+from schemas.codec import Decoder, encode
+from schemas.errors import SchemaError
+from schemas.records import Record, record_types
+from schemas.topics import TOPICS, topic_of
+
+__all__ = ["random_record", "mutate", "fuzz_decoders", "fuzz_consumer", "run"]
+
+HANG_S = 1.0
+
+
+def _value(tp: Any, rng: random.Random) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        base, *cons = typing.get_args(tp)
+        value = _value(base, rng)
+        if base is str and not value:
+            value = "x"
+        if base in (int, float) and value < 0:
+            value = -value
+        return min(value, 1.0) if base is float and any(getattr(c, "value", None) == 1.0 for c in cons) else value
+    if tp is str:
+        return "".join(rng.choice("abcdefghij-_é0123456789") for _ in range(rng.randrange(0, 12)))
+    if tp is int:
+        return rng.randrange(-1000, 10**6)
+    if tp is float:
+        return rng.uniform(-10.0, 1e4)
+    if tp is bool:
+        return rng.random() < 0.5
+    if tp is bytes:
+        return rng.randbytes(rng.randrange(0, 24))
+    if origin is Literal:
+        return rng.choice(typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        (arg,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return None if rng.random() < 0.3 else _value(arg, rng)
+    if origin is dict:
+        return {f"k{i}": _value(typing.get_args(tp)[1], rng) for i in range(rng.randrange(0, 3))}
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp, include_extras=True)
+        return tp(**{f.name: _value(hints[f.name], rng) for f in dataclasses.fields(tp)})
+    raise TypeError(tp)
+
+
+def random_record(rng: random.Random) -> Record:
+    """A valid record of a random type."""
+    cls = rng.choice(list(record_types().values()))
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return cls(**{f.name: _value(hints[f.name], rng) for f in dataclasses.fields(cls)})
+
+
+def mutate(data: bytes, rng: random.Random) -> bytes:
+    """Flip, insert, delete or truncate a few bytes."""
+    out = bytearray(data)
+    for _ in range(rng.randrange(1, 4)):
+        op, pos = rng.randrange(4), rng.randrange(len(out)) if out else 0
+        if op == 0 and out:
+            out[pos] = rng.randrange(256)
+        elif op == 1:
+            out.insert(pos, rng.randrange(256))
+        elif op == 2 and out:
+            del out[pos]
+        else:
+            out = out[: rng.randrange(len(out) + 1)]
+    return bytes(out)
+
+
+def fuzz_decoders(records: int, seed: int = 0) -> dict[str, Any]:
+    """Decode ``records`` hostile inputs on every topic's decoder."""
+    rng = random.Random(seed)
+    decoders = {name: Decoder(name) for name in TOPICS}
+    names = list(TOPICS)
+    crashes, hangs, rejected, accepted = 0, 0, 0, 0
+    examples: list[str] = []
+    corpus = [encode(random_record(rng)) for _ in range(512)]
+    for i in range(records):
+        kind = i % 4
+        if kind == 0:
+            data = rng.randbytes(rng.randrange(0, 64))
+        elif kind == 1:
+            data = bytes([0x80 | rng.randrange(16)]) + rng.randbytes(rng.randrange(0, 64))
+        else:
+            data = mutate(rng.choice(corpus), rng)
+        topic = names[i % len(names)]
+        started = time.perf_counter()
+        try:
+            rec = decoders[topic].decode(data)
+            accepted += topic_of(rec) == topic
+        except SchemaError:
+            rejected += 1
+        except Exception as exc:  # a crash: the decoder let something else escape
+            crashes += 1
+            if len(examples) < 5:
+                examples.append(f"{topic}: {data[:40]!r}: {type(exc).__name__}: {exc}")
+        if time.perf_counter() - started > HANG_S:
+            hangs += 1
+    return {"records": records, "crashes": crashes, "hangs": hangs, "rejected": rejected,
+            "accepted": accepted, "crash_examples": examples}
+
+
+async def fuzz_consumer(settings: Any, records: int, seed: int = 0) -> dict[str, int]:
+    """Publish ``records`` hostile records across the input topics through the real broker and
+    read them with the consumer loop: every one must be processed or dead-lettered."""
+    from aiokafka import TopicPartition
+
+    from schemas.topics import DEAD_LETTERS
+    from streams.kafka import RecordConsumer, RecordProducer
+    from streams.topics import ensure_topics
+
+    rng = random.Random(seed)
+    await ensure_topics(settings)
+    topics = [t for t in TOPICS if t != DEAD_LETTERS]
+    sent_bad = 0
+    async with RecordProducer(settings, client_id="fuzz") as producer:
+        for i in range(records):
+            topic = topics[i % len(topics)]
+            data = mutate(encode(random_record(rng)), rng) if i % 2 else rng.randbytes(rng.randrange(1, 48))
+            try:
+                Decoder(topic).decode(data)
+            except SchemaError:
+                sent_bad += 1
+            await producer.send_raw(topic, data, key=b"fuzz")
+        consumer = RecordConsumer(settings, topics, producer, name="fuzz-consumer")
+        await consumer.start(subscribe=False)
+        tps = [TopicPartition(consumer.catalogue.name(t), p)
+               for t in topics for p in range(settings.partitions.get(t, 1))]
+        consumer.raw.assign(tps)
+        await consumer.raw.seek_to_beginning(*tps)
+        ends = await consumer.raw.end_offsets(tps)
+        good = 0
+        while any([await consumer.raw.position(tp) < ends[tp] for tp in tps]):
+            good += len(await consumer.poll(timeout_ms=200))
+        await consumer.stop()
+    return {"consumer_records": records, "consumer_dead_lettered": consumer.dead_lettered,
+            "consumer_expected_dead": sent_bad, "consumer_processed": good}
+
+
+def run(records: int, seed: int = 0, settings: Any = None, consumer_records: int = 2000) -> dict[str, Any]:
+    """The benchmark result; with ``settings`` (a broker and Redis) also the consumer sample."""
+    import asyncio
+
+    started = time.perf_counter()
+    result = fuzz_decoders(records, seed)
+    out: dict[str, Any] = {"records": records, "crashes": result["crashes"], "hangs": result["hangs"],
+                           "dead_lettered": result["rejected"], "accepted": result["accepted"],
+                           "crash_examples": result["crash_examples"]}
+    if settings is not None and consumer_records:
+        sample = asyncio.run(fuzz_consumer(settings, consumer_records, seed))
+        out.update(sample)
+        out["records"] += consumer_records
+        out["dead_lettered"] += sample["consumer_dead_lettered"]
+    out["wall_s"] = round(time.perf_counter() - started, 2)
+    return out
