@@ -1,0 +1,45 @@
+"""The documented Redis ACL runs chunkserve's store and refuses everything else."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from schemas.records import Generation
+from streams.acl import acl_rules
+from streams.generations import SyncGenerationStore
+
+pytestmark = pytest.mark.integration
+
+
+def test_acl_user_runs_the_store_and_nothing_else(redis_url, namespace):
+    admin = redis.Redis.from_url(redis_url)
+    user, password = f"cs-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", *acl_rules(namespace))
+    admin.set(f"other-{namespace}", "secret")
+    limited = redis.Redis.from_url(redis_url, username=user, password=password)
+    store = SyncGenerationStore(limited, namespace)
+    try:
+        store.register_worker("w1", 2)
+        gen = store.commit("s1", 0, "w1")
+        store.claim("s1", gen)
+        assert store.release_chunks([("s1", gen, 0)]) == [(True, "ok")]
+        store.put_snapshot("s1", gen, b"state" * 100, chunk_index=0, input_seq=0)
+        assert store.read_snapshot("s1")[1] == b"state" * 100
+        store.release("s1", gen, close=True)
+        assert store.current("s1") is None and gen == Generation("w1", 1)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            limited.flushall()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            limited.get(f"other-{namespace}")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            limited.keys("*")
+    finally:
+        limited.close()
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.delete(f"other-{namespace}")
+        for key in admin.scan_iter(f"{{{namespace}}}*"):
+            admin.delete(key)
+        admin.close()
