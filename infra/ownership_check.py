@@ -22,6 +22,7 @@ release (a runtime releasing while a newer truth epoch exists). ``run()`` drives
 from __future__ import annotations
 
 import heapq
+from abc import ABC, abstractmethod
 import random
 import time
 import uuid
@@ -87,7 +88,7 @@ class _Runtime:
         self.truth, self.epoch, self.chunk = truth, epoch, chunk
 
 
-class _Sim:
+class _Sim(ABC):
     """Shared machinery; subclasses say how dispatch writes and how workers gate a release."""
 
     name = ""
@@ -193,21 +194,21 @@ class _Sim:
         else:
             self.on_revoke(w, msg[1], msg[2])
 
-    # -- protocol hooks --
-    def read(self, what: str, failed: str | None, target: str) -> Any:
-        raise NotImplementedError
+    # -- protocol hooks (each protocol implements all five) --
+    @abstractmethod
+    def read(self, what: str, failed: str | None, target: str) -> Any: ...
 
-    def write(self, replica: str, what: str, token: Any, target: str) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def write(self, replica: str, what: str, token: Any, target: str) -> None: ...
 
-    def on_assign(self, w: str, truth: int, epoch: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def on_assign(self, w: str, truth: int, epoch: int) -> None: ...
 
-    def on_revoke(self, w: str, truth: int, epoch: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def on_revoke(self, w: str, truth: int, epoch: int) -> None: ...
 
-    def gate(self, w: str, rt: _Runtime) -> bool:
-        raise NotImplementedError
+    @abstractmethod
+    def gate(self, w: str, rt: _Runtime) -> bool: ...
 
 
 class _Placement(_Sim):
