@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-__all__ = ["WorkerLoad", "rank_candidates"]
+__all__ = ["WorkerLoad", "rank_candidates", "Bucket", "take"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,3 +30,22 @@ def rank_candidates(view: Mapping[str, WorkerLoad], exclude: frozenset[str] = fr
     feasible = [(w.used / w.capacity, w.used, wid) for wid, w in view.items()
                 if wid not in exclude and not w.draining and w.capacity > 0 and w.free > 0]
     return [wid for _, _, wid in sorted(feasible)]
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """A token bucket: ``tokens`` left at time ``at``."""
+
+    tokens: float
+    at: float
+
+
+def take(bucket: Bucket | None, now: float, rate: float, burst: float) -> tuple[Bucket, bool]:
+    """Take one token (one input) if the session's bucket has one; refill at ``rate`` per second
+    up to ``burst``."""
+    if bucket is None:
+        bucket = Bucket(burst, now)
+    tokens = min(burst, bucket.tokens + max(0.0, now - bucket.at) * rate)
+    if tokens >= 1.0:
+        return Bucket(tokens - 1.0, now), True
+    return Bucket(tokens, now), False

@@ -125,6 +125,9 @@ class Settings:
     namespace: str = "cs"
     partitions: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_PARTITIONS))
     max_record_bytes: int = DEFAULT_MAX_BYTES
+    max_input_bytes: int = 64 * 1024
+    input_rate_per_s: float = 50.0
+    input_burst: float = 100.0
     command_keys: Any = field(default_factory=lambda: _command_keys(), repr=False)
 
     def __post_init__(self) -> None:
@@ -135,6 +138,8 @@ class Settings:
                 raise ConfigError(f"partitions.{topic}", f"must be a positive integer, got {n!r}")
         if self.max_record_bytes < 1024:
             raise ConfigError("max_record_bytes", "must be at least 1024")
+        if self.max_input_bytes < 1 or self.input_rate_per_s <= 0 or self.input_burst < 1:
+            raise ConfigError("inputs", "max_input_bytes >= 1, input_rate_per_s > 0 and input_burst >= 1")
 
     def with_endpoints(self, bootstrap: str, redis_url: str) -> "Settings":
         """The same settings pointed at another broker and Redis."""
@@ -167,6 +172,14 @@ class Settings:
             kwargs["topic_prefix"] = get("TOPIC_PREFIX")
         if get("NAMESPACE") is not None:
             kwargs["namespace"] = get("NAMESPACE")
+        for name, kind in (("MAX_INPUT_BYTES", int), ("INPUT_RATE_PER_S", float), ("INPUT_BURST", float)):
+            raw_value = get(name)
+            if raw_value is not None:
+                try:
+                    kwargs[name.lower()] = kind(raw_value)
+                except ValueError:
+                    raise ConfigError(name.lower(), f"not a number: {raw_value!r}",
+                                      source=f"env {ENV_PREFIX}{name}") from None
         if get("MAX_RECORD_BYTES") is not None:
             raw = get("MAX_RECORD_BYTES") or ""
             if not raw.isdigit():

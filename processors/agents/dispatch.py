@@ -20,7 +20,7 @@ from schemas.codec import encode
 from schemas.topics import SESSION_INPUTS
 from streams.kafka import dead_letter_record
 
-from ..dispatch import WorkerLoad, rank_candidates
+from ..dispatch import Bucket, WorkerLoad, rank_candidates, take
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
 
@@ -37,7 +37,9 @@ class DispatchShell:
     def __init__(self, store: Any, publisher: Publisher, clock: Callable[[], float] = time.time,
                  view_ttl_s: float = 0.25, admission_timeout_s: float = 30.0,
                  owner_wait_s: float = 10.0, name: str = "dispatch",
-                 max_in_flight: int = 1024, report_every_s: float = 0.1) -> None:
+                 max_in_flight: int = 1024, report_every_s: float = 0.1,
+                 max_input_bytes: int = 64 * 1024, input_rate: float = 50.0,
+                 input_burst: float = 100.0) -> None:
         self.store = store
         self.publisher = publisher
         self.clock = clock
@@ -48,6 +50,10 @@ class DispatchShell:
         self._view: dict[str, WorkerLoad] = {}
         self._view_at = -1e18
         self._chains: dict[str, asyncio.Task[Any]] = {}
+        self.max_input_bytes = max_input_bytes
+        self.input_rate = input_rate
+        self.input_burst = input_burst
+        self._buckets: dict[str, Bucket] = {}
         self._reported_at = -1e18
         self.report_every_s = report_every_s
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -215,6 +221,21 @@ class DispatchShell:
             ts=self.clock(), workers=len(view), sessions=sum(w.used for w in view.values()),
             source=self.name, loads={k: v.used for k, v in sorted(view.items())[:256]}))
 
+    def admit_input(self, rec: InputPushed) -> str | None:
+        """None if the input may be routed; else why not (payload too large, rate exceeded)."""
+        size = len(rec.payload.encode())
+        if size > self.max_input_bytes:
+            return f"input payload is {size} bytes, over the {self.max_input_bytes}-byte limit"
+        bucket, ok = take(self._buckets.get(rec.session_id), time.monotonic(),
+                          self.input_rate, self.input_burst)
+        self._buckets[rec.session_id] = bucket
+        if len(self._buckets) > 100_000:  # forget the oldest sessions' buckets
+            for sid in list(self._buckets)[:10_000]:
+                del self._buckets[sid]
+        if not ok:
+            return f"input rate over {self.input_rate:g}/s (burst {self.input_burst:g}) for this session"
+        return None
+
     async def on_input(self, rec: InputPushed, partition: int = -1, offset: int = -1) -> bool:
         """Forward an input to the current owner, stamped with its generation."""
         return await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload,
@@ -259,7 +280,9 @@ def build_app(settings: Any) -> Any:
     async def shell() -> DispatchShell:
         if "shell" not in state:
             store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
-            state["shell"] = DispatchShell(store, publisher)
+            state["shell"] = DispatchShell(store, publisher, max_input_bytes=settings.max_input_bytes,
+                                           input_rate=settings.input_rate_per_s,
+                                           input_burst=settings.input_burst)
         return state["shell"]
 
     @app.agent(publisher.topic(SESSION_EVENTS), name="dispatch-session-events")
@@ -279,6 +302,10 @@ def build_app(settings: Any) -> Any:
                 continue
             msg = event.message
             sh = await shell()
+            refused = sh.admit_input(rec)  # type: ignore[arg-type]
+            if refused is not None:  # over a bound: refused with the reason, never dropped
+                await publisher.dead_letter(msg, f"refused: {refused}", "dispatch")
+                continue
 
             async def route(rec: Any = rec, msg: Any = msg, sh: DispatchShell = sh) -> None:
                 if not await sh.on_input(rec, msg.partition, msg.offset):

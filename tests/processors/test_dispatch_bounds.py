@@ -1,0 +1,34 @@
+"""Input bounds at the router: a per-session token bucket and a payload limit."""
+
+from __future__ import annotations
+
+from processors.agents.dispatch import DispatchShell
+from processors.dispatch import take
+from schemas.records import InputPushed
+
+
+def test_token_bucket_refills_at_its_rate_up_to_its_burst() -> None:
+    bucket, results = None, []
+    for _ in range(5):
+        bucket, ok = take(bucket, 0.0, rate=2.0, burst=3.0)
+        results.append(ok)
+    assert results == [True, True, True, False, False]
+    bucket, ok = take(bucket, 0.5, rate=2.0, burst=3.0)  # one token back after 0.5 s
+    assert ok and not take(bucket, 0.5, rate=2.0, burst=3.0)[1]
+    bucket, _ = take(bucket, 100.0, rate=2.0, burst=3.0)  # never above the burst
+    assert bucket.tokens == 2.0
+
+
+def test_router_refuses_oversized_and_too_frequent_inputs_with_a_reason() -> None:
+    shell = DispatchShell(store=None, publisher=None, max_input_bytes=10, input_rate=0.001,
+                          input_burst=2)
+
+    def push(seq: int, payload: str) -> str | None:
+        return shell.admit_input(InputPushed(session_id="s", seq=seq, kind="text",
+                                             payload=payload, ts=0.0))
+
+    assert push(1, "x" * 11) is not None and "over the 10-byte limit" in push(1, "x" * 11)
+    assert push(1, "ok") is None and push(2, "ok") is None
+    assert "input rate" in push(3, "ok")
+    assert shell.admit_input(InputPushed(session_id="other", seq=1, kind="text", payload="ok",
+                                         ts=0.0)) is None  # buckets are per session
