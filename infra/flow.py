@@ -162,7 +162,7 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                    workers: int = 2, inputs: int = 2, capacity: int = 8,
                    chunk_interval_s: float = 0.05, timeout_s: float = 120.0, garbage: int = 0,
                    flips: bool = False, handoff: bool = False, crash: bool = False,
-                   restart_dispatch: bool = False,
+                   restart_dispatch: bool = False, rebalance: bool = False,
                    progress: Callable[[str], None] = lambda _m: None) -> FlowSummary:
     """Start a dispatch replica and ``workers`` workers, serve ``sessions``, audit, stop."""
     started = time.monotonic()
@@ -174,15 +174,18 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
             fleet.extra_env = {"CHUNKSERVE_POLICY": "base", "CHUNKSERVE_HEARTBEAT_TIMEOUT_S": "3",
                                "CHUNKSERVE_CONTROL_PERIOD_S": "1"}
             fleet.start_processor("control")
-        for i in range(workers):
-            fleet.start_worker(f"worker-{i}", capacity=capacity, chunk_interval_s=chunk_interval_s)
+        # rebalance: every session lands on worker-0; the rest join later and control spreads them
+        gpu_type = "h20" if rebalance else "cpu"  # the rebalance run uses the paper's profile
+        for i in range(1 if rebalance else workers):
+            fleet.start_worker(f"worker-{i}", capacity=capacity, chunk_interval_s=chunk_interval_s,
+                               gpu_type=gpu_type)
         async with RecordProducer(settings, client_id="flow") as producer:
             log = EventLog(settings, producer)
             await log.start()
             try:
                 progress(f"waiting for {workers} workers to load the model")
                 await log.until(lambda rs: len({r.worker_id for r in rs if isinstance(r, WorkerUp)})
-                                >= workers, timeout_s, "workers to come up")
+                                >= (1 if rebalance else workers), timeout_s, "workers to come up")
                 ids = [f"session-{i}" for i in range(sessions)]
                 for n in range(garbage):  # malformed records must be dead-lettered, not fatal
                     topic = SESSION_EVENTS if n % 2 == 0 else SESSION_INPUTS
@@ -230,6 +233,18 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                             and r.generation.epoch > claim.generation.epoch for r in rs), timeout_s,
                             "the migrated session to be claimed by its target")
                     pushed = inputs
+                    if rebalance:
+                        progress("adding workers; the control processor rebalances")
+                        for i in range(1, workers):
+                            fleet.start_worker(f"worker-{i}", capacity=capacity,
+                                               chunk_interval_s=chunk_interval_s, gpu_type=gpu_type)
+                        fleet.extra_env = {"CHUNKSERVE_POLICY": "turboserve-no-autoscale",
+                                           "CHUNKSERVE_PROFILE": "paper", "CHUNKSERVE_GPU_TYPE": "h20",
+                                           "CHUNKSERVE_CONTROL_PERIOD_S": "1"}
+                        fleet.start_processor("control")
+                        await log.until(lambda rs: any(
+                            isinstance(r, Claimed) and r.worker_id != "worker-0" and r.generation.epoch > 1
+                            for r in rs), timeout_s, "a session migrated by the rebalancer")
                     if restart_dispatch:  # processors die mid-run; a new one rebuilds from the log
                         progress("killing and restarting the dispatch processor")
                         fleet.kill("dispatch-0")
@@ -257,7 +272,7 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                         pushed += 1
                         await log.until(lambda rs: all(_count(rs, InputAccepted, session_id=s, seq=pushed)
                                                        for s in ids), timeout_s, "inputs after the recovery")
-                    if flips or handoff or crash:
+                    if flips or handoff or crash or rebalance:
                         before = _chunks_of(log.records, ids)
                         await log.until(lambda rs: all(_chunks_of(rs, ids)[s] >= before[s] + chunks
                                                        for s in ids), timeout_s, "chunks after the moves")

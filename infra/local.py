@@ -35,9 +35,10 @@ class LocalFleet:
         self.procs[name] = proc
         return proc
 
-    def start_worker(self, worker_id: str, capacity: int = 8, chunk_interval_s: float = 0.1) -> None:
+    def start_worker(self, worker_id: str, capacity: int = 8, chunk_interval_s: float = 0.1,
+                     gpu_type: str = "cpu") -> None:
         self._spawn(worker_id, ["worker", "--worker-id", worker_id, "--capacity", str(capacity),
-                                "--chunk-interval", str(chunk_interval_s)])
+                                "--chunk-interval", str(chunk_interval_s), "--gpu-type", gpu_type])
 
     def start_provisioner(self) -> None:
         self._spawn("provisioner", ["provisioner"])

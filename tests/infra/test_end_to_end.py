@@ -82,6 +82,21 @@ def test_crashed_worker_sessions_recover_from_snapshot_and_replayed_inputs(
     assert len(summary.generations["session-0"]) == 2  # the recovery's new generation
 
 
+def test_rebalancer_migrates_live_sessions_onto_new_workers(kafka_bootstrap, redis_url,
+                                                            namespace, tmp_path):
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
+        kafka_bootstrap, redis_url)
+    summary = asyncio.run(run_flow(settings, tmp_path / "logs", sessions=4, chunks=5, workers=2,
+                                   inputs=1, chunk_interval_s=0.05, timeout_s=120, rebalance=True))
+    assert summary.problems == []
+    moved = [sid for sid, gens in summary.generations.items()
+             if len({g.split("@")[0] for g in gens}) > 1]
+    assert moved  # the control processor's Handoff moved live sessions at chunk boundaries
+    for sid, indices in summary.chunk_indices.items():
+        assert indices == list(range(len(indices)))  # no chunk lost or repeated by the move
+        assert summary.released[sid] == "closed"
+
+
 def test_smoke_command_prints_and_writes_summary(tmp_path):
     out = tmp_path / "smoke.json"
     env = dict(os.environ)
