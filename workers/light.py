@@ -9,41 +9,14 @@ runs one chunk on claim, then one per ``--chunk-interval`` (default one hour).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 
 from streams.config import Settings
 
 from .null_model import NullModel
-from .runtime import Worker, WorkerConfig, serve
+from .runtime import WorkerConfig, serve
 
-__all__ = ["LightWorker", "main"]
-
-
-class LightWorker(Worker):
-    """``Worker`` whose command poll waits until the next chunk is due (at most 50 ms).
-
-    The stock loop polls with a 1 ms timeout whenever any session executes, which spins a
-    core per worker when chunks are an hour apart; this one blocks in the poll instead
-    (the poll still returns as soon as a command arrives).
-    """
-
-    async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
-        next_beat = 0.0
-        try:
-            while not stop.is_set():
-                now = self.monotonic()
-                due = min((s.next_due for s in self.sessions.values() if s.executing), default=now + 1)
-                wait_ms = int(max(1.0, min(50.0, (due - now) * 1000)))
-                await self.poll_commands(timeout_ms=wait_ms)
-                if due <= self.monotonic():
-                    await self.tick()
-                if self.monotonic() >= next_beat:
-                    await self.heartbeat()
-                    next_beat = self.monotonic() + self.config.heartbeat_s
-        finally:
-            await self.stop()
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
                        chunk_interval_s=args.chunk_interval, heartbeat_s=args.heartbeat,
                        snapshot_every=0)
 
-    serve(settings, cfg, NullModel(), worker_cls=LightWorker)
+    serve(settings, cfg, NullModel())
 
 
 if __name__ == "__main__":

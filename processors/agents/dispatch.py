@@ -81,11 +81,6 @@ class DispatchShell:
         task = asyncio.get_running_loop().create_task(run())
         self._chains[key] = task
 
-    async def drain(self) -> None:
-        """Wait for all submitted work (tests and shutdown)."""
-        while self._chains:
-            await asyncio.gather(*list(self._chains.values()), return_exceptions=True)
-
     async def load_view(self, force: bool = False) -> dict[str, WorkerLoad]:
         now = time.monotonic()
         if force or now - self._view_at > self.view_ttl_s:
