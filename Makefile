@@ -6,7 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.chunkserve-installed
 
-.PHONY: demo test venv clean
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test venv tools clean
 
 venv: $(STAMP)
 
@@ -18,10 +20,16 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e '.[test]'
 	@touch $(STAMP)
 
+# The TLS tests put Debian's stunnel in front of the embedded broker and Redis.
+tools:
+	@command -v stunnel4 >/dev/null 2>&1 || command -v stunnel >/dev/null 2>&1 || \
+	  $(SUDO) apt-get install -y -q stunnel4 >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q stunnel4 >/dev/null; }
+
 demo: $(STAMP)
 	$(VENV)/bin/chunkserve demo
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(VENV)/bin/pytest -q
 
 clean:

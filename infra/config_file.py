@@ -7,7 +7,7 @@ it came from (the file, the file and line for TOML syntax, or the variable)::
     topic_prefix = "chunkserve."      namespace = "cs"      max_record_bytes = 1048576
     [kafka]  bootstrap, security_protocol, sasl_mechanism, sasl_username,
              ssl_cafile, ssl_certfile, ssl_keyfile
-    [redis]  url, username, ssl_ca_certs
+    [redis]  url, username, ssl_ca_certs, ssl_certfile, ssl_keyfile
     [partitions]  "session-events" = 8, ...
 """
 
@@ -27,7 +27,7 @@ __all__ = ["load_settings", "SECRETS"]
 
 _KAFKA = ("bootstrap", "security_protocol", "sasl_mechanism", "sasl_username", "ssl_cafile",
           "ssl_certfile", "ssl_keyfile")
-_REDIS = ("url", "username", "ssl_ca_certs")
+_REDIS = ("url", "username", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _TOP = ("topic_prefix", "namespace", "max_record_bytes")
 SECRETS = {"kafka.sasl_password": "KAFKA_SASL_PASSWORD", "redis.password": "REDIS_PASSWORD"}
 # dotted key -> environment variable (without the prefix)

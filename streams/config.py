@@ -95,6 +95,8 @@ class RedisSettings:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     ssl_ca_certs: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``redis.Redis.from_url`` / ``redis.asyncio.Redis.from_url``."""
@@ -103,8 +105,9 @@ class RedisSettings:
             kwargs["username"] = self.username
         if self.password:
             kwargs["password"] = self.password
-        if self.ssl_ca_certs:
-            kwargs["ssl_ca_certs"] = self.ssl_ca_certs
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):  # used by rediss:// URLs
+            if getattr(self, name):
+                kwargs[name] = getattr(self, name)
         return kwargs
 
     def async_client(self) -> Any:
@@ -166,7 +169,8 @@ class Settings:
             ssl_keyfile=get("KAFKA_SSL_KEYFILE"),
         )
         redis = RedisSettings(url=get("REDIS_URL") or "", username=get("REDIS_USERNAME"),
-                              password=get("REDIS_PASSWORD"), ssl_ca_certs=get("REDIS_SSL_CA_CERTS"))
+                              password=get("REDIS_PASSWORD"), ssl_ca_certs=get("REDIS_SSL_CA_CERTS"),
+                              ssl_certfile=get("REDIS_SSL_CERTFILE"), ssl_keyfile=get("REDIS_SSL_KEYFILE"))
         kwargs: dict[str, Any] = {"kafka": kafka, "redis": redis}
         if get("TOPIC_PREFIX") is not None:
             kwargs["topic_prefix"] = get("TOPIC_PREFIX")
@@ -203,5 +207,10 @@ def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict
                 ENV_PREFIX + "TOPIC_PREFIX": settings.topic_prefix,
                 ENV_PREFIX + "NAMESPACE": settings.namespace,
                 "PYTHONUNBUFFERED": "1"})
+    # transport security travels too, so a fleet started from a config file keeps it
+    for prefix, section in (("KAFKA_", settings.kafka), ("REDIS_", settings.redis)):
+        for name, value in vars(section).items():
+            if name not in ("bootstrap", "url") and value is not None:
+                env[ENV_PREFIX + prefix + name.upper()] = str(value)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
