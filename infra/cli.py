@@ -72,10 +72,10 @@ def _warn_unsigned(settings: Settings) -> None:
 
 
 def _settings(require_endpoints: bool = True) -> Settings:
-    from infra.config_file import load_settings
+    from streams.config_file import load_settings
 
     try:
-        settings = load_settings(_CONFIG["path"])
+        settings = load_settings(_CONFIG["path"], os.environ)
     except ConfigError as exc:
         console.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2)
@@ -127,6 +127,11 @@ def worker(
     from workers.runtime import WorkerConfig, serve
 
     settings = _settings()
+    try:
+        settings.check_capacity(capacity)
+    except ConfigError as exc:
+        console.print(f"[red]configuration error:[/red] {exc}")
+        raise typer.Exit(2)
     _warn_unsigned(settings)
     _metrics_server(metrics_port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -473,10 +478,12 @@ def bench_control_plane(
 def bench_fuzz(
     records: int = typer.Option(1_000_000, min=1, help="Hostile records fed to the decoders."),
     consumer_records: int = typer.Option(2000, min=0, help="Of which also through a real consumer loop."),
+    processor_records: int = typer.Option(3000, min=0, help="Also through the running faust processors."),
     seed: int = typer.Option(0, help="Seed of the generated and mutated records."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
 ) -> None:
-    """Generated and mutated records against every decoder and a real consumer loop."""
+    """Generated and mutated records against every decoder, a real consumer loop and every
+    faust processor (dispatch, detector, metrics, control) running as a process."""
     from infra.bench.fuzz import run
     from infra.embedded import infrastructure
 
@@ -486,7 +493,8 @@ def bench_fuzz(
     with infrastructure() as (bootstrap, redis_url):
         settings = replace(base.with_endpoints(bootstrap, redis_url),
                            topic_prefix=f"{base.topic_prefix}fuzz-{run_id}.")
-        result = run(records, seed, settings if consumer_records else None, consumer_records)
+        result = run(records, seed, settings if consumer_records or processor_records else None,
+                     consumer_records, processor_records)
     _write_json(result, json_out)
     if result["crashes"] or result["hangs"]:
         raise typer.Exit(1)

@@ -41,7 +41,9 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
         channels[spec.name] = {
             "address": "{prefix}" + spec.name,
             "description": f"{spec.summary} Written by {spec.writers}; read by {spec.readers}. "
-                           f"Keyed by {spec.key_name}.",
+                           f"Keyed by {spec.key_name}. Records over {spec.max_bytes} bytes are refused "
+                           f"by default (setting `record_bytes.{spec.name}`).",
+            "bindings": {"kafka": {"topicConfiguration": {"max.message.bytes": spec.max_bytes}}},
             "parameters": {"prefix": {"description": "the configurable topic prefix"}},
             "messages": refs,
         }
@@ -51,7 +53,8 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
             "title": "chunkserve topics",
             "version": version,
             "description": "Every record is a msgpack map with a type tag `t` and a schema "
-                           f"version `v`; records over {DEFAULT_MAX_BYTES} bytes are refused. "
+                           "version `v`; each channel bounds its record size (and no record may exceed "
+                           f"`max_record_bytes`, {DEFAULT_MAX_BYTES} by default). "
                            "Delivery is at-least-once; generations make duplicates harmless.",
         },
         "defaultContentType": "application/msgpack",

@@ -7,6 +7,7 @@ negative epochs or seqs, non-finite numbers, and payloads over the size limit.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgpack
@@ -22,10 +23,15 @@ DEFAULT_MAX_BYTES = 1024 * 1024
 TAG, VERSION = "t", "v"
 
 
-def encode(rec: Record, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-    """The wire bytes of ``rec``: a msgpack map of its fields plus its tag and version."""
+def encode(rec: Record, max_bytes: int | None = None) -> bytes:
+    """The wire bytes of ``rec``: a msgpack map of its fields plus its tag and version.
+
+    Refused (``SchemaError``) over ``max_bytes``, by default its topic's bound.
+    """
     wire = {TAG: rec.TAG, VERSION: rec.VERSION, **to_fields(rec)}
     data = msgpack.packb(wire, use_bin_type=True)
+    if max_bytes is None:
+        max_bytes = TOPICS[topic_of(rec)].max_bytes
     if len(data) > max_bytes:
         raise SchemaError(f"encoded record is {len(data)} bytes, over the {max_bytes}-byte limit")
     return data
@@ -41,11 +47,11 @@ class Decoder:
 
     __slots__ = ("topic", "max_bytes", "_types")
 
-    def __init__(self, topic: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, topic: str, max_bytes: int | None = None) -> None:
         if topic not in TOPICS:
             raise KeyError(f"unknown topic {topic!r}")
         self.topic = topic
-        self.max_bytes = max_bytes
+        self.max_bytes = TOPICS[topic].max_bytes if max_bytes is None else max_bytes
         self._types = {cls.TAG: cls for cls in TOPICS[topic].records}
 
     def decode(self, data: bytes | bytearray | memoryview | None) -> Record:
@@ -84,16 +90,12 @@ class Decoder:
             raise SchemaError(f"invalid record: {type(exc).__name__}: {exc}") from None
 
 
-_DECODERS = {name: Decoder(name) for name in TOPICS}
-
-
-def decoder_for(topic: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Decoder:
-    """The decoder of a logical topic (shared when the default limit is used)."""
-    if max_bytes == DEFAULT_MAX_BYTES and topic in _DECODERS:
-        return _DECODERS[topic]
+@functools.lru_cache(maxsize=256)
+def decoder_for(topic: str, max_bytes: int | None = None) -> Decoder:
+    """The (shared) decoder of a logical topic; ``max_bytes`` None: the topic's bound."""
     return Decoder(topic, max_bytes)
 
 
-def decode(topic: str, data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Record:
+def decode(topic: str, data: bytes, max_bytes: int | None = None) -> Record:
     """Decode one record of ``topic``; raises ``SchemaError`` only."""
     return decoder_for(topic, max_bytes).decode(data)

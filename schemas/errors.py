@@ -112,6 +112,16 @@ class UnknownSessionError(OwnershipError):
         super().__init__(f"session {session_id}: unknown")
 
 
+class LimitError(ChunkserveError):
+    """Something is larger than its configured bound; names the bound and the setting."""
+
+    reason_code = "over_limit"
+
+    def __init__(self, what: str, size: int, limit: int, setting: str) -> None:
+        self.what, self.size, self.limit, self.setting = what, size, limit, setting
+        super().__init__(f"{what} is {size} bytes, over the {limit}-byte limit ({setting})")
+
+
 class SnapshotCorruptError(ChunkserveError):
     """A stored snapshot failed its checksum or is missing parts."""
 

@@ -30,6 +30,7 @@ class TopicSpec:
     writers: str
     readers: str
     summary: str
+    max_bytes: int = 64 * 1024  # default bound on one encoded record (configurable per deployment)
 
 
 TOPICS: dict[str, TopicSpec] = {
@@ -39,26 +40,29 @@ TOPICS: dict[str, TopicSpec] = {
                   "session id", lambda x: x.session_id,  # type: ignore[attr-defined]
                   "producers (front end)", "detector, dispatch", "Session lifecycle events."),
         TopicSpec(SESSION_INPUTS, (r.InputPushed,), "session id", lambda x: x.session_id,  # type: ignore[attr-defined]
-                  "producers", "dispatch (input router)", "User inputs with per-session seq."),
+                  "producers", "dispatch (input router)", "User inputs with per-session seq.",
+                  max_bytes=128 * 1024),
         TopicSpec(WORKER_COMMANDS, (r.Assign, r.Revoke, r.Suspend, r.Resume, r.Terminate, r.Handoff,
                                     r.RoutedInput),
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
-                  "dispatch, rebalancer", "workers", "Commands stamped with a generation."),
+                  "dispatch, rebalancer", "workers", "Commands stamped with a generation.",
+                  max_bytes=128 * 1024),
         TopicSpec(WORKER_EVENTS, (r.WorkerUp, r.Heartbeat, r.WorkerDown, r.Claimed, r.Released,
                                   r.ChunkDone, r.InputAccepted, r.CommandRejected),
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
                   "workers, provisioner", "dispatch, rebalancer, autoscaler, metrics",
-                  "What workers did."),
+                  "What workers did.", max_bytes=192 * 1024),
         TopicSpec(SCALING_COMMANDS, (r.ScaleOut, r.Drain, r.Shutdown), "pool",
                   lambda x: x.pool,  # type: ignore[attr-defined]
-                  "autoscaler", "provisioner", "Pool size changes."),
+                  "autoscaler", "provisioner", "Pool size changes.", max_bytes=16 * 1024),
         TopicSpec(METRICS, (r.WorkloadSignal, r.PlacementReport, r.ScalingDecision, r.CostTick),
                   "metric name", lambda x: x.TAG,
                   "detector, rebalancer, autoscaler, workers", "any subscriber",
-                  "Signals, reports and costs."),
+                  "Signals, reports and costs.", max_bytes=1024 * 1024),
         TopicSpec(DEAD_LETTERS, (r.DeadLetter,), "source topic",
                   lambda x: x.source_topic,  # type: ignore[attr-defined]
-                  "every consumer", "operators", "Records a consumer could not take."),
+                  "every consumer", "operators", "Records a consumer could not take.",
+                  max_bytes=1024 * 1024),
     )
 }
 

@@ -1,7 +1,7 @@
 """Connection settings: where the broker and Redis are, and how to talk to them securely.
 
-Values come from the environment (``CHUNKSERVE_*``); secrets are read from the environment
-only, never from code. TLS/SASL for Kafka and auth/TLS for Redis are passed straight
+Values come from a TOML file and the environment (``CHUNKSERVE_*``, see ``config_file``);
+secrets are read from the environment only, never from code. TLS/SASL for Kafka and auth/TLS for Redis are passed straight
 through to aiokafka, faust and redis-py.
 """
 
@@ -20,6 +20,7 @@ __all__ = ["KafkaSettings", "RedisSettings", "Settings", "DEFAULT_PARTITIONS", "
            "child_env"]
 
 ENV_PREFIX = "CHUNKSERVE_"
+INPUT_ENVELOPE_BYTES = 1024  # what an input record carries beside its payload, at most
 
 DEFAULT_PARTITIONS: dict[str, int] = {
     SESSION_EVENTS: 8,
@@ -120,7 +121,11 @@ class RedisSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a process needs to join a chunkserve deployment."""
+    """Everything a process needs to join a chunkserve deployment, and its bounds.
+
+    ``record_bytes`` overrides the per-topic record bound (``schemas.topics`` gives the
+    defaults); no record may exceed ``max_record_bytes`` whatever its topic.
+    """
 
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
@@ -128,9 +133,12 @@ class Settings:
     namespace: str = "cs"
     partitions: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_PARTITIONS))
     max_record_bytes: int = DEFAULT_MAX_BYTES
+    record_bytes: Mapping[str, int] = field(default_factory=dict)
     max_input_bytes: int = 64 * 1024
     input_rate_per_s: float = 50.0
     input_burst: float = 100.0
+    max_snapshot_bytes: int = 256 * 1024 * 1024
+    max_sessions_per_worker: int = 64
     command_keys: Any = field(default_factory=lambda: _command_keys(), repr=False)
 
     def __post_init__(self) -> None:
@@ -141,8 +149,34 @@ class Settings:
                 raise ConfigError(f"partitions.{topic}", f"must be a positive integer, got {n!r}")
         if self.max_record_bytes < 1024:
             raise ConfigError("max_record_bytes", "must be at least 1024")
+        for topic, n in self.record_bytes.items():
+            key = f"record_bytes.{topic}"
+            if topic not in TOPICS:
+                raise ConfigError(key, "unknown topic")
+            if not isinstance(n, int) or not 1024 <= n <= self.max_record_bytes:
+                raise ConfigError(key, f"must be an integer from 1024 to max_record_bytes "
+                                       f"({self.max_record_bytes}), got {n!r}")
         if self.max_input_bytes < 1 or self.input_rate_per_s <= 0 or self.input_burst < 1:
             raise ConfigError("inputs", "max_input_bytes >= 1, input_rate_per_s > 0 and input_burst >= 1")
+        for topic in (SESSION_INPUTS, WORKER_COMMANDS):  # an input within bounds must fit its records
+            if self.max_input_bytes + INPUT_ENVELOPE_BYTES > self.record_limit(topic):
+                raise ConfigError("max_input_bytes", f"{self.max_input_bytes} bytes plus the record envelope "
+                                  f"({INPUT_ENVELOPE_BYTES}) exceed the {topic} record bound "
+                                  f"({self.record_limit(topic)}); raise record_bytes.{topic}")
+        if self.max_snapshot_bytes < 1024:
+            raise ConfigError("max_snapshot_bytes", "must be at least 1024")
+        if self.max_sessions_per_worker < 1:
+            raise ConfigError("max_sessions_per_worker", "must be at least 1")
+
+    def record_limit(self, topic: str) -> int:
+        """The most bytes one encoded record of ``topic`` may take."""
+        return min(self.record_bytes.get(topic, TOPICS[topic].max_bytes), self.max_record_bytes)
+
+    def check_capacity(self, capacity: int) -> None:
+        """Refuse a worker capacity over ``max_sessions_per_worker`` (ConfigError)."""
+        if not 1 <= capacity <= self.max_sessions_per_worker:
+            raise ConfigError("worker.capacity", f"{capacity} sessions: must be from 1 to "
+                              f"max_sessions_per_worker ({self.max_sessions_per_worker})")
 
     def with_endpoints(self, bootstrap: str, redis_url: str) -> "Settings":
         """The same settings pointed at another broker and Redis."""
@@ -152,45 +186,9 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """Settings from ``CHUNKSERVE_*`` variables; unset ones keep their defaults."""
-        env = os.environ if env is None else env
+        from .config_file import load_settings
 
-        def get(name: str) -> str | None:
-            value = env.get(ENV_PREFIX + name)
-            return value if value else None
-
-        kafka = KafkaSettings(
-            bootstrap=get("KAFKA_BOOTSTRAP") or "",
-            security_protocol=get("KAFKA_SECURITY_PROTOCOL") or "PLAINTEXT",
-            sasl_mechanism=get("KAFKA_SASL_MECHANISM"),
-            sasl_username=get("KAFKA_SASL_USERNAME"),
-            sasl_password=get("KAFKA_SASL_PASSWORD"),
-            ssl_cafile=get("KAFKA_SSL_CAFILE"),
-            ssl_certfile=get("KAFKA_SSL_CERTFILE"),
-            ssl_keyfile=get("KAFKA_SSL_KEYFILE"),
-        )
-        redis = RedisSettings(url=get("REDIS_URL") or "", username=get("REDIS_USERNAME"),
-                              password=get("REDIS_PASSWORD"), ssl_ca_certs=get("REDIS_SSL_CA_CERTS"),
-                              ssl_certfile=get("REDIS_SSL_CERTFILE"), ssl_keyfile=get("REDIS_SSL_KEYFILE"))
-        kwargs: dict[str, Any] = {"kafka": kafka, "redis": redis}
-        if get("TOPIC_PREFIX") is not None:
-            kwargs["topic_prefix"] = get("TOPIC_PREFIX")
-        if get("NAMESPACE") is not None:
-            kwargs["namespace"] = get("NAMESPACE")
-        for name, kind in (("MAX_INPUT_BYTES", int), ("INPUT_RATE_PER_S", float), ("INPUT_BURST", float)):
-            raw_value = get(name)
-            if raw_value is not None:
-                try:
-                    kwargs[name.lower()] = kind(raw_value)
-                except ValueError:
-                    raise ConfigError(name.lower(), f"not a number: {raw_value!r}",
-                                      source=f"env {ENV_PREFIX}{name}") from None
-        if get("MAX_RECORD_BYTES") is not None:
-            raw = get("MAX_RECORD_BYTES") or ""
-            if not raw.isdigit():
-                raise ConfigError("max_record_bytes", f"not an integer: {raw!r}",
-                                  source=f"env {ENV_PREFIX}MAX_RECORD_BYTES")
-            kwargs["max_record_bytes"] = int(raw)
-        return cls(**kwargs)
+        return load_settings(None, os.environ if env is None else env)
 
 
 def _command_keys() -> Any:
@@ -200,17 +198,21 @@ def _command_keys() -> Any:
 
 
 def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment that points a child process at the same deployment as ``settings``."""
+    """The environment that gives a child process exactly ``settings`` (endpoints, transport
+    security, topics, bounds), over ``base`` (default: this process's environment)."""
+    from .config_file import KEYS, env_var
+
     env = dict(os.environ if base is None else base)
-    env.update({ENV_PREFIX + "KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
-                ENV_PREFIX + "REDIS_URL": settings.redis.url,
-                ENV_PREFIX + "TOPIC_PREFIX": settings.topic_prefix,
-                ENV_PREFIX + "NAMESPACE": settings.namespace,
-                "PYTHONUNBUFFERED": "1"})
-    # transport security travels too, so a fleet started from a config file keeps it
-    for prefix, section in (("KAFKA_", settings.kafka), ("REDIS_", settings.redis)):
-        for name, value in vars(section).items():
-            if name not in ("bootstrap", "url") and value is not None:
-                env[ENV_PREFIX + prefix + name.upper()] = str(value)
+    for key in KEYS:
+        section, _, name = key.rpartition(".")
+        if section in ("kafka", "redis"):
+            value = getattr(getattr(settings, section), name)
+        elif section:
+            value = getattr(settings, section).get(name)
+        else:
+            value = getattr(settings, name)
+        if value is not None:
+            env[env_var(key)] = str(value)
+    env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env

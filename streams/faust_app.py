@@ -91,9 +91,13 @@ class FaustPublisher:
     def topic(self, logical: str) -> Any:
         return self._topics[logical]
 
+    def limit(self, logical: str) -> int:
+        """The record-size bound of ``logical`` in this deployment."""
+        return self._catalogue.limit(logical)
+
     async def send(self, rec: Record, wait: bool = False) -> Any:
         logical = topic_of(rec)
-        value = encode(rec)
+        value = encode(rec, self._catalogue.limit(logical))
         headers = self._keys.sign(logical, value) or None
         fut = await self._topics[logical].send(key=key_for(rec), value=value, headers=headers)
         if wait:
@@ -111,7 +115,7 @@ async def decode_event(event: Any, logical: str, publisher: FaustPublisher,
                        consumer: str) -> Record | None:
     """Decode one faust event of ``logical`` topic, or dead-letter it and return None."""
     try:
-        rec = decoder_for(logical).decode(event.message.value)
+        rec = decoder_for(logical, publisher.limit(logical)).decode(event.message.value)
     except SchemaError as exc:
         metrics().dead_lettered.labels(logical).inc()
         await publisher.dead_letter(event.message, f"schema: {exc}", consumer)

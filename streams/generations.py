@@ -36,6 +36,7 @@ from typing import Any, Generator, Iterable, NamedTuple
 from schemas.errors import (
     ConfigError,
     InfraError,
+    LimitError,
     NoCapacityError,
     NotOwnerError,
     OwnershipError,
@@ -44,6 +45,8 @@ from schemas.errors import (
     UnknownSessionError,
 )
 from schemas.records import Generation
+
+from .config import Settings
 
 __all__ = [
     "DEFAULT_PART_SIZE",
@@ -58,6 +61,7 @@ __all__ = [
 ]
 
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
+DEFAULT_MAX_SNAPSHOT_BYTES = Settings.max_snapshot_bytes
 
 Call = tuple[str, list[str], list[Any]]
 Op = Generator[Call, Any, Any]
@@ -182,12 +186,14 @@ def _worker(w: str) -> str:
 class _Ops:
     """The store's operations as generators of script calls (no I/O here)."""
 
-    def __init__(self, namespace: str, part_size: int = DEFAULT_PART_SIZE) -> None:
+    def __init__(self, namespace: str, part_size: int = DEFAULT_PART_SIZE,
+                 max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
         if part_size <= 0:
             raise ConfigError("part_size", f"{part_size}: must be positive")
         self.keys = Keys(namespace)
         self.namespace = namespace
         self.part_size = part_size
+        self.max_snapshot_bytes = max_snapshot_bytes
         self._owner_hint: dict[str, str] = {}  # last owner seen per session: saves a retry
 
     def _hint(self, sid: str, worker: str) -> None:
@@ -303,6 +309,9 @@ class _Ops:
     def put_snapshot(self, session_id: str, gen: Generation, data: bytes, chunk_index: int | None = None,
                      input_seq: int | None = None) -> Op:
         data = bytes(data)
+        if len(data) > self.max_snapshot_bytes:  # refused before anything is written
+            raise LimitError(f"snapshot of session {session_id}", len(data), self.max_snapshot_bytes,
+                             "max_snapshot_bytes")
         snap_id = f"{gen.epoch}.{uuid.uuid4().hex[:12]}"
         k, a = self._fenced(session_id, gen)
         k = k + [self.keys.snapdata(session_id)]
@@ -321,6 +330,9 @@ class _Ops:
             if view is None or view.snapshot is None:
                 return None
             m = view.snapshot
+            if m.size > self.max_snapshot_bytes:  # never pull an unbounded blob into memory
+                raise LimitError(f"stored snapshot of session {session_id}", m.size,
+                                 self.max_snapshot_bytes, "max_snapshot_bytes")
             parts = []
             for i in range(m.parts):
                 part = yield "snap_read", [self.keys.snapdata(session_id)], [f"{m.snap_id}:{i}"]
@@ -417,8 +429,8 @@ class GenerationStore:
     """
 
     def __init__(self, client: Any, namespace: str, *, part_size: int = DEFAULT_PART_SIZE,
-                 backend: Any = None) -> None:
-        self._ops = _Ops(namespace, part_size)
+                 backend: Any = None, max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
+        self._ops = _Ops(namespace, part_size, max_snapshot_bytes)
         self._backend = backend if backend is not None else _AsyncBackend(client)
         self.client = client
 
@@ -428,13 +440,20 @@ class GenerationStore:
 
         return cls(redis.asyncio.Redis.from_url(url), namespace, **kwargs)
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "GenerationStore":
+        """The store of a deployment: its Redis (auth and TLS included), namespace and bounds."""
+        return cls(settings.redis.async_client(), settings.namespace,
+                   max_snapshot_bytes=settings.max_snapshot_bytes)
+
     @property
     def keys(self) -> Keys:
         return self._ops.keys
 
     def for_namespace(self, namespace: str) -> "GenerationStore":
         """A store on another namespace sharing this one's client and loaded scripts."""
-        return GenerationStore(self.client, namespace, part_size=self._ops.part_size, backend=self._backend)
+        return GenerationStore(self.client, namespace, part_size=self._ops.part_size, backend=self._backend,
+                               max_snapshot_bytes=self._ops.max_snapshot_bytes)
 
     async def aclose(self) -> None:
         if self.client is not None:
@@ -520,8 +539,8 @@ class SyncGenerationStore:
     """The same store, blocking, on a sync ``redis.Redis`` client (CLIs, tests, studies)."""
 
     def __init__(self, client: Any, namespace: str, *, part_size: int = DEFAULT_PART_SIZE,
-                 backend: Any = None) -> None:
-        self._ops = _Ops(namespace, part_size)
+                 backend: Any = None, max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
+        self._ops = _Ops(namespace, part_size, max_snapshot_bytes)
         self._backend = backend if backend is not None else _SyncBackend(client)
         self.client = client
 
@@ -538,7 +557,7 @@ class SyncGenerationStore:
     def for_namespace(self, namespace: str) -> "SyncGenerationStore":
         """A store on another namespace sharing this one's client and loaded scripts."""
         return SyncGenerationStore(self.client, namespace, part_size=self._ops.part_size,
-                                   backend=self._backend)
+                                   backend=self._backend, max_snapshot_bytes=self._ops.max_snapshot_bytes)
 
     def close(self) -> None:
         if self.client is not None:

@@ -60,7 +60,7 @@ class RecordProducer:
         """Encode and publish ``rec``; with ``wait`` returns once the broker acknowledged it."""
         logical = topic_of(rec)
         topic = self.catalogue.name(logical)
-        data = encode(rec, self.settings.max_record_bytes)
+        data = encode(rec, self.catalogue.limit(logical))
         metrics().produced.labels(logical).inc()
         headers = self.settings.command_keys.sign(logical, data) or None
         if wait:
@@ -121,7 +121,7 @@ class RecordConsumer:
         self.producer = producer
         self.group_id = group_id
         self.dead_lettered = 0
-        self._decoders = {self.catalogue.name(t): decoder_for(t, settings.max_record_bytes)
+        self._decoders = {self.catalogue.name(t): decoder_for(t, settings.record_limit(t))
                           for t in topics}
         opts: dict[str, Any] = dict(group_id=group_id, enable_auto_commit=False,
                                     auto_offset_reset="earliest", client_id=name,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from schemas.topics import TOPICS
 
 from .config import Settings
 
-__all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key"]
+__all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "TOPIC_FRAMING_BYTES"]
+
+TOPIC_FRAMING_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -17,10 +19,16 @@ class TopicCatalogue:
 
     prefix: str
     partitions: dict[str, int]
+    limits: dict[str, int] = field(default_factory=lambda: {t: s.max_bytes for t, s in TOPICS.items()})
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "TopicCatalogue":
-        return cls(settings.topic_prefix, dict(settings.partitions))
+        return cls(settings.topic_prefix, dict(settings.partitions),
+                   {t: settings.record_limit(t) for t in TOPICS})
+
+    def limit(self, logical: str) -> int:
+        """The most bytes one record of ``logical`` may take in this deployment."""
+        return self.limits[logical]
 
     def name(self, logical: str) -> str:
         if logical not in TOPICS:
@@ -53,7 +61,10 @@ async def ensure_topics(settings: Settings) -> TopicCatalogue:
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, n, 1) for name, n in catalogue.all().items() if name not in existing]
+        # the broker enforces each topic's bound too (plus room for the batch, key and headers)
+        missing = [NewTopic(name, n, 1, topic_configs={"max.message.bytes": str(catalogue.limit(
+                       catalogue.logical(name)) + TOPIC_FRAMING_BYTES)})
+                   for name, n in catalogue.all().items() if name not in existing]
         if missing:
             try:
                 await admin.create_topics(missing)

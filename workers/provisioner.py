@@ -202,7 +202,7 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
     from streams.topics import ensure_topics
 
     catalogue = await ensure_topics(settings)
-    store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
+    store = GenerationStore.from_settings(settings)
     if provisioner is None:
         pool = os.environ.get("CHUNKSERVE_POOL") or "default"
         log_dir = os.environ.get("CHUNKSERVE_LOG_DIR")

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from schemas.errors import ChunkserveError, OwnershipError, SnapshotCorruptError
+from schemas.errors import ChunkserveError, LimitError, OwnershipError, SnapshotCorruptError
 from schemas.records import (Assign, ChunkDone, Claimed, CommandRejected, Generation, Handoff,
                              Heartbeat, InputAccepted, Record, Released, Resume, Revoke,
                              RoutedInput, Suspend, Terminate, WorkerDown, WorkerUp)
@@ -73,6 +73,7 @@ class Worker:
     def __init__(self, settings: Settings, config: WorkerConfig, model: Any, store: GenerationStore,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
+        settings.check_capacity(config.capacity)  # ConfigError naming max_sessions_per_worker
         self.settings = settings
         self.config = config
         self.model = model
@@ -189,8 +190,9 @@ class Worker:
             self.sessions.pop(rec.session_id)
         try:
             state, input_pos = await self._initial_state(rec)
-        except (SnapshotCorruptError, ChunkserveError) as exc:
-            await self._reject(rec, "snapshot_corrupt", str(exc))
+        except ChunkserveError as exc:  # corrupt, vanished, or over max_snapshot_bytes
+            reason = exc.reason_code if isinstance(exc, LimitError) else "snapshot_corrupt"
+            await self._reject(rec, reason, str(exc))
             try:
                 await self.store.release(rec.session_id, rec.generation, close=False)
             except OwnershipError:
@@ -292,6 +294,10 @@ class Worker:
             sess.state.to("cpu")
             manifest = await self._snapshot(rec.session_id, sess)
             await self.store.release(rec.session_id, sess.generation, close=False)
+        except LimitError as exc:  # cannot offload: the session stays resident and says why
+            sess.state.to(self.config.device)
+            await self._reject(rec, exc.reason_code, str(exc))
+            return
         except OwnershipError as exc:
             await self._drop(rec.session_id, sess, f"fenced: {exc}")
             return
@@ -313,6 +319,9 @@ class Worker:
             await self._snapshot(rec.session_id, sess)
             successor = await self.store.commit_migration(rec.session_id, sess.generation,
                                                           rec.target_worker)
+        except LimitError as exc:  # its state cannot travel through Redis: keep serving here
+            await self._reject(rec, exc.reason_code, str(exc))
+            return
         except OwnershipError as exc:
             if exc.reason_code == "no_capacity":  # the target is full: keep serving here
                 await self._reject(rec, exc.reason_code, str(exc))
@@ -451,6 +460,9 @@ class Worker:
             if every and self.sessions.get(sid) is sess and sess.state.chunk_index % every == 0:
                 try:
                     await self._snapshot(sid, sess)
+                except LimitError as exc:  # no checkpoint: a recovery replays from the last one
+                    metrics().rejected.labels(exc.reason_code).inc()
+                    log.warning("worker %s: periodic snapshot skipped: %s", self.config.worker_id, exc)
                 except OwnershipError as exc:
                     await self._drop(sid, sess, f"fenced: {exc}")
         return len(released)
@@ -479,7 +491,7 @@ def serve(settings: Settings, config: WorkerConfig, model: Any, worker_cls: type
     import signal
 
     async def main() -> None:
-        store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
+        store = GenerationStore.from_settings(settings)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -161,6 +161,8 @@ async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, in
     await ensure_topics(settings)
     warm = [f"warm-{i}" for i in range(max(2, workers))]
     capacity = math.ceil((sessions + len(warm)) / workers * 1.25) + 8
+    # light workers hold no model state: let them register the capacity the run needs
+    settings = replace(settings, max_sessions_per_worker=max(settings.max_sessions_per_worker, capacity))
     fleet = LocalFleet(settings, logs)
     stop, lag_stop = asyncio.Event(), asyncio.Event()
     lags: list[int] = []

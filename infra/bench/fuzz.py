@@ -12,12 +12,13 @@ import types
 import typing
 from typing import Annotated, Any, Literal, Union
 
-from schemas.codec import Decoder, encode
+from schemas.codec import Decoder, decoder_for, encode
 from schemas.errors import SchemaError
 from schemas.records import Record, record_types
 from schemas.topics import TOPICS, topic_of
 
-__all__ = ["random_record", "mutate", "fuzz_decoders", "fuzz_consumer", "run"]
+__all__ = ["random_record", "mutate", "fuzz_decoders", "fuzz_consumer", "fuzz_processors", "run",
+           "PROCESSOR_INPUTS"]
 
 HANG_S = 1.0
 
@@ -148,9 +149,93 @@ async def fuzz_consumer(settings: Any, records: int, seed: int = 0) -> dict[str,
             "consumer_expected_dead": sent_bad, "consumer_processed": good}
 
 
-def run(records: int, seed: int = 0, settings: Any = None, consumer_records: int = 2000) -> dict[str, Any]:
-    """The benchmark result; with ``settings`` (a broker and Redis) also the consumer sample."""
+# the faust processors and the topics whose records they decode (and dead-letter); control
+# folds the same topics with a group-less reader that skips what the others dead-letter
+PROCESSOR_INPUTS: dict[str, tuple[str, ...]] = {
+    "dispatch": ("session-events", "session-inputs", "worker-events"),
+    "detector": ("session-events",),
+    "metrics": ("worker-events",),
+    "control": (),
+}
+
+
+def _hostile(rng: random.Random, i: int) -> bytes:
+    """Random bytes, a mutated valid record, or a valid record with random field values."""
+    kind = i % 3
+    if kind == 0:
+        return rng.randbytes(rng.randrange(1, 48))
+    data = encode(random_record(rng))
+    return mutate(data, rng) if kind == 1 else data
+
+
+async def fuzz_processors(settings: Any, records: int, log_dir: Any, seed: int = 0,
+                          timeout_s: float = 180.0) -> dict[str, Any]:
+    """Run every faust processor as a process, publish ``records`` hostile records on the
+    topics they read, and wait until each processor dead-lettered every undecodable record it
+    reads. Afterwards every processor must still run and none may have logged a traceback."""
     import asyncio
+    from pathlib import Path
+
+    from aiokafka import TopicPartition
+
+    from infra.local import LocalFleet
+    from schemas.records import DeadLetter
+    from schemas.topics import DEAD_LETTERS
+    from streams.kafka import RecordConsumer, RecordProducer
+    from streams.topics import ensure_topics
+
+    rng = random.Random(seed)
+    await ensure_topics(settings)
+    topics = sorted({t for ts in PROCESSOR_INPUTS.values() for t in ts})
+    fleet = LocalFleet(settings, Path(log_dir))
+    for name in PROCESSOR_INPUTS:
+        fleet.start_processor(name)
+    bad = {t: 0 for t in topics}
+    dead: dict[str, int] = {name: 0 for name in PROCESSOR_INPUTS}
+    try:
+        async with RecordProducer(settings, client_id="fuzz-processors") as producer:
+            for i in range(records):
+                topic = topics[i % len(topics)]
+                data = _hostile(rng, i)
+                try:
+                    decoder_for(topic, settings.record_limit(topic)).decode(data)
+                except SchemaError:
+                    bad[topic] += 1
+                await producer.send_raw(topic, data, key=b"fuzz-%d" % (i % 97))
+            expected = {name: sum(bad[t] for t in ts) for name, ts in PROCESSOR_INPUTS.items()}
+            reader = RecordConsumer(settings, [DEAD_LETTERS], producer, name="fuzz-dead-letters")
+            await reader.start(subscribe=False)
+            tps = [TopicPartition(reader.catalogue.name(DEAD_LETTERS), p)
+                   for p in range(settings.partitions.get(DEAD_LETTERS, 1))]
+            reader.raw.assign(tps)
+            await reader.raw.seek_to_beginning(*tps)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            while dead != expected and loop.time() < deadline and all(fleet.alive().values()):
+                for d in await reader.poll(timeout_ms=200):
+                    rec = d.record
+                    if isinstance(rec, DeadLetter) and rec.reason.startswith("schema:") and rec.consumer in dead:
+                        dead[rec.consumer] += 1
+            await reader.stop()
+        await asyncio.sleep(1.0)  # a crash caused by the last records shows in a moment
+        alive = {name: fleet.alive()[f"{name}-0"] for name in PROCESSOR_INPUTS}
+    finally:
+        fleet.stop_all()
+    tracebacks = {name: (Path(log_dir) / f"{name}-0.log").read_text(errors="replace").count("Traceback")
+                  for name in PROCESSOR_INPUTS}
+    return {"processor_records": records, "processor_dead_lettered": dead,
+            "processor_expected_dead": expected, "processors_alive": alive,
+            "processor_tracebacks": tracebacks}
+
+
+def run(records: int, seed: int = 0, settings: Any = None, consumer_records: int = 2000,
+        processor_records: int = 0) -> dict[str, Any]:
+    """The benchmark result; with ``settings`` (a broker and Redis) also the consumer sample
+    and the processors' sample. A processor that died, logged a traceback or did not
+    dead-letter every undecodable record it reads counts as a crash (or, still running
+    without finishing, a hang)."""
+    import asyncio
+    import tempfile
 
     started = time.perf_counter()
     result = fuzz_decoders(records, seed)
@@ -162,5 +247,16 @@ def run(records: int, seed: int = 0, settings: Any = None, consumer_records: int
         out.update(sample)
         out["records"] += consumer_records
         out["dead_lettered"] += sample["consumer_dead_lettered"]
+    if settings is not None and processor_records:
+        with tempfile.TemporaryDirectory(prefix="chunkserve-fuzz-") as logs:
+            procs = asyncio.run(fuzz_processors(settings, processor_records, logs, seed))
+        out.update(procs)
+        out["records"] += processor_records
+        out["dead_lettered"] += sum(procs["processor_dead_lettered"].values())
+        for name, alive in procs["processors_alive"].items():
+            if not alive or procs["processor_tracebacks"][name]:
+                out["crashes"] += 1
+            elif procs["processor_dead_lettered"][name] != procs["processor_expected_dead"][name]:
+                out["hangs"] += 1
     out["wall_s"] = round(time.perf_counter() - started, 2)
     return out

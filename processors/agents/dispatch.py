@@ -274,7 +274,7 @@ def build_app(settings: Any) -> Any:
 
     async def shell() -> DispatchShell:
         if "shell" not in state:
-            store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
+            store = GenerationStore.from_settings(settings)
             state["shell"] = DispatchShell(store, publisher, max_input_bytes=settings.max_input_bytes,
                                            input_rate=settings.input_rate_per_s,
                                            input_burst=settings.input_burst)

@@ -44,3 +44,17 @@ def test_trace_files_fail_with_a_line_never_a_traceback(text):
         parse_trace(rows, "fuzz.csv")
     except TraceError as exc:
         assert exc.path == "fuzz.csv" and exc.line >= 1
+
+
+@pytest.mark.integration
+def test_processors_dead_letter_every_bad_record_and_keep_running(kafka_bootstrap, redis_url, namespace,
+                                                                  tmp_path):
+    from infra.bench.fuzz import fuzz_processors
+
+    cfg = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
+        kafka_bootstrap, redis_url)
+    out = asyncio.run(fuzz_processors(cfg, 240, tmp_path, seed=11))
+    assert out["processor_expected_dead"]["dispatch"] > 100
+    assert out["processor_dead_lettered"] == out["processor_expected_dead"]
+    assert all(out["processors_alive"].values()), out
+    assert not any(out["processor_tracebacks"].values()), out

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from infra.config_file import load_settings
+from streams.config_file import load_settings
 from schemas.errors import ConfigError
 
 VALID = """\
@@ -52,11 +52,12 @@ def test_file_values_and_defaults(tmp_path):
 def test_environment_overrides_file_and_supplies_secrets(tmp_path):
     env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": "other:9092", "CHUNKSERVE_NAMESPACE": "us",
            "CHUNKSERVE_KAFKA_SASL_PASSWORD": "s3cret", "CHUNKSERVE_REDIS_PASSWORD": "r3dis",
-           "CHUNKSERVE_MAX_RECORD_BYTES": "4096"}
+           "CHUNKSERVE_MAX_RECORD_BYTES": "4096", "CHUNKSERVE_MAX_INPUT_BYTES": "1000"}
     s = load_settings(write(tmp_path, VALID), env=env)
     assert s.kafka.bootstrap == "other:9092" and s.namespace == "us"
     assert s.kafka.sasl_password == "s3cret" and s.redis.password == "r3dis"
-    assert s.max_record_bytes == 4096
+    assert s.max_record_bytes == 4096 and s.max_input_bytes == 1000
+    assert s.record_limit("metrics") == 4096  # every topic's bound is capped by max_record_bytes
     assert "s3cret" not in repr(s)
 
 
@@ -146,3 +147,58 @@ def test_mutated_valid_file_raises_only_config_error(tmp_path, data):
         else:
             raw[pos:pos] = data.draw(st.sampled_from([b"=", b"[", b"]", b'"', b"\n", b"0", b"true", b"x"]))
     _load_or_config_error(tmp_path, bytes(raw))
+
+
+def test_bounds_from_file_and_environment(tmp_path):
+    path = write(tmp_path, "max_snapshot_bytes = 4096\n" + VALID + '\n[record_bytes]\n"session-events" = 2048\n')
+    env = {"CHUNKSERVE_RECORD_BYTES_METRICS": "8192", "CHUNKSERVE_MAX_SESSIONS_PER_WORKER": "4",
+           "CHUNKSERVE_PARTITIONS_SESSION_INPUTS": "32", "CHUNKSERVE_INPUT_RATE_PER_S": "2.5"}
+    s = load_settings(path, env=env)
+    assert s.record_limit("session-events") == 2048 and s.record_limit("metrics") == 8192
+    assert s.record_limit("session-inputs") == 128 * 1024  # the topic table's default
+    assert s.max_snapshot_bytes == 4096 and s.max_sessions_per_worker == 4
+    assert s.partitions["session-inputs"] == 32 and s.input_rate_per_s == 2.5
+    s.check_capacity(4)
+    with pytest.raises(ConfigError, match="max_sessions_per_worker"):
+        s.check_capacity(5)
+
+
+@pytest.mark.parametrize("env,key", [
+    ({"CHUNKSERVE_RECORD_BYTES_SESSION_INPUTS": "4096"}, "max_input_bytes"),  # inputs would not fit
+    ({"CHUNKSERVE_RECORD_BYTES_METRICS": "100"}, "record_bytes.metrics"),
+    ({"CHUNKSERVE_RECORD_BYTES_METRICS": "4194304"}, "record_bytes.metrics"),  # over max_record_bytes
+    ({"CHUNKSERVE_MAX_SNAPSHOT_BYTES": "10"}, "max_snapshot_bytes"),
+    ({"CHUNKSERVE_MAX_SESSIONS_PER_WORKER": "0"}, "max_sessions_per_worker"),
+    ({"CHUNKSERVE_PARTITIONS_METRICS": "x"}, "partitions.metrics"),
+])
+def test_bad_bound_names_key_and_variable(env, key):
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, env=env)
+    assert info.value.key == key
+    if key != "max_input_bytes":
+        assert info.value.source == f"env {next(iter(env))}"
+
+
+def test_unknown_topic_in_record_bytes_table(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, '[record_bytes]\nnope = 4096\n'), env={})
+    assert info.value.key == "record_bytes.nope" and "unknown topic" in str(info.value)
+
+
+@FUZZ
+@given(st.integers(2048, 1 << 20), st.sampled_from(["SSL", "SASL_SSL", "PLAINTEXT"]),
+       st.dictionaries(st.sampled_from(["metrics", "session-events", "dead-letters"]),
+                       st.integers(1024, 1 << 20)),
+       st.integers(1, 512), st.floats(0.5, 1000.0))
+def test_child_env_gives_a_child_exactly_these_settings(tmp_path, snapshot, protocol, record_bytes,
+                                                        capacity, rate):
+    from streams.config import DEFAULT_PARTITIONS, KafkaSettings, RedisSettings, Settings, child_env
+
+    s = Settings(kafka=KafkaSettings(bootstrap="k:9093", security_protocol=protocol, ssl_cafile="ca.pem",
+                                     sasl_username="u", sasl_password="pw"),
+                 redis=RedisSettings(url="rediss://r:6380/1", ssl_ca_certs="ca.pem", password="rp"),
+                 namespace="n1", record_bytes=record_bytes, max_snapshot_bytes=snapshot,
+                 max_sessions_per_worker=capacity, input_rate_per_s=rate,
+                 partitions={**DEFAULT_PARTITIONS, "session-events": 3, "metrics": 2})
+    child = load_settings(None, env=child_env(s, base={}))
+    assert child == s and child.kafka.sasl_password == "pw" and child.redis.password == "rp"

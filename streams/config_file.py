@@ -1,0 +1,155 @@
+"""Settings from a TOML file, then ``CHUNKSERVE_*`` environment variables over it.
+
+One table (``KEYS``) names every setting, its type and its variable, so a file and the
+environment can set the same things. Secrets (the Kafka SASL password, the Redis password)
+come from the environment only: a secret in the file is an error. Every error is a
+``ConfigError`` naming the key and where it came from (the file, the file and line for TOML
+syntax, or the variable)::
+
+    topic_prefix = "chunkserve."   namespace = "cs"
+    max_record_bytes = 1048576     max_input_bytes = 65536     max_snapshot_bytes = 268435456
+    input_rate_per_s = 50.0        input_burst = 100.0         max_sessions_per_worker = 64
+    [kafka]  bootstrap, security_protocol, sasl_mechanism, sasl_username,
+             ssl_cafile, ssl_certfile, ssl_keyfile
+    [redis]  url, username, ssl_ca_certs, ssl_certfile, ssl_keyfile
+    [partitions]    "session-events" = 8, ...      (CHUNKSERVE_PARTITIONS_SESSION_EVENTS)
+    [record_bytes]  "session-inputs" = 131072, ... (CHUNKSERVE_RECORD_BYTES_SESSION_INPUTS)
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from schemas.errors import ConfigError
+from schemas.topics import TOPICS
+
+from .config import DEFAULT_PARTITIONS, ENV_PREFIX, KafkaSettings, RedisSettings, Settings
+
+__all__ = ["load_settings", "KEYS", "SECRETS", "env_var"]
+
+_KAFKA = ("bootstrap", "security_protocol", "sasl_mechanism", "sasl_username", "ssl_cafile",
+          "ssl_certfile", "ssl_keyfile")
+_REDIS = ("url", "username", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+SECRETS = ("kafka.sasl_password", "redis.password")
+_PER_TOPIC = ("partitions", "record_bytes")  # tables of one positive integer per topic
+
+# dotted key -> type of its value
+KEYS: dict[str, type] = {
+    "topic_prefix": str, "namespace": str,
+    "max_record_bytes": int, "max_input_bytes": int, "input_rate_per_s": float,
+    "input_burst": float, "max_snapshot_bytes": int, "max_sessions_per_worker": int,
+    **{f"kafka.{k}": str for k in _KAFKA + ("sasl_password",)},
+    **{f"redis.{k}": str for k in _REDIS + ("password",)},
+    **{f"{table}.{t}": int for table in _PER_TOPIC for t in TOPICS},
+}
+_MAX_INT = 1 << 30
+
+
+def env_var(key: str) -> str:
+    """The variable that sets ``key``: ``kafka.ssl_cafile`` -> ``CHUNKSERVE_KAFKA_SSL_CAFILE``."""
+    return ENV_PREFIX + re.sub(r"[.-]", "_", key).upper()
+
+
+def load_settings(path: Path | None, env: Mapping[str, str]) -> Settings:
+    """Settings from ``path`` (None: defaults), overridden by the ``CHUNKSERVE_*`` in ``env``."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if path is not None:
+        for key, value in _flatten(_read(path), str(path)).items():
+            values[key], sources[key] = _typed(key, value, str(path)), str(path)
+    for key in KEYS:
+        raw = env.get(env_var(key))
+        if raw:
+            source = f"env {env_var(key)}"
+            values[key], sources[key] = _parsed(key, raw, source), source
+    return _build(values, sources)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError("<file>", f"cannot read: {exc.strerror or exc}", str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("<file>", f"not UTF-8 (byte {exc.start})", str(path)) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        found = re.search(r"line (\d+)", str(exc))
+        where = f"{path}:{found.group(1)}" if found else str(path)
+        raise ConfigError("<syntax>", str(exc), where) from None
+    except (ValueError, RecursionError) as exc:  # e.g. deeply nested arrays
+        raise ConfigError("<syntax>", f"unreadable TOML: {type(exc).__name__}", str(path)) from None
+
+
+def _flatten(doc: dict[str, Any], source: str) -> dict[str, Any]:
+    """``{"kafka": {"bootstrap": x}}`` -> ``{"kafka.bootstrap": x}``, refusing unknown keys."""
+    flat: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key in ("kafka", "redis") + _PER_TOPIC:
+            if not isinstance(value, dict):
+                raise ConfigError(key, "must be a table", source)
+            for sub, v in value.items():
+                flat[f"{key}.{sub}"] = v
+        else:
+            flat[key] = value
+    for key in flat:
+        if key in SECRETS:
+            raise ConfigError(key, f"secrets are read from the environment only; set {env_var(key)} "
+                                   "instead", source)
+        if key not in KEYS:
+            section = key.split(".", 1)[0]
+            known = sorted(k.split(".", 1)[1] for k in KEYS if k.startswith(section + ".")
+                           and k not in SECRETS)
+            hint = f" (known: {', '.join(known)})" if known and section in ("kafka", "redis") else ""
+            raise ConfigError(key, ("unknown topic" if section in _PER_TOPIC else "unknown key") + hint,
+                              source)
+    return flat
+
+
+def _typed(key: str, value: Any, source: str) -> Any:
+    """A value from the file, checked against the type ``KEYS`` gives it."""
+    kind = KEYS[key]
+    ok = (isinstance(value, str) if kind is str else
+          isinstance(value, int) and not isinstance(value, bool) if kind is int else
+          isinstance(value, (int, float)) and not isinstance(value, bool))
+    if not ok:
+        raise ConfigError(key, f"must be {'a string' if kind is str else 'a number' if kind is float else 'an integer'}"
+                               f", got {type(value).__name__}", source)
+    return _ranged(key, float(value) if kind is float else value, source)
+
+
+def _parsed(key: str, raw: str, source: str) -> Any:
+    """A value from an environment variable, parsed to the type ``KEYS`` gives it."""
+    kind = KEYS[key]
+    if kind is str:
+        return raw
+    try:
+        value = int(raw) if kind is int else float(raw)
+    except ValueError:
+        raise ConfigError(key, f"not {'an integer' if kind is int else 'a number'}: {raw[:40]!r}",
+                          source) from None
+    return _ranged(key, value, source)
+
+
+def _ranged(key: str, value: Any, source: str) -> Any:
+    if isinstance(value, (int, float)) and not (0 < value <= _MAX_INT):
+        raise ConfigError(key, f"must be from 1 to {_MAX_INT}, got {value!r}"[:200], source)
+    return value
+
+
+def _build(values: dict[str, Any], sources: dict[str, str]) -> Settings:
+    def section(prefix: str) -> dict[str, Any]:
+        return {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(prefix + ".")}
+
+    top = {k: v for k, v in values.items() if "." not in k}
+    try:
+        return Settings(kafka=KafkaSettings(**section("kafka")), redis=RedisSettings(**section("redis")),
+                        partitions={**DEFAULT_PARTITIONS, **section("partitions")},
+                        record_bytes=section("record_bytes"), **top)
+    except ConfigError as exc:  # re-raised naming where the offending value came from
+        reason = str(exc).split(f"{exc.key}: ", 1)[-1]
+        raise ConfigError(exc.key, reason, sources.get(exc.key, exc.source)) from None

@@ -1,0 +1,138 @@
+"""Every bound's error path on the real broker and Redis: snapshot size, sessions per worker,
+record size per topic."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+from infra.flow import EventLog
+from infra.local import LocalFleet
+from schemas.errors import LimitError, SchemaError
+from schemas.codec import encode
+from schemas.records import (Assign, ChunkDone, CommandRejected, Generation, Handoff, SessionOpened,
+                             Suspend, WorkerUp)
+from schemas.topics import SESSION_EVENTS
+from streams.config import Settings
+from streams.generations import SyncGenerationStore
+from streams.kafka import RecordConsumer, RecordProducer
+from streams.topics import ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+def _settings(kafka_bootstrap: str, redis_url: str, namespace: str) -> Settings:
+    return Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
+
+
+def test_store_refuses_snapshots_over_the_bound_and_writes_nothing(redis_url, namespace):
+    big = SyncGenerationStore.from_url(redis_url, namespace, max_snapshot_bytes=1 << 20)
+    small = SyncGenerationStore.from_url(redis_url, namespace, max_snapshot_bytes=4096)
+    try:
+        small.register_worker("w", 2)
+        gen = small.commit("s1", 0, "w")
+        with pytest.raises(LimitError) as info:
+            small.put_snapshot("s1", gen, b"x" * 5000)
+        assert info.value.setting == "max_snapshot_bytes" and info.value.size == 5000
+        assert small.read_snapshot("s1") is None  # nothing was written
+        big.put_snapshot("s1", gen, b"y" * 5000)  # stored under a larger bound ...
+        with pytest.raises(LimitError, match="stored snapshot"):
+            small.read_snapshot("s1")  # ... is not pulled into memory under a smaller one
+        assert big.read_snapshot("s1")[1] == b"y" * 5000
+    finally:
+        big.close()
+        small.close()
+
+
+def test_worker_keeps_a_session_whose_snapshot_is_over_the_bound(kafka_bootstrap, redis_url, namespace,
+                                                                  tmp_path):
+    """Suspend and Handoff need a snapshot; over ``max_snapshot_bytes`` the worker refuses
+    them with the reason and keeps serving the session, which stays current and claimed."""
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+    store = SyncGenerationStore.from_url(redis_url, namespace)
+    fleet = LocalFleet(settings, tmp_path / "logs", extra_env={"CHUNKSERVE_MAX_SNAPSHOT_BYTES": "2048"})
+
+    async def run() -> list:
+        await ensure_topics(settings)
+        fleet.start_worker("w-big", capacity=2, chunk_interval_s=0.2)
+        async with RecordProducer(settings) as producer:
+            log = EventLog(settings, producer)
+            await log.start()
+            await log.until(lambda rs: any(isinstance(r, WorkerUp) for r in rs), 90, "the worker")
+            store.register_worker("w-other", 2)
+            gen = store.commit("s-big", 0, "w-big")
+            await producer.send(Assign(worker_id="w-big", session_id="s-big", generation=gen, ts=time.time()))
+            await log.until(lambda rs: sum(isinstance(r, ChunkDone) for r in rs) >= 2, 60, "first chunks")
+            await producer.send(Suspend(worker_id="w-big", session_id="s-big", generation=gen, ts=time.time()))
+            await producer.send(Handoff(worker_id="w-big", session_id="s-big", generation=gen,
+                                        target_worker="w-other", ts=time.time()))
+            await log.until(lambda rs: sum(isinstance(r, CommandRejected) for r in rs) >= 2, 60, "refusals")
+            seen = sum(isinstance(r, ChunkDone) for r in log.records)
+            await log.until(lambda rs: sum(isinstance(r, ChunkDone) for r in rs) >= seen + 3, 60,
+                            "chunks after the refusals")
+            await log.stop()
+            return log.records
+
+    try:
+        records = asyncio.run(run())
+        view = store.session("s-big")
+    finally:
+        fleet.stop_all()
+        store.close()
+    refused = [r for r in records if isinstance(r, CommandRejected)]
+    assert sorted(r.command for r in refused) == sorted([Suspend.TAG, Handoff.TAG])
+    assert all(r.reason == "over_limit" and "max_snapshot_bytes" in r.detail for r in refused)
+    assert view is not None and view.generation == Generation("w-big", 1)
+    assert view.state == "active" and view.claimed and view.snapshot is None
+    chunks = [r.chunk_index for r in records if isinstance(r, ChunkDone) and r.session_id == "s-big"]
+    assert chunks == list(range(len(chunks)))  # served throughout, no gap
+
+
+def test_worker_refuses_a_capacity_over_the_bound(kafka_bootstrap, redis_url, namespace):
+    env = dict(os.environ, CHUNKSERVE_KAFKA_BOOTSTRAP=kafka_bootstrap, CHUNKSERVE_REDIS_URL=redis_url,
+               CHUNKSERVE_NAMESPACE=namespace, CHUNKSERVE_MAX_SESSIONS_PER_WORKER="4")
+    done = subprocess.run([sys.executable, "-m", "infra", "worker", "--worker-id", "w-huge", "--capacity", "5"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "max_sessions_per_worker" in done.stdout and "Traceback" not in done.stdout + done.stderr
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+    with pytest.raises(Exception, match="max_sessions_per_worker"):
+        from workers.runtime import Worker, WorkerConfig
+        Worker(replace(settings, max_sessions_per_worker=4), WorkerConfig(worker_id="w", capacity=5),
+               model=None, store=None)  # type: ignore[arg-type]
+
+
+def test_records_over_their_topic_bound_are_refused_and_dead_lettered(kafka_bootstrap, redis_url,
+                                                                       namespace):
+    """The producer refuses to send one; a consumer dead-letters one another client sent."""
+    settings = replace(_settings(kafka_bootstrap, redis_url, namespace),
+                       record_bytes={"session-events": 2048})
+    small = SessionOpened(session_id="ok", ts=1.0, prompt="p" * 1000)
+    big = SessionOpened(session_id="big", ts=1.0, prompt="p" * 3000)
+
+    async def run() -> tuple[list, int]:
+        await ensure_topics(settings)
+        async with RecordProducer(settings) as producer:
+            with pytest.raises(SchemaError, match="2048-byte limit"):
+                await producer.send(big)
+            await producer.send_raw(SESSION_EVENTS, encode(big), key=b"big")  # a client ignoring the bound
+            await producer.send(small)
+            consumer = RecordConsumer(settings, [SESSION_EVENTS], producer, name="bounded",
+                                      group_id=f"{namespace}-bounded")
+            await consumer.start()
+            got: list = []
+            deadline = time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                got = await consumer.poll(timeout_ms=200)
+            dead = consumer.dead_lettered
+            await consumer.stop()
+            return [d.record for d in got], dead
+
+    got, dead = asyncio.run(run())
+    assert got == [small] and dead == 1
