@@ -69,6 +69,7 @@ def simulate_cmd(
     deadline: float = typer.Option(1.0, "--deadline", min=0.001, help="Chunk deadline = media duration of a chunk, s."),
     boot: float = typer.Option(60.0, "--boot", min=0.0, help="GPU boot time, s."),
     epoch: float = typer.Option(0.5, "--epoch", min=0.0, help="Decision epoch grid, s (events are quantized up to it; 0: exact)."),
+    cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream)."),
 ) -> None:
     """Replay a trace through policies; print a table, write JSON and a timeline plot."""
     from processors.autoscaler import AutoscalerConfig, load_volatility_table
@@ -87,7 +88,7 @@ def simulate_cmd(
         tr = load_trace(trace)
         if not tr.events:
             raise ChunkserveError(f"{trace}: the trace has no events")
-        cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, epoch_s=epoch)
+        cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, epoch_s=epoch, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot)
         ts_opts = {"table": vt, "autoscaler": auto}
         options = {n: dict(ts_opts) for n in ("turboserve", "turboserve-no-migration", "turboserve-no-autoscale")}
@@ -126,7 +127,9 @@ def _print_table(out: dict) -> None:
             _console.print(f"vs {b}: matched cost (pool {mc['pool_size'][b]}) worst latency reduction {mc['worst_latency_reduction_pct'][b]:.1f}%; "
                            f"matched latency (pool {ml['pool_size'][b]}) cost reduction {ml['cost_reduction_pct'][b]:.1f}%")
     if "oracle_gap_pct" in out:
-        _console.print(f"oracle gap {out['oracle_gap_pct']:.1f}%")
+        o = out.get("oracle", {})
+        note = f" (oracle at u*={o['u_target']:.2f}" + (")" if o.get("matched") else ", cannot match turboserve's worst latency)") if o else ""
+        _console.print(f"oracle gap {out['oracle_gap_pct']:.1f}%{note}")
     _console.print(f"wall {out['wall_s']:.1f} s")
 
 

@@ -130,9 +130,10 @@ def oracle_need(future: Sequence[int], window_s: float, now: float, lookahead_s:
 class OracleAutoscale:
     """Offline autoscaling that knows future demand; TurboServe placement underneath.
 
-    It sizes the pool for the peak of the windows it cannot boot ahead of (now .. now +
-    boot_s), at ``u_target`` (1.0: full capacity K, which meets the deadline), with no
-    hysteresis and no dwell.
+    It grows the pool for the peak of the windows it cannot boot ahead of (now .. now +
+    boot_s) and shrinks it only to the peak of now .. now + boot_s + ``hold_s`` (default
+    boot_s: a GPU needed again within a boot time is cheaper kept than rebooted), at
+    ``u_target`` (1.0: full capacity K, which meets the deadline), with no dwell.
     """
 
     future: tuple[int, ...]
@@ -141,17 +142,20 @@ class OracleAutoscale:
     rebalance: RebalanceConfig = TURBOSERVE_REBALANCE
     autoscaler: AutoscalerConfig = AutoscalerConfig()
     u_target: float = 1.0
+    hold_s: float | None = None
     name: str = "oracle-autoscale"
 
     def initial_state(self) -> None:
         return None
 
     def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: None) -> Decision:
-        demand = max(oracle_need(self.future, self.window_s, snapshot.now, self.autoscaler.boot_s), snapshot.active_count())
-        need = demand / self.u_target
-        scale = resize(snapshot, self.model, need, self.autoscaler, grow=True)
+        boot, now, active = self.autoscaler.boot_s, snapshot.now, snapshot.active_count()
+        hold = boot if self.hold_s is None else self.hold_s
+        grow = max(oracle_need(self.future, self.window_s, now, boot), active) / self.u_target
+        scale = resize(snapshot, self.model, grow, self.autoscaler, grow=True)
         if not scale:
-            scale = resize(snapshot, self.model, need, self.autoscaler, grow=False)
+            keep = max(oracle_need(self.future, self.window_s, now, boot + hold), active) / self.u_target
+            scale = resize(snapshot, self.model, keep, self.autoscaler, grow=False)
         view = apply_drains(snapshot, scale)
         plan = plan_placement(view, self.model, self.rebalance)
         return Decision(scale + plan.commands + shutdowns(view), None)

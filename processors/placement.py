@@ -39,7 +39,9 @@ class RebalanceConfig:
 
     ``drain_max_kappa_s`` bounds which sessions a draining GPU sheds by migration: a larger
     one would stall its next chunk longer than that, so it stays until it goes idle or
-    closes (the GPU shuts down a little later instead).
+    closes (the GPU shuts down a little later instead). ``max_transient_s`` bounds any move
+    by the moved session's next chunk at worst (:meth:`transient`): a move that would make
+    that chunk slower than this is not made.
     """
 
     eta: float = 0.1
@@ -47,14 +49,21 @@ class RebalanceConfig:
     beta_s_per_byte: float = 1.0 / 25e9
     max_moves: int = 512
     drain_max_kappa_s: float = math.inf
+    max_transient_s: float = math.inf
 
     def __post_init__(self) -> None:
-        if self.eta < 0 or self.alpha_s < 0 or self.beta_s_per_byte < 0 or self.max_moves < 0 or not self.drain_max_kappa_s >= 0:
-            raise ConfigError("rebalance", "eta, alpha_s, beta_s_per_byte, max_moves and drain_max_kappa_s must be >= 0", "placement")
+        if (self.eta < 0 or self.alpha_s < 0 or self.beta_s_per_byte < 0 or self.max_moves < 0
+                or not self.drain_max_kappa_s >= 0 or not self.max_transient_s >= 0):
+            raise ConfigError("rebalance", "eta, alpha_s, beta_s_per_byte, max_moves, drain_max_kappa_s and max_transient_s must be >= 0", "placement")
 
     def kappa(self, state_bytes: int) -> float:
         """Estimated seconds to migrate a session holding ``state_bytes``."""
         return self.alpha_s + self.beta_s_per_byte * state_bytes
+
+    def transient(self, kappa_s: float, target_now_s: float, target_after_s: float) -> float:
+        """The moved session's next chunk at worst: its transfer, then the target's running
+        chunk (``target_now_s`` = l_t(n_t)) to wait out, then its own (l_t(n_t + 1))."""
+        return kappa_s + target_now_s + target_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +176,12 @@ class _Pool:
     def kappa(self, key: int) -> float:
         return 0.0 if key == _FRESH else self.cfg.kappa(key)
 
+    def too_slow(self, key: int, dst: int) -> bool:
+        """Whether moving a session (cost key ``key``) to ``dst`` breaks max_transient_s."""
+        if key == _FRESH or self.cfg.max_transient_s == math.inf:
+            return False  # placed this epoch: it has not started anywhere yet
+        return self.cfg.transient(self.cfg.kappa(key), self.lat(dst), self.lat(dst, 1)) > self.cfg.max_transient_s
+
     def move(self, entry: tuple[int, str], src: int, dst: int) -> None:
         sid = entry[1]
         if entry[0] != _FRESH:
@@ -202,9 +217,9 @@ def _evacuate(pool: _Pool, order: list[str], gamma: dict[str, tuple[float, str]]
                 pool.push(src, entry)  # the rest are dearer still: they leave when idle
                 break
             dst = pool.best_target(set()) if entry is not None else None
-            if entry is None or dst is None:
+            if entry is None or dst is None or pool.too_slow(entry[0], dst):
                 if entry is not None:
-                    pool.push(src, entry)
+                    pool.push(src, entry)  # the best target now: none better for the rest
                 return
             before = pool.top()[0]
             pool.move(entry, src, dst)
@@ -231,7 +246,7 @@ def _step(pool: _Pool, budget: int) -> list[tuple[tuple[int, str], int, int, flo
             break
         sources.add(nxt)
         dst = pool.best_target(sources)
-        if dst is None:
+        if dst is None or pool.too_slow(entry[0], dst):
             pool.push(nxt, entry)
             break
         pool.move(entry, nxt, dst)

@@ -21,8 +21,12 @@ from processors.snapshot import GpuState, Snapshot
 __all__ = ["TurboServeState", "TurboServe", "apply_drains", "TURBOSERVE_REBALANCE"]
 
 # eta 1: a move must gain more worst latency than the seconds its transfer stalls the
-# session; drains shed by migration only sessions that move in 0.2 s or less.
-TURBOSERVE_REBALANCE = RebalanceConfig(eta=1.0, drain_max_kappa_s=0.2)
+# session; drains shed by migration only sessions that move in 0.2 s or less; and no move
+# may make the moved session's next chunk (transfer, the target's running chunk, its own)
+# slower than 1.4 s: evacuating a drained GPU onto busy ones otherwise sets the run's worst
+# chunk latency (1.4 s measured on generated traces: 1.0 s also blocks the evacuations
+# that let drained GPUs shut down early, which costs more than it saves).
+TURBOSERVE_REBALANCE = RebalanceConfig(eta=1.0, drain_max_kappa_s=0.2, max_transient_s=1.4)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,10 @@ class SimConfig:
     restore_beta_s_per_byte: float = 1.0 / 12e9
     window_s: float = 60.0  # timeline window
     detector: DetectorConfig = DetectorConfig()
+    # Scale-outs decided at the trace's first instant find their GPUs ready: a trace that
+    # starts mid-stream (generated ones open the sessions alive at 0 at 0) meets an elastic
+    # pool already at the size its policy asks for, as a fixed pool starts full.
+    warm_start: bool = False
 
     def __post_init__(self) -> None:
         if self.initial_gpus < 0 or self.boot_s < 0 or self.deadline_s <= 0 or self.tick_s <= 0 or self.window_s <= 0:
@@ -147,6 +151,9 @@ class _Sim:
         q = cfg.epoch_s
         last = events[-1].t if events else 0.0
         self.end = math.ceil(last / q - 1e-9) * q if q > 0 else last
+        first = events[0].t if events else 0.0
+        self.start = math.ceil(first / q - 1e-9) * q if q > 0 else first
+        self.warm_rounds = 0
         nwin = int(self.end // cfg.window_s) + 1
         self.tl = {k: [0.0] * nwin for k in ("gpus", "active", "migrations", "worst_latency_s")}
         for _ in range(cfg.initial_gpus):
@@ -272,9 +279,14 @@ class _Sim:
                 self.invalid += 1
                 return
             self.scale_events += 1
+            warm = self.cfg.warm_start and now <= self.start and self.warm_rounds < 8
             for _ in range(cmd.count):
-                g = self.add_gpu(cmd.gpu_type, now, GpuState.BOOTING)
-                self.push(now + self.cfg.boot_s, _BOOT, g.id)
+                g = self.add_gpu(cmd.gpu_type, now, GpuState.READY if warm else GpuState.BOOTING)
+                if not warm:
+                    self.push(now + self.cfg.boot_s, _BOOT, g.id)
+            if warm:  # place onto them at once (a few rounds at most)
+                self.warm_rounds += 1
+                self.schedule_decide(now)
         elif isinstance(cmd, Drain):
             g = self.gpus.get(cmd.gpu_id)
             if g is None:

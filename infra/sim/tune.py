@@ -35,7 +35,7 @@ def tune(
     levels: Sequence[int] = tuple(range(1, 11)),
     seeds: Sequence[int] = (0,),
     gen: GenConfig = GenConfig(duration_s=900.0, sessions=1200),
-    config: SimConfig = SimConfig(),
+    config: SimConfig = SimConfig(warm_start=True),
     on_step: Callable[[str], None] | None = None,
 ) -> VolatilityTable:
     """The cheapest (u_target, delta) per level meeting ``bound_s``; unlisted levels keep defaults."""

@@ -80,3 +80,15 @@ def test_table_file_round_trip(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(ConfigError):
         load_volatility_table(path)
+
+
+def test_offline_oracle_keeps_a_gpu_it_needs_again_within_a_boot_time():
+    from processors.oracles import OracleAutoscale
+
+    # peak executing per 30 s window: busy, quiet for two minutes, busy again
+    future = (80, 0, 0, 0, 80, 80)
+    snap = Snapshot(30.0, (Gpu("g0", "b300", GpuState.READY), Gpu("g1", "b300", GpuState.READY)), ())
+    kept = OracleAutoscale(future=future, model=PAPER).decide(snap, None, None)
+    assert not any(isinstance(c, Drain) for c in kept.commands)  # needed at 120 s < 30 + 60 + 60
+    short = OracleAutoscale(future=future, model=PAPER, hold_s=0.0).decide(snap, None, None)
+    assert [c.gpu_id for c in short.commands if isinstance(c, Drain)] == ["g0"]

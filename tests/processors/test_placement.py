@@ -137,3 +137,26 @@ def test_tied_bottlenecks_move_together():
     plan = plan_placement(Snapshot(0.0, gpus, sessions), PAPER, RebalanceConfig())
     assert sorted(plan.loads.values()) == [2, 2, 3, 3]
     assert all(c.gamma > 0 for c in plan.commands)
+
+
+@settings(max_examples=60, deadline=None)
+@given(snapshots(max_gpus=8, draining=True, booting=True), CONFIGS)
+def test_zero_transient_cap_blocks_every_move_but_not_placement(snap, cfg):
+    capped = RebalanceConfig(cfg.eta, cfg.alpha_s, cfg.beta_s_per_byte, cfg.max_moves, max_transient_s=0.0)
+    plan = plan_placement(snap, PAPER, capped)
+    assert not any(isinstance(c, Migrate) for c in plan.commands)
+    assert plan.commands == plan_placement(snap, PAPER, capped, rebalance=False).commands
+
+
+def test_transient_cap_keeps_a_drained_gpus_sessions_off_busy_gpus():
+    # b300: l(30) = 0.83, l(31) = 0.845; moving 1 GB costs 0.02 + 0.04 s
+    busy = [Session(f"b{i}", 0, gpu_id="g001") for i in range(30)]
+    drained = [Session("d0", 10**9, gpu_id="g000")]
+    gpus = (Gpu("g000", "b300", GpuState.DRAINING), Gpu("g001", "b300", GpuState.READY))
+    snap = Snapshot(0.0, gpus, tuple(busy + drained))
+    free = plan_placement(snap, PAPER, RebalanceConfig(eta=1.0, max_transient_s=math.inf))
+    assert [c.reason for c in free.commands if isinstance(c, Migrate)] == ["drain"]
+    assert RebalanceConfig().transient(0.06, 0.83, 0.845) == pytest.approx(1.735)
+    for cap, moves in ((1.7, 0), (1.75, 1)):
+        plan = plan_placement(snap, PAPER, RebalanceConfig(eta=1.0, max_transient_s=cap))
+        assert sum(isinstance(c, Migrate) for c in plan.commands) == moves

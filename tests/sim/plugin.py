@@ -45,3 +45,23 @@ class BootOne:
         if ready:
             cmds += [Place(s.id, ready[0]) for s in snapshot.sessions if s.gpu_id is None]
         return Decision(tuple(cmds), True)
+
+
+@dataclass(frozen=True)
+class BootAt:
+    """Boots one GPU at the first epoch at or after ``at`` and places waiting sessions."""
+
+    at: float = 10.0
+    name: str = "boot-at"
+
+    def initial_state(self) -> bool:
+        return False
+
+    def decide(self, snapshot, signal, booted):
+        cmds = []
+        if not booted and snapshot.now >= self.at:
+            cmds, booted = [ScaleOut(1, "b300")], True
+        ready = [g.id for g in snapshot.gpus if g.state is GpuState.READY]
+        if ready:
+            cmds += [Place(s.id, ready[0]) for s in snapshot.sessions if s.gpu_id is None]
+        return Decision(tuple(cmds), booted)

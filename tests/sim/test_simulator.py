@@ -47,6 +47,18 @@ def test_scale_out_waits_for_boot():
     assert r.gpu_seconds == pytest.approx(100)  # billed from the boot request
 
 
+def test_warm_start_readies_the_first_instants_scale_out_only():
+    ev = _ev((0, "a", O, 0), (0, "b", O, 0), (100, "a", C, 0), (100, "b", C, 0))
+    pol = load_policy("tests.sim.plugin:BootOne")
+    r = simulate(pol, ev, MODEL, SimConfig(initial_gpus=0, boot_s=60, epoch_s=0, warm_start=True))
+    assert r.scale_events == 1 and r.invalid_commands == 0
+    assert r.worst_chunk_latency_s == pytest.approx(0.32)  # no boot wait
+    assert r.gpu_seconds == pytest.approx(100)
+    late = _ev((0, "a", O, 0), (100, "a", C, 0))
+    again = simulate(load_policy("tests.sim.plugin:BootAt", at=10.0), late, MODEL, SimConfig(initial_gpus=0, boot_s=60, epoch_s=0, warm_start=True))
+    assert again.worst_chunk_latency_s == pytest.approx(70.30)  # asked after the first instant: boots
+
+
 def _app():
     app = typer.Typer()
     register(app)
@@ -73,6 +85,7 @@ def test_cli_is_deterministic_and_reports(tmp_path):
     assert set(outs[0]["policies"]) == {"base", "lag", "mag", "turboserve", "turboserve-no-migration", "turboserve-no-autoscale", "oracle-autoscale"}
     assert set(outs[0]["matched_cost"]["worst_latency_reduction_pct"]) == {"base", "lag", "mag"}
     assert "oracle_gap_pct" in outs[0] and (tmp_path / "p.png").stat().st_size > 0
+    assert set(outs[0]["oracle"]) == {"u_target", "matched"}
 
 
 def test_cli_user_errors_are_one_line(tmp_path):
