@@ -125,6 +125,9 @@ class Settings:
 
     ``record_bytes`` overrides the per-topic record bound (``schemas.topics`` gives the
     defaults); no record may exceed ``max_record_bytes`` whatever its topic.
+    ``fetch_wait_ms`` is how long a consumer's fetch may wait at the broker for records: a
+    broker that answers as soon as records arrive (Kafka) makes it free, one that holds every
+    fetch to the end of its wait (the embedded Tansu) adds up to that much to every hop.
     """
 
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
@@ -139,6 +142,7 @@ class Settings:
     input_burst: float = 100.0
     max_snapshot_bytes: int = 256 * 1024 * 1024
     max_sessions_per_worker: int = 64
+    fetch_wait_ms: int = 10
     command_keys: Any = field(default_factory=lambda: _command_keys(), repr=False)
 
     def __post_init__(self) -> None:
@@ -167,6 +171,8 @@ class Settings:
             raise ConfigError("max_snapshot_bytes", "must be at least 1024")
         if self.max_sessions_per_worker < 1:
             raise ConfigError("max_sessions_per_worker", "must be at least 1")
+        if not 1 <= self.fetch_wait_ms <= 60_000:
+            raise ConfigError("fetch_wait_ms", "must be from 1 to 60000")
 
     def record_limit(self, topic: str) -> int:
         """The most bytes one encoded record of ``topic`` may take."""

@@ -23,20 +23,21 @@ from .kafka import dead_letter_record
 from .prom import metrics
 from .topics import TopicCatalogue
 
-__all__ = ["make_app", "FaustPublisher", "decode_event", "FETCH_MAX_WAIT_MS"]
+__all__ = ["make_app", "FaustPublisher", "decode_event"]
 
 log = logging.getLogger(__name__)
 
-# How long a fetch may wait for data. faust hard-codes 1500 ms for its worker consumer, and a
-# broker that holds every fetch to its maximum wait (the embedded Tansu does) then adds that
-# to every hop; a short wait keeps a hop at a few milliseconds.
-FETCH_MAX_WAIT_MS = 10
+# How long a fetch may wait for data (``Settings.fetch_wait_ms``). faust hard-codes 1500 ms
+# for its worker consumer, and a broker that holds every fetch to its maximum wait (the
+# embedded Tansu does) then adds that to every hop.
+_FETCH_WAIT_MS = {"value": 10}
 
 
-def _short_fetch_wait() -> None:
-    """Make faust's worker consumer use ``FETCH_MAX_WAIT_MS`` (it has no setting for it)."""
+def _short_fetch_wait(wait_ms: int) -> None:
+    """Make faust's worker consumer use ``wait_ms`` (faust has no setting for it)."""
     from faust.transport.drivers import aiokafka as driver
 
+    _FETCH_WAIT_MS["value"] = wait_ms
     thread = driver.AIOKafkaConsumerThread
     if getattr(thread, "_chunkserve_short_fetch", False):
         return
@@ -44,7 +45,7 @@ def _short_fetch_wait() -> None:
 
     def create(self: Any, *args: Any, **kwargs: Any) -> Any:
         consumer = original(self, *args, **kwargs)
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by its fetcher at start()
+        consumer._fetch_max_wait_ms = _FETCH_WAIT_MS["value"]  # read by its fetcher at start()
         return consumer
 
     thread._create_worker_consumer = create
@@ -52,7 +53,7 @@ def _short_fetch_wait() -> None:
 
 def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
     """A faust app on the configured broker, at-least-once, with no web server by default."""
-    _short_fetch_wait()
+    _short_fetch_wait(settings.fetch_wait_ms)
     opts: dict[str, Any] = dict(
         broker=f"kafka://{settings.kafka.bootstrap}",
         broker_credentials=settings.kafka.faust_credentials(),

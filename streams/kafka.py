@@ -27,7 +27,6 @@ __all__ = ["RecordProducer", "Delivered", "RecordConsumer", "dead_letter_record"
 
 log = logging.getLogger(__name__)
 MAX_DEAD_RAW = 256 * 1024
-FETCH_MAX_WAIT_MS = 10  # a broker may hold a fetch this long for data; short keeps hops fast
 
 
 class RecordProducer:
@@ -125,7 +124,7 @@ class RecordConsumer:
                           for t in topics}
         opts: dict[str, Any] = dict(group_id=group_id, enable_auto_commit=False,
                                     auto_offset_reset="earliest", client_id=name,
-                                    fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+                                    fetch_max_wait_ms=settings.fetch_wait_ms,
                                     fetch_max_bytes=max(settings.max_record_bytes * 4, 1 << 22))
         opts.update(overrides)
         self._consumer = AIOKafkaConsumer(**settings.kafka.client_kwargs(), **opts)
@@ -142,7 +141,11 @@ class RecordConsumer:
 
     async def assign(self, logical: str, partitions: list[int], from_end: bool) -> None:
         """Read the given partitions without a group; ``from_end`` skips what is already there."""
-        tps = [TopicPartition(self.catalogue.name(logical), p) for p in partitions]
+        await self.assign_many({logical: partitions}, from_end)
+
+    async def assign_many(self, partitions: dict[str, list[int]], from_end: bool) -> None:
+        """``assign`` for several topics at once (an assignment replaces the previous one)."""
+        tps = [TopicPartition(self.catalogue.name(t), p) for t, ps in partitions.items() for p in ps]
         self._consumer.assign(tps)
         if from_end:
             await self._consumer.seek_to_end(*tps)

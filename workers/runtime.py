@@ -10,6 +10,8 @@ in sequence order. A worker that learns its generation is stale drops the sessio
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import time
 import zlib
@@ -67,6 +69,41 @@ class _Session:
     input_pos: tuple[int, int] = (-1, -1)  # session-inputs (partition, offset) of the last applied input
 
 
+class _Schedule:
+    """When each executing session's next chunk is due: a heap with lazy deletion, so a
+    worker holding thousands of sessions finds the due ones without scanning them all.
+    An entry counts only while it matches its session's current ``next_due``."""
+
+    def __init__(self, sessions: dict[str, _Session]) -> None:
+        self._sessions = sessions
+        self._heap: list[tuple[float, int, str, _Session]] = []
+        self._seq = itertools.count()
+
+    def add(self, sid: str, sess: _Session) -> None:
+        heapq.heappush(self._heap, (sess.next_due, next(self._seq), sid, sess))
+
+    def _valid(self, entry: tuple[float, int, str, _Session]) -> bool:
+        due, _, sid, sess = entry
+        return self._sessions.get(sid) is sess and sess.executing and sess.next_due == due
+
+    def first(self) -> float | None:
+        """The earliest due time, or None when nothing executes."""
+        while self._heap and not self._valid(self._heap[0]):
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: float) -> list[tuple[str, _Session]]:
+        """Every executing session due by ``now``, each once, earliest first."""
+        due: list[tuple[str, _Session]] = []
+        taken: set[int] = set()
+        while self._heap and self._heap[0][0] <= now:
+            entry = heapq.heappop(self._heap)
+            if self._valid(entry) and id(entry[3]) not in taken:
+                taken.add(id(entry[3]))
+                due.append((entry[2], entry[3]))
+        return due
+
+
 class Worker:
     """Drives a ``StreamingModel`` for the sessions this worker currently owns."""
 
@@ -81,6 +118,7 @@ class Worker:
         self.clock = clock
         self.monotonic = monotonic
         self.sessions: dict[str, _Session] = {}
+        self.schedule = _Schedule(self.sessions)
         self.early_inputs: dict[str, dict[int, RoutedInput]] = {}
         # offloaded sessions kept in host memory, by snapshot id: a resume here skips Redis
         self.host_cache: OrderedDict[str, tuple[str, Any, tuple[int, int]]] = OrderedDict()
@@ -89,6 +127,7 @@ class Worker:
         self._producer: RecordProducer | None = None
         self._consumer: RecordConsumer | None = None
         self._telemetry: Any = None
+        self._unacked: list[Any] = []  # sends handed to the producer, acknowledged per batch
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -117,6 +156,7 @@ class Worker:
         if self._producer is not None:
             await self._send(WorkerDown(worker_id=self.config.worker_id, ts=self.clock(),
                                         reason=reason))
+            await self._acknowledged()
         if self._consumer is not None:
             await self._consumer.stop()
         if self._producer is not None:
@@ -129,7 +169,7 @@ class Worker:
         try:
             while not stop.is_set():
                 # block in the poll until the next chunk is due (at most 50 ms): no spinning
-                due = min((s.next_due for s in self.sessions.values() if s.executing), default=None)
+                due = self.schedule.first()
                 wait_s = 0.05 if due is None else min(0.05, max(0.001, due - self.monotonic()))
                 await self.poll_commands(timeout_ms=int(wait_s * 1000))
                 await self.tick()
@@ -151,6 +191,7 @@ class Worker:
                 await self._reject(rec, d.refused, "command failed its authenticity check")
                 continue
             await self.handle(rec)
+        await self._acknowledged()
 
     async def handle(self, rec: Record) -> None:
         if isinstance(rec, Assign):
@@ -168,6 +209,7 @@ class Worker:
             if sess is not None:
                 sess.executing = True
                 sess.next_due = self.monotonic()
+                self.schedule.add(rec.session_id, sess)
 
     async def _reject(self, rec: Record, reason: str, detail: str = "") -> None:
         metrics().rejected.labels(reason).inc()
@@ -200,6 +242,7 @@ class Worker:
             return
         sess = _Session(rec.generation, state, next_due=self.monotonic(), input_pos=input_pos)
         self.sessions[rec.session_id] = sess
+        self.schedule.add(rec.session_id, sess)
         if rec.recover:
             await self._replay_inputs(rec.session_id, sess)
         await self._send(Claimed(worker_id=self.config.worker_id, session_id=rec.session_id,
@@ -429,7 +472,7 @@ class Worker:
     async def tick(self) -> int:
         """Run every due session's next chunk as one batch; release only revalidated outputs."""
         now = self.monotonic()
-        due = [(sid, s) for sid, s in self.sessions.items() if s.executing and s.next_due <= now]
+        due = self.schedule.pop_due(now)
         if not due:
             return 0
         started = time.perf_counter()
@@ -445,6 +488,7 @@ class Worker:
                 await self._drop(sid, sess, f"fenced: {why}")
                 continue
             sess.next_due = max(sess.next_due + self.config.chunk_interval_s, now)
+            self.schedule.add(sid, sess)
             if not ok:  # recomputed after a recovery: an earlier owner already released it
                 continue
             released.append(ChunkDone(
@@ -482,8 +526,16 @@ class Worker:
         observe_heartbeat(beat)
 
     async def _send(self, rec: Record) -> None:
+        """Hand ``rec`` to the producer without waiting for the broker: events of one batch of
+        commands go out together (in order per partition) and ``_acknowledged`` waits once."""
         assert self._producer is not None
-        await self._producer.send(rec)
+        self._unacked.append(await self._producer.send(rec, wait=False))
+
+    async def _acknowledged(self) -> None:
+        """Wait until every event handed to the producer so far is acknowledged."""
+        pending, self._unacked = self._unacked, []
+        for fut in pending:
+            await fut
 
 
 def serve(settings: Settings, config: WorkerConfig, model: Any, worker_cls: type[Worker] = Worker) -> None:

@@ -4,10 +4,17 @@ Real broker, real Redis, ``dispatch_replicas`` dispatch processors (``python -m 
 processor dispatch``) and ``workers`` light workers (``python -m workers.light``: the real
 runtime driving ``NullModel``, one chunk per session per hour), all as child processes.
 
-- CreateLive: ``SessionOpened`` handed to the producer -> the owner's ``Claimed`` read back
-  from ``worker-events`` (matched by session id).
-- PushText: ``InputPushed`` handed to the producer -> the owner's ``InputAccepted`` read
-  back (matched by session id and seq).
+- CreateLive: ``SessionOpened`` handed to the producer -> the owner's claim, at the time
+  stamped on its ``Claimed`` (the claim is then visible in the store).
+- PushText: ``InputPushed`` handed to the producer -> the owner's acceptance, at the time
+  stamped on its ``InputAccepted``.
+
+Both ends read the same machine's wall clock, so the benchmark's own reader (which fetches
+with a 50 ms wait: on the embedded broker every fetch costs broker CPU, and a fast reader
+over 40 partitions would take a third of a core from the system it measures) adds nothing.
+``breakdown_ms`` splits each path at dispatch, by the time dispatch stamped on the ``Assign``
+/ ``RoutedInput`` it published (read from ``worker-commands``): ``to_dispatch`` is the first
+hop plus dispatch's own work, ``to_owner`` the second hop plus the worker's.
 
 Opens go out at a steady ``rate`` per second (not all at once), then the pushes at the same
 rate; every session stays open, so ``sessions`` is the concurrency reached. ``events_per_s``
@@ -32,8 +39,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from schemas.records import Claimed, InputAccepted, InputPushed, SessionOpened, WorkerUp
-from schemas.topics import SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS
+from schemas.records import (Assign, Claimed, InputAccepted, InputPushed, RoutedInput, SessionOpened,
+                             WorkerUp)
+from schemas.topics import SESSION_EVENTS, SESSION_INPUTS, WORKER_COMMANDS, WORKER_EVENTS
 from streams.config import Settings
 from streams.kafka import RecordConsumer, RecordProducer
 from streams.topics import TopicCatalogue, ensure_topics
@@ -80,32 +88,40 @@ class _Tracker:
     """Reads worker events and notes when each awaited Claimed / InputAccepted shows up."""
 
     def __init__(self, settings: Settings, producer: RecordProducer) -> None:
-        # Tansu answers a fetch only when its max wait ends, even if records arrive sooner,
-        # so a short wait is what makes "visible on worker-events" mean "just published"
-        self.consumer = RecordConsumer(settings, [WORKER_EVENTS], producer, name="bench-tracker",
-                                       fetch_max_wait_ms=5)
+        self.consumer = RecordConsumer(settings, [WORKER_EVENTS, WORKER_COMMANDS], producer,
+                                       name="bench-tracker", fetch_max_wait_ms=50)
         self.partitions = settings.partitions.get(WORKER_EVENTS, 1)
+        self.command_partitions = settings.partitions.get(WORKER_COMMANDS, 1)
+        self.dispatched: dict[Any, float] = {}  # dispatch's timestamp on each Assign / RoutedInput
         self.up: set[str] = set()
         self.claimed: dict[str, float] = {}
         self.accepted: dict[tuple[str, int], float] = {}
+        self.stamped: dict[Any, float] = {}  # the owner's own timestamp of each
         self.last_seen = 0.0
 
     async def start(self) -> None:
         await self.consumer.start(subscribe=False)
-        await self.consumer.assign(WORKER_EVENTS, list(range(self.partitions)), from_end=True)
+        await self.consumer.assign_many({WORKER_EVENTS: list(range(self.partitions)),
+                                         WORKER_COMMANDS: list(range(self.command_partitions))}, from_end=True)
 
     async def pump(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            for d in await self.consumer.poll(timeout_ms=5):
+            for d in await self.consumer.poll(timeout_ms=50):
                 now, rec = time.perf_counter(), d.record
                 if isinstance(rec, Claimed):
                     self.claimed.setdefault(rec.session_id, now)
+                    self.stamped.setdefault(rec.session_id, rec.ts)
                     self.last_seen = now
                 elif isinstance(rec, InputAccepted):
                     self.accepted.setdefault((rec.session_id, rec.seq), now)
+                    self.stamped.setdefault((rec.session_id, rec.seq), rec.ts)
                     self.last_seen = now
                 elif isinstance(rec, WorkerUp):
                     self.up.add(rec.worker_id)
+                elif isinstance(rec, Assign):
+                    self.dispatched.setdefault(rec.session_id, rec.ts)
+                elif isinstance(rec, RoutedInput):
+                    self.dispatched.setdefault((rec.session_id, rec.seq), rec.ts)
 
 
 async def _lag_sampler(settings: Settings, group: str, stop: asyncio.Event, out: list[int]) -> None:
@@ -177,13 +193,14 @@ async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, in
                 _spawn_light(fleet, settings, f"light-{i}", capacity)
             await _until(lambda: len(tracker.up) >= workers, 60, "workers to come up")
             sent: dict[Any, float] = {}
+            sent_wall: dict[Any, float] = {}
 
             async def open_(sid: str) -> None:
-                sent[sid] = time.perf_counter()
+                sent[sid], sent_wall[sid] = time.perf_counter(), time.time()
                 await producer.send(SessionOpened(session_id=sid, ts=time.time()), wait=False)
 
             async def push(item: tuple[str, int]) -> None:
-                sent[item] = time.perf_counter()
+                sent[item], sent_wall[item] = time.perf_counter(), time.time()
                 await producer.send(InputPushed(session_id=item[0], seq=item[1], kind="text",
                                                 payload=f"say {item[1]}", ts=time.time()), wait=False)
 
@@ -217,13 +234,20 @@ async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, in
         stop.set()
         lag_stop.set()
         fleet.stop_all()
-    create = [(tracker.claimed[s] - sent[s]) * 1e3 for s in ids if s in tracker.claimed]
-    accept = [(tracker.accepted[p] - sent[p]) * 1e3 for p in pushes if p in tracker.accepted]
+    create = [(tracker.stamped[s] - sent_wall[s]) * 1e3 for s in ids if s in tracker.claimed]
+    accept = [(tracker.stamped[p] - sent_wall[p]) * 1e3 for p in pushes if p in tracker.accepted]
     span = max(tracker.last_seen - t_first, 1e-9)
+
+    def split(keys: list[Any]) -> dict[str, dict[str, float]]:
+        both = [k for k in keys if k in tracker.stamped and k in tracker.dispatched]
+        return {"to_dispatch": percentiles([(tracker.dispatched[k] - sent_wall[k]) * 1e3 for k in both]),
+                "to_owner": percentiles([(tracker.stamped[k] - tracker.dispatched[k]) * 1e3 for k in both])}
+
     return {
         "sessions": sessions,
         "create_live_ms": percentiles(create),
         "push_text_ms": percentiles(accept),
+        "breakdown_ms": {"create_live": split(ids), "push_text": split(pushes)},
         "events_per_s": round((len(create) + len(accept)) / span, 1),
         "max_consumer_lag": max(lags, default=0),
         "rate_per_s": rate,
