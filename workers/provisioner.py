@@ -154,8 +154,15 @@ class ProvisionerService:
         if isinstance(rec, r.ScaleOut):
             if not 0 < rec.count <= self.max_start:
                 raise ValueError(f"scale-out of {rec.count} workers: must be 1..{self.max_start}")
-            if rec.decision_id and rec.decision_id in self.seen:
-                return  # redelivered
+            if rec.decision_id and rec.decision_id in self.seen:  # a replay: refused, reported
+                from streams.prom import metrics
+
+                metrics().rejected.labels("replayed").inc()
+                await self.publish(r.CommandRejected(
+                    worker_id=f"provisioner-{self.provisioner.pool}", session_id="",
+                    command=rec.TAG, reason="replayed", ts=self.clock(),
+                    detail=f"scale-out decision {rec.decision_id} was already carried out"))
+                return
             self.seen.add(rec.decision_id)
             await self.provisioner.start(rec.count, rec.gpu_type)
         elif isinstance(rec, (r.Drain, r.Shutdown)):

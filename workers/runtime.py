@@ -222,7 +222,13 @@ class Worker:
     async def _on_assign(self, rec: Assign) -> None:
         held = self.sessions.get(rec.session_id)
         if held is not None and held.generation == rec.generation:
-            return  # duplicate delivery
+            current = await self.store.current(rec.session_id)
+            if current == rec.generation:
+                return  # a duplicate delivery of the command being served: nothing to do
+            # a replay of a generation that has passed: refused and reported (the next chunk's
+            # revalidation drops the session here)
+            await self._reject(rec, "stale_epoch", f"generation {rec.generation} has passed (now {current})")
+            return
         try:
             await self.store.claim(rec.session_id, rec.generation)
         except OwnershipError as exc:

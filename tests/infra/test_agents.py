@@ -149,6 +149,8 @@ def test_provisioner_starts_a_worker_and_stops_it_once_empty(kafka_bootstrap, re
                 letters = [x for x in reader.records if isinstance(x, r.DeadLetter)]
                 assert {x.consumer for x in letters} == {"provisioner"} and len(letters) == 2
                 assert list(prov.procs) == ["p-0"]  # the duplicate and the other pool started nothing
+                replay = await reader.wait_for(lambda x: isinstance(x, r.CommandRejected), 10, "replay refusal")
+                assert replay.reason == "replayed" and replay.command == r.ScaleOut.TAG and "d1" in replay.detail
 
                 gen = await store.commit("s1", 0, "p-0")  # the worker holds a session
                 await producer.send(r.Shutdown(pool="p", worker_id="p-0", ts=time.time()))

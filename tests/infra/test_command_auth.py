@@ -50,6 +50,14 @@ def test_worker_refuses_unauthentic_commands(kafka_bootstrap, redis_url, namespa
                                         ts=time.time()))
             await log.until(lambda rs: sum(isinstance(r, (CommandRejected, Claimed)) for r in rs) >= 4,
                             60, "the worker's answers")
+            # a replay: the exact signed Assign again, once the session has a newer generation
+            store.register_worker("w-elsewhere", 4)
+            store.commit_migration("s-rotated", gens["s-rotated"], "w-elsewhere")
+            async with RecordProducer(signer_old) as p:
+                await p.send(Assign(worker_id="w-auth", session_id="s-rotated",
+                                    generation=gens["s-rotated"], ts=time.time()))
+            await log.until(lambda rs: sum(isinstance(r, CommandRejected) for r in rs) >= 4, 60,
+                            "the replay's refusal")
             await log.stop()
             return log.records
 
@@ -60,7 +68,8 @@ def test_worker_refuses_unauthentic_commands(kafka_bootstrap, redis_url, namespa
         store.client.close()
     rejected = {r.session_id: r.reason for r in records if isinstance(r, CommandRejected)}
     claimed = {r.session_id for r in records if isinstance(r, Claimed)}
-    assert rejected == {"s-unsigned": "unsigned", "s-stranger": "unknown_key", "s-forged": "forged"}
+    assert rejected == {"s-unsigned": "unsigned", "s-stranger": "unknown_key", "s-forged": "forged",
+                        "s-rotated": "stale_epoch"}
     assert claimed == {"s-rotated"}
     assert Generation("w-auth", 1) == store_generation_of(redis_url, namespace, "s-forged")
 
