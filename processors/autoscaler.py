@@ -9,6 +9,12 @@ break-even of shutting a GPU down and booting it again); scale-in then sizes for
 demand seen while waiting. Actions are spaced by a minimum dwell time. Scale-out boots first (booting GPUs are not usable, the
 placement controller migrates onto them once ready); scale-in drains first and shuts a
 GPU down only once it holds no session.
+
+Demand also counts a burst reserve: the largest rise of executing sessions within one
+boot time seen over the last ``burst_memory_s`` (0 turns it off). A pool
+only grows a boot time after a burst starts, so what covers a burst is capacity held
+before it; bursts come in sessions, not in shares of the load, so the reserve is a count
+added to A (sized at u* like A), not a lower u*.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from schemas.errors import ConfigError
 __all__ = [
     "VolatilityTable",
     "DEFAULT_VOLATILITY_TABLE",
+    "PAPER_VOLATILITY_TABLE",
     "load_volatility_table",
     "AutoscalerConfig",
     "AutoscalerState",
@@ -36,9 +43,12 @@ __all__ = [
     "autoscale",
     "shutdowns",
     "resize",
+    "record_active",
+    "burst_reserve",
 ]
 
 TABLE_FORMAT = "chunkserve.volatility-table"
+Recent = tuple[tuple[int, int, int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +106,19 @@ def load_volatility_table(spec: str | Path = "default") -> VolatilityTable:
     return _parse_table(doc, str(path))
 
 
-DEFAULT_VOLATILITY_TABLE = VolatilityTable(
+# The paper's table (0.80 at level 1 down to 0.25 at level 10), kept for reference.
+PAPER_VOLATILITY_TABLE = VolatilityTable(
     ((0.80, 0.08), (0.75, 0.08), (0.70, 0.08), (0.65, 0.07), (0.60, 0.07),
      (0.53, 0.06), (0.47, 0.06), (0.40, 0.05), (0.33, 0.05), (0.25, 0.04))
 )
+# The built-in table: ``chunkserve tune`` output on generated traces (profiles/volatility-default.json).
+DEFAULT_VOLATILITY_TABLE = load_volatility_table()
 
 
 @dataclass(frozen=True, slots=True)
 class AutoscalerConfig:
-    """Pool bounds, the GPU type to add, dwell between actions, boot time and scale-in delay (s).
+    """Pool bounds, the GPU type to add, dwell between actions, boot time and scale-in delay (s),
+    and how long the burst reserve remembers a rise (0: no reserve).
 
     ``scale_in_delay_s`` None means ``boot_s``.
     """
@@ -115,10 +129,13 @@ class AutoscalerConfig:
     dwell_s: float = 30.0
     boot_s: float = 60.0
     scale_in_delay_s: float | None = None
+    burst_memory_s: float = 900.0  # 0: no burst reserve
+    burst_bucket_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not (0 <= self.min_gpus <= self.max_gpus) or self.dwell_s < 0 or self.boot_s < 0 or self.scale_in_delay < 0:
-            raise ConfigError("autoscaler", "need 0 <= min_gpus <= max_gpus, dwell_s, boot_s, scale_in_delay_s >= 0", "autoscaler")
+        if (not (0 <= self.min_gpus <= self.max_gpus) or self.dwell_s < 0 or self.boot_s < 0 or self.scale_in_delay < 0
+                or self.burst_memory_s < 0 or self.burst_bucket_s <= 0):
+            raise ConfigError("autoscaler", "need 0 <= min_gpus <= max_gpus, dwell_s, boot_s, scale_in_delay_s, burst_memory_s >= 0, burst_bucket_s > 0", "autoscaler")
 
     @property
     def scale_in_delay(self) -> float:
@@ -134,18 +151,42 @@ class AutoscalerState:
     last_action_at: float | None = None
     low_since: float | None = None
     low_peak: int = 0
+    # per bucket, oldest first: (index, fewest, most executing sessions, rise into it)
+    recent: tuple[tuple[int, int, int, int], ...] = ()
 
 
-def utilization(snapshot: Snapshot, model: LatencyModel) -> tuple[float, int]:
-    """(u_max, A): worst n_j / K_j over ready GPUs, raised to the unplaced demand's share."""
+def utilization(snapshot: Snapshot, model: LatencyModel, reserve: int = 0) -> tuple[float, int]:
+    """(u_max, A): worst n_j / K_j over ready GPUs, raised to the unplaced demand's share
+    (A plus ``reserve`` sessions over the ready capacity)."""
     loads = snapshot.loads()
     active = snapshot.active_count()
     ready = [g for g in snapshot.gpus if g.state is GpuState.READY]
     cap = sum(model[g.type].capacity for g in ready)
     u = max((loads[g.id] / model[g.type].capacity for g in ready), default=0.0)
-    if active:
-        u = max(u, active / cap if cap else math.inf)
+    if active + reserve:
+        u = max(u, (active + reserve) / cap if cap else math.inf)
     return u, active
+
+
+def record_active(recent: Recent, now: float, active: int, config: AutoscalerConfig) -> Recent:
+    """``recent`` with ``active`` seen at ``now``: per bucket of ``burst_bucket_s``, the
+    fewest and most executing sessions and the rise to that most from the fewest within
+    one boot time before; buckets older than ``burst_memory_s`` + ``boot_s`` are dropped."""
+    bucket = config.burst_bucket_s
+    b = math.floor(now / bucket)
+    lo = hi = active
+    if recent and recent[-1][0] == b:
+        lo, hi = min(lo, recent[-1][1]), max(hi, recent[-1][2])
+        recent = recent[:-1]
+    span = b - math.ceil(config.boot_s / bucket - 1e-9)
+    low = min([r[1] for r in recent if r[0] >= span] + [lo])
+    first = b - math.ceil((config.burst_memory_s + config.boot_s) / bucket - 1e-9)
+    return tuple(r for r in recent if r[0] >= first) + ((b, lo, hi, hi - low),)
+
+
+def burst_reserve(recent: Recent) -> int:
+    """The largest rise of executing sessions within one boot time that ``recent`` holds."""
+    return max((r[3] for r in recent), default=0)
 
 
 def shutdowns(snapshot: Snapshot) -> tuple[Shutdown, ...]:
@@ -169,23 +210,29 @@ def autoscale(
     """
     now = snapshot.now
     u_target, delta = table.lookup(level)
-    u_max, active = utilization(snapshot, model)
+    reserve = 0
+    if config.burst_memory_s > 0:
+        recent = record_active(state.recent, now, snapshot.active_count(), config)
+        reserve = burst_reserve(recent)
+        state = replace(state, recent=recent)
+    u_max, active = utilization(snapshot, model, reserve)
+    demand = active + reserve
     low = u_max < u_target - delta
     if low:
         since = state.low_since if state.low_since is not None else now
-        peak = max(active, state.low_peak) if state.low_since is not None else active
+        peak = max(demand, state.low_peak) if state.low_since is not None else demand
         state = replace(state, low_since=since, low_peak=peak)
     elif state.low_since is not None:
         state = replace(state, low_since=None, low_peak=0)
     if state.last_action_at is not None and now - state.last_action_at < config.dwell_s:
         return (), state
     if u_max > u_target + delta:
-        cmds = resize(snapshot, model, active / u_target, config, grow=True)  # session slots to have
+        cmds = resize(snapshot, model, demand / u_target, config, grow=True)  # session slots to have
     elif low and now - state.low_since >= config.scale_in_delay:  # type: ignore[operator]
         cmds = resize(snapshot, model, state.low_peak / u_target, config, grow=False)
     else:
         cmds = ()
-    return (cmds, AutoscalerState(now)) if cmds else ((), state)
+    return (cmds, AutoscalerState(now, recent=state.recent)) if cmds else ((), state)
 
 
 def resize(snapshot: Snapshot, model: LatencyModel, need: float, config: AutoscalerConfig, *, grow: bool) -> tuple[Command, ...]:

@@ -5,8 +5,10 @@ Per generator level: generate traces at that level, run turboserve with every
 worst chunk latency meets the bound. The setting is written at the level the detector
 reads on those traces (its most frequent level), which is what indexes the table at run
 time; when two generator levels read the same, the more conservative setting wins. Levels
-with no feasible setting get the most conservative grid point. The result is
-processors.autoscaler's VolatilityTable.
+with no feasible setting get the most conservative grid point; levels no generator level
+reads take their nearest written neighbour's setting (the more conservative one on a tie),
+so that a detector reading flipping between neighbours does not flip the pool's size. The
+result is processors.autoscaler's VolatilityTable.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from infra.sim.tracegen import GenConfig, generate
 
 __all__ = ["tune", "U_GRID", "DELTA_GRID"]
 
-U_GRID = (0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.5, 0.4, 0.3, 0.25)
+U_GRID = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.5, 0.4, 0.3, 0.25)
 DELTA_GRID = (0.05, 0.1)
 
 
@@ -63,4 +65,18 @@ def tune(
             pick = entries[read - 1]
         entries[read - 1] = pick
         written.add(read)
-    return VolatilityTable(tuple(entries))
+    return VolatilityTable(fill_unread(tuple(entries), written))
+
+
+def fill_unread(entries: tuple[tuple[float, float], ...], written: set[int]) -> tuple[tuple[float, float], ...]:
+    """Each level not in ``written`` (1-based) takes its nearest written neighbour's entry."""
+    if not written:
+        return entries
+    out = []
+    for lvl, entry in enumerate(entries, 1):
+        if lvl in written:
+            out.append(entry)
+            continue
+        dist = min(abs(w - lvl) for w in written)
+        out.append(min((entries[w - 1] for w in written if abs(w - lvl) == dist), key=lambda e: e[0]))
+    return tuple(out)

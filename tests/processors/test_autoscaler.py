@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from processors.autoscaler import (
     DEFAULT_VOLATILITY_TABLE,
+    PAPER_VOLATILITY_TABLE,
     AutoscalerConfig,
     AutoscalerState,
     autoscale,
@@ -38,10 +39,10 @@ def test_scale_out_to_the_formula_then_dwell():
 
 
 def test_hysteresis_band_and_volatility():
-    u, d = DEFAULT_VOLATILITY_TABLE.lookup(1)
+    u, d = PAPER_VOLATILITY_TABLE.lookup(1)
     inside = _pool([round(16 * u)] * 4)
-    assert autoscale(inside, 1, PAPER, CFG)[0] == ()
-    cmds, _ = autoscale(inside, 10, PAPER, CFG)  # bursty: u* 0.25, so the same load needs more GPUs
+    assert autoscale(inside, 1, PAPER, CFG, PAPER_VOLATILITY_TABLE)[0] == ()
+    cmds, _ = autoscale(inside, 10, PAPER, CFG, PAPER_VOLATILITY_TABLE)  # bursty: u* 0.25, so the same load needs more GPUs
     assert cmds and isinstance(cmds[0], ScaleOut)
 
 
@@ -74,7 +75,7 @@ def test_table_file_round_trip(tmp_path):
     path = tmp_path / "table.json"
     path.write_text(json.dumps(DEFAULT_VOLATILITY_TABLE.to_json()))
     assert load_volatility_table(path) == DEFAULT_VOLATILITY_TABLE == load_volatility_table()
-    assert DEFAULT_VOLATILITY_TABLE.lookup(1)[0] == 0.80 and DEFAULT_VOLATILITY_TABLE.lookup(10)[0] == 0.25
+    assert PAPER_VOLATILITY_TABLE.lookup(1)[0] == 0.80 and PAPER_VOLATILITY_TABLE.lookup(10)[0] == 0.25
     doc = DEFAULT_VOLATILITY_TABLE.to_json()
     doc["levels"]["3"]["u_target"] = 1.5
     path.write_text(json.dumps(doc))
@@ -92,3 +93,35 @@ def test_offline_oracle_keeps_a_gpu_it_needs_again_within_a_boot_time():
     assert not any(isinstance(c, Drain) for c in kept.commands)  # needed at 120 s < 30 + 60 + 60
     short = OracleAutoscale(future=future, model=PAPER, hold_s=0.0).decide(snap, None, None)
     assert [c.gpu_id for c in short.commands if isinstance(c, Drain)] == ["g0"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 40), st.integers(0, 300)), min_size=1, max_size=60), st.sampled_from([0.0, 30.0, 120.0]))
+def test_burst_reserve_is_the_largest_rise_within_a_boot_time(samples, memory):
+    from processors.autoscaler import burst_reserve, record_active
+
+    cfg = AutoscalerConfig(boot_s=20.0, burst_memory_s=memory, burst_bucket_s=5.0)
+    recent, t, seen = (), 0.0, []
+    for dt, active in samples:
+        t += dt
+        recent = record_active(recent, t, active, cfg)
+        seen.append((math.floor(t / 5.0), active))
+    buckets = sorted({b for b, _ in seen})
+    lo = {b: min(a for c, a in seen if c == b) for b in buckets}
+    hi = {b: max(a for c, a in seen if c == b) for b in buckets}
+    last = buckets[-1]
+    kept = [b for b in buckets if b >= last - math.ceil((memory + 20.0) / 5.0)]
+    want = max(hi[b] - min(lo[c] for c in buckets if b - 4 <= c <= b) for b in kept)
+    assert burst_reserve(recent) == want
+    assert [r[0] for r in recent] == kept
+
+
+def test_burst_reserve_raises_the_demand_the_pool_is_sized_for():
+    cfg = AutoscalerConfig(gpu_type="h20", min_gpus=1, max_gpus=64, dwell_s=0.0, burst_memory_s=300.0)
+    quiet = _pool([4, 4, 4, 4], now=100.0)  # A = 16 on 64 slots: no scale-out without a reserve
+    _, state = autoscale(quiet, 1, PAPER, cfg)
+    burst = _pool([12, 12, 12, 12], now=130.0)  # +32 within one boot time
+    cmds, state = autoscale(burst, 1, PAPER, cfg, state=state)
+    u, _ = DEFAULT_VOLATILITY_TABLE.lookup(1)
+    assert cmds == (ScaleOut(math.ceil((48 + 32) / (u * 16)) - 4, "h20"),)
+    assert state.recent[-1][3] == 32

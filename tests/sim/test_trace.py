@@ -59,3 +59,15 @@ def test_generated_trace_round_trips_and_is_seeded(tmp_path):
     write_trace(ev, tmp_path / "g.csv")
     tr = load_trace(tmp_path / "g.csv")
     assert len(tr.events) == len(ev) and tr.sessions == sum(e.kind is EventKind.OPEN for e in ev)
+
+
+def test_tune_fills_levels_no_trace_reads_from_the_nearest_written():
+    from infra.sim.tune import fill_unread
+
+    entries = tuple((0.9 - 0.05 * i, 0.05) for i in range(10))
+    out = fill_unread(entries, {1, 5, 10})
+    assert out[0] == entries[0] and out[4] == entries[4] and out[9] == entries[9]
+    assert out[1] == entries[0] and out[3] == out[5] == out[6] == entries[4]
+    assert out[7] == out[8] == entries[9]
+    assert out[2] == entries[4]  # level 3: 1 and 5 are as near; the more conservative (lower u*) wins
+    assert fill_unread(entries, set()) == entries
