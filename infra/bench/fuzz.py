@@ -191,7 +191,10 @@ async def fuzz_processors(settings: Any, records: int, log_dir: Any, seed: int =
     for name in PROCESSOR_INPUTS:
         fleet.start_processor(name)
     bad = {t: 0 for t in topics}
-    dead: dict[str, int] = {name: 0 for name in PROCESSOR_INPUTS}
+    # distinct (topic, partition, offset) per processor: a redelivery after a group rebalance
+    # may dead-letter a record twice (at-least-once), which is counted apart
+    letters: dict[str, set[tuple[str, int, int]]] = {name: set() for name in PROCESSOR_INPUTS}
+    repeats = 0
     try:
         async with RecordProducer(settings, client_id="fuzz-processors") as producer:
             for i in range(records):
@@ -211,11 +214,18 @@ async def fuzz_processors(settings: Any, records: int, log_dir: Any, seed: int =
             await reader.raw.seek_to_beginning(*tps)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
-            while dead != expected and loop.time() < deadline and all(fleet.alive().values()):
+
+
+            def counts() -> dict[str, int]:
+                return {name: len(seen) for name, seen in letters.items()}
+
+            while counts() != expected and loop.time() < deadline and all(fleet.alive().values()):
                 for d in await reader.poll(timeout_ms=200):
                     rec = d.record
-                    if isinstance(rec, DeadLetter) and rec.reason.startswith("schema:") and rec.consumer in dead:
-                        dead[rec.consumer] += 1
+                    if isinstance(rec, DeadLetter) and rec.reason.startswith("schema:") and rec.consumer in letters:
+                        where = (rec.source_topic, rec.partition, rec.offset)
+                        repeats += where in letters[rec.consumer]
+                        letters[rec.consumer].add(where)
             await reader.stop()
         await asyncio.sleep(1.0)  # a crash caused by the last records shows in a moment
         alive = {name: fleet.alive()[f"{name}-0"] for name in PROCESSOR_INPUTS}
@@ -223,7 +233,8 @@ async def fuzz_processors(settings: Any, records: int, log_dir: Any, seed: int =
         fleet.stop_all()
     tracebacks = {name: (Path(log_dir) / f"{name}-0.log").read_text(errors="replace").count("Traceback")
                   for name in PROCESSOR_INPUTS}
-    return {"processor_records": records, "processor_dead_lettered": dead,
+    return {"processor_records": records, "processor_dead_lettered": counts(),
+            "processor_dead_letter_repeats": repeats,
             "processor_expected_dead": expected, "processors_alive": alive,
             "processor_tracebacks": tracebacks}
 
@@ -248,8 +259,10 @@ def run(records: int, seed: int = 0, settings: Any = None, consumer_records: int
         out["records"] += consumer_records
         out["dead_lettered"] += sample["consumer_dead_lettered"]
     if settings is not None and processor_records:
+        own = dataclasses.replace(settings, topic_prefix=f"{settings.topic_prefix}processors.",
+                                  namespace=f"{settings.namespace}-processors")  # apart from the sample above
         with tempfile.TemporaryDirectory(prefix="chunkserve-fuzz-") as logs:
-            procs = asyncio.run(fuzz_processors(settings, processor_records, logs, seed))
+            procs = asyncio.run(fuzz_processors(own, processor_records, logs, seed))
         out.update(procs)
         out["records"] += processor_records
         out["dead_lettered"] += sum(procs["processor_dead_lettered"].values())
