@@ -17,10 +17,25 @@ from .errors import SchemaError
 from .records import Record
 from .topics import TOPICS, topic_of
 
-__all__ = ["DEFAULT_MAX_BYTES", "encode", "decode", "Decoder", "decoder_for", "key_for"]
+__all__ = ["DEFAULT_MAX_BYTES", "encode", "decode", "Decoder", "decoder_for", "key_for",
+           "TYPE_HEADER", "header_tag"]
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 TAG, VERSION = "t", "v"
+# Kafka header carrying a record's type tag, so a consumer can pass over records it does not
+# act on without decoding them; advisory only: what a consumer acts on is always decoded
+TYPE_HEADER = "cs-t"
+
+
+def header_tag(headers: Any) -> str | None:
+    """The type tag in a message's headers (a list of pairs or a mapping), if any."""
+    if not headers:
+        return None
+    pairs = headers.items() if hasattr(headers, "items") else headers
+    for name, value in pairs:
+        if name == TYPE_HEADER and isinstance(value, (bytes, bytearray)):
+            return bytes(value).decode("ascii", "replace")
+    return None
 
 
 def encode(rec: Record, max_bytes: int | None = None) -> bytes:

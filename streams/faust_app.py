@@ -13,7 +13,7 @@ from typing import Any
 
 import faust
 
-from schemas.codec import decoder_for, encode, key_for
+from schemas.codec import TYPE_HEADER, decoder_for, encode, header_tag, key_for
 from schemas.errors import SchemaError
 from schemas.records import Record
 from schemas.topics import TOPICS, topic_of
@@ -99,7 +99,7 @@ class FaustPublisher:
     async def send(self, rec: Record, wait: bool = False) -> Any:
         logical = topic_of(rec)
         value = encode(rec, self._catalogue.limit(logical))
-        headers = self._keys.sign(logical, value) or None
+        headers = [(TYPE_HEADER, rec.TAG.encode()), *self._keys.sign(logical, value)]
         fut = await self._topics[logical].send(key=key_for(rec), value=value, headers=headers)
         if wait:
             return await fut
@@ -113,8 +113,17 @@ class FaustPublisher:
 
 
 async def decode_event(event: Any, logical: str, publisher: FaustPublisher,
-                       consumer: str) -> Record | None:
-    """Decode one faust event of ``logical`` topic, or dead-letter it and return None."""
+                       consumer: str, wanted: frozenset[str] | None = None) -> Record | None:
+    """Decode one faust event of ``logical`` topic, or dead-letter it and return None.
+
+    With ``wanted`` (type tags), a record whose type header names another type is passed
+    over undecoded (None): a processor that acts on a few kinds of a busy topic does not pay
+    to decode every chunk and heartbeat on it.
+    """
+    if wanted is not None:
+        tag = header_tag(event.message.headers)
+        if tag is not None and tag not in wanted:
+            return None
     try:
         rec = decoder_for(logical, publisher.limit(logical)).decode(event.message.value)
     except SchemaError as exc:

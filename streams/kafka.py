@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from schemas.codec import decoder_for, encode, key_for
+from schemas.codec import TYPE_HEADER, decoder_for, encode, key_for
 from schemas.errors import SchemaError
 from schemas.records import DeadLetter, Record
 from schemas.topics import topic_of
@@ -61,7 +61,7 @@ class RecordProducer:
         topic = self.catalogue.name(logical)
         data = encode(rec, self.catalogue.limit(logical))
         metrics().produced.labels(logical).inc()
-        headers = self.settings.command_keys.sign(logical, data) or None
+        headers = [(TYPE_HEADER, rec.TAG.encode()), *self.settings.command_keys.sign(logical, data)]
         if wait:
             return await self._producer.send_and_wait(topic, data, key=key_for(rec), headers=headers)
         return await self._producer.send(topic, data, key=key_for(rec), headers=headers)

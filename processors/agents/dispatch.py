@@ -27,6 +27,11 @@ __all__ = ["Publisher", "DispatchShell", "build_app"]
 log = logging.getLogger(__name__)
 
 
+# the worker events dispatch acts on (``on_worker_event``); chunks, heartbeats, claims and
+# accepted inputs pass by undecoded
+WORKER_EVENTS_ACTED_ON = frozenset({WorkerDown.TAG, Released.TAG, CommandRejected.TAG})
+
+
 class Publisher(Protocol):
     async def send(self, rec: Record, wait: bool = False) -> Any: ...
 
@@ -311,7 +316,7 @@ def build_app(settings: Any) -> Any:
     @app.agent(publisher.topic(WORKER_EVENTS), name="dispatch-worker-events")
     async def worker_events(stream: Any) -> None:
         async for event in stream.events():
-            rec = await decode_event(event, WORKER_EVENTS, publisher, "dispatch")
+            rec = await decode_event(event, WORKER_EVENTS, publisher, "dispatch", WORKER_EVENTS_ACTED_ON)
             if rec is not None:
                 sh = await shell()
                 key = f"workers:{getattr(rec, 'session_id', '') or rec.worker_id}"  # type: ignore[attr-defined]

@@ -79,7 +79,8 @@ def build_app(settings: Any) -> Any:
     @app.agent(publisher.topic(WORKER_EVENTS), name="metrics-worker-events")
     async def worker_events(stream: Any) -> None:
         async for event in stream.events():
-            rec = await decode_event(event, WORKER_EVENTS, publisher, "metrics")
+            rec = await decode_event(event, WORKER_EVENTS, publisher, "metrics",
+                                     frozenset({r.WorkerUp.TAG, r.Heartbeat.TAG, r.WorkerDown.TAG}))
             if isinstance(rec, (r.WorkerUp, r.Heartbeat, r.WorkerDown)):
                 state["spans"] = fold_cost(state["spans"], rec)
 

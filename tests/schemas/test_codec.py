@@ -143,3 +143,12 @@ def test_asyncapi_document_is_current() -> None:
     doc = json.loads(committed)
     assert set(doc["channels"]) == set(TOPICS)
     assert set(doc["components"]["messages"]) == {c.__name__ for c in record_types().values()}
+
+
+def test_type_header_names_the_record_type():
+    from schemas.codec import TYPE_HEADER, header_tag
+
+    assert header_tag([("cs-kid", b"k1"), (TYPE_HEADER, b"evt.chunk")]) == "evt.chunk"
+    assert header_tag({TYPE_HEADER: b"evt.hb"}) == "evt.hb"
+    assert header_tag(None) is None and header_tag([]) is None
+    assert header_tag([(TYPE_HEADER, "not bytes")]) is None
