@@ -474,6 +474,24 @@ def bench_control_plane(
     _write_json(result, json_out)
 
 
+@bench_app.command("broker")
+def bench_broker(
+    rate: int = typer.Option(600, min=1, help="Records per second produced."),
+    seconds: int = typer.Option(30, min=2, help="How long to produce."),
+    partitions: int = typer.Option(8, min=1, help="Partitions of the topic."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+) -> None:
+    """The embedded broker's CPU while a consumer keeps up with a steady producer, per window."""
+    from infra.bench.broker import run
+
+    try:
+        result = run(rate, seconds, partitions, window_s=max(1.0, seconds / 6))
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2)
+    _write_json(result, json_out)
+
+
 @bench_app.command("fuzz")
 def bench_fuzz(
     records: int = typer.Option(1_000_000, min=1, help="Hostile records fed to the decoders."),
