@@ -16,9 +16,9 @@ from infra.flow import EventLog
 from infra.local import LocalFleet
 from schemas.errors import LimitError, SchemaError
 from schemas.codec import encode
-from schemas.records import (Assign, ChunkDone, CommandRejected, Generation, Handoff, SessionOpened,
-                             Suspend, WorkerUp)
-from schemas.topics import SESSION_EVENTS
+from schemas.records import (Assign, ChunkDone, CommandRejected, DeadLetter, Generation, Handoff,
+                             InputPushed, SessionOpened, Suspend, WorkerUp)
+from schemas.topics import DEAD_LETTERS, SESSION_EVENTS
 from streams.config import Settings
 from streams.generations import SyncGenerationStore
 from streams.kafka import RecordConsumer, RecordProducer
@@ -136,3 +136,35 @@ def test_records_over_their_topic_bound_are_refused_and_dead_lettered(kafka_boot
 
     got, dead = asyncio.run(run())
     assert got == [small] and dead == 1
+
+
+def test_dispatch_refuses_inputs_over_the_payload_and_rate_bounds(kafka_bootstrap, redis_url, namespace,
+                                                                   tmp_path):
+    """Through the running dispatch processor: an input over ``max_input_bytes`` and inputs
+    beyond the session's rate are refused to ``dead-letters`` with the reason, never dropped."""
+    settings = replace(_settings(kafka_bootstrap, redis_url, namespace), max_input_bytes=100,
+                       input_rate_per_s=0.01, input_burst=2)
+    fleet = LocalFleet(settings, tmp_path / "logs")
+
+    def refusals(rs: list) -> list[str]:
+        return [x.reason for x in rs if isinstance(x, DeadLetter) and x.reason.startswith("refused")]
+
+    async def run() -> list[str]:
+        await ensure_topics(settings)
+        fleet.start_processor("dispatch")
+        async with RecordProducer(settings) as producer:
+            await producer.send(InputPushed(session_id="s-big", seq=1, kind="text", payload="x" * 101, ts=1.0))
+            for seq in range(1, 5):  # a burst of two is allowed, the next two are over the rate
+                await producer.send(InputPushed(session_id="s-fast", seq=seq, kind="text", payload="hi", ts=1.0))
+            log = EventLog(settings, producer, topics=(DEAD_LETTERS,))
+            await log.start()
+            await log.until(lambda rs: len(refusals(rs)) >= 3, 90, "the refusals")
+            await log.stop()
+            return refusals(log.records)
+
+    try:
+        refused = asyncio.run(run())
+    finally:
+        fleet.stop_all()
+    assert sum("over the 100-byte limit" in x for x in refused) == 1
+    assert sum("input rate over" in x for x in refused) == 2
