@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 # The TLS tests put Debian's stunnel in front of the embedded broker and Redis.
 tools:
 	@command -v stunnel4 >/dev/null 2>&1 || command -v stunnel >/dev/null 2>&1 || \
-	  $(SUDO) apt-get install -y -q stunnel4 >/dev/null 2>&1 || \
+	  $(SUDO) apt-get install -y -q stunnel4 >/dev/null || \
 	  { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q stunnel4 >/dev/null; }
 
 demo: $(STAMP)

@@ -169,7 +169,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
     faults: dict[str, Any] = {}
     pushed: dict[str, int] = defaultdict(int)
     stop = asyncio.Event()
-    store = GenerationStore(settings.redis.async_client(), namespace=settings.namespace)
+    store = GenerationStore.from_settings(settings)
     try:
         for i in range(config.dispatchers):
             fleet.start_processor("dispatch", replica=str(i))

@@ -179,6 +179,9 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
     if name not in builders:
         console.print(f"[red]unknown processor {name!r}[/red]; choose from {sorted(builders)}")
         raise typer.Exit(2)
+    from streams.faust_app import shorten_gil_switch
+
+    shorten_gil_switch()
     module = __import__(builders[name], fromlist=["build_app"])
     faust_app = module.build_app(settings)
     faust.Worker(faust_app, loglevel="warning").execute_from_commandline()

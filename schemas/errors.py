@@ -9,6 +9,7 @@
     │   ├── NotOwnerError            the current generation belongs to another worker
     │   ├── NoCapacityError          the target worker has no free slot
     │   └── UnknownSessionError      the store has no generation for the session
+    ├── LimitError               something is over its configured bound (named with the setting)
     ├── SnapshotCorruptError     the world broke a stored snapshot (checksum or parts mismatch)
     └── InfraError               the world broke a dependency (broker or Redis not reachable)
 """
@@ -25,6 +26,7 @@ __all__ = [
     "NotOwnerError",
     "NoCapacityError",
     "UnknownSessionError",
+    "LimitError",
     "SnapshotCorruptError",
     "InfraError",
 ]
@@ -32,6 +34,8 @@ __all__ = [
 
 class ChunkserveError(Exception):
     """Root of every error chunkserve raises on purpose."""
+
+    reason_code = "error"  # the short reason a refusal reports (CommandRejected.reason)
 
 
 class SchemaError(ChunkserveError):
@@ -124,6 +128,8 @@ class LimitError(ChunkserveError):
 
 class SnapshotCorruptError(ChunkserveError):
     """A stored snapshot failed its checksum or is missing parts."""
+
+    reason_code = "snapshot_corrupt"
 
 
 class InfraError(ChunkserveError):

@@ -21,6 +21,7 @@ __all__ = ["KafkaSettings", "RedisSettings", "Settings", "DEFAULT_PARTITIONS", "
 
 ENV_PREFIX = "CHUNKSERVE_"
 INPUT_ENVELOPE_BYTES = 1024  # what an input record carries beside its payload, at most
+DEAD_LETTER_ENVELOPE_BYTES = 8192  # a dead letter beside the refused bytes: reason, key, source
 
 DEFAULT_PARTITIONS: dict[str, int] = {
     SESSION_EVENTS: 8,
@@ -167,6 +168,10 @@ class Settings:
                 raise ConfigError("max_input_bytes", f"{self.max_input_bytes} bytes plus the record envelope "
                                   f"({INPUT_ENVELOPE_BYTES}) exceed the {topic} record bound "
                                   f"({self.record_limit(topic)}); raise record_bytes.{topic}")
+        if self.record_limit(DEAD_LETTERS) < DEAD_LETTER_ENVELOPE_BYTES + 1024:
+            raise ConfigError("record_bytes.dead-letters", f"must be at least "
+                              f"{DEAD_LETTER_ENVELOPE_BYTES + 1024} (a dead letter's reason, key and "
+                              f"source, plus some of the refused bytes)")
         if self.max_snapshot_bytes < 1024:
             raise ConfigError("max_snapshot_bytes", "must be at least 1024")
         if self.max_sessions_per_worker < 1:
@@ -219,6 +224,8 @@ def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict
             value = getattr(settings, name)
         if value is not None:
             env[env_var(key)] = str(value)
+        else:  # unset here: the parent's variable for it must not reach the child
+            env.pop(env_var(key), None)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env

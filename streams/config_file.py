@@ -48,6 +48,7 @@ KEYS: dict[str, type] = {
     **{f"{table}.{t}": int for table in _PER_TOPIC for t in TOPICS},
 }
 _MAX_INT = 1 << 30
+_MAX_PARTITIONS = 100_000
 
 
 def env_var(key: str) -> str:
@@ -138,8 +139,9 @@ def _parsed(key: str, raw: str, source: str) -> Any:
 
 
 def _ranged(key: str, value: Any, source: str) -> Any:
-    if isinstance(value, (int, float)) and not (0 < value <= _MAX_INT):
-        raise ConfigError(key, f"must be from 1 to {_MAX_INT}, got {value!r}"[:200], source)
+    top = _MAX_PARTITIONS if key.startswith("partitions.") else _MAX_INT
+    if isinstance(value, (int, float)) and not (0 < value <= top):
+        raise ConfigError(key, f"must be from 1 to {top}, got {value!r}"[:200], source)
     return value
 
 

@@ -17,14 +17,14 @@ import faust
 from schemas.codec import TYPE_HEADER, decoder_for, encode, header_tag, key_for
 from schemas.errors import SchemaError
 from schemas.records import Record
-from schemas.topics import TOPICS, topic_of
+from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
 
 from .config import Settings
 from .kafka import dead_letter_record
 from .prom import metrics
 from .topics import TopicCatalogue
 
-__all__ = ["make_app", "FaustPublisher", "decode_event"]
+__all__ = ["make_app", "FaustPublisher", "decode_event", "shorten_gil_switch"]
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +52,16 @@ def _short_fetch_wait(wait_ms: int) -> None:
     thread._create_worker_consumer = create
     thread._chunkserve_short_fetch = True
 
-# faust runs its Kafka consumer in a thread of its own and hands each fetch to the agents'
-# event loop; a thread waiting for the GIL waits up to the interpreter's switch interval
-# (5 ms by default) on every such handoff, so a processor shortens it.
-GIL_SWITCH_INTERVAL_S = 0.0005
+def shorten_gil_switch(interval_s: float = 0.0005) -> None:
+    """For a processor's process: faust runs its Kafka consumer in a thread of its own and
+    hands each fetch to the agents' event loop, and a thread waiting for the GIL waits up to
+    the interpreter's switch interval (5 ms by default) on every such handoff."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), interval_s))
 
 
 def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
     """A faust app on the configured broker, at-least-once, with no web server by default."""
     _short_fetch_wait(settings.fetch_wait_ms)
-    sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
     opts: dict[str, Any] = dict(
         broker=f"kafka://{settings.kafka.bootstrap}",
         broker_credentials=settings.kafka.faust_credentials(),
@@ -117,7 +117,8 @@ class FaustPublisher:
         log.warning("%s: dead-lettering %s[%s]@%s: %s", consumer, message.topic,
                     message.partition, message.offset, reason)
         await self.send(dead_letter_record(message.topic, message.partition, message.offset,
-                                           message.value, message.key, reason, consumer))
+                                           message.value, message.key, reason, consumer,
+                                           self.limit(DEAD_LETTERS)))
 
 
 async def decode_event(event: Any, logical: str, publisher: FaustPublisher,

@@ -17,9 +17,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from schemas.codec import TYPE_HEADER, decoder_for, encode, key_for
 from schemas.errors import SchemaError
 from schemas.records import DeadLetter, Record
-from schemas.topics import topic_of
+from schemas.topics import DEAD_LETTERS, topic_of
 
-from .config import Settings
+from .config import DEAD_LETTER_ENVELOPE_BYTES, Settings
 from .prom import metrics
 from .topics import TopicCatalogue
 
@@ -81,12 +81,15 @@ class RecordProducer:
 
 
 def dead_letter_record(topic: str, partition: int, offset: int, raw: bytes | None,
-                       key: bytes | None, reason: str, consumer: str) -> DeadLetter:
-    """The dead-letter record of one message that ``consumer`` could not take."""
+                       key: bytes | None, reason: str, consumer: str,
+                       limit: int | None = None) -> DeadLetter:
+    """The dead-letter record of one message that ``consumer`` could not take; its copy of
+    the refused bytes is cut so the record fits ``limit`` (the dead-letters bound)."""
     raw = raw or b""
+    keep = MAX_DEAD_RAW if limit is None else min(MAX_DEAD_RAW, limit - DEAD_LETTER_ENVELOPE_BYTES)
     return DeadLetter(source_topic=topic, partition=partition, offset=offset,
-                      reason=reason[:2000], consumer=consumer, ts=time.time(),
-                      raw=raw[:MAX_DEAD_RAW], raw_size=len(raw),
+                      reason=reason[:1000], consumer=consumer, ts=time.time(),
+                      raw=raw[:max(0, keep)], raw_size=len(raw),
                       key=None if key is None else key[:1024])
 
 
@@ -120,7 +123,7 @@ class RecordConsumer:
         self.producer = producer
         self.group_id = group_id
         self.dead_lettered = 0
-        self._decoders = {self.catalogue.name(t): decoder_for(t, settings.record_limit(t))
+        self._decoders = {self.catalogue.name(t): decoder_for(t, self.catalogue.limit(t))
                           for t in topics}
         opts: dict[str, Any] = dict(group_id=group_id, enable_auto_commit=False,
                                     auto_offset_reset="earliest", client_id=name,
@@ -182,7 +185,7 @@ class RecordConsumer:
         metrics().dead_lettered.labels(topic).inc()
         log.warning("%s: dead-lettering %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
         await self.producer.send(dead_letter_record(topic, partition, offset, raw, key, reason,
-                                                    self.name))
+                                                    self.name, self.catalogue.limit(DEAD_LETTERS)))
 
     async def commit(self) -> None:
         """Commit the positions of everything polled (group consumers only)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from schemas.topics import TOPICS
 
@@ -19,7 +19,7 @@ class TopicCatalogue:
 
     prefix: str
     partitions: dict[str, int]
-    limits: dict[str, int] = field(default_factory=lambda: {t: s.max_bytes for t, s in TOPICS.items()})
+    limits: dict[str, int]
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "TopicCatalogue":
@@ -62,9 +62,9 @@ async def ensure_topics(settings: Settings) -> TopicCatalogue:
     try:
         existing = set(await admin.list_topics())
         # the broker enforces each topic's bound too (plus room for the batch, key and headers)
-        missing = [NewTopic(name, n, 1, topic_configs={"max.message.bytes": str(catalogue.limit(
-                       catalogue.logical(name)) + TOPIC_FRAMING_BYTES)})
-                   for name, n in catalogue.all().items() if name not in existing]
+        missing = [NewTopic(catalogue.name(t), catalogue.partitions.get(t, 1), 1,
+                            topic_configs={"max.message.bytes": str(catalogue.limit(t) + TOPIC_FRAMING_BYTES)})
+                   for t in TOPICS if catalogue.name(t) not in existing]
         if missing:
             try:
                 await admin.create_topics(missing)

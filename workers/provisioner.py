@@ -147,6 +147,14 @@ class ProvisionerService:
         self.pending: set[str] = set()
         self.seen: set[str] = set()  # decision ids of scale-outs carried out
 
+    async def reject(self, rec: r.Record, reason: str, detail: str) -> None:
+        """Refuse a command without acting on it: counted and reported as CommandRejected."""
+        from streams.prom import metrics
+
+        metrics().rejected.labels(reason).inc()
+        await self.publish(r.CommandRejected(worker_id=f"provisioner-{self.provisioner.pool}", session_id="",
+                                             command=rec.TAG, reason=reason, ts=self.clock(), detail=detail))
+
     async def handle(self, rec: r.Record) -> None:
         """Carry out one command; ValueError when the record is unusable (dead-letter it)."""
         if getattr(rec, "pool", None) != self.provisioner.pool:
@@ -155,13 +163,7 @@ class ProvisionerService:
             if not 0 < rec.count <= self.max_start:
                 raise ValueError(f"scale-out of {rec.count} workers: must be 1..{self.max_start}")
             if rec.decision_id and rec.decision_id in self.seen:  # a replay: refused, reported
-                from streams.prom import metrics
-
-                metrics().rejected.labels("replayed").inc()
-                await self.publish(r.CommandRejected(
-                    worker_id=f"provisioner-{self.provisioner.pool}", session_id="",
-                    command=rec.TAG, reason="replayed", ts=self.clock(),
-                    detail=f"scale-out decision {rec.decision_id} was already carried out"))
+                await self.reject(rec, "replayed", f"scale-out decision {rec.decision_id} was already carried out")
                 return
             self.seen.add(rec.decision_id)
             await self.provisioner.start(rec.count, rec.gpu_type)
@@ -205,7 +207,6 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
     """
     from streams.generations import GenerationStore
     from streams.kafka import RecordConsumer, RecordProducer
-    from streams.prom import metrics
     from streams.topics import ensure_topics
 
     catalogue = await ensure_topics(settings)
@@ -227,11 +228,7 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
         while not stop_event.is_set():
             for d in await consumer.poll(timeout_ms=200):
                 if d.refused is not None:  # unsigned, unknown key or forged: never acted on
-                    metrics().rejected.labels(d.refused).inc()
-                    await producer.send(r.CommandRejected(
-                        worker_id=f"provisioner-{provisioner.pool}", session_id="",
-                        command=d.record.TAG, reason=d.refused, ts=time.time(),
-                        detail="scaling command failed its authenticity check"))
+                    await service.reject(d.record, d.refused, "scaling command failed its authenticity check")
                     continue
                 try:
                     await service.handle(d.record)

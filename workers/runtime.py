@@ -227,7 +227,8 @@ class Worker:
                 return  # a duplicate delivery of the command being served: nothing to do
             # a replay of a generation that has passed: refused and reported (the next chunk's
             # revalidation drops the session here)
-            await self._reject(rec, "stale_epoch", f"generation {rec.generation} has passed (now {current})")
+            reason = "stale_epoch" if current is not None else "unknown_session"
+            await self._reject(rec, reason, f"generation {rec.generation} has passed (now {current})")
             return
         try:
             await self.store.claim(rec.session_id, rec.generation)
@@ -239,8 +240,7 @@ class Worker:
         try:
             state, input_pos = await self._initial_state(rec)
         except ChunkserveError as exc:  # corrupt, vanished, or over max_snapshot_bytes
-            reason = exc.reason_code if isinstance(exc, LimitError) else "snapshot_corrupt"
-            await self._reject(rec, reason, str(exc))
+            await self._reject(rec, exc.reason_code, str(exc))
             try:
                 await self.store.release(rec.session_id, rec.generation, close=False)
             except OwnershipError:
@@ -540,8 +540,7 @@ class Worker:
     async def _acknowledged(self) -> None:
         """Wait until every event handed to the producer so far is acknowledged."""
         pending, self._unacked = self._unacked, []
-        for fut in pending:
-            await fut
+        await asyncio.gather(*pending)
 
 
 def serve(settings: Settings, config: WorkerConfig, model: Any, worker_cls: type[Worker] = Worker) -> None:

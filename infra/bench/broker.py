@@ -5,7 +5,7 @@ how many records the partition already holds, so a long run on one machine slows
 its topics fill up, whatever chunkserve does. This measures it on its own: a producer sends
 ``rate`` records per second into ``partitions`` partitions for ``seconds``; a consumer
 (assigned, no group) reads them as they come; every ``window_s`` the broker process's CPU
-share is sampled from ``/proc``. Against an external broker (``CHUNKSERVE_KAFKA_BOOTSTRAP``)
+share is sampled. Against an external broker (``CHUNKSERVE_KAFKA_BOOTSTRAP``)
 there is no process to sample and the benchmark refuses.
 """
 
@@ -22,9 +22,9 @@ __all__ = ["run"]
 
 
 def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    import psutil
+
+    return sum(psutil.Process(pid).cpu_times()[:2])  # user + system
 
 
 async def _load(bootstrap: str, pid: int, rate: int, seconds: int, partitions: int,
@@ -82,12 +82,13 @@ def run(rate: int = 600, seconds: int = 30, partitions: int = 8, window_s: float
 
     if os.environ.get("CHUNKSERVE_KAFKA_BOOTSTRAP"):
         raise ValueError("bench broker measures the embedded broker; unset CHUNKSERVE_KAFKA_BOOTSTRAP")
-    broker = EmbeddedBroker(log_path=Path(tempfile.mkdtemp(prefix="chunkserve-broker-")) / "tansu.log").start()
-    try:
-        assert broker._proc is not None
-        windows = asyncio.run(_load(broker.bootstrap, broker._proc.pid, rate, seconds, partitions, window_s))
-    finally:
-        broker.stop()
+    with tempfile.TemporaryDirectory(prefix="chunkserve-broker-") as logs:
+        broker = EmbeddedBroker(log_path=Path(logs) / "tansu.log").start()
+        try:
+            assert broker.pid is not None
+            windows = asyncio.run(_load(broker.bootstrap, broker.pid, rate, seconds, partitions, window_s))
+        finally:
+            broker.stop()
     first, last = windows[0]["broker_cpu_pct"], windows[-1]["broker_cpu_pct"]
     return {"rate_per_s": rate, "seconds": seconds, "partitions": partitions, "windows": windows,
             "first_window_cpu_pct": first, "last_window_cpu_pct": last,

@@ -19,7 +19,8 @@ hop plus dispatch's own work, ``to_owner`` the second hop plus the worker's.
 Opens go out at a steady ``rate`` per second (not all at once), then the pushes at the same
 rate; every session stays open, so ``sessions`` is the concurrency reached. ``events_per_s``
 is (opens + pushes) / (first publish -> last Claimed or InputAccepted seen).
-``max_consumer_lag`` is the largest, over samples every 0.25 s, of the dispatch consumer
+``cpu_pct`` is the share of one core each role (broker, Redis, dispatch, workers, the
+benchmark itself) used over the measured span. ``max_consumer_lag`` is the largest, over samples every 0.25 s, of the dispatch consumer
 group's total lag: the sum over every partition of ``session-events``, ``session-inputs``
 and ``worker-events`` of (log end offset - the group's committed offset). faust commits
 every 0.5 s or 100 records, so a healthy run still shows a few hundred.
@@ -94,9 +95,9 @@ class _Tracker:
         self.command_partitions = settings.partitions.get(WORKER_COMMANDS, 1)
         self.dispatched: dict[Any, float] = {}  # dispatch's timestamp on each Assign / RoutedInput
         self.up: set[str] = set()
+        # the owner's own timestamp of each Claimed / InputAccepted
         self.claimed: dict[str, float] = {}
         self.accepted: dict[tuple[str, int], float] = {}
-        self.stamped: dict[Any, float] = {}  # the owner's own timestamp of each
         self.last_seen = 0.0
 
     async def start(self) -> None:
@@ -109,12 +110,10 @@ class _Tracker:
             for d in await self.consumer.poll(timeout_ms=50):
                 now, rec = time.perf_counter(), d.record
                 if isinstance(rec, Claimed):
-                    self.claimed.setdefault(rec.session_id, now)
-                    self.stamped.setdefault(rec.session_id, rec.ts)
+                    self.claimed.setdefault(rec.session_id, rec.ts)
                     self.last_seen = now
                 elif isinstance(rec, InputAccepted):
-                    self.accepted.setdefault((rec.session_id, rec.seq), now)
-                    self.stamped.setdefault((rec.session_id, rec.seq), rec.ts)
+                    self.accepted.setdefault((rec.session_id, rec.seq), rec.ts)
                     self.last_seen = now
                 elif isinstance(rec, WorkerUp):
                     self.up.add(rec.worker_id)
@@ -152,6 +151,25 @@ async def _lag_sampler(settings: Settings, group: str, stop: asyncio.Event, out:
                 pass
     finally:
         await ends.stop()
+
+
+def _cpu_by_role() -> dict[str, float]:
+    """CPU seconds used so far by this benchmark and the processes it started, by role."""
+    import psutil
+
+    me = psutil.Process()
+    out = {"bench": sum(me.cpu_times()[:2])}
+    for child in me.children(recursive=True):
+        try:
+            line = " ".join(child.cmdline())
+            used = sum(child.cpu_times()[:2])
+        except psutil.Error:  # exited meanwhile
+            continue
+        role = ("broker" if "tansu" in line else "redis" if "redis-server" in line else
+                "dispatch" if "processor dispatch" in line else "workers" if "workers.light" in line else
+                "other")
+        out[role] = out.get(role, 0.0) + used
+    return out
 
 
 async def _until(pred: Any, timeout_s: float, what: str) -> None:
@@ -192,15 +210,14 @@ async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, in
             for i in range(workers):
                 _spawn_light(fleet, settings, f"light-{i}", capacity)
             await _until(lambda: len(tracker.up) >= workers, 60, "workers to come up")
-            sent: dict[Any, float] = {}
-            sent_wall: dict[Any, float] = {}
+            sent: dict[Any, float] = {}  # wall-clock time each open / push was handed over
 
             async def open_(sid: str) -> None:
-                sent[sid], sent_wall[sid] = time.perf_counter(), time.time()
+                sent[sid] = time.time()
                 await producer.send(SessionOpened(session_id=sid, ts=time.time()), wait=False)
 
             async def push(item: tuple[str, int]) -> None:
-                sent[item], sent_wall[item] = time.perf_counter(), time.time()
+                sent[item] = time.time()
                 await producer.send(InputPushed(session_id=item[0], seq=item[1], kind="text",
                                                 payload=f"say {item[1]}", ts=time.time()), wait=False)
 
@@ -211,7 +228,7 @@ async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, in
                 _lag_sampler(settings, f"{settings.topic_prefix}dispatch", lag_stop, lags))
             ids = [f"s{i}" for i in range(sessions)]
             pushes = [(sid, seq) for seq in range(1, inputs + 1) for sid in ids]
-            t_first = time.perf_counter()
+            t_first, cpu_first = time.perf_counter(), _cpu_by_role()
             await _paced(ids, rate, open_)
             budget = timeout_s + sessions / rate
             timed_out = []
@@ -225,6 +242,7 @@ async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, in
                              timeout_s + len(pushes) / rate, "accepted inputs")
             except TimeoutError as exc:
                 timed_out.append(str(exc))
+            cpu_last, wall = _cpu_by_role(), time.perf_counter() - t_first
             lag_stop.set()
             await lag_task
             stop.set()
@@ -234,14 +252,15 @@ async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, in
         stop.set()
         lag_stop.set()
         fleet.stop_all()
-    create = [(tracker.stamped[s] - sent_wall[s]) * 1e3 for s in ids if s in tracker.claimed]
-    accept = [(tracker.stamped[p] - sent_wall[p]) * 1e3 for p in pushes if p in tracker.accepted]
+    owned = {**tracker.claimed, **tracker.accepted}
+    create = [(tracker.claimed[s] - sent[s]) * 1e3 for s in ids if s in tracker.claimed]
+    accept = [(tracker.accepted[p] - sent[p]) * 1e3 for p in pushes if p in tracker.accepted]
     span = max(tracker.last_seen - t_first, 1e-9)
 
     def split(keys: list[Any]) -> dict[str, dict[str, float]]:
-        both = [k for k in keys if k in tracker.stamped and k in tracker.dispatched]
-        return {"to_dispatch": percentiles([(tracker.dispatched[k] - sent_wall[k]) * 1e3 for k in both]),
-                "to_owner": percentiles([(tracker.stamped[k] - tracker.dispatched[k]) * 1e3 for k in both])}
+        both = [k for k in keys if k in owned and k in tracker.dispatched]
+        return {"to_dispatch": percentiles([(tracker.dispatched[k] - sent[k]) * 1e3 for k in both]),
+                "to_owner": percentiles([(owned[k] - tracker.dispatched[k]) * 1e3 for k in both])}
 
     return {
         "sessions": sessions,
@@ -258,6 +277,9 @@ async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, in
         "inputs_pushed": len(pushes),
         "complete": len(create) == sessions and len(accept) == len(pushes),
         "errors": timed_out,
+        # share of one core each role used from the first open to the last acceptance
+        "cpu_pct": {role: round(100 * (cpu_last[role] - cpu_first.get(role, 0.0)) / wall, 1)
+                    for role in sorted(cpu_last)},
     }
 
 

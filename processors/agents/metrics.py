@@ -31,9 +31,14 @@ class WorkerSpan:
     last_down: float = -math.inf
 
 
+# the worker events billing reads; the agent passes over the others undecoded
+BILLED = (r.WorkerUp, r.Heartbeat, r.WorkerDown)
+BILLED_TAGS = frozenset(cls.TAG for cls in BILLED)
+
+
 def fold_cost(state: Mapping[str, WorkerSpan], rec: r.Record) -> dict[str, WorkerSpan]:
     """Fold one worker event; other records leave the state as it is."""
-    if not isinstance(rec, (r.WorkerUp, r.Heartbeat, r.WorkerDown)):
+    if not isinstance(rec, BILLED):
         return dict(state)
     span = state.get(rec.worker_id) or WorkerSpan()
     if isinstance(rec, r.WorkerUp):
@@ -79,9 +84,8 @@ def build_app(settings: Any) -> Any:
     @app.agent(publisher.topic(WORKER_EVENTS), name="metrics-worker-events")
     async def worker_events(stream: Any) -> None:
         async for event in stream.events():
-            rec = await decode_event(event, WORKER_EVENTS, publisher, "metrics",
-                                     frozenset({r.WorkerUp.TAG, r.Heartbeat.TAG, r.WorkerDown.TAG}))
-            if isinstance(rec, (r.WorkerUp, r.Heartbeat, r.WorkerDown)):
+            rec = await decode_event(event, WORKER_EVENTS, publisher, "metrics", BILLED_TAGS)
+            if isinstance(rec, BILLED):
                 state["spans"] = fold_cost(state["spans"], rec)
 
     @app.timer(interval_s)

@@ -14,7 +14,7 @@ import pytest
 
 from infra.flow import EventLog
 from infra.local import LocalFleet
-from schemas.errors import LimitError, SchemaError
+from schemas.errors import ConfigError, LimitError, SchemaError
 from schemas.codec import encode
 from schemas.records import (Assign, ChunkDone, CommandRejected, DeadLetter, Generation, Handoff,
                              InputPushed, SessionOpened, Suspend, WorkerUp)
@@ -102,7 +102,7 @@ def test_worker_refuses_a_capacity_over_the_bound(kafka_bootstrap, redis_url, na
     assert done.returncode == 2
     assert "max_sessions_per_worker" in done.stdout and "Traceback" not in done.stdout + done.stderr
     settings = _settings(kafka_bootstrap, redis_url, namespace)
-    with pytest.raises(Exception, match="max_sessions_per_worker"):
+    with pytest.raises(ConfigError, match="max_sessions_per_worker"):
         from workers.runtime import Worker, WorkerConfig
         Worker(replace(settings, max_sessions_per_worker=4), WorkerConfig(worker_id="w", capacity=5),
                model=None, store=None)  # type: ignore[arg-type]

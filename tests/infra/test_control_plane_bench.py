@@ -30,3 +30,7 @@ def test_control_plane_bench_claims_every_session_and_accepts_every_input(
     for key in ("create_live_ms", "push_text_ms"):
         assert set(result[key]) == {"p50", "p99"} and result[key]["p99"] >= result[key]["p50"] > 0
     assert result["events_per_s"] > 0 and result["max_consumer_lag"] >= 0
+    assert {"bench", "dispatch", "workers"} <= set(result["cpu_pct"])  # the processes it started
+    assert all(v >= 0 for v in result["cpu_pct"].values())
+    for path in ("create_live", "push_text"):
+        assert set(result["breakdown_ms"][path]) == {"to_dispatch", "to_owner"}

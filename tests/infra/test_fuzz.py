@@ -4,7 +4,6 @@ bad record and processes every good one; trace files fail with their line, never
 from __future__ import annotations
 
 import asyncio
-import random
 
 import pytest
 from hypothesis import given, settings

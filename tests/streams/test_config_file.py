@@ -52,12 +52,12 @@ def test_file_values_and_defaults(tmp_path):
 def test_environment_overrides_file_and_supplies_secrets(tmp_path):
     env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": "other:9092", "CHUNKSERVE_NAMESPACE": "us",
            "CHUNKSERVE_KAFKA_SASL_PASSWORD": "s3cret", "CHUNKSERVE_REDIS_PASSWORD": "r3dis",
-           "CHUNKSERVE_MAX_RECORD_BYTES": "4096", "CHUNKSERVE_MAX_INPUT_BYTES": "1000"}
+           "CHUNKSERVE_MAX_RECORD_BYTES": "16384", "CHUNKSERVE_MAX_INPUT_BYTES": "1000"}
     s = load_settings(write(tmp_path, VALID), env=env)
     assert s.kafka.bootstrap == "other:9092" and s.namespace == "us"
     assert s.kafka.sasl_password == "s3cret" and s.redis.password == "r3dis"
-    assert s.max_record_bytes == 4096 and s.max_input_bytes == 1000
-    assert s.record_limit("metrics") == 4096  # every topic's bound is capped by max_record_bytes
+    assert s.max_record_bytes == 16384 and s.max_input_bytes == 1000
+    assert s.record_limit("metrics") == 16384  # every topic's bound is capped by max_record_bytes
     assert "s3cret" not in repr(s)
 
 
@@ -188,7 +188,7 @@ def test_unknown_topic_in_record_bytes_table(tmp_path):
 @FUZZ
 @given(st.integers(2048, 1 << 20), st.sampled_from(["SSL", "SASL_SSL", "PLAINTEXT"]),
        st.dictionaries(st.sampled_from(["metrics", "session-events", "dead-letters"]),
-                       st.integers(1024, 1 << 20)),
+                       st.integers(9216, 1 << 20)),
        st.integers(1, 512), st.floats(0.5, 1000.0))
 def test_child_env_gives_a_child_exactly_these_settings(tmp_path, snapshot, protocol, record_bytes,
                                                         capacity, rate):
@@ -202,3 +202,27 @@ def test_child_env_gives_a_child_exactly_these_settings(tmp_path, snapshot, prot
                  partitions={**DEFAULT_PARTITIONS, "session-events": 3, "metrics": 2})
     child = load_settings(None, env=child_env(s, base={}))
     assert child == s and child.kafka.sasl_password == "pw" and child.redis.password == "rp"
+
+
+def test_child_env_drops_the_parents_variables_for_settings_left_unset():
+    from streams.config import Settings, child_env
+
+    parent = {"CHUNKSERVE_KAFKA_SASL_MECHANISM": "PLAIN", "CHUNKSERVE_REDIS_SSL_CA_CERTS": "ca.pem",
+              "CHUNKSERVE_RECORD_BYTES_METRICS": "4096", "PATH": "/bin"}
+    env = child_env(Settings(), base=parent)
+    assert not any(k in env for k in parent if k.startswith("CHUNKSERVE_")) and env["PATH"] == "/bin"
+    assert load_settings(None, env=env) == Settings()
+
+
+def test_dead_letters_bound_holds_a_dead_letter_and_cuts_the_copy_to_fit():
+    from schemas.codec import encode
+    from streams.config import DEAD_LETTER_ENVELOPE_BYTES, Settings
+    from streams.kafka import dead_letter_record
+
+    with pytest.raises(ConfigError) as info:
+        Settings(record_bytes={"dead-letters": 4096})
+    assert info.value.key == "record_bytes.dead-letters"
+    limit = DEAD_LETTER_ENVELOPE_BYTES + 2048
+    letter = dead_letter_record("t", 0, 1, b"x" * 100_000, b"k" * 5000, "why " * 2000, "c", limit)
+    assert len(letter.raw) == 2048 and letter.raw_size == 100_000
+    assert len(encode(letter, limit)) <= limit

@@ -1,8 +1,7 @@
 """SASL settings reach aiokafka and faust, and authenticate on the wire.
 
-No broker here can authenticate SASL clients: the embedded Tansu keeps SCRAM users in memory
-and refuses to create them once ``--authentication`` is on, and no Apache Kafka build can be
-fetched on this machine. So, as the TLS tests put stunnel in front of Tansu, these put a
+The embedded Tansu keeps SCRAM users in memory and refuses to create them once
+``--authentication`` is on, and the test environment has no Apache Kafka. So, as the TLS tests put stunnel in front of Tansu, these put a
 SASL-terminating front in front of it: it answers ApiVersions (from Tansu), SaslHandshake and
 SaslAuthenticate itself, checks PLAIN and SCRAM-SHA-256/512 (RFC 5802/7677, credentials kept
 as salt, StoredKey and ServerKey as Kafka keeps them) and only then pipes the connection to
@@ -28,7 +27,7 @@ from typing import Iterator
 import pytest
 from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
 
-from infra.embedded import EmbeddedBroker, free_port, wait_for_broker
+from infra.embedded import EmbeddedBroker, free_port
 from schemas.records import SessionOpened
 from schemas.topics import SESSION_EVENTS
 from streams.config import KafkaSettings, Settings

@@ -7,10 +7,7 @@ and partition leaders) goes through TLS. The right CA connects; an unrelated CA 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
@@ -19,14 +16,15 @@ import pytest
 from aiokafka.errors import KafkaError
 
 from infra.embedded import EmbeddedBroker, free_port
+from infra.local import LocalFleet
 from schemas import records as r
 from schemas.errors import InfraError
 from schemas.topics import METRICS, SESSION_EVENTS
-from streams.config import KafkaSettings, RedisSettings, Settings, child_env
+from streams.config import KafkaSettings, RedisSettings, Settings
 from streams.generations import GenerationStore
 from streams.kafka import RecordConsumer, RecordProducer
 from streams.topics import ensure_topics
-from tests.infra.test_agents import Reader, _stop
+from tests.infra.test_agents import Reader
 from tests.tls import Pki, make_pki, stunnel
 
 pytestmark = pytest.mark.integration
@@ -109,7 +107,7 @@ def test_kafka_refuses_a_broker_signed_by_another_ca(tls: TlsSetup, namespace: s
 
 def test_redis_through_tls_with_the_right_ca_and_not_another(tls: TlsSetup, namespace: str) -> None:
     async def register(settings: Settings) -> list[str]:
-        store = GenerationStore(settings.redis.async_client(), namespace=namespace)
+        store = GenerationStore.from_settings(settings)
         try:
             await store.register_worker("w-tls", capacity=2)
             return sorted(await store.load_view())
@@ -123,14 +121,11 @@ def test_redis_through_tls_with_the_right_ca_and_not_another(tls: TlsSetup, name
 
 def test_a_faust_processor_runs_through_tls(tls: TlsSetup, namespace: str, tmp_path: Path) -> None:
     """The detector processor, started with only the environment ``child_env`` builds from
-    TLS settings, consumes session events and publishes its signal through the proxy."""
+    the TLS settings, consumes session events and publishes its signal through the proxy."""
     settings = tls.settings(namespace)
     asyncio.run(ensure_topics(settings))
-    env = child_env(settings)
-    env.update(CHUNKSERVE_DETECTOR_TICK_S="0.5", OMP_NUM_THREADS="1")
-    with open(tmp_path / "detector.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "infra", "processor", "detector"], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    fleet = LocalFleet(settings, tmp_path, extra_env={"CHUNKSERVE_DETECTOR_TICK_S": "0.5"})
+    fleet.start_processor("detector")
 
     async def run() -> r.Record:
         async with RecordProducer(settings) as producer:
@@ -147,5 +142,5 @@ def test_a_faust_processor_runs_through_tls(tls: TlsSetup, namespace: str, tmp_p
     try:
         signal = asyncio.run(run())
     finally:
-        _stop(proc)
+        fleet.stop_all()
     assert signal.active == 2
