@@ -176,12 +176,11 @@ async def fuzz_processors(settings: Any, records: int, log_dir: Any, seed: int =
     import asyncio
     from pathlib import Path
 
-    from aiokafka import TopicPartition
-
+    from infra.flow import EventLog
     from infra.local import LocalFleet
     from schemas.records import DeadLetter
     from schemas.topics import DEAD_LETTERS
-    from streams.kafka import RecordConsumer, RecordProducer
+    from streams.kafka import RecordProducer
     from streams.topics import ensure_topics
 
     rng = random.Random(seed)
@@ -206,26 +205,22 @@ async def fuzz_processors(settings: Any, records: int, log_dir: Any, seed: int =
                     bad[topic] += 1
                 await producer.send_raw(topic, data, key=b"fuzz-%d" % (i % 97))
             expected = {name: sum(bad[t] for t in ts) for name, ts in PROCESSOR_INPUTS.items()}
-            reader = RecordConsumer(settings, [DEAD_LETTERS], producer, name="fuzz-dead-letters")
-            await reader.start(subscribe=False)
-            tps = [TopicPartition(reader.catalogue.name(DEAD_LETTERS), p)
-                   for p in range(settings.partitions.get(DEAD_LETTERS, 1))]
-            reader.raw.assign(tps)
-            await reader.raw.seek_to_beginning(*tps)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout_s
-
+            reader = EventLog(settings, producer, topics=(DEAD_LETTERS,))
+            await reader.start()
+            deadline = asyncio.get_running_loop().time() + timeout_s
 
             def counts() -> dict[str, int]:
                 return {name: len(seen) for name, seen in letters.items()}
 
-            while counts() != expected and loop.time() < deadline and all(fleet.alive().values()):
-                for d in await reader.poll(timeout_ms=200):
-                    rec = d.record
+            while counts() != expected and asyncio.get_running_loop().time() < deadline \
+                    and all(fleet.alive().values()):
+                await reader.pump(timeout_ms=200)
+                for rec in reader.records:
                     if isinstance(rec, DeadLetter) and rec.reason.startswith("schema:") and rec.consumer in letters:
                         where = (rec.source_topic, rec.partition, rec.offset)
                         repeats += where in letters[rec.consumer]
                         letters[rec.consumer].add(where)
+                reader.records.clear()
             await reader.stop()
         await asyncio.sleep(1.0)  # a crash caused by the last records shows in a moment
         alive = {name: fleet.alive()[f"{name}-0"] for name in PROCESSOR_INPUTS}
