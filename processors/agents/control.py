@@ -120,6 +120,7 @@ class ControlConfig:
     dwell_s: float = 30.0
     min_gpus: int = 1
     max_gpus: int = 64
+    burst_memory_s: float = 900.0  # how long the autoscaler's burst reserve remembers a rise
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ControlConfig":
@@ -128,7 +129,8 @@ class ControlConfig:
         num = {"tick_s": "CONTROL_TICK_S", "period_s": "CONTROL_PERIOD_S",
                "heartbeat_timeout_s": "HEARTBEAT_TIMEOUT_S", "boot_s": "BOOT_S",
                "boot_timeout_s": "BOOT_TIMEOUT_S",
-               "dwell_s": "SCALE_DWELL_S", "min_gpus": "MIN_WORKERS", "max_gpus": "MAX_WORKERS"}
+               "dwell_s": "SCALE_DWELL_S", "min_gpus": "MIN_WORKERS", "max_gpus": "MAX_WORKERS",
+               "burst_memory_s": "BURST_MEMORY_S"}
         kw: dict[str, Any] = {k: type(getattr(base, k))(env["CHUNKSERVE_" + v])
                               for k, v in num.items() if env.get("CHUNKSERVE_" + v)}
         for key in ("policy", "profile", "gpu_type", "pool"):
@@ -182,7 +184,7 @@ class ControlShell:
             self.view = apply(self.view, rec)
         model = fit_capacity(self.model, self.view)
         policy = make_policy(cfg.policy, model, cfg.gpu_type, min_gpus=cfg.min_gpus, max_gpus=cfg.max_gpus,
-                             dwell_s=cfg.dwell_s, boot_s=cfg.boot_s)
+                             dwell_s=cfg.dwell_s, boot_s=cfg.boot_s, burst_memory_s=cfg.burst_memory_s)
         snap = to_snapshot(self.view, now, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                            boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model))
         self.detector, signal = observe(self.detector, now, self.detector_config)

@@ -106,6 +106,7 @@ def test_an_epoch_rebalances_with_handoffs():
 def test_config_from_env():
     cfg = ControlConfig.from_env({"CHUNKSERVE_POLICY": "lag", "CHUNKSERVE_PROFILE": "paper",
                                   "CHUNKSERVE_GPU_TYPE": "b300", "CHUNKSERVE_MIN_WORKERS": "2",
-                                  "CHUNKSERVE_CONTROL_TICK_S": "0.1"})
+                                  "CHUNKSERVE_CONTROL_TICK_S": "0.1", "CHUNKSERVE_BURST_MEMORY_S": "20"})
     assert (cfg.policy, cfg.profile, cfg.gpu_type, cfg.min_gpus, cfg.tick_s) == ("lag", "paper", "b300", 2, 0.1)
+    assert cfg.burst_memory_s == 20.0
     assert ControlConfig.from_env({}) == ControlConfig()
