@@ -197,9 +197,10 @@ def demo(
     seed: int = typer.Option(0, help="Seed of the generated trace."),
     report_dir: Optional[Path] = typer.Option(None, help="Folder for summary.json and timeline.png."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
+    trace: Optional[Path] = typer.Option(None, help="Replay this trace file instead of a generated one."),
 ) -> None:
-    """An autoscaled fleet on the embedded broker and Redis serving a generated trace, then a
-    summary, an ownership audit and a report folder with the timeline plot."""
+    """An autoscaled fleet on the embedded broker and Redis serving a generated trace (or
+    --trace), then a summary, an ownership audit and a report folder with the timeline plot."""
     from rich.live import Live
 
     from infra.demo import DemoConfig, run_demo
@@ -208,8 +209,16 @@ def demo(
     base = _settings(require_endpoints=False)
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-demo-logs-"))
     report = report_dir or Path("reports") / time.strftime("demo-%Y%m%d-%H%M%S")
+    if trace is not None:
+        from infra.sim.trace import load_trace
+
+        try:
+            load_trace(trace)  # a bad file is named with its line before anything starts
+        except ChunkserveError as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2)
     cfg = DemoConfig(duration_s=duration, sessions=sessions, level=level, speed=speed,
-                     max_workers=max_workers, seed=seed)
+                     max_workers=max_workers, seed=seed, trace=str(trace) if trace else None)
     run_id = uuid.uuid4().hex[:6]
     with infrastructure(logs) as (bootstrap, redis_url):
         settings = replace(base.with_endpoints(bootstrap, redis_url),

@@ -46,11 +46,15 @@ class DemoConfig:
     max_workers: int = 4
     capacity: int = 8
     chunk_interval_s: float = 0.1
+    trace: str | None = None  # a trace file to replay instead of a generated one
 
 
 def _trace(cfg: DemoConfig) -> list[Any]:
+    from infra.sim.trace import load_trace
     from infra.sim.tracegen import GenConfig, generate
 
+    if cfg.trace is not None:
+        return list(load_trace(cfg.trace).events)
     trace_s = cfg.duration_s * cfg.speed * 0.8  # leave the last fifth of the run to drain
     return generate(GenConfig(level=cfg.level, duration_s=trace_s, sessions=cfg.sessions,
                               seed=cfg.seed, life_median_s=120.0, state_median_mb=8.0))

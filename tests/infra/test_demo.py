@@ -28,3 +28,27 @@ def test_demo_runs_short_and_writes_its_report(tmp_path):
     assert summary["sessions"] >= 5
     assert all(v == 0 for v in summary["audit"].values()), summary["audit"]
     assert (report / "timeline.png").stat().st_size > 10_000
+
+
+def test_fleet_scales_out_then_in_and_sessions_survive(tmp_path):
+    """A trace that rises to 18 active sessions then falls to 3: the autoscaler scales out,
+    then drains and shuts workers down; the sessions left are moved off the drained workers
+    and the audit stays clean."""
+    rows = ["t_s,session_id,event"]
+    rows += [f"{i * 0.2:.1f},s{i},open" for i in range(18)]
+    rows += [f"{150 + i:.1f},s{i},close" for i in range(3, 18)]  # the load falls at 15 s of wall time
+    rows += [f"{500 + i:.1f},s{i},close" for i in range(3)]
+    trace = tmp_path / "rise-and-fall.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    env = dict(os.environ, CHUNKSERVE_BURST_MEMORY_S="0")  # no burst reserve: scale in on the fall
+    env.pop("CHUNKSERVE_KAFKA_BOOTSTRAP", None)
+    report = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "infra", "demo", "--trace", str(trace), "--duration", "55", "--max-workers", "3",
+         "--report-dir", str(report)], env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((report / "summary.json").read_text())
+    events = summary["scale_events"]
+    assert events["scale_out"] >= 1 and events["drain"] >= 1 and events["shutdown"] >= 1, summary
+    assert summary["sessions"] == 18 and summary["chunks"] > 0
+    assert all(v == 0 for v in summary["audit"].values()), summary["audit"]
