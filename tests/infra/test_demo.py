@@ -32,8 +32,8 @@ def test_demo_runs_short_and_writes_its_report(tmp_path):
 
 def test_fleet_scales_out_then_in_and_sessions_survive(tmp_path):
     """A trace that rises to 18 active sessions then falls to 3: the autoscaler scales out,
-    then drains and shuts workers down; the sessions left are moved off the drained workers
-    and the audit stays clean."""
+    then drains workers and shuts them down once empty while the sessions left keep running;
+    the audit stays clean."""
     rows = ["t_s,session_id,event"]
     rows += [f"{i * 0.2:.1f},s{i},open" for i in range(18)]
     rows += [f"{150 + i:.1f},s{i},close" for i in range(3, 18)]  # the load falls at 15 s of wall time
