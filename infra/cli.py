@@ -11,7 +11,6 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -221,9 +220,7 @@ def demo(
                      max_workers=max_workers, seed=seed, trace=str(trace) if trace else None)
     run_id = uuid.uuid4().hex[:6]
     with infrastructure(logs) as (bootstrap, redis_url):
-        settings = replace(base.with_endpoints(bootstrap, redis_url),
-                           topic_prefix=f"{base.topic_prefix}demo-{run_id}.",
-                           namespace=f"{base.namespace}-demo-{run_id}")
+        settings = base.with_endpoints(bootstrap, redis_url).isolated(f"demo-{run_id}")
         console.print(f"broker {bootstrap}  redis {redis_url}  logs {logs}")
         with Live(_live_table({"phase": "starting"}), console=console, refresh_per_second=4) as live:
             summary = asyncio.run(run_demo(settings, cfg, logs, report,
@@ -281,9 +278,7 @@ def smoke(
     started = time.monotonic()
     with console.status("starting the broker and Redis") as status:
         with infrastructure(logs) as (bootstrap, redis_url):
-            settings = replace(base.with_endpoints(bootstrap, redis_url),
-                               topic_prefix=f"{base.topic_prefix}smoke-{run_id}.",
-                               namespace=f"{base.namespace}-smoke-{run_id}")
+            settings = base.with_endpoints(bootstrap, redis_url).isolated(f"smoke-{run_id}")
             console.print(f"broker {bootstrap}  redis {redis_url}  logs {logs}")
             summary = asyncio.run(run_flow(settings, logs, sessions=sessions, chunks=chunks,
                                            workers=workers, inputs=inputs,
@@ -452,9 +447,7 @@ def chaos(
     cfg = ChaosConfig(sessions=sessions, duration_s=duration, workers=workers, seed=seed)
     with console.status("starting") as status:
         with infrastructure(logs) as (bootstrap, redis_url):
-            settings = replace(base.with_endpoints(bootstrap, redis_url),
-                               topic_prefix=f"{base.topic_prefix}chaos-{run_id}.",
-                               namespace=f"{base.namespace}-chaos-{run_id}")
+            settings = base.with_endpoints(bootstrap, redis_url).isolated(f"chaos-{run_id}")
             result = asyncio.run(run_chaos(settings, cfg, logs, progress=lambda m: status.update(m)))
     _write_json(result, json_out)
     bad = {k: result[k] for k in ("dual_owner", "stale_releases", "overshoots", "inputs_lost",
@@ -521,8 +514,7 @@ def bench_fuzz(
     run_id = uuid.uuid4().hex[:6]
     logging.getLogger("streams.kafka").setLevel(logging.ERROR)  # one warning per bad record otherwise
     with infrastructure() as (bootstrap, redis_url):
-        settings = replace(base.with_endpoints(bootstrap, redis_url),
-                           topic_prefix=f"{base.topic_prefix}fuzz-{run_id}.")
+        settings = base.with_endpoints(bootstrap, redis_url).isolated(f"fuzz-{run_id}")
         result = run(records, seed, settings if consumer_records or processor_records else None,
                      consumer_records, processor_records)
     _write_json(result, json_out)

@@ -189,6 +189,11 @@ class Settings:
             raise ConfigError("worker.capacity", f"{capacity} sessions: must be from 1 to "
                               f"max_sessions_per_worker ({self.max_sessions_per_worker})")
 
+    def isolated(self, tag: str) -> "Settings":
+        """The same deployment under topics and Redis keys of their own (``tag`` apart), so a
+        run shares a broker and Redis with others without seeing their records."""
+        return replace(self, topic_prefix=f"{self.topic_prefix}{tag}.", namespace=f"{self.namespace}-{tag}")
+
     def with_endpoints(self, bootstrap: str, redis_url: str) -> "Settings":
         """The same settings pointed at another broker and Redis."""
         return replace(self, kafka=replace(self.kafka, bootstrap=bootstrap),

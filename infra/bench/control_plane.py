@@ -79,8 +79,7 @@ def run(settings: Settings, sessions: int, workers: int = 4, inputs_per_session:
             bootstrap, redis_url = stack.enter_context(infrastructure(logs))
             settings = settings.with_endpoints(settings.kafka.bootstrap or bootstrap,
                                                settings.redis.url or redis_url)
-        settings = replace(settings, topic_prefix=f"{settings.topic_prefix}cp-{run_id}.",
-                           namespace=f"{settings.namespace}-cp-{run_id}")
+        settings = settings.isolated(f"cp-{run_id}")
         return asyncio.run(_bench(settings, logs, sessions, workers, inputs_per_session, rate,
                                   dispatch_replicas, timeout_s))
 

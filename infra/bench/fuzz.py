@@ -254,8 +254,7 @@ def run(records: int, seed: int = 0, settings: Any = None, consumer_records: int
         out["records"] += consumer_records
         out["dead_lettered"] += sample["consumer_dead_lettered"]
     if settings is not None and processor_records:
-        own = dataclasses.replace(settings, topic_prefix=f"{settings.topic_prefix}processors.",
-                                  namespace=f"{settings.namespace}-processors")  # apart from the sample above
+        own = settings.isolated("processors")  # apart from the consumer sample above
         with tempfile.TemporaryDirectory(prefix="chunkserve-fuzz-") as logs:
             procs = asyncio.run(fuzz_processors(own, processor_records, logs, seed))
         out.update(procs)

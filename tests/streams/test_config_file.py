@@ -226,3 +226,10 @@ def test_dead_letters_bound_holds_a_dead_letter_and_cuts_the_copy_to_fit():
     letter = dead_letter_record("t", 0, 1, b"x" * 100_000, b"k" * 5000, "why " * 2000, "c", limit)
     assert len(letter.raw) == 2048 and letter.raw_size == 100_000
     assert len(encode(letter, limit)) <= limit
+
+
+def test_isolated_settings_use_topics_and_keys_of_their_own():
+    from streams.config import Settings
+
+    s = Settings(topic_prefix="prod.", namespace="eu").isolated("demo-1a2b")
+    assert (s.topic_prefix, s.namespace) == ("prod.demo-1a2b.", "eu-demo-1a2b")
