@@ -486,7 +486,7 @@ def bench_broker(
     partitions: int = typer.Option(8, min=1, help="Partitions of the topic."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
 ) -> None:
-    """The embedded broker's CPU while a consumer keeps up with a steady producer, per window."""
+    """The embedded broker's CPU and one-hop latency per window under a steady producer, and its idle hop per fetch wait."""
     from infra.bench.broker import run
 
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.bench.broker import run
+from infra.bench.broker import HOP_FLOOR_WAITS_MS, run
 
 pytestmark = pytest.mark.integration
 
@@ -16,6 +16,10 @@ def test_broker_bench_samples_every_window(monkeypatch):
     assert [w["records"] for w in out["windows"]] == sorted(w["records"] for w in out["windows"])
     assert out["windows"][-1]["records"] <= 600 and all(w["broker_cpu_pct"] >= 0 for w in out["windows"])
     assert out["last_window_cpu_pct"] == out["windows"][-1]["broker_cpu_pct"]
+    # every record sent in a window was read back and timed (a hop cannot take negative time)
+    assert all(0 < w["hop_ms"]["p50"] <= w["hop_ms"]["p99"] for w in out["windows"])
+    assert sorted(out["hop_floor_ms"]) == sorted(str(w) for w in HOP_FLOOR_WAITS_MS)
+    assert all(0 < h["p50"] <= h["p99"] for h in out["hop_floor_ms"].values())
 
 
 def test_broker_bench_refuses_an_external_broker(monkeypatch):
