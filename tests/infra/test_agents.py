@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -114,6 +115,54 @@ def test_detector_control_and_metrics_agents_answer_events(kafka_bootstrap, redi
                 tick = await reader.wait_for(lambda x: isinstance(x, r.CostTick), 20, "cost tick")
                 assert tick.gpus == 0 and tick.gpu_seconds == pytest.approx(1800)
                 assert tick.cost == pytest.approx(1800 * 0.1 / 3600)  # reference-cpu: 0.10 per hour
+            finally:
+                await reader.consumer.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for proc in procs:
+            _stop(proc)
+
+
+def test_control_decisions_survive_a_crashed_leader(kafka_bootstrap, redis_url, namespace, tmp_path):
+    """Two control instances; the leader asks for a worker and is killed (SIGKILL). The one left
+    takes over from the log: it does not ask again for the worker still booting, and when more
+    sessions come it asks only for what that worker does not cover."""
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+    asyncio.run(ensure_topics(settings))
+    env = dict(CHUNKSERVE_CONTROL_TICK_S="0.2", CHUNKSERVE_POOL="p", CHUNKSERVE_SCALE_DWELL_S="1",
+               CHUNKSERVE_BURST_MEMORY_S="0", CHUNKSERVE_BOOT_TIMEOUT_S="600")
+    first = _spawn_processor("control", settings, tmp_path / "control-a.log", **env)
+    procs = [first]
+
+    async def run() -> None:
+        async with RecordProducer(settings) as producer:
+            reader = await Reader(settings, producer, [METRICS, SCALING_COMMANDS]).start()
+            try:
+                now = time.time()
+                for i in range(3):
+                    await producer.send(r.SessionOpened(session_id=f"s{i}", ts=now))
+                one = await reader.wait_for(lambda x: isinstance(x, r.ScaleOut), 60, "first scale-out")
+                assert one.count == 1  # 3 sessions fit one reference-cpu worker (K = 16)
+                procs.append(_spawn_processor("control", settings, tmp_path / "control-b.log", **env))
+                await asyncio.sleep(8)  # the second instance starts and joins the group
+                first.kill()
+                first.wait(timeout=10)
+                await asyncio.sleep(15)  # the group's session times out; the other instance leads
+                assert [x for x in reader.records if isinstance(x, r.ScaleOut)] == [one]  # not asked again
+                later = time.time()
+                for i in range(3, 23):
+                    await producer.send(r.SessionOpened(session_id=f"s{i}", ts=later))
+                two = await reader.wait_for(lambda x: isinstance(x, r.ScaleOut) and x.decision_id != one.decision_id,
+                                            90, "second scale-out")
+                decision = await reader.wait_for(lambda x: isinstance(x, r.ScalingDecision) and x.ts == two.ts,
+                                                 10, "its scaling decision")
+                assert decision.current == 1  # counts the worker the dead leader booted
+                assert decision.target == 1 + two.count
+                u_target = decision.u_target  # 23 sessions at u*: the booting worker plus these
+                assert two.count == math.ceil((23 / u_target - 16) / 16 - 1e-9)
+                assert len([x for x in reader.records if isinstance(x, r.ScaleOut)]) == 2
             finally:
                 await reader.consumer.stop()
 
