@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from schemas.records import (ChunkDone, Claimed, CommandRejected, DeadLetter, Handoff,
-                             Heartbeat, InputAccepted, Record, Released, WorkerUp)
-from schemas.topics import DEAD_LETTERS, METRICS, SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS
+from schemas.records import (ChunkDone, Claimed, CommandRejected, DeadLetter, Drain, Handoff,
+                             Heartbeat, InputAccepted, Record, Released, Shutdown, WorkerUp)
+from schemas.topics import (DEAD_LETTERS, METRICS, SCALING_COMMANDS, SESSION_EVENTS, SESSION_INPUTS,
+                            WORKER_EVENTS)
 from schemas.errors import InfraError
 from streams.client import SessionClient
 from streams.config import Settings
@@ -50,6 +51,8 @@ class FlowSummary:
     problems: list[str] = field(default_factory=list)
     letters: list[DeadLetter] = field(default_factory=list)
     missing: dict[str, list[int]] = field(default_factory=dict)
+    # "drain <worker>" / "shutdown <worker>" in log order (runs that read scaling-commands)
+    scaling: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -143,11 +146,35 @@ def audit(log: EventLog, session_ids: list[str], workers: int, wall_s: float,
         metrics_records=sum(1 for r in log.records if r.TAG.startswith("metric.")),
         dead_letters=len(log.of(DeadLetter)), rejected=len(log.of(CommandRejected)),
         chunk_latency_ms_p50=statistics.median(lat), chunk_latency_ms_max=max(lat),
-        wall_s=wall_s, problems=problems, letters=log.of(DeadLetter), missing=missing)
+        wall_s=wall_s, problems=problems, letters=log.of(DeadLetter), missing=missing,
+        scaling=[f"{'drain' if isinstance(r, Drain) else 'shutdown'} {r.worker_id}"
+                 for r in log.records if isinstance(r, (Drain, Shutdown))])
 
 
 def _count(rs: list[Record], cls: type, **match: Any) -> int:
     return sum(1 for r in rs if isinstance(r, cls) and all(getattr(r, k) == v for k, v in match.items()))
+
+
+def _owners(rs: list[Record], ids: list[str]) -> dict[str, Claimed]:
+    """Each session's latest claim (highest epoch)."""
+    out: dict[str, Claimed] = {}
+    for r in rs:
+        if isinstance(r, Claimed) and r.session_id in ids:
+            if r.session_id not in out or r.generation.epoch > out[r.session_id].generation.epoch:
+                out[r.session_id] = r
+    return out
+
+
+async def _move(producer: RecordProducer, log: EventLog, claim: Claimed, target: str,
+                timeout_s: float) -> None:
+    """An operator's Handoff of ``claim``'s session to ``target``; returns once it is claimed there."""
+    await producer.send(Handoff(worker_id=claim.worker_id, session_id=claim.session_id,
+                                generation=claim.generation, target_worker=target,
+                                ts=time.time(), reason="operator"))
+    await log.until(lambda rs: any(
+        isinstance(r, Claimed) and r.session_id == claim.session_id and r.worker_id == target
+        and r.generation.epoch > claim.generation.epoch for r in rs), timeout_s,
+        "the migrated session to be claimed by its target")
 
 
 def _chunks_of(rs: list[Record], ids: list[str]) -> dict[str, int]:
@@ -162,7 +189,7 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                    workers: int = 2, inputs: int = 2, capacity: int = 8,
                    chunk_interval_s: float = 0.05, timeout_s: float = 120.0, garbage: int = 0,
                    flips: bool = False, handoff: bool = False, crash: bool = False,
-                   restart_dispatch: bool = False, rebalance: bool = False,
+                   restart_dispatch: bool = False, rebalance: bool = False, scale_in: bool = False,
                    progress: Callable[[str], None] = lambda _m: None) -> FlowSummary:
     """Start a dispatch replica and ``workers`` workers, serve ``sessions``, audit, stop."""
     started = time.monotonic()
@@ -180,7 +207,8 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
             fleet.start_worker(f"worker-{i}", capacity=capacity, chunk_interval_s=chunk_interval_s,
                                gpu_type=gpu_type)
         async with RecordProducer(settings, client_id="flow") as producer:
-            log = EventLog(settings, producer)
+            log = EventLog(settings, producer, (WORKER_EVENTS, METRICS, DEAD_LETTERS)
+                           + ((SCALING_COMMANDS,) if scale_in else ()))
             await log.start()
             try:
                 progress(f"waiting for {workers} workers to load the model")
@@ -223,15 +251,22 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                                                        for s in ids), timeout_s, "sessions to be restored")
                     if handoff and workers > 1:  # an operator migrates session 0 at a chunk boundary
                         progress("migrating a session to another worker")
-                        claim = [r for r in log.records if isinstance(r, Claimed) and r.session_id == ids[0]][-1]
+                        claim = _owners(log.records, ids)[ids[0]]
                         target = next(f"worker-{i}" for i in range(workers) if f"worker-{i}" != claim.worker_id)
-                        await producer.send(Handoff(worker_id=claim.worker_id, session_id=ids[0],
-                                                    generation=claim.generation, target_worker=target,
-                                                    ts=time.time(), reason="operator"))
-                        await log.until(lambda rs: any(
-                            isinstance(r, Claimed) and r.session_id == ids[0] and r.worker_id == target
-                            and r.generation.epoch > claim.generation.epoch for r in rs), timeout_s,
-                            "the migrated session to be claimed by its target")
+                        await _move(producer, log, claim, target, timeout_s)
+                    if scale_in and workers > 1:  # the load is low: control drains a worker and empties it
+                        owners = _owners(log.records, ids)
+                        if len({c.worker_id for c in owners.values()}) < 2:  # give each worker a session
+                            claim = owners[ids[-1]]
+                            await _move(producer, log, claim, next(
+                                f"worker-{i}" for i in range(workers) if f"worker-{i}" != claim.worker_id), timeout_s)
+                        progress("the control processor scales in: drain, move the sessions off, shut down")
+                        fleet.extra_env = {"CHUNKSERVE_POLICY": "turboserve", "CHUNKSERVE_BOOT_S": "2",
+                                           "CHUNKSERVE_SCALE_DWELL_S": "1", "CHUNKSERVE_BURST_MEMORY_S": "0",
+                                           "CHUNKSERVE_CONTROL_PERIOD_S": "1"}
+                        fleet.start_processor("control")
+                        await log.until(lambda rs: any(isinstance(r, Shutdown) for r in rs), timeout_s,
+                                        "a drained worker to be emptied and shut down")
                     pushed = inputs
                     if rebalance:
                         progress("adding workers; the control processor rebalances")
@@ -272,7 +307,7 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                         pushed += 1
                         await log.until(lambda rs: all(_count(rs, InputAccepted, session_id=s, seq=pushed)
                                                        for s in ids), timeout_s, "inputs after the recovery")
-                    if flips or handoff or crash or rebalance:
+                    if flips or handoff or crash or rebalance or scale_in:
                         before = _chunks_of(log.records, ids)
                         await log.until(lambda rs: all(_chunks_of(rs, ids)[s] >= before[s] + chunks
                                                        for s in ids), timeout_s, "chunks after the moves")

@@ -110,3 +110,28 @@ def test_smoke_command_prints_and_writes_summary(tmp_path):
     summary = json.loads(out.read_text())
     assert summary["sessions"] == 2 and summary["problems"] == []
     assert summary["chunks"] >= 6
+
+
+def test_scale_in_moves_sessions_off_the_drained_worker(kafka_bootstrap, redis_url, namespace,
+                                                        tmp_path):
+    """Two workers each hold a session; the load is one worker's worth, so the control
+    processor (turboserve) drains the less loaded one, its placement moves that worker's
+    sessions off at chunk boundaries, and once it is empty the worker is shut down."""
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
+        kafka_bootstrap, redis_url)
+    summary = asyncio.run(run_flow(settings, tmp_path / "logs", sessions=3, chunks=4, workers=2,
+                                   inputs=1, chunk_interval_s=0.05, timeout_s=120, scale_in=True))
+    assert summary.problems == []
+    drains = [s.split()[1] for s in summary.scaling if s.startswith("drain")]
+    shutdowns = [s.split()[1] for s in summary.scaling if s.startswith("shutdown")]
+    assert len(set(drains)) == 1 and shutdowns and set(shutdowns) == set(drains)
+    assert summary.scaling.index(f"shutdown {drains[0]}") > summary.scaling.index(f"drain {drains[0]}")
+    drained = drains[0]
+    moved = [sid for sid, gens in summary.generations.items()
+             if any(g.startswith(drained + "@") for g in gens)]
+    assert moved  # the drained worker held sessions...
+    for sid in moved:  # ...and each went on, on the worker kept (the shutdown came once none was left)
+        assert {g.split("@")[0] for g in summary.generations[sid]} - {drained}
+    for sid, indices in summary.chunk_indices.items():
+        assert indices == list(range(len(indices)))  # no chunk lost or repeated by the moves
+        assert summary.released[sid] == "closed"
