@@ -69,6 +69,7 @@ def simulate_cmd(
     deadline: float = typer.Option(1.0, "--deadline", min=0.001, help="Chunk deadline = media duration of a chunk, s."),
     boot: float = typer.Option(60.0, "--boot", min=0.0, help="GPU boot time, s."),
     epoch: float = typer.Option(0.5, "--epoch", min=0.0, help="Decision epoch grid, s (events are quantized up to it; 0: exact)."),
+    burst_memory: float = typer.Option(900.0, "--burst-memory", min=0.0, help="How long the autoscaler's burst reserve remembers a rise of executing sessions, s (0: no reserve)."),
     cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream)."),
 ) -> None:
     """Replay a trace through policies; print a table, write JSON and a timeline plot."""
@@ -89,7 +90,7 @@ def simulate_cmd(
         if not tr.events:
             raise ChunkserveError(f"{trace}: the trace has no events")
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, epoch_s=epoch, warm_start=not cold_start)
-        auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot)
+        auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory)
         ts_opts = {"table": vt, "autoscaler": auto}
         options = {n: dict(ts_opts) for n in ("turboserve", "turboserve-no-migration", "turboserve-no-autoscale")}
         options["oracle-autoscale"] = {"autoscaler": auto}

@@ -105,3 +105,19 @@ def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
     res = CliRunner().invoke(app, ["simulate", str(trace), "-p", "tests.sim.plugin:PackThenMigrate", "--pool", "2", "--json", str(tmp_path / "o.json")])
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "o.json").read_text())["policies"]["tests.sim.plugin:PackThenMigrate"]["migrations"] == 1
+
+
+def test_cli_burst_memory_zero_turns_the_reserve_off(tmp_path):
+    run = CliRunner()
+    app = _app()
+    trace = tmp_path / "t.csv"
+    res = run.invoke(app, ["trace", "gen", "--level", "10", "--duration", "600", "--sessions", "400", "--seed", "1", "-o", str(trace)])
+    assert res.exit_code == 0, res.output
+    docs = {}
+    for memory in ("900", "0"):
+        out = tmp_path / f"m{memory}.json"
+        res = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--burst-memory", memory, "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        docs[memory] = json.loads(out.read_text())["policies"]["turboserve"]
+    # the reserve holds capacity for the largest recent rise: without it the pool is smaller
+    assert docs["0"]["gpu_seconds"] < docs["900"]["gpu_seconds"]
