@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 from aiokafka import TopicPartition
@@ -57,6 +57,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+def _run_then_stop(run: Callable[[], Any], procs: list[subprocess.Popen[bytes]]) -> None:
+    try:
+        asyncio.run(run())
+    finally:
+        for proc in procs:
+            _stop(proc)
 
 
 class Reader:
@@ -118,11 +126,7 @@ def test_detector_control_and_metrics_agents_answer_events(kafka_bootstrap, redi
             finally:
                 await reader.consumer.stop()
 
-    try:
-        asyncio.run(run())
-    finally:
-        for proc in procs:
-            _stop(proc)
+    _run_then_stop(run, procs)
 
 
 def test_control_decisions_survive_a_crashed_leader(kafka_bootstrap, redis_url, namespace, tmp_path):
@@ -166,11 +170,7 @@ def test_control_decisions_survive_a_crashed_leader(kafka_bootstrap, redis_url, 
             finally:
                 await reader.consumer.stop()
 
-    try:
-        asyncio.run(run())
-    finally:
-        for proc in procs:
-            _stop(proc)
+    _run_then_stop(run, procs)
 
 
 def test_provisioner_starts_a_worker_and_stops_it_once_empty(kafka_bootstrap, redis_url, namespace, tmp_path):

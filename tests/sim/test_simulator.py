@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -66,12 +67,17 @@ def _app():
     return app
 
 
-def test_cli_is_deterministic_and_reports(tmp_path):
-    run = CliRunner()
-    app = _app()
-    trace = tmp_path / "t.csv"
-    res = run.invoke(app, ["trace", "gen", "--level", "5", "--duration", "240", "--sessions", "150", "--seed", "2", "-o", str(trace)])
+def _generated(run: CliRunner, app: typer.Typer, trace: Path, **knobs: int) -> Path:
+    """``chunkserve trace gen`` with ``knobs`` (level, duration, sessions, seed) into ``trace``."""
+    args = [x for k, v in knobs.items() for x in (f"--{k}", str(v))]
+    res = run.invoke(app, ["trace", "gen", *args, "-o", str(trace)])
     assert res.exit_code == 0, res.output
+    return trace
+
+
+def test_cli_is_deterministic_and_reports(tmp_path):
+    run, app = CliRunner(), _app()
+    trace = _generated(run, app, tmp_path / "t.csv", level=5, duration=240, sessions=150, seed=2)
     outs = []
     for i in range(2):
         out = tmp_path / f"o{i}.json"
@@ -108,11 +114,8 @@ def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
 
 
 def test_cli_burst_memory_zero_turns_the_reserve_off(tmp_path):
-    run = CliRunner()
-    app = _app()
-    trace = tmp_path / "t.csv"
-    res = run.invoke(app, ["trace", "gen", "--level", "10", "--duration", "600", "--sessions", "400", "--seed", "1", "-o", str(trace)])
-    assert res.exit_code == 0, res.output
+    run, app = CliRunner(), _app()
+    trace = _generated(run, app, tmp_path / "t.csv", level=10, duration=600, sessions=400, seed=1)
     docs = {}
     for memory in ("900", "0"):
         out = tmp_path / f"m{memory}.json"
