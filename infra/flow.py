@@ -165,9 +165,11 @@ def _owners(rs: list[Record], ids: list[str]) -> dict[str, Claimed]:
     return out
 
 
-async def _move(producer: RecordProducer, log: EventLog, claim: Claimed, target: str,
+async def _move(producer: RecordProducer, log: EventLog, claim: Claimed, workers: int,
                 timeout_s: float) -> None:
-    """An operator's Handoff of ``claim``'s session to ``target``; returns once it is claimed there."""
+    """An operator's Handoff of ``claim``'s session to another of the ``workers`` workers;
+    returns once it is claimed there."""
+    target = next(f"worker-{i}" for i in range(workers) if f"worker-{i}" != claim.worker_id)
     await producer.send(Handoff(worker_id=claim.worker_id, session_id=claim.session_id,
                                 generation=claim.generation, target_worker=target,
                                 ts=time.time(), reason="operator"))
@@ -251,15 +253,11 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                                                        for s in ids), timeout_s, "sessions to be restored")
                     if handoff and workers > 1:  # an operator migrates session 0 at a chunk boundary
                         progress("migrating a session to another worker")
-                        claim = _owners(log.records, ids)[ids[0]]
-                        target = next(f"worker-{i}" for i in range(workers) if f"worker-{i}" != claim.worker_id)
-                        await _move(producer, log, claim, target, timeout_s)
+                        await _move(producer, log, _owners(log.records, ids)[ids[0]], workers, timeout_s)
                     if scale_in and workers > 1:  # the load is low: control drains a worker and empties it
                         owners = _owners(log.records, ids)
                         if len({c.worker_id for c in owners.values()}) < 2:  # give each worker a session
-                            claim = owners[ids[-1]]
-                            await _move(producer, log, claim, next(
-                                f"worker-{i}" for i in range(workers) if f"worker-{i}" != claim.worker_id), timeout_s)
+                            await _move(producer, log, owners[ids[-1]], workers, timeout_s)
                         progress("the control processor scales in: drain, move the sessions off, shut down")
                         fleet.extra_env = {"CHUNKSERVE_POLICY": "turboserve", "CHUNKSERVE_BOOT_S": "2",
                                            "CHUNKSERVE_SCALE_DWELL_S": "1", "CHUNKSERVE_BURST_MEMORY_S": "0",
