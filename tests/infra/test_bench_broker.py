@@ -26,3 +26,24 @@ def test_broker_bench_refuses_an_external_broker(monkeypatch):
     monkeypatch.setenv("CHUNKSERVE_KAFKA_BOOTSTRAP", "kafka:9092")
     with pytest.raises(ValueError, match="embedded"):
         run(rate=10, seconds=2)
+
+
+def test_embedded_broker_runs_one_runtime_thread_unless_told_otherwise(tmp_path, monkeypatch):
+    from infra.embedded import EmbeddedBroker
+
+    def environ_of(broker: EmbeddedBroker) -> dict[str, str]:
+        raw = open(f"/proc/{broker.pid}/environ", "rb").read().split(b"\0")
+        return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+    monkeypatch.delenv("TOKIO_WORKER_THREADS", raising=False)
+    broker = EmbeddedBroker(log_path=tmp_path / "a.log").start()
+    try:
+        assert environ_of(broker)["TOKIO_WORKER_THREADS"] == "1"
+    finally:
+        broker.stop()
+    monkeypatch.setenv("TOKIO_WORKER_THREADS", "3")  # an operator's own setting wins
+    broker = EmbeddedBroker(log_path=tmp_path / "b.log").start()
+    try:
+        assert environ_of(broker)["TOKIO_WORKER_THREADS"] == "3"
+    finally:
+        broker.stop()
