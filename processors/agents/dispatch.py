@@ -135,22 +135,28 @@ class DispatchShell:
             view = await self.store.session(rec.session_id)
             if view is not None and view.state == "suspended" and view.generation == rec.generation:
                 await self.admit(rec.session_id, "", expected_epoch=view.generation.epoch, restore=True)
-        elif (isinstance(rec, CommandRejected) and rec.command == RoutedInput.TAG
-              and rec.reason in ("stale_epoch", "not_owner") and rec.generation is not None):
-            view = await self.store.session(rec.session_id)
-            routed = False
-            if view is not None and (view.generation.epoch > rec.generation.epoch
-                                     or view.state == "suspended"):
-                routed = await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload)
-            if not routed and (view is None or view.state == "closed"):
-                # the session ended before its owner applied the input: refused, with a reason
-                raw = encode(InputPushed(session_id=rec.session_id, seq=rec.seq,
-                                         kind=rec.kind if rec.kind in ("text", "prompt", "control") else "text",  # type: ignore[arg-type]
-                                         payload=rec.payload, ts=rec.ts))
-                await self.publisher.send(dead_letter_record(
-                    SESSION_INPUTS, 0, 0, raw, rec.session_id.encode(),
-                    f"session closed before input {rec.seq} was applied ({rec.reason} at {rec.worker_id})",
-                    self.name))
+        elif isinstance(rec, CommandRejected) and rec.command == RoutedInput.TAG and rec.generation is not None:
+            await self.on_input_rejected(rec)
+
+    async def on_input_rejected(self, rec: CommandRejected) -> None:
+        """An owner refused an input: route it again when it refused because the session moved
+        or is offloaded (and still lives); otherwise, or when that fails, refuse it on
+        ``dead-letters`` with the reason. An input is applied or refused, never dropped."""
+        view = await self.store.session(rec.session_id)
+        if rec.reason in ("stale_epoch", "not_owner") and view is not None and view.state != "closed":
+            if await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload):
+                return
+            view = await self.store.session(rec.session_id)  # it may have closed meanwhile
+        if view is None or view.state == "closed":
+            why = f"session closed before input {rec.seq} was applied"
+        else:
+            why = f"input {rec.seq} refused by its owner"
+        raw = encode(InputPushed(session_id=rec.session_id, seq=rec.seq,
+                                 kind=rec.kind if rec.kind in ("text", "prompt", "control") else "text",  # type: ignore[arg-type]
+                                 payload=rec.payload, ts=rec.ts))
+        await self.publisher.send(dead_letter_record(
+            SESSION_INPUTS, 0, 0, raw, rec.session_id.encode(),
+            f"{why} ({rec.reason} at {rec.worker_id}: {rec.detail})"[:1000], self.name))
 
     async def recover(self, worker: str) -> int:
         """Source-independent recovery: every session the dead worker still owns gets a new

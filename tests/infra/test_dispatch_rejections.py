@@ -1,0 +1,110 @@
+"""What dispatch does with an input its owner refused, against the real generation store.
+
+An input is applied or refused on ``dead-letters`` with a reason, never dropped: an owner's
+refusal is routed again while the session lives (offloaded: it is restored first), and
+dead-lettered when the session closed meanwhile or the owner refused it for another reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from processors.agents.dispatch import DispatchShell
+from schemas.codec import decode
+from schemas.records import Assign, CommandRejected, DeadLetter, Generation, RoutedInput
+from streams.generations import GenerationStore
+
+pytestmark = pytest.mark.integration
+
+
+class Recorded:
+    """The shell's publisher: keeps what it would have published."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    async def send(self, rec: Any, wait: bool = False) -> None:
+        self.sent.append(rec)
+
+
+def _refusal(gen: Generation, reason: str) -> CommandRejected:
+    return CommandRejected(worker_id=gen.worker_id, session_id="s", command=RoutedInput.TAG,
+                           reason=reason, ts=0.0, generation=gen, seq=3, detail="test",
+                           kind="text", payload="steer")
+
+
+def _run(redis_url: str, namespace: str, scenario: Any) -> list[Any]:
+    async def go() -> list[Any]:
+        client = aioredis.from_url(redis_url)
+        store = GenerationStore(client, namespace=namespace)
+        out = Recorded()
+        try:
+            for w in ("w0", "w1"):
+                await store.register_worker(w, 4)
+            await scenario(store, DispatchShell(store, out, admission_timeout_s=2.0))
+        finally:
+            await store.aclose()
+        return out.sent
+
+    return asyncio.run(go())
+
+
+def test_refused_input_of_a_closed_session_is_dead_lettered(redis_url, namespace):
+    async def scenario(store: GenerationStore, shell: DispatchShell) -> None:
+        gen = await store.commit("s", 0, "w0")
+        await store.release("s", gen, close=True)
+        await shell.on_worker_event(_refusal(gen, "not_owner"))
+
+    sent = _run(redis_url, namespace, scenario)
+    assert [type(x) for x in sent] == [DeadLetter]
+    assert "session closed before input 3 was applied" in sent[0].reason
+    pushed = decode("session-inputs", sent[0].raw)  # the input itself, to replay or inspect
+    assert (pushed.session_id, pushed.seq, pushed.payload) == ("s", 3, "steer")
+
+
+def test_refused_input_of_an_offloaded_session_restores_it_and_routes_again(redis_url, namespace):
+    async def scenario(store: GenerationStore, shell: DispatchShell) -> None:
+        gen = await store.commit("s", 0, "w0")
+        await store.claim("s", gen)
+        await store.release("s", gen)  # offloaded (suspended): nobody holds it
+        await shell.on_worker_event(_refusal(gen, "not_owner"))
+
+    sent = _run(redis_url, namespace, scenario)
+    assert [type(x) for x in sent if not x.TAG.startswith("metric.")] == [Assign, RoutedInput]
+    assign, routed = [x for x in sent if not x.TAG.startswith("metric.")]
+    assert assign.restore and assign.generation.epoch == 2
+    assert routed.generation == assign.generation and routed.seq == 3
+
+
+def test_input_refused_for_another_reason_is_dead_lettered_with_it(redis_url, namespace):
+    async def scenario(store: GenerationStore, shell: DispatchShell) -> None:
+        gen = await store.commit("s", 0, "w0")
+        await store.claim("s", gen)
+        await shell.on_worker_event(_refusal(gen, "too_many_pending"))
+
+    sent = _run(redis_url, namespace, scenario)
+    assert [type(x) for x in sent] == [DeadLetter]
+    assert "input 3 refused by its owner (too_many_pending at w0" in sent[0].reason
+
+
+def test_session_closing_while_its_refused_input_waits_for_a_worker_dead_letters_it(redis_url, namespace):
+    async def scenario(store: GenerationStore, shell: DispatchShell) -> None:
+        gen = await store.commit("s", 0, "w0")
+        await store.claim("s", gen)
+        await store.release("s", gen)  # offloaded
+        for w in ("w0", "w1"):  # no worker admits it back for now
+            await store.set_draining(w, True)
+
+        async def user_leaves() -> None:
+            await asyncio.sleep(0.5)
+            await store.release("s", gen, close=True)  # what dispatch does on SessionClosed
+
+        await asyncio.gather(shell.on_worker_event(_refusal(gen, "not_owner")), user_leaves())
+
+    sent = _run(redis_url, namespace, scenario)
+    assert [type(x) for x in sent] == [DeadLetter]
+    assert "session closed before input 3 was applied" in sent[0].reason
