@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from processors.lifecycle import EventKind
 from schemas.records import (ChunkDone, Claimed, CostTick, DeadLetter, Drain, InputAccepted,
-                             Record, Released, ScaleOut, Shutdown, WorkerDown, WorkerUp)
+                             Record, Released, ScaleOut, ScalingDecision, Shutdown, WorkerDown,
+                             WorkerUp)
 from schemas.topics import DEAD_LETTERS, METRICS, SCALING_COMMANDS, WORKER_EVENTS
 from streams.client import SessionClient
 from streams.config import Settings
@@ -60,8 +61,27 @@ def _trace(cfg: DemoConfig) -> list[Any]:
                               seed=cfg.seed, life_median_s=120.0, state_median_mb=8.0))
 
 
-def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall_s: float) -> dict[str, Any]:
-    """The demo's figures and its ownership audit, from what the topics recorded."""
+def scale_log(records: list[Record], t0: float) -> list[str]:
+    """What the fleet did, in order: each scaling command, decision and worker change, as
+    ``"<seconds since t0> <what>"`` (the decisions carry u_max, u* and the level)."""
+    out: list[tuple[float, str]] = []
+    for r in records:
+        if isinstance(r, ScaleOut):
+            out.append((r.ts, f"scale-out {r.count}"))
+        elif isinstance(r, (Drain, Shutdown)):
+            out.append((r.ts, f"{'drain' if isinstance(r, Drain) else 'shutdown'} {r.worker_id}"))
+        elif isinstance(r, (WorkerUp, WorkerDown)):
+            out.append((r.ts, f"{'up' if isinstance(r, WorkerUp) else 'down'} {r.worker_id}"))
+        elif isinstance(r, ScalingDecision):
+            out.append((r.ts, f"decision {r.reason} {r.current}->{r.target} u_max {r.u_max:.2f} "
+                              f"u* {r.u_target:.2f} level {r.level}"))
+    return [f"{ts - t0:.1f} {what}" for ts, what in sorted(out)]
+
+
+def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall_s: float,
+              t0: float = 0.0) -> dict[str, Any]:
+    """The demo's figures and its ownership audit, from what the topics recorded; ``t0`` is
+    when the trace's replay began (the scale log counts from it)."""
     chunks = [r for r in records if isinstance(r, ChunkDone)]
     lat = sorted(c.latency_s * 1000 for c in chunks) or [0.0]
     released = [r for r in records if isinstance(r, Released)]
@@ -87,6 +107,7 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
                   **audit_inputs(pushed, [r for r in records if isinstance(r, InputAccepted)], refused)},
         "inputs_refused": len(refused),
         "wall_s": round(wall_s, 1),
+        "scale_log": scale_log(records, t0),
     }
 
 
@@ -192,7 +213,7 @@ async def run_demo(settings: Settings, cfg: DemoConfig, log_dir: Path, report_di
             await log.pump(timeout_ms=1000)
             await log.stop()
         summary = summarize(log.records, dict(pushed), len({e.session_id for e in events}),
-                            time.monotonic() - started)
+                            time.monotonic() - started, t0)
         report_dir.mkdir(parents=True, exist_ok=True)
         (report_dir / "summary.json").write_text(json.dumps({**summary, "config": asdict(cfg)}, indent=2))
         plot_timeline(log.records, active_series, t0, report_dir / "timeline.png")

@@ -37,18 +37,19 @@ def test_fleet_scales_out_then_in_and_sessions_survive(tmp_path):
     rows = ["t_s,session_id,event"]
     rows += [f"{i * 0.2:.1f},s{i},open" for i in range(18)]
     rows += [f"{150 + i:.1f},s{i},close" for i in range(3, 18)]  # the load falls at 15 s of wall time
-    rows += [f"{500 + i:.1f},s{i},close" for i in range(3)]
+    rows += [f"{700 + i:.1f},s{i},close" for i in range(3)]  # 55 s of wall time to scale in
     trace = tmp_path / "rise-and-fall.csv"
     trace.write_text("\n".join(rows) + "\n")
     env = dict(os.environ, CHUNKSERVE_BURST_MEMORY_S="0")  # no burst reserve: scale in on the fall
     env.pop("CHUNKSERVE_KAFKA_BOOTSTRAP", None)
     report = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "-m", "infra", "demo", "--trace", str(trace), "--duration", "55", "--max-workers", "3",
+        [sys.executable, "-m", "infra", "demo", "--trace", str(trace), "--duration", "75", "--max-workers", "3",
          "--report-dir", str(report)], env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((report / "summary.json").read_text())
     events = summary["scale_events"]
-    assert events["scale_out"] >= 1 and events["drain"] >= 1 and events["shutdown"] >= 1, summary
+    assert events["scale_out"] >= 1 and events["drain"] >= 1 and events["shutdown"] >= 1, summary["scale_log"]
+    assert any(line.split()[1] == "drain" for line in summary["scale_log"])  # the log shows it too
     assert summary["sessions"] == 18 and summary["chunks"] > 0
     assert all(v == 0 for v in summary["audit"].values()), summary["audit"]
