@@ -293,7 +293,7 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                         pushed += 1
                         await log.until(lambda rs: all(_count(rs, InputAccepted, session_id=s, seq=pushed)
                                                        for s in ids), timeout_s, "inputs before the crash")
-                        claim = [r for r in log.records if isinstance(r, Claimed) and r.session_id == ids[0]][-1]
+                        claim = _owners(log.records, ids)[ids[0]]
                         progress(f"killing {claim.worker_id}")
                         fleet.kill(claim.worker_id)
                         await log.until(lambda rs: any(

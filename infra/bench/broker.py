@@ -33,6 +33,23 @@ HOP_FLOOR_WAITS_MS = (2, 10, 50)
 _STAMP = struct.Struct(">d")  # the send time, first in each record's value
 
 
+async def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+def _hops_ms(batch: dict[Any, list[Any]]) -> list[float]:
+    """The one-hop latency of each record of a ``getmany`` batch, from the send time it carries."""
+    now = time.perf_counter()
+    return [(now - _STAMP.unpack_from(m.value)[0]) * 1e3 for ms in batch.values() for m in ms]
+
+
 def _cpu_s(pid: int) -> float:
     import psutil
 
@@ -42,14 +59,8 @@ def _cpu_s(pid: int) -> float:
 async def _load(bootstrap: str, pid: int, rate: int, seconds: int, partitions: int,
                 window_s: float) -> list[dict[str, float]]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic("bench-broker", partitions, 1)])
-    finally:
-        await admin.close()
+    await _create_topic(bootstrap, "bench-broker", partitions)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=1, acks="all",
                                 enable_idempotence=False)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, fetch_max_wait_ms=10, group_id=None)
@@ -61,8 +72,7 @@ async def _load(bootstrap: str, pid: int, rate: int, seconds: int, partitions: i
     async def read() -> None:
         while True:
             batch = await consumer.getmany(timeout_ms=100)
-            now = time.perf_counter()
-            hops.extend((now - _STAMP.unpack_from(m.value)[0]) * 1e3 for ms in batch.values() for m in ms)
+            hops.extend(_hops_ms(batch))
 
     reader = asyncio.create_task(read())
     windows: list[dict[str, float]] = []
@@ -93,15 +103,9 @@ async def _load(bootstrap: str, pid: int, rate: int, seconds: int, partitions: i
 async def _hop_floor(bootstrap: str, wait_ms: int, records: int = 100, rate: float = 50.0) -> dict[str, float]:
     """One-hop latency on an otherwise idle broker, the consumer fetching with ``wait_ms``."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     topic = f"bench-hop-{wait_ms}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
+    await _create_topic(bootstrap, topic, 1)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks="all",
                                 enable_idempotence=False)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, fetch_max_wait_ms=wait_ms, group_id=None)
@@ -113,8 +117,7 @@ async def _hop_floor(bootstrap: str, wait_ms: int, records: int = 100, rate: flo
     async def read() -> None:
         while len(hops) < records:
             batch = await consumer.getmany(timeout_ms=1000)
-            now = time.perf_counter()
-            hops.extend((now - _STAMP.unpack_from(m.value)[0]) * 1e3 for ms in batch.values() for m in ms)
+            hops.extend(_hops_ms(batch))
 
     reader = asyncio.create_task(read())
     try:
