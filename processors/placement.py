@@ -21,6 +21,9 @@ import heapq
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from processors._levels import landings, search
 from processors.decisions import Command, Migrate, Place, Resume
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionState
@@ -209,9 +212,11 @@ def _place_pending(pool: _Pool, order: list[str]) -> list[str]:
 
 
 def _evacuate(pool: _Pool, order: list[str], gamma: dict[str, tuple[float, str]]) -> None:
+    """Move draining GPUs' sessions off, cheapest first, keeping room for the waiting ones."""
     eta, cap = pool.cfg.eta, pool.cfg.drain_max_kappa_s
+    room = sum(max(0, c - n) for c, n, u in zip(pool.cap, pool.n, pool.usable) if u) - len(pool.pending)
     for src in pool.draining:
-        while pool.n[src] > 0:
+        while pool.n[src] > 0 and room > 0:
             entry = pool.pop_cheapest(src)
             if entry is not None and pool.kappa(entry[0]) > cap:
                 pool.push(src, entry)  # the rest are dearer still: they leave when idle
@@ -222,58 +227,108 @@ def _evacuate(pool: _Pool, order: list[str], gamma: dict[str, tuple[float, str]]
                     pool.push(src, entry)  # the best target now: none better for the rest
                 return
             before = pool.top()[0]
+            room -= 1
             pool.move(entry, src, dst)
             if entry[1] not in gamma and entry[1] not in pool.fresh:
                 order.append(entry[1])
             gamma[entry[1]] = (before - pool.top()[0] - eta * pool.kappa(entry[0]), "drain")
 
 
-def _step(pool: _Pool, budget: int) -> list[tuple[tuple[int, str], int, int, float]] | None:
-    """One rebalance step; returns the applied moves, or None when no prefix has Gamma > 0."""
-    eta = pool.cfg.eta
-    L, nxt = pool.top()
-    journal: list[tuple[tuple[int, str], int, int]] = []
-    sources: set[int] = set()
-    targets: set[int] = set()
-    cost = src_post = dst_post = best_gamma = 0.0
-    best_k = real = 0
-    while nxt is not None and pool.n[nxt] > 0:
-        entry = pool.pop_cheapest(nxt)
-        if entry is None:
-            break
-        if entry[0] != _FRESH and real >= budget:
-            pool.push(nxt, entry)
-            break
-        sources.add(nxt)
-        dst = pool.best_target(sources)
-        if dst is None or pool.too_slow(entry[0], dst):
-            pool.push(nxt, entry)
-            break
-        pool.move(entry, nxt, dst)
-        journal.append((entry, nxt, dst))
-        targets.add(dst)
-        real += entry[0] != _FRESH
-        cost += pool.kappa(entry[0])
-        src_post = max(src_post, pool.lat(nxt))
-        dst_post = max(dst_post, pool.lat(dst))
-        lp, binding = pool.top()
-        gamma = L - lp - eta * cost
-        if gamma > best_gamma + 1e-12:
-            best_gamma, best_k = gamma, len(journal)
-        # extending the prefix can only help while an untouched GPU binds L', and can never
-        # beat L - max(post-move latencies) - eta * cost (both only grow).
-        if binding in sources or binding in targets or L - max(src_post, dst_post) - eta * cost <= best_gamma:
-            break
-        nxt = binding
-    while len(journal) > best_k:
-        entry, src, dst = journal.pop()
-        pool.loc[entry[1]] = src
-        pool.push(src, entry)
-        pool.set_n(dst, pool.n[dst] - 1)
-        pool.set_n(src, pool.n[src] + 1)
-    if not journal:
-        return None
-    return [(entry, src, dst, best_gamma) for entry, src, dst in journal]
+def _members(pool: _Pool, i: int) -> list[tuple[int, str]]:
+    """(state_bytes, id) of the sessions GPU i holds now, cheapest first."""
+    h = pool.members[i]
+    if h is None:
+        return sorted([(s.state_bytes, s.id) for s in pool.raw[i]])
+    return sorted(e for e in h if pool.loc.get(e[1], i) == i and e[0] != _FRESH)
+
+
+def _curve(pool: _Pool, t: int, top: int) -> np.ndarray:
+    c = pool.curves[t]
+    if len(c) > top:
+        return np.asarray(c[: top + 1])
+    return np.array([pool.profiles[t].latency(n) for n in range(top + 1)])
+
+
+def _rebalance(pool: _Pool, order: list[str], gamma: dict[str, tuple[float, str]]) -> list[str]:
+    """Exact level search, then sheds land largest kappa first, then arrivals; returns unplaced."""
+    cfg, m = pool.cfg, len(pool.ids)
+    touched = {pool.loc[sid] for sid in pool.loc} | {pool.home[sid] for sid in pool.home}
+    flat: list[int] = []
+    start = [0]
+    for i in range(m):  # the hot loop of large pools: plain sorted ints
+        if i in touched:
+            flat.extend(b for b, _ in _members(pool, i))
+        else:
+            flat.extend(sorted([s.state_bytes for s in pool.raw[i]]))
+        start.append(len(flat))
+    tidx = np.array(pool.tidx, dtype=np.int64)
+    have = np.array(pool.n, dtype=np.int64)
+    curves = []
+    for t, p in enumerate(pool.profiles):
+        mine = have[tidx == t]
+        curves.append(_curve(pool, t, max(p.capacity, int(mine.max()) if mine.size else 0)))
+    caps = [p.capacity for p in pool.profiles]
+    kappa = cfg.alpha_s + cfg.beta_s_per_byte * np.array(flat, dtype=np.float64)
+    level = search(curves, caps, tidx, have, np.array(pool.usable), kappa, np.array(start), len(pool.pending),
+                   cfg.eta, cfg.max_transient_s, cfg.max_moves)
+    shed = level.shed.tolist()
+    moved: list[tuple[int, str, int]] = []
+    for i in range(m):
+        if shed[i]:
+            moved.extend((b, sid, i) for b, sid in _members(pool, i)[: shed[i]])
+    moved.sort(key=lambda e: (-e[0], e[1]))
+    receive = level.receive.tolist()
+    n = pool.n
+    heaps: list[list[tuple[int, int]]] = [[] for _ in pool.profiles]
+    for i in range(m):
+        if pool.usable[i] and not shed[i] and n[i] < receive[pool.tidx[i]]:
+            heaps[pool.tidx[i]].append((n[i], i))
+    for h in heaps:
+        heapq.heapify(h)
+
+    def land(bound: list[int]) -> int | None:
+        best: tuple[float, int] | None = None
+        for t, h in enumerate(heaps):
+            if h and h[0][0] < bound[t]:
+                cand = (pool.lat(h[0][1], 1), h[0][1])
+                if best is None or cand < best:
+                    best = cand
+        if best is None:
+            return None
+        i = best[1]
+        t = pool.tidx[i]
+        heapq.heappop(heaps[t])
+        n[i] += 1
+        if n[i] < receive[t]:
+            heapq.heappush(heaps[t], (n[i], i))
+        return i
+
+    gain = level.baseline - level.objective
+    for b, sid, src in moved:
+        k = cfg.kappa(b)
+        bound = [min(r, int(landings(c, p.capacity, cfg.max_transient_s, k))) for r, c, p in zip(receive, curves, pool.profiles)]
+        dst = land(bound)
+        if dst is None:
+            continue  # cannot happen when the level passed the transient check
+        n[src] -= 1
+        pool.home.setdefault(sid, src)
+        pool.bytes[sid] = b
+        pool.loc[sid] = dst
+        if sid not in gamma:
+            order.append(sid)
+        gamma[sid] = (gain, "rebalance")
+    unplaced = []
+    arrivals = []
+    for sid, restore in pool.pending:
+        dst = land(receive)
+        if dst is None:
+            unplaced.append(sid)
+            continue
+        pool.fresh[sid] = restore
+        pool.loc[sid] = dst
+        arrivals.append(sid)
+    order[:0] = arrivals
+    return unplaced
 
 
 def plan_placement(
@@ -283,7 +338,8 @@ def plan_placement(
     *,
     rebalance: bool = True,
 ) -> PlacementPlan:
-    """Place waiting sessions, evacuate draining GPUs, then rebalance (when ``rebalance``).
+    """Evacuate draining GPUs, then place waiting sessions and rebalance exactly (when
+    ``rebalance``; otherwise only place waiting sessions on the least-loaded GPU).
 
     Returns Place/Resume for sessions that get a GPU, then Migrate commands; a session that
     moves more than once in the epoch gets one Migrate from its old GPU to its final one.
@@ -291,22 +347,14 @@ def plan_placement(
     pool = _Pool(snapshot, model, config)
     worst_before = max((pool.lat(i) for i in range(len(pool.ids))), default=0.0)
     order: list[str] = []
-    unplaced = _place_pending(pool, order)
     gamma: dict[str, tuple[float, str]] = {}
-    if rebalance:
+    if not rebalance:
+        unplaced = _place_pending(pool, order)
+    elif not pool.ids:
+        unplaced = [sid for sid, _ in pool.pending]
+    else:
         _evacuate(pool, order, gamma)
-        budget = config.max_moves
-        while pool.ids and budget > 0:
-            moves = _step(pool, budget)
-            if moves is None:
-                break
-            for entry, _src, _dst, g in moves:
-                sid = entry[1]
-                if entry[0] != _FRESH:
-                    budget -= 1
-                    if sid not in gamma:
-                        order.append(sid)
-                    gamma[sid] = (g, "rebalance")
+        unplaced = _rebalance(pool, order, gamma)
     cmds: list[Command] = []
     migrations: list[Command] = []
     ids = pool.ids
