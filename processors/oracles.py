@@ -1,9 +1,10 @@
 """Oracles: exhaustive placement for small instances; offline autoscaling with future demand.
 
 Exhaustive placement minimises L + eta * sum(kappa of migrated sessions) over every
-feasible placement. Sessions on one GPU differ only by kappa, so a placement's best cost is
-fixed by its per-GPU counts (the cheapest sessions leave a GPU that shrinks; waiting
-sessions are free to go anywhere): the search enumerates count vectors exactly, with
+feasible placement (move budget and transient limit included). Sessions on one GPU differ
+only by kappa, so a placement's best cost is fixed by its per-GPU counts (the cheapest
+sessions leave a GPU that shrinks, which also loosens the transient limit; waiting sessions
+are free to go anywhere): the search enumerates count vectors exactly, with
 branch-and-bound, rather than the M**N assignments.
 """
 
@@ -42,8 +43,24 @@ class OracleResult:
     loads: dict[str, int]
 
 
+def _lands(moved: list[float], slots: list[tuple[float, float]], config: RebalanceConfig) -> bool:
+    """Whether the moved sessions (kappas) can land on the receiving positions, each position
+    given as (l(n - 1), l(n)): the largest kappa takes the fastest position, and so on."""
+    if config.max_transient_s == math.inf:
+        return True
+    slots = sorted(slots, key=lambda ab: ab[0] + ab[1])
+    moved = sorted(moved, reverse=True)
+    return all(config.transient(k, a, b) <= config.max_transient_s for k, (a, b) in zip(moved, slots))
+
+
 def exhaustive_placement(snapshot: Snapshot, model: LatencyModel, config: RebalanceConfig = RebalanceConfig()) -> OracleResult:
-    """Exact minimum of L + eta * sum(kappa) over placements (small instances only)."""
+    """Exact minimum of L + eta * sum(kappa) over placements (small instances only).
+
+    It enforces what the controller enforces: at most ``max_moves`` migrations, and the
+    transient limit on each move (its kappa + l(n - 1) + l(n) at the position n it lands
+    on, the epoch's moves onto a GPU landing before its new sessions). A GPU either sends
+    or receives, which per-GPU counts model by construction.
+    """
     gpus = sorted(snapshot.gpus, key=lambda g: g.id)
     index = {g.id: i for i, g in enumerate(gpus)}
     kappas: list[list[float]] = [[] for _ in gpus]
@@ -76,11 +93,19 @@ def exhaustive_placement(snapshot: Snapshot, model: LatencyModel, config: Rebala
     best = [math.inf, math.inf, 0.0, ()]
     counts = [0] * len(gpus)
 
-    def dfs(i: int, left: int, worst: float, cost: float) -> None:
-        if max(worst, 0.0) + eta * cost >= best[0] - 1e-15:
+    def feasible() -> bool:
+        moved: list[float] = []
+        slots: list[tuple[float, float]] = []
+        for i, c in enumerate(counts):
+            moved.extend(kappas[i][: max(0, have[i] - c)])
+            slots.extend((profiles[i].latency(n - 1), profiles[i].latency(n)) for n in range(have[i] + 1, c + 1))
+        return _lands(moved, slots, config)
+
+    def dfs(i: int, left: int, worst: float, cost: float, moves: int) -> None:
+        if max(worst, 0.0) + eta * cost >= best[0] - 1e-15 or moves > config.max_moves:
             return
         if i == len(gpus):
-            if left == 0:
+            if left == 0 and feasible():
                 best[:] = [worst + eta * cost, worst, cost, tuple(counts)]
             return
         if suffix[i] < left:
@@ -88,10 +113,10 @@ def exhaustive_placement(snapshot: Snapshot, model: LatencyModel, config: Rebala
         for c in range(min(hi[i], left), -1, -1):
             out = have[i] - c
             counts[i] = c
-            dfs(i + 1, left - c, max(worst, profiles[i].latency(c)), cost + (prefix[i][out] if out > 0 else 0.0))
+            dfs(i + 1, left - c, max(worst, profiles[i].latency(c)), cost + (prefix[i][out] if out > 0 else 0.0), moves + max(0, out))
         counts[i] = 0
 
-    dfs(0, total, 0.0, 0.0)
+    dfs(0, total, 0.0, 0.0, 0)
     return OracleResult(best[0], best[1], best[2], {g.id: c for g, c in zip(gpus, best[3])})
 
 

@@ -1,11 +1,16 @@
-from infra.bench.scheduler import run
+from infra.bench.scheduler import FAMILIES, SETTINGS, run
 
 
 def test_result_shape():
-    out = run([8, 16], instances=5, seed=1, reps=2)
-    assert set(out) == {"epochs", "oracle_gap"}
-    assert set(out["epochs"]) == {"8", "16"}
-    for row in out["epochs"].values():
-        assert set(row) == {"sessions", "median_ms", "p99_ms"} and row["sessions"] > 0
-    gap = out["oracle_gap"]
-    assert gap["instances"] == 5 and 0.0 <= gap["mean_pct"] <= gap["max_pct"]
+    out = run([8, 16], instances=3, seed=1, reps=2)
+    assert set(out) == {"epochs", "oracle_gap", "settings", "not_covered"}
+    for rows in out["epochs"].values():
+        assert set(rows) == {"8", "16"}
+        for row in rows.values():
+            assert set(row) == {"sessions", "migrations", "median_ms", "p99_ms"} and row["sessions"] > 0
+    assert set(out["oracle_gap"]) == set(SETTINGS)
+    for fams in out["oracle_gap"].values():
+        assert set(fams) == set(FAMILIES)
+        for gap in fams.values():
+            assert gap["instances"] == 3 and 0.0 <= gap["mean_pct"] <= gap["max_pct"]
+    assert out["settings"]["shipped"]["eta"] == 1.0
