@@ -1,29 +1,31 @@
-"""Placement controller: least-loaded arrival placement and migration-aware min-max rebalancing.
+"""Placement controller: arrivals, draining GPUs, and exact migration-aware min-max rebalancing.
 
-Rebalancing starts from the previous placement. A step takes the bottleneck GPU b (worst
-latency L) and moves one session off it to a target t; the new worst latency is
-L' = max(second-worst, l_b(n_b - 1), l_t(n_t + 1)) and the gain is
-Gamma = L - L' - eta * kappa_i with kappa_i = alpha + beta * state_bytes_i. Candidate
-evaluation is exact but cheap by construction: L' depends only on the target and kappa only
-on the session, so the best pair is (cheapest session on b, target with the least
-l_t(n_t + 1)), found with one lazy min-heap of loads per GPU type.
+One epoch minimises L + eta * sum(kappa_i) over the sessions it migrates, where L is the
+worst per-chunk latency after the epoch and kappa_i = alpha + beta * state_bytes_i, from the
+previous placement, with the epoch's arrivals placed too. The minimum is exact
+(:mod:`processors._levels`: a search over the worst-latency level) under the product's
+constraints: at most ``max_moves`` migrations, no GPU above K after receiving, a GPU either
+sends or receives, and the transient limit on every move (its kappa plus the target's
+l(n - 1) and l(n) at the position n it lands on; a GPU's moves land largest kappa first,
+ahead of its new sessions). Among optimal placements it takes the one with fewest moves and
+fills receiving GPUs least-latency first. Ties between equal sessions go by snapshot order.
 
-Ties: when several GPUs share the worst latency no single move lowers L, so a step may take
-the bottleneck *set*: it keeps moving one session off the GPU that now binds L' while that
-GPU is untouched, evaluates Gamma after each prefix (summing kappa over the prefix) and
-applies the prefix with the largest Gamma > 0. With one bottleneck GPU this is the paper's
-rule exactly. Steps repeat until no prefix has Gamma > 0 or the move budget is spent.
+Draining GPUs are evacuated first by a greedy pass (cheapest session to the least-loaded
+GPU, within ``drain_max_kappa_s`` and the transient limit, keeping room for arrivals); the
+search then runs on what it leaves.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import repeat
+from operator import attrgetter
 
 import numpy as np
 
-from processors._levels import landings, search
+from processors._levels import search
 from processors.decisions import Command, Migrate, Place, Resume
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionState
@@ -34,6 +36,8 @@ __all__ = ["RebalanceConfig", "PlacementPlan", "plan_placement", "worst_latency"
 
 _EXEC = SessionState.EXECUTION
 _FRESH = -1  # cost key of a session placed in this epoch: moving it is free
+_GPU_ID = attrgetter("gpu_id")
+_BYTES = attrgetter("state_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,21 +200,6 @@ class _Pool:
         self.set_n(dst, self.n[dst] + 1)
 
 
-def _place_pending(pool: _Pool, order: list[str]) -> list[str]:
-    unplaced = []
-    for sid, restore in pool.pending:
-        dst = pool.best_target(set())
-        if dst is None:
-            unplaced.append(sid)
-            continue
-        pool.fresh[sid] = restore
-        pool.loc[sid] = dst
-        pool.push(dst, (_FRESH, sid))
-        pool.set_n(dst, pool.n[dst] + 1)
-        order.append(sid)
-    return unplaced
-
-
 def _evacuate(pool: _Pool, order: list[str], gamma: dict[str, tuple[float, str]]) -> None:
     """Move draining GPUs' sessions off, cheapest first, keeping room for the waiting ones."""
     eta, cap = pool.cfg.eta, pool.cfg.drain_max_kappa_s
@@ -234,101 +223,111 @@ def _evacuate(pool: _Pool, order: list[str], gamma: dict[str, tuple[float, str]]
             gamma[entry[1]] = (before - pool.top()[0] - eta * pool.kappa(entry[0]), "drain")
 
 
-def _members(pool: _Pool, i: int) -> list[tuple[int, str]]:
-    """(state_bytes, id) of the sessions GPU i holds now, cheapest first."""
-    h = pool.members[i]
-    if h is None:
-        return sorted([(s.state_bytes, s.id) for s in pool.raw[i]])
-    return sorted(e for e in h if pool.loc.get(e[1], i) == i and e[0] != _FRESH)
+class _Parsed:
+    """The snapshot as arrays: GPUs by id, placed sessions cheapest first per GPU."""
+
+    def __init__(self, snapshot: Snapshot, model: LatencyModel, cfg: RebalanceConfig) -> None:
+        gpus = sorted(snapshot.gpus, key=lambda g: g.id)
+        self.ids = [g.id for g in gpus]
+        types = sorted({g.type for g in gpus})
+        tindex = {t: k for k, t in enumerate(types)}
+        self.profiles = [model[t] for t in types]
+        self.caps = [p.capacity for p in self.profiles]
+        self.tidx = np.array([tindex[g.type] for g in gpus], dtype=np.int64)
+        self.usable = np.array([g.state is GpuState.READY for g in gpus], dtype=bool)
+        index = {g.id: i for i, g in enumerate(gpus)}
+        execs = [s for s in snapshot.sessions if s.lifecycle is _EXEC]  # the hot loops of large pools
+        where = np.fromiter(map(index.get, map(_GPU_ID, execs), repeat(-1)), np.int64, len(execs))
+        size = np.fromiter(map(_BYTES, execs), np.int64, len(execs))
+        # waiting for a GPU, or its GPU is gone: restore elsewhere
+        self.pending = [(execs[k].id, execs[k].restore or execs[k].gpu_id is not None) for k in np.nonzero(where < 0)[0].tolist()]
+        placed = np.nonzero(where >= 0)[0]
+        order = placed[np.lexsort((size[placed], where[placed]))]
+        self.execs = execs
+        self.order = order  # indices into execs: by GPU, then state bytes, then snapshot order
+        self.have = np.bincount(where[placed], minlength=len(gpus)).astype(np.int64)
+        self.start = np.concatenate(([0], np.cumsum(self.have)))
+        self.kappa = cfg.alpha_s + cfg.beta_s_per_byte * size[order].astype(np.float64)
+        curves = []
+        for t, p in enumerate(self.profiles):
+            mine = self.have[self.tidx == t]
+            top = max(p.capacity, int(mine.max()) if mine.size else 0)
+            curves.append(np.array(p.curve[: top + 1] if len(p.curve) > top else [p.latency(n) for n in range(top + 1)]))
+        self.curves = curves
+        width = max((len(c) for c in curves), default=1)
+        self.lat = np.full((len(curves), width), np.inf)
+        for t, c in enumerate(curves):
+            self.lat[t, : len(c)] = c
 
 
-def _curve(pool: _Pool, t: int, top: int) -> np.ndarray:
-    c = pool.curves[t]
-    if len(c) > top:
-        return np.asarray(c[: top + 1])
-    return np.array([pool.profiles[t].latency(n) for n in range(top + 1)])
+def _assign(pz: _Parsed, receive: np.ndarray, shed: np.ndarray, limit: float) -> tuple[list[tuple[int, int, int]], list[int | None], np.ndarray]:
+    """Land the shed sessions (largest kappa first, each on the next position of a GPU it
+    fits, lowest l(n - 1) + l(n) first) and the arrivals (least l(n) first) on the receiving
+    GPUs' positions up to ``receive``; returns (exec index, src, dst) moves, arrival GPUs, loads."""
+    m = len(pz.ids)
+    cap = np.where(pz.usable & (shed == 0), np.maximum(0, receive[pz.tidx] - pz.have), 0)
+    gpu = np.repeat(np.arange(m), cap)
+    n = pz.have[gpu] + 1 + np.arange(gpu.size) - np.repeat(np.cumsum(cap) - cap, cap)
+    lat = pz.lat[pz.tidx[gpu], n]
+    taken = np.zeros(gpu.size, dtype=bool)
+    loads = pz.have - shed
+    moves: list[tuple[int, int, int]] = []
+    if shed.any():
+        rank = np.arange(len(pz.order)) - np.repeat(pz.start[:-1], pz.have)
+        owner = np.repeat(np.arange(m), pz.have)
+        pick = np.nonzero(rank < shed[owner])[0]
+        pick = pick[np.lexsort((pick, -pz.kappa[pick]))]  # largest kappa first
+        key = lat if limit == math.inf else pz.lat[pz.tidx[gpu], n - 1] + lat
+        slots = np.lexsort((n, gpu, key))[: pick.size]
+        fits = key[slots] <= limit - pz.kappa[pick] if limit != math.inf else np.ones(pick.size, dtype=bool)
+        taken[slots[fits]] = True  # every one fits once the level passed the transient check
+        np.add.at(loads, owner[pick[~fits]], 1)
+        moves = list(zip(pz.order[pick[fits]].tolist(), owner[pick[fits]].tolist(), gpu[slots[fits]].tolist()))
+    free = np.lexsort((n, gpu, lat))
+    free = free[~taken[free]][: len(pz.pending)].tolist()
+    arrivals: list[int | None] = gpu[free].tolist() + [None] * (len(pz.pending) - len(free))
+    loads = loads + np.bincount(gpu[taken], minlength=m) + np.bincount(gpu[free], minlength=m)
+    return moves, arrivals, loads
 
 
-def _rebalance(pool: _Pool, order: list[str], gamma: dict[str, tuple[float, str]]) -> list[str]:
-    """Exact level search, then sheds land largest kappa first, then arrivals; returns unplaced."""
-    cfg, m = pool.cfg, len(pool.ids)
-    touched = {pool.loc[sid] for sid in pool.loc} | {pool.home[sid] for sid in pool.home}
-    flat: list[int] = []
-    start = [0]
-    for i in range(m):  # the hot loop of large pools: plain sorted ints
-        if i in touched:
-            flat.extend(b for b, _ in _members(pool, i))
-        else:
-            flat.extend(sorted([s.state_bytes for s in pool.raw[i]]))
-        start.append(len(flat))
-    tidx = np.array(pool.tidx, dtype=np.int64)
-    have = np.array(pool.n, dtype=np.int64)
-    curves = []
-    for t, p in enumerate(pool.profiles):
-        mine = have[tidx == t]
-        curves.append(_curve(pool, t, max(p.capacity, int(mine.max()) if mine.size else 0)))
-    caps = [p.capacity for p in pool.profiles]
-    kappa = cfg.alpha_s + cfg.beta_s_per_byte * np.array(flat, dtype=np.float64)
-    level = search(curves, caps, tidx, have, np.array(pool.usable), kappa, np.array(start), len(pool.pending),
-                   cfg.eta, cfg.max_transient_s, cfg.max_moves)
-    shed = level.shed.tolist()
-    moved: list[tuple[int, str, int]] = []
-    for i in range(m):
-        if shed[i]:
-            moved.extend((b, sid, i) for b, sid in _members(pool, i)[: shed[i]])
-    moved.sort(key=lambda e: (-e[0], e[1]))
-    receive = level.receive.tolist()
-    n = pool.n
-    heaps: list[list[tuple[int, int]]] = [[] for _ in pool.profiles]
-    for i in range(m):
-        if pool.usable[i] and not shed[i] and n[i] < receive[pool.tidx[i]]:
-            heaps[pool.tidx[i]].append((n[i], i))
-    for h in heaps:
-        heapq.heapify(h)
-
-    def land(bound: list[int]) -> int | None:
-        best: tuple[float, int] | None = None
-        for t, h in enumerate(heaps):
-            if h and h[0][0] < bound[t]:
-                cand = (pool.lat(h[0][1], 1), h[0][1])
-                if best is None or cand < best:
-                    best = cand
-        if best is None:
-            return None
-        i = best[1]
-        t = pool.tidx[i]
-        heapq.heappop(heaps[t])
-        n[i] += 1
-        if n[i] < receive[t]:
-            heapq.heappush(heaps[t], (n[i], i))
-        return i
-
-    gain = level.baseline - level.objective
-    for b, sid, src in moved:
-        k = cfg.kappa(b)
-        bound = [min(r, int(landings(c, p.capacity, cfg.max_transient_s, k))) for r, c, p in zip(receive, curves, pool.profiles)]
-        dst = land(bound)
-        if dst is None:
-            continue  # cannot happen when the level passed the transient check
-        n[src] -= 1
-        pool.home.setdefault(sid, src)
-        pool.bytes[sid] = b
-        pool.loc[sid] = dst
-        if sid not in gamma:
-            order.append(sid)
-        gamma[sid] = (gain, "rebalance")
-    unplaced = []
-    arrivals = []
-    for sid, restore in pool.pending:
-        dst = land(receive)
+def _commands(pz: _Parsed, moves: list[tuple[int, int, int]], arrivals: list[int | None], gain: float,
+              cfg: RebalanceConfig, drained: dict[str, tuple[str, float]]) -> tuple[list[Command], list[str]]:
+    """Place/Resume for arrivals, then Migrate from each moved session's original GPU."""
+    ids = pz.ids
+    cmds: list[Command] = []
+    unplaced: list[str] = []
+    for (sid, restore), dst in zip(pz.pending, arrivals):
         if dst is None:
             unplaced.append(sid)
-            continue
-        pool.fresh[sid] = restore
-        pool.loc[sid] = dst
-        arrivals.append(sid)
-    order[:0] = arrivals
-    return unplaced
+        else:
+            cmds.append(Resume(sid, ids[dst]) if restore else Place(sid, ids[dst]))
+    moved = set()
+    for k, src, dst in moves:
+        s = pz.execs[k]
+        moved.add(s.id)
+        home = drained[s.id][0] if s.id in drained else ids[src]
+        cmds.append(Migrate(s.id, home, ids[dst], gain, cfg.kappa(s.state_bytes), "rebalance"))
+    if drained:
+        for s in pz.execs:
+            if s.id in drained and s.id not in moved and s.gpu_id is not None:
+                home, g = drained[s.id]
+                cmds.append(Migrate(s.id, home, s.gpu_id, g, cfg.kappa(s.state_bytes), "drain"))
+    return cmds, unplaced
+
+
+def _drain(snapshot: Snapshot, model: LatencyModel, cfg: RebalanceConfig) -> tuple[Snapshot, dict[str, tuple[str, float]]]:
+    """The snapshot after the greedy evacuation of draining GPUs, and the sessions it moved
+    (id -> (draining GPU, gain))."""
+    pool = _Pool(snapshot, model, cfg)
+    order: list[str] = []
+    gamma: dict[str, tuple[float, str]] = {}
+    _evacuate(pool, order, gamma)
+    if not order:
+        return snapshot, {}
+    ids = pool.ids
+    where = {sid: ids[pool.loc[sid]] for sid in order}
+    sessions = tuple(replace(s, gpu_id=where[s.id]) if s.id in where else s for s in snapshot.sessions)
+    return replace(snapshot, sessions=sessions), {sid: (ids[pool.home[sid]], gamma[sid][0]) for sid in order}
 
 
 def plan_placement(
@@ -338,36 +337,32 @@ def plan_placement(
     *,
     rebalance: bool = True,
 ) -> PlacementPlan:
-    """Evacuate draining GPUs, then place waiting sessions and rebalance exactly (when
-    ``rebalance``; otherwise only place waiting sessions on the least-loaded GPU).
+    """Evacuate draining GPUs, place waiting sessions and rebalance exactly (when
+    ``rebalance``; otherwise only place waiting sessions, least-latency first).
 
-    Returns Place/Resume for sessions that get a GPU, then Migrate commands; a session that
-    moves more than once in the epoch gets one Migrate from its old GPU to its final one.
+    Returns Place/Resume for sessions that get a GPU, then Migrate commands (largest kappa
+    first; a session moved twice gets one Migrate from its old GPU to its final one).
     """
-    pool = _Pool(snapshot, model, config)
-    worst_before = max((pool.lat(i) for i in range(len(pool.ids))), default=0.0)
-    order: list[str] = []
-    gamma: dict[str, tuple[float, str]] = {}
-    if not rebalance:
-        unplaced = _place_pending(pool, order)
-    elif not pool.ids:
-        unplaced = [sid for sid, _ in pool.pending]
+    drained: dict[str, tuple[str, float]] = {}
+    pz = _Parsed(snapshot, model, config)
+    worst_before = float(pz.lat[pz.tidx, pz.have].max()) if pz.ids else 0.0
+    if rebalance and any(g.state is GpuState.DRAINING for g in snapshot.gpus):
+        view, drained = _drain(snapshot, model, config)
+        if drained:
+            pz = _Parsed(view, model, config)
+    m = len(pz.ids)
+    if m == 0:
+        return PlacementPlan((), tuple(sid for sid, _ in pz.pending), 0.0, 0.0, {})
+    if rebalance:
+        level = search(pz.curves, pz.caps, pz.tidx, pz.have, pz.usable, pz.kappa, pz.start, len(pz.pending),
+                       config.eta, config.max_transient_s, config.max_moves)
+        receive, shed, gain = level.receive, level.shed, level.baseline - level.objective
     else:
-        _evacuate(pool, order, gamma)
-        unplaced = _rebalance(pool, order, gamma)
-    cmds: list[Command] = []
-    migrations: list[Command] = []
-    ids = pool.ids
-    for sid in order:
-        dst = pool.loc[sid]
-        if sid in pool.fresh:
-            cmds.append(Resume(sid, ids[dst]) if pool.fresh[sid] else Place(sid, ids[dst]))
-        elif pool.home[sid] != dst:
-            g, why = gamma[sid]
-            migrations.append(Migrate(sid, ids[pool.home[sid]], ids[dst], g, config.kappa(pool.bytes[sid]), why))
-    worst_after = max((pool.lat(i) for i in range(len(ids))), default=0.0)
-    loads = dict(zip(ids, pool.n))
-    return PlacementPlan(tuple(cmds + migrations), tuple(unplaced), worst_before, worst_after, loads)
+        receive, shed, gain = np.array(pz.caps), np.zeros(m, dtype=np.int64), 0.0
+    moves, arrivals, loads = _assign(pz, receive, shed, config.max_transient_s)
+    cmds, unplaced = _commands(pz, moves, arrivals, gain, config, drained)
+    worst_after = float(pz.lat[pz.tidx, loads].max())
+    return PlacementPlan(tuple(cmds), tuple(unplaced), worst_before, worst_after, dict(zip(pz.ids, loads.tolist())))
 
 
 def worst_latency(snapshot: Snapshot, model: LatencyModel) -> float:
