@@ -34,6 +34,7 @@ def _register_extensions() -> None:
     from infra.sim_cli import register as register_sim
 
     register_sim(app)
+    __import__("infra.place_cli", fromlist=["register"]).register(app)
 
 
 _register_extensions()

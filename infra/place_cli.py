@@ -1,0 +1,181 @@
+"""CLI command ``place``: one placement decision on a snapshot given as JSON.
+
+``register(app)`` adds it to the main app. A bad file or field prints one line naming the
+file and the field, and exits 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from processors.decisions import Migrate
+from processors.latency import GpuProfile, LatencyModel
+from processors.oracles import plan_objective
+from processors.placement import RebalanceConfig, plan_placement
+from processors.snapshot import Gpu, Session, Snapshot
+from processors.turboserve import TURBOSERVE_REBALANCE
+from schemas.errors import ChunkserveError, ConfigError
+
+__all__ = ["register", "parse_instance", "decide"]
+
+_err = Console(stderr=True)
+
+
+def _number(doc: dict, key: str, where: str, src: str) -> float:
+    v = doc.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ConfigError(f"{where}{key}", "must be a finite number >= 0" if key in doc else "is required", src)
+    return float(v)
+
+
+def _count(v: Any, key: str, src: str, least: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise ConfigError(key, f"must be an integer >= {least}", src)
+    return v
+
+
+def _obj(v: Any, key: str, src: str) -> dict:
+    if not isinstance(v, dict):
+        raise ConfigError(key, "must be an object", src)
+    return v
+
+
+def _list(v: Any, key: str, src: str) -> list:
+    if not isinstance(v, list):
+        raise ConfigError(key, "must be a list", src)
+    return v
+
+
+def _name(v: Any, key: str, src: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise ConfigError(key, "must be a non-empty string", src)
+    return v
+
+
+def _profile(name: str, spec: Any, at: str, src: str) -> GpuProfile:
+    spec = _obj(spec, at, src)
+    cap = _count(spec.get("capacity"), f"{at}.capacity", src, 1)
+    table = _obj(spec.get("latency"), f"{at}.latency", src)
+    if not table:
+        raise ConfigError(f"{at}.latency", "needs at least one point", src)
+    points = []
+    for k, v in table.items():
+        if not k.isdigit() or int(k) < 1:
+            raise ConfigError(f"{at}.latency", f"key {k!r} is not a batch size >= 1", src)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"{at}.latency.{k}", "must be a positive number of seconds", src)
+        points.append((int(k), float(v)))
+    try:
+        return GpuProfile(name, cap, 0.0, tuple(sorted(points)))
+    except ConfigError as exc:
+        raise ConfigError(f"{at}.latency", str(exc).rsplit(": ", 1)[-1], src) from None
+
+
+def parse_instance(doc: Any, src: str, where: str = "") -> tuple[Snapshot, LatencyModel, RebalanceConfig]:
+    """One instance of the input document as a snapshot, latency model and settings."""
+    doc = _obj(doc, where.rstrip(".") or "document", src)
+    ship = TURBOSERVE_REBALANCE
+    limit = doc.get("max_transient_s", ship.max_transient_s)
+    if limit is not None:
+        limit = _number({"max_transient_s": limit}, "max_transient_s", where, src)
+    cfg = RebalanceConfig(
+        eta=_number(doc, "eta", where, src),
+        alpha_s=_number(doc, "alpha_s", where, src),
+        beta_s_per_byte=_number(doc, "beta_s_per_byte", where, src),
+        max_moves=_count(doc.get("max_moves", ship.max_moves), f"{where}max_moves", src, 0),
+        drain_max_kappa_s=ship.drain_max_kappa_s,
+        max_transient_s=math.inf if limit is None else limit,
+    )
+    types = _obj(doc.get("gpu_types"), f"{where}gpu_types", src)
+    if not types:
+        raise ConfigError(f"{where}gpu_types", "must name at least one GPU type", src)
+    model = LatencyModel({n: _profile(n, spec, f"{where}gpu_types.{n}", src) for n, spec in types.items()}, src)
+    gpus: list[Gpu] = []
+    for i, g in enumerate(_list(doc.get("gpus"), f"{where}gpus", src)):
+        at = f"{where}gpus[{i}]"
+        g = _obj(g, at, src)
+        gid, gtype = _name(g.get("id"), f"{at}.id", src), _name(g.get("type"), f"{at}.type", src)
+        if gtype not in types:
+            raise ConfigError(f"{at}.type", f"no GPU type {gtype!r} in gpu_types", src)
+        if any(x.id == gid for x in gpus):
+            raise ConfigError(f"{at}.id", f"duplicate GPU id {gid!r}", src)
+        gpus.append(Gpu(gid, gtype))
+    known = {g.id for g in gpus}
+    sessions: list[Session] = []
+    seen: set[str] = set()
+    for i, s in enumerate(_list(doc.get("sessions"), f"{where}sessions", src)):
+        at = f"{where}sessions[{i}]"
+        s = _obj(s, at, src)
+        sid = _name(s.get("id"), f"{at}.id", src)
+        if sid in seen:
+            raise ConfigError(f"{at}.id", f"duplicate session id {sid!r}", src)
+        seen.add(sid)
+        gpu = s.get("gpu")
+        if gpu is not None and gpu not in known:
+            raise ConfigError(f"{at}.gpu", f"no GPU {gpu!r} in gpus", src)
+        sessions.append(Session(sid, _count(s.get("state_bytes"), f"{at}.state_bytes", src, 0), gpu_id=gpu))
+    return Snapshot(0.0, tuple(gpus), tuple(sessions)), model, cfg
+
+
+def _one(doc: Any, src: str, where: str = "") -> dict:
+    snap, model, cfg = parse_instance(doc, src, where)
+    plan = plan_placement(snap, model, cfg)
+    where_now: dict[str, Optional[str]] = {s.id: s.gpu_id for s in snap.sessions}
+    for c in plan.commands:
+        where_now[c.session_id] = c.dst if isinstance(c, Migrate) else c.gpu_id  # type: ignore[attr-defined]
+    for sid in plan.unplaced:
+        where_now[sid] = None
+    return {
+        "placement": where_now,
+        "moved": [c.session_id for c in plan.commands if isinstance(c, Migrate)],
+        "worst_latency_s": plan.worst_after,
+        "objective": plan_objective(plan, cfg),
+    }
+
+
+def decide(doc: Any, src: str) -> dict:
+    """The decision for one instance, or ``{"results": [...]}`` for ``{"instances": [...]}``."""
+    if isinstance(doc, dict) and "instances" in doc:
+        batch = _list(doc["instances"], "instances", src)
+        return {"results": [_one(d, src, f"instances[{i}].") for i, d in enumerate(batch)]}
+    return _one(doc, src)
+
+
+def place_cmd(
+    snapshot: Path = typer.Argument(..., help="Snapshot JSON: eta, alpha_s, beta_s_per_byte, gpu_types, gpus, sessions; or {\"instances\": [...]}. Optional: max_moves (default 512) and max_transient_s (default 1.4, null: none), the shipped settings."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the decision here (default: stdout)."),
+) -> None:
+    """One placement decision: where every session goes, what moves, worst latency, objective."""
+    src = str(snapshot)
+    try:
+        try:
+            text = snapshot.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError("file", f"cannot read ({exc.strerror})", src) from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError("file", f"not JSON ({exc})", src) from None
+        out = decide(doc, src)
+        body = json.dumps(out, indent=2) + "\n"
+        if json_out is None:
+            typer.echo(body, nl=False)
+        else:
+            json_out.write_text(body)
+    except ChunkserveError as exc:
+        _err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
+    except OSError as exc:
+        _err.print(f"[red]error:[/red] {json_out}: cannot write ({exc.strerror})", highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``place`` to ``app``."""
+    app.command("place")(place_cmd)

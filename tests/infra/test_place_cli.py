@@ -1,0 +1,97 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from infra.cli import app
+
+GOOD = {
+    "eta": 1.0,
+    "alpha_s": 0.02,
+    "beta_s_per_byte": 4e-11,
+    "gpu_types": {"h20": {"capacity": 4, "latency": {"1": 0.3, "2": 0.5, "4": 1.0}}},
+    "gpus": [{"id": "g0", "type": "h20"}, {"id": "g1", "type": "h20"}],
+    "sessions": [
+        {"id": "a", "gpu": "g0", "state_bytes": 0},
+        {"id": "b", "gpu": "g0", "state_bytes": 10**9},
+        {"id": "c", "gpu": "g0", "state_bytes": 10**9},
+        {"id": "d", "gpu": "g0", "state_bytes": 10**9},
+        {"id": "e", "gpu": None, "state_bytes": 5},
+    ],
+}
+# g0 holds 4 (1.0 s) and e waits: moving the free-to-move a (0.02 s) leaves 3 + 2 (0.75 s)
+EXPECTED = {"placement": {"a": "g1", "b": "g0", "c": "g0", "d": "g0", "e": "g1"}, "moved": ["a"],
+            "worst_latency_s": 0.75, "objective": 0.77}
+
+
+def _run(tmp_path, doc, text=None):
+    src = tmp_path / "in.json"
+    src.write_text(text if text is not None else json.dumps(doc))
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(app, ["place", str(src), "--json", str(out)])
+    return result, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_one_instance(tmp_path):
+    result, out = _run(tmp_path, GOOD)
+    assert result.exit_code == 0, result.output
+    assert out["placement"] == EXPECTED["placement"] and out["moved"] == EXPECTED["moved"]
+    assert out["worst_latency_s"] == pytest.approx(0.75) and out["objective"] == pytest.approx(0.77)
+
+
+def test_batch_and_settings(tmp_path):
+    frozen = dict(GOOD, max_moves=0)  # no move allowed: e joins g1, g0 stays at 1.0 s
+    limited = dict(GOOD, max_transient_s=0.2)  # landing on g1 costs 0.02 + 0 + 0.3 s: too slow
+    result, out = _run(tmp_path, {"instances": [GOOD, frozen, limited]})
+    assert result.exit_code == 0, result.output
+    first, second, third = out["results"]
+    assert first["moved"] == ["a"]
+    for r in (second, third):
+        assert r["moved"] == [] and r["placement"]["e"] == "g1" and r["worst_latency_s"] == pytest.approx(1.0)
+
+
+def _bad(**change):
+    doc = json.loads(json.dumps(GOOD))
+    for path, value in change.items():
+        *head, last = path.split("__")
+        node = doc
+        for key in head:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if value is KeyError:
+            del node[last]
+        elif isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    "doc, text, where",
+    [
+        (None, "{not json", "not JSON"),
+        (_bad(eta=KeyError), None, "eta: is required"),
+        (_bad(alpha_s=-1), None, "alpha_s: must be"),
+        (_bad(gpus__0__type="a100"), None, "gpus[0].type: no GPU type 'a100'"),
+        (_bad(sessions__1__gpu="g9"), None, "sessions[1].gpu: no GPU 'g9'"),
+        (_bad(sessions__2__state_bytes=True), None, "sessions[2].state_bytes"),
+        (_bad(sessions__3__id="a"), None, "sessions[3].id: duplicate"),
+        (_bad(gpu_types__h20__latency={"1": 0.5, "2": 0.4}), None, "gpu_types.h20.latency"),
+        (_bad(gpu_types__h20__latency={"one": 0.5}), None, "gpu_types.h20.latency"),
+        (_bad(gpu_types__h20__capacity=0), None, "gpu_types.h20.capacity"),
+        ({"instances": [GOOD, _bad(gpus="g0")]}, None, "instances[1].gpus: must be a list"),
+        ({"instances": {}}, None, "instances: must be a list"),
+        ([1, 2], None, "document: must be an object"),
+    ],
+)
+def test_bad_files_fail_in_one_line(tmp_path, doc, text, where):
+    result, out = _run(tmp_path, doc, text)
+    assert result.exit_code == 2 and out is None
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert str(tmp_path / "in.json") in lines[0] and where in lines[0], lines[0]
+
+
+def test_missing_file(tmp_path):
+    result = CliRunner().invoke(app, ["place", str(tmp_path / "nope.json")])
+    assert result.exit_code == 2 and "nope.json" in result.output and "cannot read" in result.output
