@@ -59,47 +59,52 @@ def trace_gen(
 
 def simulate_cmd(
     trace: Path = typer.Argument(..., help="Trace CSV (t_s,session_id,event[,state_mb])."),
-    policy: list[str] = typer.Option(["all"], "--policy", "-p", help="base, lag, mag, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle-autoscale, module:Name, or all (repeatable)."),
+    policy: list[str] = typer.Option(["all"], "--policy", "-p", help="rr, lag, mag, least-loaded-offload, lag-offload, mag-offload, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle, oracle-autoscale, module:Name, or all (repeatable; all plus module:Name runs both)."),
+    subject: str = typer.Option("turboserve", "--subject", help="The policy the comparisons are about (a --policy spec or a policy's name)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the timeline plot (PNG) here."),
     profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
     table: str = typer.Option("default", "--table", help="Volatility table JSON (from `chunkserve tune`) or 'default'."),
     gpu_type: str = typer.Option("b300", "--gpu-type", help="GPU type of fixed pools and of scale-out."),
-    pool: Optional[int] = typer.Option(None, "--pool", min=1, help="Fixed pool size for fixed-pool policies when turboserve is not run (default: peak-provisioned)."),
+    pool: Optional[int] = typer.Option(None, "--pool", min=1, help="Pool size for fixed-pool policies when no subject runs (default: peak-provisioned), and the starting pool of module:Name policies (default: elastic, like turboserve)."),
     deadline: float = typer.Option(1.0, "--deadline", min=0.001, help="Chunk deadline = media duration of a chunk, s."),
     boot: float = typer.Option(60.0, "--boot", min=0.0, help="GPU boot time, s."),
     epoch: float = typer.Option(0.5, "--epoch", min=0.0, help="Decision epoch grid, s (events are quantized up to it; 0: exact)."),
     burst_memory: float = typer.Option(900.0, "--burst-memory", min=0.0, help="How long the autoscaler's burst reserve remembers a rise of executing sessions, s (0: no reserve)."),
+    slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
+    slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, help="SLO: slowest chunk allowed, s."),
     cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream)."),
 ) -> None:
     """Replay a trace through policies; print a table, write JSON and a timeline plot."""
-    from processors.autoscaler import AutoscalerConfig, load_volatility_table
+    from processors.autoscaler import AutoscalerConfig, Slo, load_volatility_table
     from processors.latency import load_profiles
-    from infra.sim.report import ALL_POLICIES, Runner, check_policies, compare, plot_timeline, timelines
+    from infra.sim.report import Runner, check_policies, compare, plot_timeline, timelines
     from infra.sim.simulator import SimConfig
     from infra.sim.trace import load_trace
 
     start = time.perf_counter()
     try:
-        names = list(ALL_POLICIES) if "all" in policy else list(dict.fromkeys(policy))
+        names = _expand(policy)
         check_policies(names)
         model = load_profiles(profile)
         model[gpu_type]
         vt = load_volatility_table(table)
+        slo = Slo(slo_miss, slo_worst)
         tr = load_trace(trace)
         if not tr.events:
             raise ChunkserveError(f"{trace}: the trace has no events")
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, epoch_s=epoch, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory)
-        ts_opts = {"table": vt, "autoscaler": auto}
-        options = {n: dict(ts_opts) for n in ("turboserve", "turboserve-no-migration", "turboserve-no-autoscale")}
-        options["oracle-autoscale"] = {"autoscaler": auto}
+        options = _builtin_options(vt, auto, slo)
+        offer = {"table": vt, "autoscaler": auto, "slo": slo}
         with Progress(console=_err, transient=True) as bar:
             task = bar.add_task("simulating", total=None)
-            runner = Runner(tr, model, cfg, options, on_run=lambda s: bar.update(task, description=f"simulating {s}"))
-            if pool is not None and "turboserve" not in names:
+            runner = Runner(tr, model, cfg, options, on_run=lambda s: bar.update(task, description=f"simulating {s}"),
+                            offer=offer, plugin_pool=pool)
+            subject_spec = _subject(runner, names, subject)
+            if pool is not None and subject_spec is None:
                 runner.peak_pool = pool
-            out = compare(runner, names)
+            out = compare(runner, names, subject_spec or subject, slo)
     except ChunkserveError as exc:
         _fail(exc)
     out["wall_s"] = time.perf_counter() - start
@@ -113,6 +118,36 @@ def simulate_cmd(
         _fail(exc)
 
 
+def _expand(policy: list[str]) -> list[str]:
+    from infra.sim.report import ALL_POLICIES
+
+    out: list[str] = []
+    for p in policy:
+        out.extend(ALL_POLICIES if p == "all" else [p])
+    return list(dict.fromkeys(out))
+
+
+def _builtin_options(vt: object, auto: object, slo: object) -> dict:
+    ts = {"table": vt, "autoscaler": auto}
+    options = {n: dict(ts) for n in ("turboserve", "turboserve-no-migration", "turboserve-no-autoscale", "oracle")}
+    options["oracle-autoscale"] = {"autoscaler": auto}
+    return options
+
+
+def _subject(runner: object, names: list[str], subject: str) -> str | None:
+    """The spec among ``names`` that ``subject`` names (a spec, or a policy's name)."""
+    from processors.policy import load_policy
+    from schemas.errors import ConfigError
+
+    if subject in names:
+        return subject
+    for spec in names:
+        if ":" in spec and getattr(load_policy(spec, offer=runner.offer), "name", None) == subject:  # type: ignore[attr-defined]
+            return spec
+    if subject != "turboserve":
+        raise ConfigError("subject", "not among the policies run (give it with --policy)", subject)
+    return None
+
 
 def _print_table(out: dict) -> None:
     t = Table(title=f"{out['trace']['sessions']} sessions, {out['trace']['duration_s']:.0f} s")
@@ -124,13 +159,23 @@ def _print_table(out: dict) -> None:
     _console.print(t)
     if "matched_cost" in out:
         mc, ml = out["matched_cost"], out["matched_latency"]
-        for b in ("base", "lag", "mag"):
-            _console.print(f"vs {b}: matched cost (pool {mc['pool_size'][b]}) worst latency reduction {mc['worst_latency_reduction_pct'][b]:.1f}%; "
-                           f"matched latency (pool {ml['pool_size'][b]}) cost reduction {ml['cost_reduction_pct'][b]:.1f}%")
+        for b in mc["pool_size"]:
+            _console.print(f"{out['subject']} vs {b}: matched cost (pool {mc['pool_size'][b]}) worst latency reduction "
+                           f"{mc['worst_latency_reduction_pct'][b]:.1f}%; matched latency (pool {ml['pool_size'][b]}) cost reduction "
+                           f"{ml['cost_reduction_pct'][b]:.1f}%")
+    if "oracle_gap_pct" in out.get("paper", {}):
+        _console.print(f"oracle gap (paper: same controller told the future, on cost) {out['paper']['oracle_gap_pct']:.1f}% "
+                       f"(oracle worst chunk {out['paper']['oracle_worst_chunk_latency_s']:.2f} s)")
     if "oracle_gap_pct" in out:
         o = out.get("oracle", {})
-        note = f" (oracle at u*={o['u_target']:.2f}" + (")" if o.get("matched") else ", cannot match turboserve's worst latency)") if o else ""
-        _console.print(f"oracle gap {out['oracle_gap_pct']:.1f}%{note}")
+        note = f" (oracle at u*={o['u_target']:.2f}" + (")" if o.get("matched") else ", cannot match the subject's worst latency)") if o else ""
+        _console.print(f"oracle gap at matched worst latency {out['oracle_gap_pct']:.1f}%{note}")
+    slo = out.get("slo")
+    if slo:
+        fixed = slo["fixed_pool_cost"]
+        _console.print(f"SLO (miss <= {100 * slo['miss_rate']:.2f}%, worst <= {slo['worst_s']:.2f} s): cheapest fixed pool "
+                       + (f"{fixed:.1f} ({slo['fixed_pool_policy']}, pool {slo['pool_size'][slo['fixed_pool_policy']]})" if fixed is not None else "none meets it")
+                       + "; " + ", ".join(f"{n} {c:.1f}{'' if slo['met'][n] else ' (misses)'}" for n, c in slo["cost"].items()))
     _console.print(f"wall {out['wall_s']:.1f} s")
 
 

@@ -33,6 +33,7 @@ from processors.snapshot import GpuState, Snapshot
 from schemas.errors import ConfigError
 
 __all__ = [
+    "Slo",
     "VolatilityTable",
     "DEFAULT_VOLATILITY_TABLE",
     "PAPER_VOLATILITY_TABLE",
@@ -49,6 +50,23 @@ __all__ = [
 
 TABLE_FORMAT = "chunkserve.volatility-table"
 Recent = tuple[tuple[int, int, int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """A service level users state: at most ``miss_rate`` of chunks past their deadline and
+    no chunk slower than ``worst_s`` seconds."""
+
+    miss_rate: float = 0.001
+    worst_s: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.miss_rate < 1 and self.worst_s > 0):
+            raise ConfigError("slo", "need 0 <= miss_rate < 1 and worst_s > 0", "slo")
+
+    def met(self, miss_rate: float, worst_s: float) -> bool:
+        """Whether a run with this miss rate and worst chunk latency meets the SLO."""
+        return miss_rate <= self.miss_rate + 1e-12 and worst_s <= self.worst_s + 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +220,12 @@ def autoscale(
     config: AutoscalerConfig = AutoscalerConfig(),
     table: VolatilityTable = DEFAULT_VOLATILITY_TABLE,
     state: AutoscalerState = AutoscalerState(),
+    foresight: int | None = None,
 ) -> tuple[tuple[Command, ...], AutoscalerState]:
     """One autoscaling decision: ScaleOut, or Drain of the GPUs to empty, or nothing.
+
+    ``foresight`` (an oracle's): the peak executing sessions of the coming boot time,
+    known in advance; it replaces the burst reserve.
 
     Shutdown commands are not issued here (see :func:`shutdowns`): they depend on the
     migrations the placement controller issues for the drained GPUs.
@@ -211,7 +233,9 @@ def autoscale(
     now = snapshot.now
     u_target, delta = table.lookup(level)
     reserve = 0
-    if config.burst_memory_s > 0:
+    if foresight is not None:  # an oracle: the peak of the next boot time is known
+        reserve = max(0, foresight - snapshot.active_count())
+    elif config.burst_memory_s > 0:
         recent = record_active(state.recent, now, snapshot.active_count(), config)
         reserve = burst_reserve(recent)
         state = replace(state, recent=recent)

@@ -1,13 +1,19 @@
-"""Baselines: fixed pool, placement at arrival (and at resume) only, never migrate.
+"""Baselines: a fixed pool, placement at arrival only, never migrate.
 
-base: fewest sessions; lag (load-aware greedy): least predicted latency l_j(n_j + 1);
-mag (memory-aware greedy): least memory fraction after adding the session's state.
+The paper's three (``rr``, ``lag``, ``mag``) keep a session on the GPU it was placed on
+from open to close: its state stays resident while idle, holding memory and one of the
+GPU's K slots; no offload, no re-placement at resume. rr: round-robin over the pool; lag
+(load-aware greedy): least predicted latency l_j(n_j + 1) over executing sessions; mag
+(memory-aware greedy): least memory fraction after adding the session's state.
+
+The ``-offload`` variants are stronger references: idle sessions are offloaded like
+turboserve's, and a resumed session is placed again (fewest sessions / lag / mag).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 from processors.decisions import Command, Decision, Place, Resume
 from processors.detector import WorkloadSignal
@@ -15,7 +21,7 @@ from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState, Snapshot
 
-__all__ = ["greedy_place", "Base", "Lag", "Mag"]
+__all__ = ["greedy_place", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
 
 # score(profile, sessions on the GPU, state bytes on the GPU, state bytes of the newcomer)
 Score = Callable[[GpuProfile, int, int, int], float]
@@ -33,34 +39,49 @@ def _memory(p: GpuProfile, n: int, mem: int, add: int) -> float:
     return (mem + add) / p.memory_bytes
 
 
-def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score) -> tuple[Command, ...]:
-    """Give each waiting executing session the ready GPU with the lowest score (below K)."""
+def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinned: bool = False,
+                 start: int = 0) -> tuple[tuple[Command, ...], int]:
+    """Give each waiting executing session the ready GPU with the lowest score; (commands, rr cursor).
+
+    A GPU is full at K executing sessions, or with ``pinned`` at K resident ones (idle
+    sessions kept resident hold a slot and memory). ``score`` sees executing sessions and
+    resident memory; the round-robin marker instead takes the next GPU with room after the
+    cursor ``start``.
+    """
     gpus = {g.id: g for g in snapshot.gpus}
     n = {g: 0 for g in gpus}
+    held = {g: 0 for g in gpus}
     mem = {g: 0 for g in gpus}
     waiting = []
     for s in snapshot.sessions:
-        if s.lifecycle is not SessionState.EXECUTION:
-            continue
         if s.gpu_id in gpus:
-            n[s.gpu_id] += 1
-            mem[s.gpu_id] += s.state_bytes
-        else:
+            if s.lifecycle is SessionState.EXECUTION:
+                n[s.gpu_id] += 1  # type: ignore[index]
+            if s.lifecycle is SessionState.EXECUTION or pinned:
+                held[s.gpu_id] += 1  # type: ignore[index]
+                mem[s.gpu_id] += s.state_bytes  # type: ignore[index]
+        elif s.lifecycle is SessionState.EXECUTION:
             waiting.append(s)
     ready = sorted(g for g, x in gpus.items() if x.state is GpuState.READY)
     out: list[Command] = []
     for s in waiting:
-        best = min(
-            ((score(model[gpus[g].type], n[g], mem[g], s.state_bytes), g) for g in ready if n[g] < model[gpus[g].type].capacity),
-            default=None,
-        )
-        if best is None:
+        room = [g for g in ready if held[g] < model[gpus[g].type].capacity]
+        if not room:
             continue
-        g = best[1]
+        if score is _ROUND_ROBIN:
+            at = next((i for i in range(len(ready)) if ready[(start + i) % len(ready)] in room))
+            g = ready[(start + at) % len(ready)]
+            start = (start + at + 1) % len(ready)
+        else:
+            g = min((score(model[gpus[x].type], n[x], mem[x], s.state_bytes), x) for x in room)[1]
         n[g] += 1
+        held[g] += 1
         mem[g] += s.state_bytes
         out.append(Resume(s.id, g) if s.restore or s.gpu_id is not None else Place(s.id, g))
-    return tuple(out)
+    return tuple(out), start
+
+
+_ROUND_ROBIN: Score = lambda p, n, mem, add: 0.0  # noqa: E731  (a marker: cycle, do not score)
 
 
 @dataclass(frozen=True)
@@ -68,33 +89,62 @@ class _Greedy:
     model: LatencyModel = field(default_factory=lambda: load_profiles("paper"))
     name: str = "greedy"
     score: Score = _fewest
+    keep_idle_resident: ClassVar[bool] = False
 
-    def initial_state(self) -> None:
-        return None
+    def initial_state(self) -> int:
+        return 0
 
-    def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: None) -> Decision:
-        return Decision(greedy_place(snapshot, self.model, self.score), None)
+    def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: int | None) -> Decision:
+        cmds, cursor = greedy_place(snapshot, self.model, self.score, pinned=self.keep_idle_resident, start=state or 0)
+        return Decision(cmds, cursor)
 
 
 @dataclass(frozen=True)
 class Base(_Greedy):
-    """Least-loaded (fewest sessions) at arrival; fixed pool; never migrates."""
+    """Fewest sessions at arrival and at resume; idle sessions offloaded; never migrates."""
 
-    name: str = "base"
+    name: str = "least-loaded-offload"
     score: Score = _fewest
 
 
 @dataclass(frozen=True)
 class Lag(_Greedy):
-    """Load-aware greedy: least predicted per-chunk latency after adding the session."""
+    """Load-aware greedy with offload: least predicted per-chunk latency after adding the session."""
 
-    name: str = "lag"
+    name: str = "lag-offload"
     score: Score = _latency
 
 
 @dataclass(frozen=True)
 class Mag(_Greedy):
-    """Memory-aware greedy: least GPU memory fraction after adding the session's state."""
+    """Memory-aware greedy with offload: least GPU memory fraction after adding the session's state."""
+
+    name: str = "mag-offload"
+    score: Score = _memory
+
+
+@dataclass(frozen=True)
+class RoundRobin(_Greedy):
+    """The paper's base: round-robin over the fixed pool; sessions pinned open to close."""
+
+    name: str = "rr"
+    score: Score = _ROUND_ROBIN
+    keep_idle_resident: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class PinnedLag(_Greedy):
+    """The paper's LAG: least current compute load at arrival; pinned open to close."""
+
+    name: str = "lag"
+    score: Score = _latency
+    keep_idle_resident: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class PinnedMag(_Greedy):
+    """The paper's MAG: least memory at arrival; pinned open to close."""
 
     name: str = "mag"
     score: Score = _memory
+    keep_idle_resident: ClassVar[bool] = True

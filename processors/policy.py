@@ -3,15 +3,21 @@
 A policy is anything with a ``name``, ``initial_state()`` and
 ``decide(snapshot, signal, state) -> Decision``. The simulator and the live pipeline hold
 the state between epochs (in the log or Redis, never on the policy object) and carry out
-the commands; they never look inside a policy, so any policy runs unchanged in both.
+the commands; they never look inside a policy, so any policy runs unchanged in both. A
+policy with ``keep_idle_resident = True`` keeps idle sessions' state on their GPU (it may
+still offload one with ``Suspend``); otherwise idle sessions are offloaded.
+
+Built-ins and plug-ins are offered the same options (:data:`OPTION_NAMES`); a factory
+receives those its signature accepts (all of them with ``**kwargs``).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Protocol, runtime_checkable
+import inspect
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
-from processors.baselines import Base, Lag, Mag
+from processors.baselines import Base, Lag, Mag, PinnedLag, PinnedMag, RoundRobin
 from processors.decisions import Decision
 from processors.detector import WorkloadSignal
 from processors.oracles import OracleAutoscale
@@ -19,7 +25,11 @@ from processors.snapshot import Snapshot
 from processors.turboserve import TurboServe
 from schemas.errors import ConfigError
 
-__all__ = ["Policy", "BUILTIN_POLICIES", "load_policy"]
+__all__ = ["Policy", "BUILTIN_POLICIES", "FIXED_POOL", "OPTION_NAMES", "load_policy", "keeps_idle_resident"]
+
+#: what every policy is offered: latency model, GPU type to scale, boot time, volatility
+#: table, autoscaler config, the stated SLO (miss rate, worst chunk s)
+OPTION_NAMES = ("model", "gpu_type", "boot_s", "table", "autoscaler", "slo")
 
 
 @runtime_checkable
@@ -44,19 +54,50 @@ def _oracle(**kw: Any) -> OracleAutoscale:
     return OracleAutoscale(**kw)
 
 
+def _turboserve_oracle(**kw: Any) -> TurboServe:
+    if "future" not in kw:
+        raise ConfigError("future", "oracle needs future active counts per window (oracles.future_active)", "oracle")
+    kw["future"] = tuple(kw["future"])
+    return TurboServe(name="oracle", **kw)
+
+
 BUILTIN_POLICIES: dict[str, Callable[..., Any]] = {
-    "base": Base,
-    "lag": Lag,
-    "mag": Mag,
+    "rr": RoundRobin,
+    "lag": PinnedLag,
+    "mag": PinnedMag,
+    "least-loaded-offload": Base,
+    "lag-offload": Lag,
+    "mag-offload": Mag,
+    "base": lambda **kw: Base(name="base", **kw),  # least-loaded-offload, the live default's old name
     "turboserve": TurboServe,
     "turboserve-no-migration": lambda **kw: TurboServe(migrate=False, name="turboserve-no-migration", **kw),
     "turboserve-no-autoscale": lambda **kw: TurboServe(autoscale=False, name="turboserve-no-autoscale", **kw),
+    "oracle": _turboserve_oracle,
     "oracle-autoscale": _oracle,
 }
+#: built-ins that run on a fixed pool (the others start elastic)
+FIXED_POOL = ("rr", "lag", "mag", "least-loaded-offload", "lag-offload", "mag-offload", "base")
 
 
-def load_policy(spec: str, **options: Any) -> Policy:
-    """Resolve a built-in name or ``module:Name`` (a class or factory is called with ``options``)."""
+def keeps_idle_resident(policy: Any) -> bool:
+    """Whether ``policy`` keeps idle sessions resident (default: offload them)."""
+    return bool(getattr(policy, "keep_idle_resident", False))
+
+
+def _accepted(factory: Any, offer: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return dict(offer)
+    names = {p.name for p in params if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)}
+    return {k: v for k, v in offer.items() if k in names}
+
+
+def load_policy(spec: str, offer: Mapping[str, Any] | None = None, **options: Any) -> Policy:
+    """Resolve a built-in name or ``module:Name`` (a class or factory is called with ``options``,
+    plus those of ``offer`` its signature accepts)."""
     if spec in BUILTIN_POLICIES:
         factory: Any = BUILTIN_POLICIES[spec]
     elif ":" in spec:
@@ -73,6 +114,8 @@ def load_policy(spec: str, **options: Any) -> Policy:
         raise ConfigError("policy", f"unknown policy (built-ins: {', '.join(BUILTIN_POLICIES)}; or module:Name)", spec)
     try:
         call = isinstance(factory, type) or (callable(factory) and not isinstance(factory, Policy))
+        if call and offer:
+            options = {**_accepted(factory, offer), **options}
         policy = factory(**options) if call else factory
     except TypeError as exc:
         raise ConfigError("policy", f"bad options ({exc})", spec) from None

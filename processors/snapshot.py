@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from processors.lifecycle import SessionState
+from processors.lifecycle import SessionEvent, SessionState
 
-__all__ = ["GpuState", "Gpu", "Session", "Snapshot"]
+__all__ = ["GpuState", "Gpu", "Session", "ChunkStats", "Snapshot"]
 
 
 class GpuState(str, Enum):
@@ -31,7 +31,9 @@ class Gpu:
 class Session:
     """One session: its state size, lifecycle state and GPU (None when not on one).
 
-    ``restore`` marks an executing session whose state must be restored when placed.
+    ``restore`` marks an executing session whose state must be restored when placed. A
+    suspended session with a ``gpu_id`` is idle but still resident there (its state holds
+    memory and a slot). ``since`` is when its lifecycle state last changed (idle age).
     """
 
     id: str
@@ -39,19 +41,44 @@ class Session:
     lifecycle: SessionState = SessionState.EXECUTION
     gpu_id: str | None = None
     restore: bool = False
+    since: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkStats:
+    """Chunks finished since the previous decision: how many, how many past their
+    deadline, and the worst per-chunk latency (measured, not predicted)."""
+
+    count: int = 0
+    missed: int = 0
+    worst_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The cluster as one decision sees it. ``now`` is passed in, never read from a clock."""
+    """The cluster as one decision sees it. ``now`` is passed in, never read from a clock.
+
+    ``events`` are the session events folded since the previous decision and ``chunks``
+    the chunk latencies measured since then (empty where the caller has none).
+    """
 
     now: float
     gpus: tuple[Gpu, ...]
     sessions: tuple[Session, ...]
+    events: tuple[SessionEvent, ...] = ()
+    chunks: ChunkStats = ChunkStats()
 
     def active_count(self) -> int:
         """Sessions in EXECUTION (placed or waiting for a GPU)."""
         return sum(1 for s in self.sessions if s.lifecycle is SessionState.EXECUTION)
+
+    def resident(self) -> dict[str, int]:
+        """Sessions whose state is on each GPU (executing or idle-resident), per GPU id."""
+        out = {g.id: 0 for g in self.gpus}
+        for s in self.sessions:
+            if s.gpu_id in out and s.lifecycle is not SessionState.TERMINATED:
+                out[s.gpu_id] += 1  # type: ignore[index]
+        return out
 
     def loads(self) -> dict[str, int]:
         """Executing sessions per GPU id (every GPU of the snapshot is a key)."""

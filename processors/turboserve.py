@@ -46,11 +46,19 @@ def apply_drains(snapshot: Snapshot, commands: tuple[Command, ...]) -> Snapshot:
     return replace(snapshot, gpus=gpus)
 
 
+def _peak(future: tuple[int, ...], window_s: float, now: float, ahead_s: float) -> int:
+    """Peak of the windows overlapping [now, now + ahead_s]."""
+    lo, hi = int(now // window_s), int((now + ahead_s) // window_s)
+    return max(future[max(0, lo): min(hi, len(future) - 1) + 1], default=0)
+
+
 @dataclass(frozen=True)
 class TurboServe:
     """Autoscale (boot first / drain first), place arrivals, evacuate drains, rebalance.
 
-    ``migrate=False`` and ``autoscale=False`` give the paper's two ablations.
+    ``migrate=False`` and ``autoscale=False`` give the paper's two ablations. ``future``
+    (peak executing sessions per ``future_window_s`` window, from the trace) makes it the
+    paper's offline oracle: the same controller told the coming windows' demand.
     """
 
     model: LatencyModel = field(default_factory=lambda: load_profiles("paper"))
@@ -59,6 +67,8 @@ class TurboServe:
     table: VolatilityTable = DEFAULT_VOLATILITY_TABLE
     migrate: bool = True
     autoscale: bool = True
+    future: tuple[int, ...] | None = None
+    future_window_s: float = 30.0
     name: str = "turboserve"
 
     def initial_state(self) -> TurboServeState:
@@ -69,7 +79,10 @@ class TurboServe:
         scale: tuple[Command, ...] = ()
         auto = state.autoscaler
         if self.autoscale:
-            scale, auto = autoscale(snapshot, level, self.model, self.autoscaler, self.table, auto)
+            known = None
+            if self.future is not None:
+                known = _peak(self.future, self.future_window_s, snapshot.now, self.autoscaler.boot_s)
+            scale, auto = autoscale(snapshot, level, self.model, self.autoscaler, self.table, auto, known)
         view = apply_drains(snapshot, scale)
         plan = plan_placement(view, self.model, self.rebalance, rebalance=self.migrate)
         tail = shutdowns(view) if self.autoscale else ()

@@ -10,6 +10,15 @@ idle->active flip needs, is left out of the per-chunk figure and reported on its
 the resume latency (activation to first chunk, everything included). Policies are only
 ever called through ``decide``; the simulator carries out their commands, like the live
 shell does.
+
+A session's state moves only at a cost: a restore (``restore_*``) whenever a session whose
+state is not fresh is put on a GPU, whatever command put it there, a migration
+(``migrate_*``) for ``Migrate``. Idle sessions are offloaded unless the policy keeps them
+resident (:func:`processors.policy.keeps_idle_resident`): then an idle session keeps its
+GPU (and the slot the policy counts) until it is active again, at no restore, or until
+the policy offloads it with ``Suspend``. The snapshot shows what a live controller sees:
+executing and idle sessions (with ``since``), the events since the previous decision and
+the chunk latencies measured since then.
 """
 
 from __future__ import annotations
@@ -26,8 +35,8 @@ from processors.decisions import Drain, Migrate, Place, Resume, ScaleOut, Shutdo
 from processors.detector import DetectorConfig, DetectorState, WorkloadSignal, observe, step
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionEvent, SessionState, on_event
-from processors.policy import Policy
-from processors.snapshot import Gpu, GpuState, Session, Snapshot
+from processors.policy import Policy, keeps_idle_resident
+from processors.snapshot import ChunkStats, Gpu, GpuState, Session, Snapshot
 from schemas.errors import ConfigError
 
 __all__ = ["SimConfig", "SimResult", "Signals", "signals_for", "simulate"]
@@ -136,6 +145,10 @@ class _Sim:
         self.gpus: dict[str, _Gpu] = {}
         self.next_gpu = 0
         self.sessions: dict[str, Session] = {}  # executing sessions, as policies see them
+        self.idle: dict[str, Session] = {}  # suspended ones (gpu_id set: still resident)
+        self.resident = keeps_idle_resident(policy)
+        self.fresh: list[SessionEvent] = []  # events since the last decision
+        self.seen = [0, 0, 0.0]  # chunks, missed, worst since the last decision
         self.where: dict[str, str] = {}  # sid -> gpu it runs on or travels to (sim's truth)
         self.req: dict[str, float] = {}  # sid -> when it needed its next chunk
         self.bytes: dict[str, int] = {}
@@ -191,16 +204,25 @@ class _Sim:
     def chunk_done(self, g: _Gpu, now: float) -> None:
         g.busy = False
         worst = 0.0
+        req, lat, deadline = self.req, self.lat, self.cfg.deadline_s + 1e-9
+        seen = self.seen
         for sid in g.batch:
-            if (sid in g.roster or sid in g.leaving) and sid in self.req:
-                x = now - self.req[sid]
+            if (sid in g.roster or sid in g.leaving) and sid in req:
+                x = now - req[sid]
                 if sid in self.waking:
                     self.waking.discard(sid)
                     self.resume_lat.append(x)
-                x -= self.transfer.pop(sid, 0.0)
-                self.lat.append(x)
-                worst = max(worst, x)
-                self.req[sid] = now
+                if self.transfer:
+                    x -= self.transfer.pop(sid, 0.0)
+                lat.append(x)
+                if x > worst:
+                    worst = x
+                seen[0] += 1
+                if x > deadline:
+                    seen[1] += 1
+                req[sid] = now
+        if worst > seen[2]:
+            seen[2] = worst
         w = self.win(now)
         self.tl["worst_latency_s"][w] = max(self.tl["worst_latency_s"][w], worst)
         g.batch = []
@@ -215,7 +237,7 @@ class _Sim:
 
     def arrive(self, sid: str, gid: str, now: float) -> None:
         g = self.gpus.get(gid)
-        if self.where.get(sid) != gid:
+        if self.where.get(sid) != gid or sid not in self.sessions:
             return  # suspended, closed or re-routed while travelling
         if g is None:  # its GPU went away: wait for a new placement
             self.orphan(sid, now)
@@ -244,7 +266,8 @@ class _Sim:
 
     # -- commands ----------------------------------------------------------------------
     def apply(self, cmd: Any, now: float) -> None:
-        s = self.sessions.get(getattr(cmd, "session_id", ""), None)
+        sid = getattr(cmd, "session_id", "")
+        s = self.sessions.get(sid, None)
         if isinstance(cmd, (Place, Resume)):
             g = self.gpus.get(cmd.gpu_id)
             if s is None or s.gpu_id is not None or g is None or g.state is not GpuState.READY:
@@ -253,11 +276,27 @@ class _Sim:
             self.sessions[s.id] = replace(s, gpu_id=g.id, restore=False)
             self.where[s.id] = g.id
             pause = 0.0
-            if isinstance(cmd, Resume):
+            if s.restore:  # its state is elsewhere: restored, whichever command placed it
                 pause = self.cfg.restore_alpha_s + self.cfg.restore_beta_s_per_byte * s.state_bytes
                 if s.id in self.waking:  # the activation's own restore (once), not a policy's
                     self.transfer.setdefault(s.id, pause)
             self.push(now + pause, _ARRIVE, (s.id, g.id))
+        elif isinstance(cmd, Migrate) and s is None and sid in self.idle:
+            i, dst = self.idle[sid], self.gpus.get(cmd.dst)
+            if i.gpu_id != cmd.src or dst is None or dst.state is not GpuState.READY or cmd.src == cmd.dst:
+                self.invalid += 1
+                return
+            self.idle[sid] = replace(i, gpu_id=dst.id)  # an idle resident state moves; nobody waits
+            self.where[sid] = dst.id
+            self.migrations += 1
+            self.tl["migrations"][self.win(now)] += 1
+        elif isinstance(cmd, Suspend):
+            i = self.idle.get(sid)
+            if i is None or i.gpu_id is None:
+                self.invalid += 1
+                return
+            self.idle[sid] = replace(i, gpu_id=None)  # offloaded: a later activation restores
+            self.where.pop(sid, None)
         elif isinstance(cmd, Migrate):
             src, dst = self.gpus.get(cmd.src), self.gpus.get(cmd.dst)
             if s is None or s.gpu_id != cmd.src or dst is None or dst.state is not GpuState.READY or cmd.src == cmd.dst:
@@ -310,6 +349,10 @@ class _Sim:
     def release(self, g: _Gpu, now: float) -> None:
         del self.gpus[g.id]
         self.bill(g, now)
+        for sid, i in list(self.idle.items()):  # idle residents lose their GPU: offloaded
+            if i.gpu_id == g.id:
+                self.idle[sid] = replace(i, gpu_id=None)
+                self.where.pop(sid, None)
         for sid in list(g.roster):  # the policy shut it down under these: restore elsewhere
             self.orphan(sid, now)
             self.req[sid] = now
@@ -318,11 +361,15 @@ class _Sim:
     # -- epochs ------------------------------------------------------------------------
     def snapshot(self, now: float) -> Snapshot:
         gpus = tuple(Gpu(g.id, g.type, g.state) for g in self.gpus.values())
-        return Snapshot(now, gpus, tuple(self.sessions.values()))
+        chunks = ChunkStats(self.seen[0], self.seen[1], self.seen[2])
+        sessions = tuple(self.sessions.values()) + tuple(self.idle.values())
+        return Snapshot(now, gpus, sessions, tuple(self.fresh), chunks)
 
     def decide(self, now: float) -> None:
         self.decide_at = None
-        d = self.policy.decide(self.snapshot(now), self.signals.at(now), self.state)
+        snap = self.snapshot(now)
+        self.fresh, self.seen = [], [0, 0, 0.0]
+        d = self.policy.decide(snap, self.signals.at(now), self.state)
         self.state = d.state
         for cmd in d.commands:
             self.apply(cmd, now)
@@ -334,8 +381,9 @@ class _Sim:
 
     def on_trace(self, ev: SessionEvent, now: float) -> None:
         sid = ev.session_id
-        old = self.sessions.get(sid)
-        if old is None and sid in self.bytes:  # suspended: rebuild its record
+        self.fresh.append(ev)
+        old = self.sessions.get(sid) or self.idle.get(sid)
+        if old is None and sid in self.bytes:  # closed and seen again: rebuild its record
             old = Session(sid, self.bytes[sid], SessionState.SUSPENDED)
         new, cmds = on_event(old, ev)
         self.bytes[sid] = new.state_bytes
@@ -344,11 +392,35 @@ class _Sim:
                 self.req[sid] = now
                 if old is not None:
                     self.waking.add(sid)
-            self.sessions[sid] = new if old is None or old.lifecycle is not _EXEC else old
+                home = self.gpus.get(old.gpu_id) if old is not None and old.gpu_id is not None else None
+                if home is not None and self.where.get(sid) == home.id:  # resident: runs where it is
+                    new = replace(new, gpu_id=home.id, restore=False)
+                    home.roster.add(sid)
+                    if not home.busy:
+                        self.push(now, _START, home.id)
+                self.idle.pop(sid, None)
+                self.sessions[sid] = replace(new, since=now)
         else:
+            was_exec = old is not None and old.lifecycle is _EXEC
             self.sessions.pop(sid, None)
-            if any(isinstance(c, (Suspend, Terminate)) for c in cmds) or (old is not None and old.lifecycle is _EXEC):
-                self.leave(sid, now)
+            keep = self.resident and was_exec and new.lifecycle is SessionState.SUSPENDED and self.where.get(sid) in self.gpus
+            if keep:  # stays resident: off the GPU's batches, state and slot kept
+                g = self.gpus[self.where[sid]]
+                g.roster.discard(sid)
+                g.leaving.pop(sid, None)
+                self.req.pop(sid, None)
+                self.transfer.pop(sid, None)
+                self.waking.discard(sid)
+                self.idle[sid] = Session(sid, new.state_bytes, SessionState.SUSPENDED, g.id, since=now)
+            else:
+                if any(isinstance(c, (Suspend, Terminate)) for c in cmds) or was_exec:
+                    self.leave(sid, now)
+                self.where.pop(sid, None)
+                if new.lifecycle is SessionState.SUSPENDED:
+                    if was_exec:
+                        self.idle[sid] = Session(sid, new.state_bytes, SessionState.SUSPENDED, None, since=now)
+                else:
+                    self.idle.pop(sid, None)
             if new.lifecycle is SessionState.TERMINATED:
                 self.bytes.pop(sid, None)
         self.schedule_decide(now)

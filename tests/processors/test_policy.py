@@ -62,8 +62,8 @@ def _simulate(policy, events):
 @pytest.mark.parametrize("name", sorted(BUILTIN_POLICIES))
 def test_every_builtin_runs_the_same_loop(name):
     events = _trace()
-    options = {"future": future_active(events, 30.0)} if name == "oracle-autoscale" else {}
-    if name.startswith("turboserve") or name == "oracle-autoscale":
+    options = {"future": future_active(events, 30.0)} if name.startswith("oracle") else {}
+    if name.startswith(("turboserve", "oracle")):
         from processors.autoscaler import AutoscalerConfig
 
         options["autoscaler"] = AutoscalerConfig(gpu_type="h20", dwell_s=2.0)

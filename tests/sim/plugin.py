@@ -65,3 +65,40 @@ class BootAt:
         if ready:
             cmds += [Place(s.id, ready[0]) for s in snapshot.sessions if s.gpu_id is None]
         return Decision(tuple(cmds), booted)
+
+
+@dataclass(frozen=True)
+class PlaceAlways:
+    """Puts every waiting session on the first ready GPU with ``Place``, resumed ones too."""
+
+    name: str = "place-always"
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):
+        ready = sorted(g.id for g in snapshot.gpus if g.state is GpuState.READY)
+        waiting = [s for s in snapshot.sessions if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION]
+        return Decision(tuple(Place(s.id, ready[0]) for s in waiting) if ready else (), None)
+
+
+@dataclass(frozen=True)
+class Optioned:
+    """Takes the options every policy is offered; boots one GPU of ``gpu_type`` and packs onto it."""
+
+    model: object = None
+    gpu_type: str = "b300"
+    boot_s: float = 0.0
+    table: object = None
+    slo: object = None
+    name: str = "optioned"
+
+    def initial_state(self) -> bool:
+        return False
+
+    def decide(self, snapshot, signal, booted):
+        cmds = [] if booted or snapshot.gpus else [ScaleOut(1, self.gpu_type)]
+        ready = sorted(g.id for g in snapshot.gpus if g.state is GpuState.READY)
+        if ready:
+            cmds += [Place(s.id, ready[0]) for s in snapshot.sessions if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION]
+        return Decision(tuple(cmds), True)

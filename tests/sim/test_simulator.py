@@ -25,7 +25,7 @@ def _ev(*rows):
 
 def test_one_gpu_two_sessions():
     ev = _ev((0, "a", O, 0), (0, "b", O, 0), (10, "a", C, 0), (10, "b", C, 0))
-    r = simulate(load_policy("base", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, epoch_s=0))
+    r = simulate(load_policy("least-loaded-offload", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, epoch_s=0))
     assert r.worst_chunk_latency_s == pytest.approx(0.32)
     assert r.chunks == 2 * 31 and r.deadline_miss_rate == 0
     assert r.gpu_seconds == pytest.approx(10) and r.cost == pytest.approx(10 * 6.5 / 3600)
@@ -88,10 +88,24 @@ def test_cli_is_deterministic_and_reports(tmp_path):
         doc.pop("wall_s")
         outs.append(doc)
     assert outs[0] == outs[1]
-    assert set(outs[0]["policies"]) == {"base", "lag", "mag", "turboserve", "turboserve-no-migration", "turboserve-no-autoscale", "oracle-autoscale"}
-    assert set(outs[0]["matched_cost"]["worst_latency_reduction_pct"]) == {"base", "lag", "mag"}
-    assert "oracle_gap_pct" in outs[0] and (tmp_path / "p.png").stat().st_size > 0
-    assert set(outs[0]["oracle"]) == {"u_target", "matched"}
+    doc = outs[0]
+    assert set(doc["policies"]) == {"rr", "lag", "mag", "least-loaded-offload", "lag-offload", "mag-offload", "turboserve",
+                                    "turboserve-no-migration", "turboserve-no-autoscale", "oracle", "oracle-autoscale", "telefuser"}
+    assert set(doc["matched_cost"]["worst_latency_reduction_pct"]) == {"rr", "lag", "mag", "least-loaded-offload", "lag-offload", "mag-offload"}
+    assert "oracle_gap_pct" in doc and (tmp_path / "p.png").stat().st_size > 0
+    assert set(doc["oracle"]) == {"u_target", "matched"}
+    paper = doc["paper"]
+    assert set(paper["matched_cost"]["worst_latency_reduction_pct"]) == set(paper["matched_latency"]["cost_reduction_pct"]) == {"rr", "lag", "mag"}
+    oracle = doc["policies"]["oracle"]["cost"]
+    assert paper["oracle_gap_pct"] == pytest.approx(100 * (doc["policies"]["turboserve"]["cost"] - oracle) / oracle)
+    slo = doc["slo"]
+    assert slo["miss_rate"] == 0.001 and slo["worst_s"] == 3.0 and slo["oracle_cost"] == oracle
+    for name, m in doc["policies"].items():
+        if name in slo["met"] and name not in slo["pool_size"]:  # elastic: judged on its own run
+            assert slo["met"][name] == (m["deadline_miss_rate"] <= 0.001 and m["worst_chunk_latency_s"] <= 3.0)
+            assert slo["cost"][name] == m["cost"]
+    if slo["fixed_pool_policy"] is not None:
+        assert slo["fixed_pool_cost"] == min(c for n, c in slo["cost"].items() if n in slo["pool_size"] and slo["met"][n] and n != "turboserve-no-autoscale")
 
 
 def test_cli_user_errors_are_one_line(tmp_path):
@@ -110,7 +124,7 @@ def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
     trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n8,a,close,\n")
     res = CliRunner().invoke(app, ["simulate", str(trace), "-p", "tests.sim.plugin:PackThenMigrate", "--pool", "2", "--json", str(tmp_path / "o.json")])
     assert res.exit_code == 0, res.output
-    assert json.loads((tmp_path / "o.json").read_text())["policies"]["tests.sim.plugin:PackThenMigrate"]["migrations"] == 1
+    assert json.loads((tmp_path / "o.json").read_text())["policies"]["pack-then-migrate"]["migrations"] == 1  # keyed by name
 
 
 def test_cli_burst_memory_zero_turns_the_reserve_off(tmp_path):

@@ -1,0 +1,146 @@
+"""Peer schedulers ported as plug-in policies, compared through the same simulator.
+
+``TeleFuser``: the closed-loop cluster scheduler of TeleFuser's TurboServe port (its
+``TurboServeClusterScheduler``), in this project's terms. Worker budget
+max(ceil(A / K), ceil(A / (u K))) at target utilization u = 0.75 (A executing sessions);
+scale out at once; scale in only after the same smaller budget has held for 5 s; waiting
+sessions and those on drained GPUs go to the least-loaded GPU with room; then at most 3
+rebalance moves per decision off the bottleneck GPU, each gaining more than 40 ms after a
+0.01-weighted transfer cost. Idle sessions are offloaded; no volatility table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from processors.autoscaler import shutdowns
+from processors.decisions import Command, Decision, Drain, Migrate, Place, Resume, ScaleOut
+from processors.detector import WorkloadSignal
+from processors.latency import LatencyModel, load_profiles
+from processors.lifecycle import SessionState
+from processors.snapshot import GpuState, Snapshot
+from processors.turboserve import apply_drains
+
+__all__ = ["TeleFuser", "TeleFuserState"]
+
+
+@dataclass(frozen=True, slots=True)
+class TeleFuserState:
+    """The smaller budget waiting out its hold, and since when it is due (None: none)."""
+
+    scale_in_to: int | None = None
+    due_at: float | None = None
+
+
+@dataclass(frozen=True)
+class TeleFuser:
+    """TeleFuser's 0.75-target scheduler (see the module docstring)."""
+
+    model: LatencyModel = field(default_factory=lambda: load_profiles("paper"))
+    gpu_type: str = "b300"
+    target_utilization: float = 0.75
+    scale_in_hold_s: float = 5.0
+    max_moves: int = 3
+    eta: float = 0.01
+    min_gain_s: float = 0.040
+    alpha_s: float = 0.02
+    beta_s_per_byte: float = 1.0 / 25e9
+    min_gpus: int = 1
+    max_gpus: int = 1024
+    name: str = "telefuser"
+
+    def initial_state(self) -> TeleFuserState:
+        return TeleFuserState()
+
+    def budget(self, active: int) -> int:
+        k = self.model[self.gpu_type].capacity
+        if active <= 0:
+            return self.min_gpus
+        need = max(math.ceil(active / k), math.ceil(active / (k * self.target_utilization) - 1e-9))
+        return min(self.max_gpus, max(self.min_gpus, need))
+
+    def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: TeleFuserState) -> Decision:
+        pool = [g for g in snapshot.gpus if g.state is not GpuState.DRAINING]
+        target = self.budget(snapshot.active_count())
+        scale: tuple[Command, ...] = ()
+        if target > len(pool):
+            scale, state = (ScaleOut(target - len(pool), self.gpu_type),), TeleFuserState()
+        elif target < len(pool):
+            if state.scale_in_to != target or state.due_at is None:
+                state = TeleFuserState(target, snapshot.now + self.scale_in_hold_s)
+            if snapshot.now >= state.due_at:  # type: ignore[operator]
+                loads = snapshot.resident()
+                cut = sorted(pool, key=lambda g: (g.state is GpuState.READY, loads[g.id], g.id))[: len(pool) - target]
+                scale, state = tuple(Drain(g.id) for g in cut), TeleFuserState()
+        else:
+            state = TeleFuserState()
+        view = apply_drains(snapshot, scale)
+        moves = self._place(view)
+        return Decision(scale + moves + shutdowns(_after(view, moves)), state)
+
+    def _place(self, view: Snapshot) -> tuple[Command, ...]:
+        """Waiting and drained-GPU sessions to the least-loaded GPU with room, then rebalance."""
+        ready = {g.id: self.model[g.type] for g in view.gpus if g.state is GpuState.READY}
+        draining = {g.id for g in view.gpus if g.state is GpuState.DRAINING}
+        on: dict[str, list] = {g: [] for g in ready}
+        out: list[Command] = []
+        homeless = []
+        for s in view.sessions:
+            if s.lifecycle is not SessionState.EXECUTION:
+                continue
+            if s.gpu_id in on:
+                on[s.gpu_id].append(s)
+            elif s.gpu_id is None or s.gpu_id in draining:
+                homeless.append(s)
+        for s in sorted(homeless, key=lambda s: s.id):
+            room = [g for g in on if len(on[g]) < ready[g].capacity]
+            if not room:
+                break
+            g = min(room, key=lambda g: (len(on[g]), g))
+            on[g].append(s)
+            if s.gpu_id is None:
+                out.append(Resume(s.id, g) if s.restore else Place(s.id, g))
+            else:
+                out.append(Migrate(s.id, s.gpu_id, g, 0.0, self._kappa(s.state_bytes), "drain"))
+        for _ in range(self.max_moves):
+            move = self._best_move(on, ready)
+            if move is None:
+                break
+            s, src, dst, gain = move
+            on[src].remove(s)
+            on[dst].append(s)
+            out.append(Migrate(s.id, src, dst, gain, self._kappa(s.state_bytes)))
+        return tuple(out)
+
+    def _kappa(self, state_bytes: int) -> float:
+        return self.alpha_s + self.beta_s_per_byte * state_bytes
+
+    def _best_move(self, on: dict[str, list], ready: dict) -> tuple | None:
+        if len(on) < 2:
+            return None
+        lat = {g: ready[g].latency(len(ss)) for g, ss in on.items()}
+        src = max(on, key=lambda g: (lat[g], len(on[g]), g))
+        if not on[src]:
+            return None
+        before = lat[src]
+        rest = max((v for g, v in lat.items() if g != src), default=0.0)
+        best = None
+        for dst, ss in on.items():
+            if dst == src or len(ss) >= ready[dst].capacity:
+                continue
+            after = max(rest, ready[src].latency(len(on[src]) - 1), ready[dst].latency(len(ss) + 1))
+            for s in on[src]:
+                gain = before - after - self.eta * self._kappa(s.state_bytes)
+                if gain > self.min_gain_s and (best is None or (gain, -s.state_bytes) > (best[3], -best[0].state_bytes)):
+                    best = (s, src, dst, gain)
+        return best
+
+
+def _after(view: Snapshot, moves: tuple[Command, ...]) -> Snapshot:
+    """The view with sessions migrated off drained GPUs counted where they go."""
+    gone = {c.session_id: c.dst for c in moves if isinstance(c, Migrate)}
+    if not gone:
+        return view
+    sessions = tuple(replace(s, gpu_id=gone[s.id]) if s.id in gone else s for s in view.sessions)
+    return replace(view, sessions=sessions)

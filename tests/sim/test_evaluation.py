@@ -1,0 +1,118 @@
+"""The paper's evaluation: pinned baselines, restores on any state move, plug-ins as subjects, the SLO."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from infra.sim.report import Runner, compare
+from infra.sim.simulator import SimConfig, simulate
+from infra.sim.trace import Trace
+from infra.sim.tracegen import GenConfig, generate
+from processors.autoscaler import Slo, load_volatility_table
+from processors.latency import GpuProfile, LatencyModel, load_profiles
+from processors.lifecycle import EventKind, SessionEvent
+from processors.policy import load_policy
+from tests.sim.test_simulator import _app
+
+MODEL = load_profiles("paper")
+ONE = LatencyModel({"b300": GpuProfile("b300", 1, 6.5, ((1, 0.5),), 1 << 40)}, "one-slot")
+O, A, I, C = EventKind.OPEN, EventKind.ACTIVE, EventKind.IDLE, EventKind.CLOSE
+
+
+def _ev(*rows):
+    return [SessionEvent(t, s, k, b) for t, s, k, b in rows]
+
+
+@pytest.mark.parametrize("name", ["rr", "lag", "mag"])
+def test_paper_baselines_pin_sessions_and_idle_state_holds_its_slot(name):
+    ev = _ev((0, "a", O, 10**9), (5, "a", I, 0), (6, "b", O, 10**9), (9, "a", A, 0), (20, "a", C, 0), (30, "b", C, 0))
+    cfg = SimConfig(initial_gpus=1, epoch_s=0)
+    pinned = simulate(load_policy(name, model=ONE), ev, ONE, cfg)
+    assert pinned.migrations == 0 and pinned.invalid_commands == 0
+    # a stays resident while idle (no offload), resumes where it was at no restore, and its
+    # slot keeps b waiting until a closes at 20; b then waits for the chunk a left running
+    # (to 20.5) and runs its own: done at 21.0, needed at 6
+    assert pinned.worst_resume_latency_s == pytest.approx(0.5)
+    assert pinned.worst_chunk_latency_s == pytest.approx(15.0)
+    offload = simulate(load_policy("least-loaded-offload", model=ONE), ev, ONE, cfg)
+    assert offload.worst_chunk_latency_s < 14.5  # offloading frees a's slot for b at once
+
+
+def test_paper_baselines_place_by_their_rule():
+    from processors.snapshot import Gpu, Session, Snapshot
+    from processors.lifecycle import SessionState
+
+    gpus = (Gpu("g0", "b300"), Gpu("g1", "b300"), Gpu("g2", "b300"))
+    sessions = (Session("x", 50 * 10**9, SessionState.SUSPENDED, "g0"),  # idle, resident: memory, no compute
+                Session("y", 10**9, SessionState.EXECUTION, "g1"), Session("z", 10**9, SessionState.EXECUTION, "g1"),
+                Session("w", 10**9, SessionState.EXECUTION, "g2"), Session("new", 10**9))
+    snap = Snapshot(0.0, gpus, sessions)
+    picks = {n: load_policy(n, model=MODEL).decide(snap, None, 1).commands[0].gpu_id for n in ("rr", "lag", "mag")}
+    assert picks == {"rr": "g1", "lag": "g0", "mag": "g2"}  # next after the cursor / least compute / least memory
+
+
+def test_restore_is_charged_whatever_command_places_a_resumed_session():
+    ev = _ev((0, "a", O, 10**9), (5, "a", I, 0), (10, "a", A, 0), (20, "a", C, 0))
+    cfg = SimConfig(initial_gpus=1, epoch_s=0)
+    restore = 0.05 + 1e9 / 12e9
+    for spec in ("tests.sim.plugin:PlaceAlways", "least-loaded-offload"):
+        r = simulate(load_policy(spec), ev, MODEL, cfg)
+        assert r.worst_resume_latency_s == pytest.approx(restore + 0.30), spec
+
+
+def test_snapshot_shows_idle_sessions_events_and_measured_chunks():
+    seen = []
+
+    class Spy:
+        name = "spy"
+
+        def initial_state(self):
+            return None
+
+        def decide(self, snapshot, signal, state):
+            seen.append(snapshot)
+            return load_policy("least-loaded-offload", model=MODEL).decide(snapshot, signal, 0)
+
+    ev = _ev((0, "a", O, 0), (0, "b", O, 0), (3, "a", I, 0), (12, "b", C, 0), (12, "a", C, 0))
+    simulate(Spy(), ev, MODEL, SimConfig(initial_gpus=1, epoch_s=0, tick_s=5.0))
+    at5 = next(s for s in seen if s.now == 5.0)
+    idle = [s for s in at5.sessions if s.id == "a"]
+    assert idle and idle[0].gpu_id is None and at5.now - idle[0].since == pytest.approx(2.0)  # offloaded, idle 2 s
+    at3 = next(s for s in seen if s.now == 3.0)
+    assert [e.kind for e in at3.events] == [I] and at3.chunks.count > 0 and at3.chunks.worst_s > 0
+
+
+def test_plugin_gets_the_options_and_can_be_the_subject(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
+    out = tmp_path / "o.json"
+    args = ["simulate", str(trace), "-p", "rr", "-p", "tests.sim.plugin:Optioned", "--subject", "optioned", "--gpu-type", "h20", "--json", str(out)]
+    res = CliRunner().invoke(_app(), args)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["subject"] == "optioned" and set(doc["paper"]["matched_cost"]["worst_latency_reduction_pct"]) == {"rr"}
+    m = doc["policies"]["optioned"]
+    assert m["cost"] == pytest.approx(m["gpu_seconds"] * 1.60 / 3600)  # it booted the h20 it was offered
+    assert m["worst_chunk_latency_s"] < 1.0  # started elastic: its first scale-out is ready at once
+    pol = load_policy("tests.sim.plugin:Optioned", offer={"model": MODEL, "gpu_type": "h20", "boot_s": 30.0, "slo": Slo(0.01, 2.0),
+                                                          "table": load_volatility_table(), "other": 1})
+    assert (pol.gpu_type, pol.boot_s, pol.slo) == ("h20", 30.0, Slo(0.01, 2.0)) and pol.model is MODEL
+
+
+def test_slo_fixed_pool_is_the_cheapest_that_meets_it():
+    events = tuple(generate(GenConfig(level=5, duration_s=300.0, sessions=250, seed=3)))
+    runner = Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True))
+    slo = Slo(0.001, 3.0)
+    doc = compare(runner, ["rr", "least-loaded-offload", "turboserve"], "turboserve", slo)["slo"]
+    assert set(doc["met"]) == {"rr", "least-loaded-offload", "turboserve"}
+    best = doc["fixed_pool_policy"]
+    assert best in ("rr", "least-loaded-offload")
+    pool = doc["pool_size"][best]
+    assert doc["fixed_pool_cost"] == pytest.approx(runner.run(best, pool).cost)
+    if pool > 1:
+        fewer = runner.run(best, pool - 1)
+        assert not slo.met(fewer.deadline_miss_rate, fewer.worst_chunk_latency_s)
+    assert all(doc["fixed_pool_cost"] <= doc["cost"][n] for n in doc["pool_size"] if doc["met"][n])
