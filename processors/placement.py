@@ -17,7 +17,6 @@ search then runs on what it leaves.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, replace
 from itertools import repeat
@@ -29,13 +28,12 @@ from processors._levels import search
 from processors.decisions import Command, Migrate, Place, Resume
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionState
-from processors.snapshot import GpuState, Session, Snapshot
+from processors.snapshot import GpuState, Snapshot
 from schemas.errors import ConfigError
 
 __all__ = ["RebalanceConfig", "PlacementPlan", "plan_placement", "worst_latency"]
 
 _EXEC = SessionState.EXECUTION
-_FRESH = -1  # cost key of a session placed in this epoch: moving it is free
 _GPU_ID = attrgetter("gpu_id")
 _BYTES = attrgetter("state_bytes")
 
@@ -47,8 +45,9 @@ class RebalanceConfig:
     ``drain_max_kappa_s`` bounds which sessions a draining GPU sheds by migration: a larger
     one would stall its next chunk longer than that, so it stays until it goes idle or
     closes (the GPU shuts down a little later instead). ``max_transient_s`` bounds any move
-    by the moved session's next chunk at worst (:meth:`transient`): a move that would make
-    that chunk slower than this is not made.
+    by the moved session's next chunk at worst (:meth:`transient`) at the position it lands
+    on (a GPU's moves land largest kappa first, ahead of its new sessions): a move that
+    would make that chunk slower than this is not made.
     """
 
     eta: float = 0.1
@@ -84,145 +83,6 @@ class PlacementPlan:
     loads: dict[str, int]
 
 
-class _Pool:
-    """Mutable working copy of the placement, private to one call."""
-
-    def __init__(self, snapshot: Snapshot, model: LatencyModel, cfg: RebalanceConfig) -> None:
-        gpus = sorted(snapshot.gpus, key=lambda g: g.id)
-        self.cfg = cfg
-        self.ids = [g.id for g in gpus]
-        types = sorted({g.type for g in gpus})
-        tindex = {t: k for k, t in enumerate(types)}
-        self.profiles = [model[t] for t in types]
-        self.curves = [p.curve for p in self.profiles]
-        self.tidx = [tindex[g.type] for g in gpus]
-        self.cap = [self.profiles[k].capacity for k in self.tidx]
-        self.usable = [g.state is GpuState.READY for g in gpus]
-        self.draining = [i for i, g in enumerate(gpus) if g.state is GpuState.DRAINING]
-        m = len(gpus)
-        raw: list[list[Session]] = [[] for _ in range(m)]
-        by_id = dict(zip(self.ids, raw))
-        self.bytes: dict[str, int] = {}
-        self.pending: list[tuple[str, bool]] = []
-        for s in snapshot.sessions:  # the hot loop of large pools: keep it lean
-            if s.lifecycle is _EXEC:
-                lst = by_id.get(s.gpu_id)
-                if lst is not None:
-                    lst.append(s)
-                else:  # waiting for a GPU, or its GPU is gone: restore elsewhere
-                    self.pending.append((s.id, s.restore or s.gpu_id is not None))
-        self.raw = raw
-        self.members: list[list[tuple[int, str]] | None] = [None] * m  # heaps, built on first use
-        self.n = [len(x) for x in raw]
-        self.loc: dict[str, int] = {}
-        self.home: dict[str, int] = {}
-        self.fresh: dict[str, bool] = {}
-        self.heap = [(-self.lat(i), i) for i in range(m)]
-        heapq.heapify(self.heap)
-        self.free: list[list[tuple[int, int]]] = [[] for _ in types]
-        for i in range(m):
-            if self.usable[i] and self.n[i] < self.cap[i]:
-                self.free[self.tidx[i]].append((self.n[i], i))
-        for h in self.free:
-            heapq.heapify(h)
-
-    def lat(self, i: int, extra: int = 0) -> float:
-        c, n = self.curves[self.tidx[i]], self.n[i] + extra
-        return c[n] if n < len(c) else self.profiles[self.tidx[i]].latency(n)
-
-    def set_n(self, i: int, n: int) -> None:
-        self.n[i] = n
-        heapq.heappush(self.heap, (-self.lat(i), i))
-        if self.usable[i] and n < self.cap[i]:
-            heapq.heappush(self.free[self.tidx[i]], (n, i))
-
-    def top(self) -> tuple[float, int]:
-        h = self.heap
-        while -h[0][0] != self.lat(h[0][1]):
-            heapq.heappop(h)
-        return -h[0][0], h[0][1]
-
-    def best_target(self, exclude: set[int]) -> int | None:
-        best: tuple[float, int] | None = None
-        for h in self.free:
-            aside = []
-            while h:
-                n, i = h[0]
-                if n != self.n[i] or n >= self.cap[i]:
-                    heapq.heappop(h)
-                elif i in exclude:
-                    aside.append(heapq.heappop(h))
-                else:
-                    cand = (self.lat(i, 1), i)
-                    if best is None or cand < best:
-                        best = cand
-                    break
-            for e in aside:
-                heapq.heappush(h, e)
-        return None if best is None else best[1]
-
-    def heap_of(self, i: int) -> list[tuple[int, str]]:
-        h = self.members[i]
-        if h is None:
-            h = self.members[i] = [(s.state_bytes, s.id) for s in self.raw[i]]
-            heapq.heapify(h)
-        return h
-
-    def pop_cheapest(self, i: int) -> tuple[int, str] | None:
-        h = self.heap_of(i)
-        loc = self.loc
-        while h:
-            key, sid = heapq.heappop(h)
-            if loc.get(sid, i) == i:
-                return key, sid
-        return None
-
-    def push(self, i: int, entry: tuple[int, str]) -> None:
-        heapq.heappush(self.heap_of(i), entry)
-
-    def kappa(self, key: int) -> float:
-        return 0.0 if key == _FRESH else self.cfg.kappa(key)
-
-    def too_slow(self, key: int, dst: int) -> bool:
-        """Whether moving a session (cost key ``key``) to ``dst`` breaks max_transient_s."""
-        if key == _FRESH or self.cfg.max_transient_s == math.inf:
-            return False  # placed this epoch: it has not started anywhere yet
-        return self.cfg.transient(self.cfg.kappa(key), self.lat(dst), self.lat(dst, 1)) > self.cfg.max_transient_s
-
-    def move(self, entry: tuple[int, str], src: int, dst: int) -> None:
-        sid = entry[1]
-        if entry[0] != _FRESH:
-            self.home.setdefault(sid, src)
-            self.bytes[sid] = entry[0]
-        self.loc[sid] = dst
-        self.push(dst, entry)
-        self.set_n(src, self.n[src] - 1)
-        self.set_n(dst, self.n[dst] + 1)
-
-
-def _evacuate(pool: _Pool, order: list[str], gamma: dict[str, tuple[float, str]]) -> None:
-    """Move draining GPUs' sessions off, cheapest first, keeping room for the waiting ones."""
-    eta, cap = pool.cfg.eta, pool.cfg.drain_max_kappa_s
-    room = sum(max(0, c - n) for c, n, u in zip(pool.cap, pool.n, pool.usable) if u) - len(pool.pending)
-    for src in pool.draining:
-        while pool.n[src] > 0 and room > 0:
-            entry = pool.pop_cheapest(src)
-            if entry is not None and pool.kappa(entry[0]) > cap:
-                pool.push(src, entry)  # the rest are dearer still: they leave when idle
-                break
-            dst = pool.best_target(set()) if entry is not None else None
-            if entry is None or dst is None or pool.too_slow(entry[0], dst):
-                if entry is not None:
-                    pool.push(src, entry)  # the best target now: none better for the rest
-                return
-            before = pool.top()[0]
-            room -= 1
-            pool.move(entry, src, dst)
-            if entry[1] not in gamma and entry[1] not in pool.fresh:
-                order.append(entry[1])
-            gamma[entry[1]] = (before - pool.top()[0] - eta * pool.kappa(entry[0]), "drain")
-
-
 class _Parsed:
     """The snapshot as arrays: GPUs by id, placed sessions cheapest first per GPU."""
 
@@ -235,6 +95,7 @@ class _Parsed:
         self.caps = [p.capacity for p in self.profiles]
         self.tidx = np.array([tindex[g.type] for g in gpus], dtype=np.int64)
         self.usable = np.array([g.state is GpuState.READY for g in gpus], dtype=bool)
+        self.draining = np.array([g.state is GpuState.DRAINING for g in gpus], dtype=bool)
         index = {g.id: i for i, g in enumerate(gpus)}
         execs = [s for s in snapshot.sessions if s.lifecycle is _EXEC]  # the hot loops of large pools
         where = np.fromiter(map(index.get, map(_GPU_ID, execs), repeat(-1)), np.int64, len(execs))
@@ -315,19 +176,39 @@ def _commands(pz: _Parsed, moves: list[tuple[int, int, int]], arrivals: list[int
     return cmds, unplaced
 
 
-def _drain(snapshot: Snapshot, model: LatencyModel, cfg: RebalanceConfig) -> tuple[Snapshot, dict[str, tuple[str, float]]]:
-    """The snapshot after the greedy evacuation of draining GPUs, and the sessions it moved
-    (id -> (draining GPU, gain))."""
-    pool = _Pool(snapshot, model, cfg)
-    order: list[str] = []
-    gamma: dict[str, tuple[float, str]] = {}
-    _evacuate(pool, order, gamma)
-    if not order:
-        return snapshot, {}
-    ids = pool.ids
-    where = {sid: ids[pool.loc[sid]] for sid in order}
-    sessions = tuple(replace(s, gpu_id=where[s.id]) if s.id in where else s for s in snapshot.sessions)
-    return replace(snapshot, sessions=sessions), {sid: (ids[pool.home[sid]], gamma[sid][0]) for sid in order}
+def _drain(snapshot: Snapshot, pz: _Parsed, cfg: RebalanceConfig) -> tuple[Snapshot, dict[str, tuple[str, float]]]:
+    """Evacuate draining GPUs greedily: cheapest session first, to the GPU with the least
+    l(n + 1), while kappa <= drain_max_kappa_s, the move keeps the transient limit and room
+    stays for the waiting sessions. Returns the snapshot after it and the moved sessions
+    (id -> (draining GPU, the move's gain L - L' - eta * kappa))."""
+    n = pz.have.copy()
+    caps = np.asarray(pz.caps)[pz.tidx]
+    room = int(np.maximum(0, caps - n)[pz.usable].sum()) - len(pz.pending)
+    moved: dict[str, tuple[str, float]] = {}
+    where: dict[str, str] = {}
+    for src in np.nonzero(pz.draining & (pz.have > 0))[0].tolist():
+        for k in range(int(pz.start[src]), int(pz.start[src + 1])):
+            kappa = float(pz.kappa[k])
+            if kappa > cfg.drain_max_kappa_s or room <= 0:
+                break  # the rest are dearer still: they leave when idle
+            after = np.where(pz.usable & (n < caps), pz.lat[pz.tidx, np.minimum(n + 1, pz.lat.shape[1] - 1)], np.inf)
+            dst = int(np.argmin(after))
+            if after[dst] == np.inf or cfg.transient(kappa, float(pz.lat[pz.tidx[dst], n[dst]]), float(after[dst])) > cfg.max_transient_s:
+                return _moved(snapshot, where), moved  # the best target now: none better for the rest
+            before = float(pz.lat[pz.tidx, n].max())
+            n[src] -= 1
+            n[dst] += 1
+            room -= 1
+            s = pz.execs[int(pz.order[k])]
+            where[s.id] = pz.ids[dst]
+            moved[s.id] = (pz.ids[src], before - float(pz.lat[pz.tidx, n].max()) - cfg.eta * kappa)
+    return _moved(snapshot, where), moved
+
+
+def _moved(snapshot: Snapshot, where: dict[str, str]) -> Snapshot:
+    if not where:
+        return snapshot
+    return replace(snapshot, sessions=tuple(replace(s, gpu_id=where[s.id]) if s.id in where else s for s in snapshot.sessions))
 
 
 def plan_placement(
@@ -346,8 +227,8 @@ def plan_placement(
     drained: dict[str, tuple[str, float]] = {}
     pz = _Parsed(snapshot, model, config)
     worst_before = float(pz.lat[pz.tidx, pz.have].max()) if pz.ids else 0.0
-    if rebalance and any(g.state is GpuState.DRAINING for g in snapshot.gpus):
-        view, drained = _drain(snapshot, model, config)
+    if rebalance and pz.draining.any():
+        view, drained = _drain(snapshot, pz, config)
         if drained:
             pz = _Parsed(view, model, config)
     m = len(pz.ids)

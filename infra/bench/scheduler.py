@@ -2,7 +2,7 @@
 
 ``run(gpus)`` times one full placement epoch (place the epoch's arrivals, rebalance) on
 pools of each size with 16 sessions per GPU on average and skewed loads, under the shipped
-rebalance settings and without budget or transient limit. It compares the placement
+rebalance settings and with every move free (eta 0, no budget or transient limit). It compares the placement
 objective (L + eta * migration seconds) with the exhaustive oracle's on small random
 instances drawn per latency-curve family, under three rebalance settings.
 """
@@ -32,6 +32,13 @@ SETTINGS: dict[str, RebalanceConfig] = {
     "eta0.1-limit1.4-2moves": RebalanceConfig(eta=0.1, max_moves=2, max_transient_s=1.4),
 }
 
+# timed on pools of paper b300 GPUs (and a b300/h20 mix under the shipped settings); eta 0
+# makes every move free, the most migrations an epoch can make
+TIMED: dict[str, RebalanceConfig] = {
+    "shipped": TURBOSERVE_REBALANCE,
+    "eta0-unlimited": RebalanceConfig(eta=0.0, max_moves=1 << 30),
+}
+
 NOT_COVERED = (
     "draining GPUs (their evacuation is a forced greedy step ahead of the search, outside the "
     "objective); pools larger than 4 GPUs or 10 sessions per GPU in the gap families; latency "
@@ -41,14 +48,16 @@ NOT_COVERED = (
 )
 
 
-def loaded_snapshot(m: int, rng: random.Random, model: LatencyModel, gpu_type: str = "b300", mean: float = 16.0) -> Snapshot:
-    """A pool of ``m`` GPUs holding ``mean`` sessions each on average, skewed (gamma weights,
-    shape 2, so a long tail of hot GPUs), plus about m/8 arrivals waiting for a GPU."""
-    cap = model[gpu_type].capacity
-    gpus = tuple(Gpu(f"gpu-{i:05d}", gpu_type) for i in range(m))
+def loaded_snapshot(m: int, rng: random.Random, model: LatencyModel, gpu_type: str = "b300", mean: float = 16.0,
+                    types: tuple[str, ...] = ()) -> Snapshot:
+    """A pool of ``m`` GPUs (``gpu_type``, or ``types`` in turn) holding ``mean`` sessions each
+    on average, skewed (gamma weights, shape 2, so a long tail of hot GPUs), plus about m/8
+    arrivals waiting for a GPU."""
+    kinds = types or (gpu_type,)
+    gpus = tuple(Gpu(f"gpu-{i:05d}", kinds[i % len(kinds)]) for i in range(m))
     sessions: list[Session] = []
     for g in gpus:
-        n = min(cap, int(round(rng.gammavariate(2.0, mean / 2.0))))
+        n = min(model[g.type].capacity, int(round(rng.gammavariate(2.0, mean / 2.0))))
         sessions.extend(Session(f"s{len(sessions)}", rng.randint(50, 2000) * _MB, gpu_id=g.id) for _ in range(n))
     sessions.extend(Session(f"s{len(sessions)}", rng.randint(50, 2000) * _MB) for _ in range(max(1, m // 8)))
     return Snapshot(0.0, gpus, tuple(sessions))
@@ -111,12 +120,12 @@ def small_instance(rng: random.Random, family: str = "paper") -> tuple[Snapshot,
     return Snapshot(0.0, gpus, tuple(sessions)), model
 
 
-def _epochs(sizes: list[int], rng: random.Random, model: LatencyModel, cfg: RebalanceConfig, reps: int) -> dict[str, Any]:
+def _epochs(sizes: list[int], rng: random.Random, model: LatencyModel, cfg: RebalanceConfig, reps: int, types: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for m in sizes:
         times, counts, moves = [], [], []
         for _ in range(reps):
-            snap = loaded_snapshot(m, rng, model)
+            snap = loaded_snapshot(m, rng, model, types=types)
             gc.collect()  # don't bill the generator's garbage to the decision
             t0 = time.perf_counter()
             plan = plan_placement(snap, model, cfg)
@@ -160,9 +169,10 @@ def run(gpus: list[int], instances: int = 200, seed: int = 0, reps: int = 30) ->
     "oracle_gap": {setting: {family: {instances, mean_pct, max_pct, ...}}}, "settings", "not_covered"}."""
     model = load_profiles("paper")
     rng = random.Random(seed)
-    timed = {"shipped": SETTINGS["shipped"], "unlimited": RebalanceConfig(eta=0.1, max_moves=1 << 30)}
-    epochs = {name: _epochs(list(gpus), rng, model, cfg, reps) for name, cfg in timed.items()}
+    timed = {name: (c, ("b300",)) for name, c in TIMED.items()}
+    timed["shipped-mixed"] = (SETTINGS["shipped"], ("b300", "h20"))
+    epochs = {name: _epochs(list(gpus), rng, model, cfg, reps, types) for name, (cfg, types) in timed.items()}
     gap = {name: {f: _gap(f, instances, random.Random(f"{seed}/{name}/{f}"), cfg) for f in FAMILIES} for name, cfg in SETTINGS.items()}
     settings = {name: {"eta": c.eta, "max_moves": c.max_moves, "max_transient_s": c.max_transient_s if math.isfinite(c.max_transient_s) else None}
-                for name, c in {**SETTINGS, **timed}.items()}
+                for name, c in {**SETTINGS, **TIMED}.items()}
     return {"epochs": epochs, "oracle_gap": gap, "settings": settings, "not_covered": NOT_COVERED}
