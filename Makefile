@@ -1,6 +1,7 @@
 # make demo: serve a few sessions end to end on the embedded broker and Redis.
 # make test: the whole test suite (CI runs exactly this).
-# Both create and fill .venv when it is missing.
+# Both create and fill .venv when it is missing, and fetch the pinned Apache Kafka from
+# Maven Central into the cache folder when Java is here and the jars are not.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.chunkserve-installed
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test venv tools clean
+.PHONY: demo test venv tools kafka clean
 
 venv: $(STAMP)
 
@@ -20,16 +21,25 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e '.[test]'
 	@touch $(STAMP)
 
-# The TLS tests put Debian's stunnel in front of the embedded broker and Redis.
-tools:
-	@command -v stunnel4 >/dev/null 2>&1 || command -v stunnel >/dev/null 2>&1 || \
-	  $(SUDO) apt-get install -y -q stunnel4 >/dev/null || \
-	  { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q stunnel4 >/dev/null; }
+# The embedded Apache Kafka (infra/apache_kafka.py): fetched once with Maven; without Java
+# chunkserve falls back to the embedded Tansu and says what that loses.
+kafka: $(STAMP)
+	@if command -v java >/dev/null 2>&1; then $(VENV)/bin/chunkserve broker fetch; \
+	  else echo "no Java here: the embedded broker is Tansu (pip-only fallback)"; fi
 
-demo: $(STAMP)
+# The TLS tests put Debian's stunnel in front of the embedded broker and Redis; the
+# real-client tests read topics with Debian's kcat.
+TOOLS := stunnel4 kcat
+tools:
+	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  $(SUDO) apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q $$missing >/dev/null; }; fi
+
+demo: $(STAMP) kafka
 	$(VENV)/bin/chunkserve demo
 
-test: $(STAMP) tools
+test: $(STAMP) kafka tools
 	$(VENV)/bin/pytest -q
 
 clean:

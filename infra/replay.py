@@ -16,34 +16,34 @@ from processors.cluster import ClusterView, apply
 from schemas.records import Handoff, Record
 from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WORKER_EVENTS
 from streams.config import Settings
-from streams.kafka import RecordConsumer, RecordProducer
+from streams.kafka import RecordConsumer
 
 __all__ = ["read_log", "cluster_summary", "replay"]
 
 CLUSTER_TOPICS = (SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS, WORKER_COMMANDS)
 
 
-async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0) -> list[Record]:
-    """Every decodable record of ``topics`` from ``offset`` (per partition) up to the current
-    end; undecodable ones go to dead-letters as everywhere else."""
-    async with RecordProducer(settings, client_id="replay") as producer:
-        consumer = RecordConsumer(settings, list(topics), producer, name="replay")
-        await consumer.start(subscribe=False)
-        try:
-            tps = [TopicPartition(consumer.catalogue.name(t), p)
-                   for t in topics for p in range(settings.partitions.get(t, 1))]
-            consumer.raw.assign(tps)
-            ends = await consumer.raw.end_offsets(tps)
-            starts = await consumer.raw.beginning_offsets(tps)
-            for tp in tps:
-                consumer.raw.seek(tp, min(max(offset, starts[tp]), ends[tp]))
-            out: list[Record] = []
-            while any([await consumer.raw.position(tp) < ends[tp] for tp in tps]):
-                out.extend(d.record for d in await consumer.poll(timeout_ms=200)
-                           if d.offset < ends[TopicPartition(d.topic, d.partition)])
-            return out
-        finally:
-            await consumer.stop()
+async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0) -> tuple[list[Record], int]:
+    """Every decodable record of ``topics`` from ``offset`` (per partition) up to the end each
+    partition had when the read began, and how many records did not decode. Read-only: it
+    publishes nothing (the topics' own consumers dead-letter bad records, once)."""
+    consumer = RecordConsumer(settings, list(topics), None, name="replay", isolation_level="read_committed")
+    await consumer.start(subscribe=False)
+    try:
+        tps = [TopicPartition(consumer.catalogue.name(t), p)
+               for t in topics for p in await consumer.partitions(t)]
+        consumer.raw.assign(tps)
+        ends = await consumer.raw.end_offsets(tps)
+        starts = await consumer.raw.beginning_offsets(tps)
+        for tp in tps:
+            consumer.raw.seek(tp, min(max(offset, starts[tp]), ends[tp]))
+        out: list[Record] = []
+        while any([await consumer.raw.position(tp) < ends[tp] for tp in tps]):
+            out.extend(d.record for d in await consumer.poll(timeout_ms=200)
+                       if d.offset < ends[TopicPartition(d.topic, d.partition)])
+        return out, consumer.dead_lettered
+    finally:
+        await consumer.stop()
 
 
 def cluster_summary(view: ClusterView) -> dict[str, Any]:
@@ -67,12 +67,13 @@ def cluster_summary(view: ClusterView) -> dict[str, Any]:
 async def replay(settings: Settings, processor: str = "control", offset: int = 0) -> dict[str, Any]:
     """Rebuild ``processor``'s state (dispatch and control share the cluster view)."""
     if processor in ("control", "dispatch", "cluster"):
-        records = await read_log(settings, CLUSTER_TOPICS, offset)
+        records, undecodable = await read_log(settings, CLUSTER_TOPICS, offset)
         view = ClusterView()
         for rec in records:
             if isinstance(rec, Record) and (not rec.TAG.startswith("cmd.") or isinstance(rec, Handoff)):
                 view = apply(view, rec)
-        return {"processor": processor, "records": len(records), **cluster_summary(view)}
+        return {"processor": processor, "records": len(records), "undecodable": undecodable,
+                **cluster_summary(view)}
     if processor == "detector":
         from processors.detector import DetectorConfig, DetectorState, step
         from processors.lifecycle import EventKind, SessionEvent
@@ -80,12 +81,12 @@ async def replay(settings: Settings, processor: str = "control", offset: int = 0
 
         kinds = {SessionOpened: EventKind.OPEN, SessionActive: EventKind.ACTIVE,
                  SessionIdle: EventKind.IDLE, SessionClosed: EventKind.CLOSE}
-        records = await read_log(settings, (SESSION_EVENTS,), offset)
+        records, undecodable = await read_log(settings, (SESSION_EVENTS,), offset)
         state, signal, config = DetectorState(), None, DetectorConfig()
         for rec in sorted(records, key=lambda r: r.ts):  # type: ignore[attr-defined]
             event = SessionEvent(rec.ts, rec.session_id, kinds[type(rec)],  # type: ignore[attr-defined]
                                  getattr(rec, "state_bytes", 0))
             state, signal = step(state, event, config)
-        return {"processor": processor, "records": len(records),
+        return {"processor": processor, "records": len(records), "undecodable": undecodable,
                 "signal": None if signal is None else dataclasses.asdict(signal)}
     raise ValueError(f"unknown processor {processor!r}: choose control, dispatch or detector")

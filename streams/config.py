@@ -49,8 +49,11 @@ class KafkaSettings:
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    idempotence: str = "on"  # "off" only for a broker without idempotent producers (Tansu)
 
     def __post_init__(self) -> None:
+        if self.idempotence not in ("on", "off"):
+            raise ConfigError("kafka.idempotence", f"must be on or off, got {self.idempotence!r}")
         if self.security_protocol not in _SECURITY_PROTOCOLS:
             raise ConfigError("kafka.security_protocol",
                               f"must be one of {list(_SECURITY_PROTOCOLS)}, got {self.security_protocol!r}")

@@ -11,7 +11,7 @@ syntax, or the variable)::
     input_rate_per_s = 50.0        input_burst = 100.0         max_sessions_per_worker = 64
     fetch_wait_ms = 10
     [kafka]  bootstrap, security_protocol, sasl_mechanism, sasl_username,
-             ssl_cafile, ssl_certfile, ssl_keyfile
+             ssl_cafile, ssl_certfile, ssl_keyfile, idempotence ("on" / "off")
     [redis]  url, username, ssl_ca_certs, ssl_certfile, ssl_keyfile
     [partitions]    "session-events" = 8, ...      (CHUNKSERVE_PARTITIONS_SESSION_EVENTS)
     [record_bytes]  "session-inputs" = 131072, ... (CHUNKSERVE_RECORD_BYTES_SESSION_INPUTS)
@@ -32,7 +32,7 @@ from .config import DEFAULT_PARTITIONS, ENV_PREFIX, KafkaSettings, RedisSettings
 __all__ = ["load_settings", "KEYS", "SECRETS", "env_var"]
 
 _KAFKA = ("bootstrap", "security_protocol", "sasl_mechanism", "sasl_username", "ssl_cafile",
-          "ssl_certfile", "ssl_keyfile")
+          "ssl_certfile", "ssl_keyfile", "idempotence")
 _REDIS = ("url", "username", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 SECRETS = ("kafka.sasl_password", "redis.password")
 _PER_TOPIC = ("partitions", "record_bytes")  # tables of one positive integer per topic

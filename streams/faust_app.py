@@ -52,6 +52,29 @@ def _short_fetch_wait(wait_ms: int) -> None:
     thread._create_worker_consumer = create
     thread._chunkserve_short_fetch = True
 
+def _idempotent_producer(on: bool) -> None:
+    """Make faust's producer idempotent (faust turns it on only inside transactions)."""
+    from faust.transport.drivers import aiokafka as driver
+
+    _IDEMPOTENT["value"] = on
+    producer = driver.Producer
+    if getattr(producer, "_chunkserve_idempotent", False):
+        return
+    original = producer._settings_extra
+
+    def extra(self: Any) -> Any:
+        settings = dict(original(self))
+        if _IDEMPOTENT["value"]:
+            settings.update(acks="all", enable_idempotence=True)
+        return settings
+
+    producer._settings_extra = extra
+    producer._chunkserve_idempotent = True
+
+
+_IDEMPOTENT = {"value": False}
+
+
 def shorten_gil_switch(interval_s: float = 0.0005) -> None:
     """For a processor's process: faust runs its Kafka consumer in a thread of its own and
     hands each fetch to the agents' event loop, and a thread waiting for the GIL waits up to
@@ -62,6 +85,7 @@ def shorten_gil_switch(interval_s: float = 0.0005) -> None:
 def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
     """A faust app on the configured broker, at-least-once, with no web server by default."""
     _short_fetch_wait(settings.fetch_wait_ms)
+    _idempotent_producer(settings.kafka.idempotence == "on")
     opts: dict[str, Any] = dict(
         broker=f"kafka://{settings.kafka.bootstrap}",
         broker_credentials=settings.kafka.faust_credentials(),

@@ -1,12 +1,14 @@
 """Producer and consumer helpers on aiokafka, with the dead-letter path built in.
 
-The embedded broker rejects idempotent producers and transactions (DESIGN.md §7), so
-producers use ``acks=all`` without idempotence: delivery is at-least-once everywhere and
-correctness comes from generations and per-session sequence numbers.
+Producers use ``acks=all`` and are idempotent (a retried batch is written once, in order)
+unless ``kafka.idempotence`` is off, as it is for the pip-only Tansu broker, which rejects
+them (DESIGN.md §7). Delivery stays at-least-once end to end: correctness comes from
+generations and per-session sequence numbers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -15,7 +17,7 @@ from typing import Any, Iterable
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.codec import TYPE_HEADER, decoder_for, encode, key_for
-from schemas.errors import SchemaError
+from schemas.errors import InfraError, SchemaError
 from schemas.records import DeadLetter, Record
 from schemas.topics import DEAD_LETTERS, topic_of
 
@@ -36,7 +38,8 @@ class RecordProducer:
                  client_id: str = "chunkserve", **overrides: Any) -> None:
         self.settings = settings
         self.catalogue = catalogue or TopicCatalogue.from_settings(settings)
-        opts: dict[str, Any] = dict(acks="all", enable_idempotence=False, linger_ms=1,
+        opts: dict[str, Any] = dict(acks="all", enable_idempotence=settings.kafka.idempotence == "on",
+                                    linger_ms=1,
                                     client_id=client_id,
                                     max_request_size=max(settings.max_record_bytes * 2, 1 << 20))
         opts.update(overrides)
@@ -110,10 +113,11 @@ class RecordConsumer:
 
     Either joins ``group_id`` (subscribe) or reads explicitly ``assign``-ed partitions.
     ``poll`` returns the decoded records; ``commit`` commits everything polled so far,
-    including the positions past dead-lettered records.
+    including the positions past dead-lettered records. Without a ``producer`` the consumer
+    is read-only: bad bytes are counted and skipped, not published (replay, audits).
     """
 
-    def __init__(self, settings: Settings, topics: list[str], producer: RecordProducer,
+    def __init__(self, settings: Settings, topics: list[str], producer: RecordProducer | None,
                  name: str, group_id: str | None = None, catalogue: TopicCatalogue | None = None,
                  **overrides: Any) -> None:
         self.settings = settings
@@ -141,6 +145,21 @@ class RecordConsumer:
         if subscribe:
             self._consumer.subscribe(list(self._decoders))
         return self
+
+    async def partitions(self, logical: str, timeout_s: float = 30.0) -> list[int]:
+        """The partitions of ``logical`` as the cluster's metadata has them; waits while a
+        topic just created is not in the metadata yet (a broker answers with it a moment
+        after the creation returns)."""
+        topic = self.catalogue.name(logical)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            cluster = await self._consumer._client.fetch_all_metadata()  # what topics() reads
+            found = cluster.partitions_for_topic(topic)
+            if found:
+                return sorted(found)
+            if time.monotonic() > deadline:
+                raise InfraError(f"topic {topic} is not in the cluster's metadata after {timeout_s:.0f}s")
+            await asyncio.sleep(0.1)
 
     async def assign(self, logical: str, partitions: list[int], from_end: bool) -> None:
         """Read the given partitions without a group; ``from_end`` skips what is already there."""
@@ -182,6 +201,9 @@ class RecordConsumer:
                           key: bytes | None, reason: str) -> None:
         """Publish one record this consumer could not take, with its source and reason."""
         self.dead_lettered += 1
+        if self.producer is None:  # read-only: the topic's own consumers dead-letter it
+            log.warning("%s: skipping undecodable %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
+            return
         metrics().dead_lettered.labels(topic).inc()
         log.warning("%s: dead-lettering %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
         await self.producer.send(dead_letter_record(topic, partition, offset, raw, key, reason,

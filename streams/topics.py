@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from schemas.topics import TOPICS
 
 from .config import Settings
 
-__all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "TOPIC_FRAMING_BYTES"]
+__all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "replication_for", "until_led",
+           "TOPIC_FRAMING_BYTES"]
 
 TOPIC_FRAMING_BYTES = 4096
 
@@ -52,8 +54,16 @@ def partition_for_key(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
+def replication_for(brokers: int) -> tuple[int, int]:
+    """``(replication factor, min.insync.replicas)`` on a cluster of ``brokers``: three copies
+    where there are three brokers, and an acknowledged write on two of them."""
+    factor = max(1, min(3, brokers))
+    return factor, (2 if factor >= 3 else 1)
+
+
 async def ensure_topics(settings: Settings) -> TopicCatalogue:
-    """Create every chunkserve topic that is missing; return the catalogue."""
+    """Create every chunkserve topic that is missing, replicated as the cluster allows;
+    return the catalogue."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     catalogue = TopicCatalogue.from_settings(settings)
@@ -61,9 +71,11 @@ async def ensure_topics(settings: Settings) -> TopicCatalogue:
     await admin.start()
     try:
         existing = set(await admin.list_topics())
+        factor, isr = replication_for(await _broker_count(admin))
         # the broker enforces each topic's bound too (plus room for the batch, key and headers)
-        missing = [NewTopic(catalogue.name(t), catalogue.partitions.get(t, 1), 1,
-                            topic_configs={"max.message.bytes": str(catalogue.limit(t) + TOPIC_FRAMING_BYTES)})
+        missing = [NewTopic(catalogue.name(t), catalogue.partitions.get(t, 1), factor,
+                            topic_configs={"max.message.bytes": str(catalogue.limit(t) + TOPIC_FRAMING_BYTES),
+                                           **({"min.insync.replicas": str(isr)} if isr > 1 else {})})
                    for t in TOPICS if catalogue.name(t) not in existing]
         if missing:
             try:
@@ -73,5 +85,35 @@ async def ensure_topics(settings: Settings) -> TopicCatalogue:
                     raise
     finally:
         await admin.close()
+    if missing:
+        await until_led(settings.kafka.client_kwargs(), {t.name: t.num_partitions for t in missing})
     return catalogue
 
+
+async def until_led(client: dict[str, Any], topics: dict[str, int], timeout_s: float = 30.0) -> None:
+    """Wait until the leaders of new topics' partitions answer for them: Kafka lists a new
+    partition's leader a moment before that broker serves it, and a client that asks in
+    between gets NotLeaderForPartition (retried, but logged as an error)."""
+    import asyncio
+    import logging
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(**client, enable_auto_commit=False)
+    fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+    level = fetcher.level
+    fetcher.setLevel(logging.CRITICAL)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(name, p) for name, n in topics.items() for p in range(n)]
+        await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
+    finally:
+        fetcher.setLevel(level)
+        await consumer.stop()
+
+
+async def _broker_count(admin: object) -> int:
+    try:
+        return len((await admin.describe_cluster())["brokers"])  # type: ignore[attr-defined]
+    except Exception:  # a broker without DescribeCluster (Tansu): one node
+        return 1

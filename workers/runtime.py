@@ -141,9 +141,7 @@ class Worker:
         self._consumer = RecordConsumer(self.settings, [WORKER_COMMANDS], self._producer,
                                         name=f"worker-{cfg.worker_id}", catalogue=catalogue)
         await self._consumer.start(subscribe=False)
-        topic = catalogue.name(WORKER_COMMANDS)
-        await self._consumer.raw.topics()  # fetch metadata for the partition count
-        partitions = self._consumer.raw.partitions_for_topic(topic) or {0}
+        partitions = await self._consumer.partitions(WORKER_COMMANDS)
         mine = partition_for_key(cfg.worker_id.encode(), len(partitions))
         await self._consumer.assign(WORKER_COMMANDS, [mine], from_end=True)
         await self.store.register_worker(cfg.worker_id, cfg.capacity)
@@ -296,11 +294,9 @@ class Worker:
                                 name=f"worker-{self.config.worker_id}-replay")
         await reader.start(subscribe=False)
         try:
-            topic = reader.catalogue.name(SESSION_INPUTS)
-            await reader.raw.topics()
-            partitions = reader.raw.partitions_for_topic(topic) or {0}
+            partitions = await reader.partitions(SESSION_INPUTS)
             part = partition_for_key(sid.encode(), len(partitions))
-            tp = TopicPartition(topic, part)
+            tp = TopicPartition(reader.catalogue.name(SESSION_INPUTS), part)
             reader.raw.assign([tp])
             end = (await reader.raw.end_offsets([tp]))[tp]
             start = sess.input_pos[1] + 1 if sess.input_pos[0] == part else 0

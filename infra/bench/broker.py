@@ -13,6 +13,10 @@ a consumer with ``fetch_max_wait_ms`` = W. A broker that answers a fetch when re
 shows about the same hop for every W; one that holds a fetch for its whole wait shows a hop
 that grows with W. Against an external broker (``CHUNKSERVE_KAFKA_BOOTSTRAP``) there is no
 process to sample and the benchmark refuses.
+
+It runs on this machine's embedded broker (Apache Kafka where Java is here); ``compare``
+runs the same load on the other embedded one too, one after the other, in the same run.
+Producers are idempotent where the broker has them (Kafka), as chunkserve's are.
 """
 
 from __future__ import annotations
@@ -36,12 +40,15 @@ _STAMP = struct.Struct(">d")  # the send time, first in each record's value
 async def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+    from streams.topics import until_led
+
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, partitions, 1)])
     finally:
         await admin.close()
+    await until_led({"bootstrap_servers": bootstrap}, {topic: partitions})
 
 
 def _hops_ms(batch: dict[Any, list[Any]]) -> list[float]:
@@ -57,12 +64,12 @@ def _cpu_s(pid: int) -> float:
 
 
 async def _load(bootstrap: str, pid: int, rate: int, seconds: int, partitions: int,
-                window_s: float) -> list[dict[str, float]]:
+                window_s: float, idempotent: bool) -> list[dict[str, float]]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
     await _create_topic(bootstrap, "bench-broker", partitions)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=1, acks="all",
-                                enable_idempotence=False)
+                                enable_idempotence=idempotent)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, fetch_max_wait_ms=10, group_id=None)
     await producer.start()
     await consumer.start()
@@ -100,14 +107,15 @@ async def _load(bootstrap: str, pid: int, rate: int, seconds: int, partitions: i
     return windows
 
 
-async def _hop_floor(bootstrap: str, wait_ms: int, records: int = 100, rate: float = 50.0) -> dict[str, float]:
+async def _hop_floor(bootstrap: str, wait_ms: int, idempotent: bool, records: int = 100,
+                     rate: float = 50.0) -> dict[str, float]:
     """One-hop latency on an otherwise idle broker, the consumer fetching with ``wait_ms``."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
     topic = f"bench-hop-{wait_ms}"
     await _create_topic(bootstrap, topic, 1)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks="all",
-                                enable_idempotence=False)
+                                enable_idempotence=idempotent)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, fetch_max_wait_ms=wait_ms, group_id=None)
     await producer.start()
     await consumer.start()
@@ -134,21 +142,39 @@ async def _hop_floor(bootstrap: str, wait_ms: int, records: int = 100, rate: flo
     return percentiles(hops)
 
 
-def run(rate: int = 600, seconds: int = 30, partitions: int = 8, window_s: float = 5.0) -> dict[str, Any]:
-    """Start an embedded broker, load it, and return the CPU share per window."""
-    from ..embedded import EmbeddedBroker
+def run(rate: int = 600, seconds: int = 30, partitions: int = 8, window_s: float = 5.0,
+        compare: bool = False) -> dict[str, Any]:
+    """Start this machine's embedded broker, load it, and return the CPU share per window
+    with the one-hop latency; with ``compare``, the other embedded broker's beside it."""
+    from ..embedded import embedded_broker_kind
 
     if os.environ.get("CHUNKSERVE_KAFKA_BOOTSTRAP"):
         raise ValueError("bench broker measures the embedded broker; unset CHUNKSERVE_KAFKA_BOOTSTRAP")
-    with tempfile.TemporaryDirectory(prefix="chunkserve-broker-") as logs:
-        broker = EmbeddedBroker(log_path=Path(logs) / "tansu.log").start()
+    kind = embedded_broker_kind()
+    result = _measure(kind, rate, seconds, partitions, window_s)
+    if compare:
+        other = "tansu" if kind == "kafka" else "kafka"
+        measured = _measure(other, rate, seconds, partitions, window_s)
+        result["compare"] = {measured["broker"]["kind"]: measured}
+    return result
+
+
+def _measure(kind: str, rate: int, seconds: int, partitions: int, window_s: float) -> dict[str, Any]:
+    from ..embedded import start_embedded_broker
+
+    with tempfile.TemporaryDirectory(prefix="chunkserve-broker-") as folder:
+        broker = start_embedded_broker(Path(folder), kind=kind)
+        idempotent = broker.kind != "tansu"
         try:
             assert broker.pid is not None
-            floor = {str(w): asyncio.run(_hop_floor(broker.bootstrap, w)) for w in HOP_FLOOR_WAITS_MS}
-            windows = asyncio.run(_load(broker.bootstrap, broker.pid, rate, seconds, partitions, window_s))
+            floor = {str(w): asyncio.run(_hop_floor(broker.bootstrap, w, idempotent))
+                     for w in HOP_FLOOR_WAITS_MS}
+            windows = asyncio.run(_load(broker.bootstrap, broker.pid, rate, seconds, partitions,
+                                        window_s, idempotent))
         finally:
             broker.stop()
     first, last = windows[0]["broker_cpu_pct"], windows[-1]["broker_cpu_pct"]
-    return {"rate_per_s": rate, "seconds": seconds, "partitions": partitions, "windows": windows,
+    return {"broker": broker.describe(), "rate_per_s": rate, "seconds": seconds,
+            "partitions": partitions, "windows": windows,
             "first_window_cpu_pct": first, "last_window_cpu_pct": last,
             "growth": round(last / first, 2) if first else None, "hop_floor_ms": floor}

@@ -75,13 +75,18 @@ def run(settings: Settings, sessions: int, workers: int = 4, inputs_per_session:
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-bench-"))
     run_id = uuid.uuid4().hex[:6]
     with ExitStack() as stack:
+        broker: dict[str, Any] = {"kind": "configured", "version": None,
+                                  "brokers": len(settings.kafka.bootstrap.split(","))}
         if not settings.kafka.bootstrap or not settings.redis.url:
-            bootstrap, redis_url = stack.enter_context(infrastructure(logs))
-            settings = settings.with_endpoints(settings.kafka.bootstrap or bootstrap,
-                                               settings.redis.url or redis_url)
+            infra = stack.enter_context(infrastructure(logs))
+            if not settings.kafka.bootstrap:
+                broker = infra.describe()
+                settings = infra.settings(settings)
+            settings = settings.with_endpoints(settings.kafka.bootstrap, settings.redis.url or infra.redis_url)
         settings = settings.isolated(f"cp-{run_id}")
-        return asyncio.run(_bench(settings, logs, sessions, workers, inputs_per_session, rate,
-                                  dispatch_replicas, timeout_s))
+        result = asyncio.run(_bench(settings, logs, sessions, workers, inputs_per_session, rate,
+                                    dispatch_replicas, timeout_s))
+        return {"broker": broker, **result}
 
 
 class _Tracker:

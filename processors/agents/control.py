@@ -265,9 +265,8 @@ def build_app(settings: Any) -> Any:
         consumer.dead_letter = skip  # type: ignore[method-assign]
         await consumer.start(subscribe=False)
         try:
-            await consumer.raw.topics()
             tps = [TopicPartition(catalogue.name(t), p) for t in topics
-                   for p in sorted(consumer.raw.partitions_for_topic(catalogue.name(t)) or {0})]
+                   for p in await consumer.partitions(t)]
             consumer.raw.assign(tps)
             await consumer.raw.seek_to_beginning(*tps)
             ends = await consumer.raw.end_offsets(tps)

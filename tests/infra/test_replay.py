@@ -35,3 +35,43 @@ def test_processor_restart_and_replayed_view(kafka_bootstrap, redis_url, namespa
 
     again = asyncio.run(replay(settings, "control"))  # replay is deterministic
     assert again["sessions"] == rebuilt["sessions"]
+
+
+def test_replay_reads_to_the_true_end_of_multi_record_batches_and_publishes_nothing(
+        kafka_bootstrap, redis_url, namespace):
+    from aiokafka import TopicPartition
+
+    from schemas.records import SessionClosed, SessionOpened
+    from schemas.topics import DEAD_LETTERS, SESSION_EVENTS
+    from streams.kafka import RecordConsumer, RecordProducer
+    from streams.topics import ensure_topics
+
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace,
+                        partitions={SESSION_EVENTS: 2}).with_endpoints(kafka_bootstrap, redis_url)
+
+    async def publish() -> None:
+        await ensure_topics(settings)
+        # a long linger: each partition's records go out as a few batches of many records
+        async with RecordProducer(settings, linger_ms=200) as producer:
+            await producer.send_many([SessionOpened(session_id=f"s{i}", ts=1.0 + i) for i in range(20)])
+            await producer.send_many([SessionClosed(session_id=f"s{i}", ts=30.0 + i) for i in range(20)])
+            await producer.send_raw(SESSION_EVENTS, b"\xc1 not msgpack", key=b"s0")
+
+    async def dead_letters_end() -> int:
+        reader = RecordConsumer(settings, [DEAD_LETTERS], None, name="probe")
+        await reader.start(subscribe=False)
+        try:
+            tp = TopicPartition(reader.catalogue.name(DEAD_LETTERS), 0)
+            return (await reader.raw.end_offsets([tp]))[tp]
+        finally:
+            await reader.stop()
+
+    asyncio.run(publish())
+    before = asyncio.run(dead_letters_end())
+    for _ in range(2):
+        rebuilt = asyncio.run(replay(settings, "control"))
+        assert rebuilt["records"] == 40 and rebuilt["undecodable"] == 1
+        assert rebuilt["session_states"] == {"terminated": 20}  # every close seen, none short
+        detector = asyncio.run(replay(settings, "detector"))
+        assert detector["records"] == 40 and detector["signal"]["active"] == 0
+    assert asyncio.run(dead_letters_end()) == before  # replay published nothing

@@ -27,7 +27,7 @@ from typing import Iterator
 import pytest
 from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
 
-from infra.embedded import EmbeddedBroker, free_port
+from infra.embedded import EmbeddedTansu, free_port
 from schemas.records import SessionOpened
 from schemas.topics import SESSION_EVENTS
 from streams.config import KafkaSettings, Settings
@@ -262,7 +262,8 @@ class SaslBroker:
         user, right = self.users[mechanism]
         kafka = KafkaSettings(bootstrap=self.bootstrap, security_protocol="SASL_PLAINTEXT",
                               sasl_mechanism=mechanism, sasl_username=user,
-                              sasl_password=right if password is None else password)
+                              sasl_password=right if password is None else password,
+                              idempotence="off")  # Tansu
         return Settings(kafka=kafka, topic_prefix=f"{namespace}.", namespace=namespace)
 
 
@@ -273,7 +274,7 @@ def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SaslBroker
     scram = {m: {users[m][0]: ScramCredential.make(m, users[m][1], secrets.token_bytes(16))}
              for m in _HASHES}
     front_port = free_port()
-    broker = EmbeddedBroker(log_path=Path(tmp_path_factory.mktemp("sasl")) / "tansu.log",
+    broker = EmbeddedTansu(log_path=Path(tmp_path_factory.mktemp("sasl")) / "tansu.log",
                             advertised=f"127.0.0.1:{front_port}").start()
     front = SaslFront(("127.0.0.1", broker.port), plain, scram, port=front_port).start()
     try:
@@ -341,7 +342,7 @@ def test_wrong_password_is_refused(sasl_broker, namespace, mechanism, caplog):
 
 
 def test_plaintext_client_is_refused(sasl_broker, namespace):
-    settings = Settings(kafka=KafkaSettings(bootstrap=sasl_broker.bootstrap),
+    settings = Settings(kafka=KafkaSettings(bootstrap=sasl_broker.bootstrap, idempotence="off"),
                         topic_prefix=f"{namespace}.", namespace=namespace)
 
     async def run() -> None:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 from aiokafka.errors import KafkaError
 
-from infra.embedded import EmbeddedBroker, free_port
+from infra.embedded import EmbeddedTansu, free_port
 from infra.local import LocalFleet
 from schemas import records as r
 from schemas.errors import InfraError
@@ -38,7 +38,7 @@ class TlsSetup:
         ca = ca or self.pki.ca
         return Settings(
             kafka=KafkaSettings(bootstrap=f"127.0.0.1:{self.kafka_port}", security_protocol="SSL",
-                                ssl_cafile=str(ca)),
+                                ssl_cafile=str(ca), idempotence="off"),  # Tansu
             redis=RedisSettings(url=self.redis_url, ssl_ca_certs=str(ca)),
             topic_prefix=f"{namespace}.", namespace=namespace)
 
@@ -57,7 +57,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Tl
     folder = tmp_path_factory.mktemp("tls")
     pki = make_pki(folder / "pki")
     kafka_tls, redis_tls = free_port(), free_port()
-    broker = EmbeddedBroker(log_path=folder / "tansu.log", advertised=f"127.0.0.1:{kafka_tls}")
+    broker = EmbeddedTansu(log_path=folder / "tansu.log", advertised=f"127.0.0.1:{kafka_tls}")
     target, tls_url = _redis_route(redis_url, redis_tls)
     with stunnel(folder, pki, {kafka_tls: broker.bootstrap, redis_tls: target}):
         broker.start()

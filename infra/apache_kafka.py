@@ -1,0 +1,378 @@
+"""Apache Kafka on one machine: a pinned release from Maven Central, started in KRaft mode.
+
+``ensure_kafka`` copies the broker's jars into a cache folder on first use (Maven, the pom
+beside this module); ``EmbeddedKafka`` formats and starts one broker, or a cluster of N
+combined broker+controller nodes (replication factor min(N, 3), ``min.insync.replicas``
+2 when N >= 3), on free loopback ports with data folders on disk. It can kill, pause,
+resume and restart any node, or all of them, on the same folders: the log survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.errors import InfraError
+
+__all__ = ["KAFKA_VERSION", "EmbeddedKafka", "KafkaNode", "ensure_kafka", "java_available",
+           "kafka_home"]
+
+log = logging.getLogger(__name__)
+
+KAFKA_VERSION = "4.1.1"
+_POM = Path(__file__).with_name("kafka") / "pom.xml"
+_LOG4J = """status = error
+appender.f.type = File
+appender.f.name = F
+appender.f.fileName = {path}
+appender.f.layout.type = PatternLayout
+appender.f.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.f.ref = F
+logger.kafka.name = kafka
+logger.kafka.level = {level}
+logger.state.name = state.change.logger
+logger.state.level = warn
+"""
+
+
+def java_available() -> bool:
+    """Whether a ``java`` runs here (the embedded Apache Kafka needs one)."""
+    return shutil.which("java") is not None
+
+
+def kafka_home() -> Path:
+    """Where the jars live: ``CHUNKSERVE_KAFKA_HOME``, else the user's cache folder."""
+    configured = os.environ.get("CHUNKSERVE_KAFKA_HOME")
+    if configured:
+        return Path(configured)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "chunkserve" / f"kafka-{KAFKA_VERSION}"
+
+
+def ensure_kafka(home: Path | None = None) -> Path:
+    """The folder of the broker's jars, fetched from Maven Central when it is not there yet."""
+    home = home or kafka_home()
+    jars = home / "libs"
+    if (jars / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():
+        return jars
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise InfraError(f"Apache Kafka {KAFKA_VERSION} is not in {jars} and there is no `mvn` "
+                         "to fetch it (install Maven, or set CHUNKSERVE_KAFKA_BOOTSTRAP)")
+    home.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
+    cmd = [mvn, "-q", "-B", "-f", str(_POM), f"-Dkafka.version={KAFKA_VERSION}",
+           "dependency:copy-dependencies", f"-DoutputDirectory={staging}", "-DincludeScope=runtime"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        raise InfraError(f"fetching Apache Kafka {KAFKA_VERSION} with Maven failed: {' | '.join(tail)}")
+    with contextlib.suppress(OSError):  # a racing fetch may have put its copy in place first
+        staging.rename(jars)
+    shutil.rmtree(staging, ignore_errors=True)
+    return jars
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class KafkaNode:
+    """One combined broker+controller: its id, ports, folder and process."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    folder: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class EmbeddedKafka:
+    """Apache Kafka in KRaft combined mode: ``brokers`` nodes with their folders under ``root``.
+
+    Each node logs to ``root/node-<id>/server.log``. ``config`` adds or overrides broker
+    properties (every node gets the same).
+    """
+
+    root: Path
+    brokers: int = 1
+    heap_mb: int = 384
+    config: dict[str, str] = field(default_factory=dict)
+    nodes: list[KafkaNode] = field(default_factory=list)
+    cluster_id: str = field(default_factory=lambda: _cluster_id())
+
+    kind = "apache-kafka"
+    version = KAFKA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.nodes:
+            return
+        # a folder that held a cluster before keeps its ports, so clients find it again
+        saved = self.root / "cluster.json"
+        if saved.exists():
+            doc = json.loads(saved.read_text())
+            if len(doc["nodes"]) != self.brokers:
+                raise InfraError(f"{self.root} holds a cluster of {len(doc['nodes'])} brokers, "
+                                 f"not {self.brokers}")
+            self.cluster_id = doc["cluster_id"]
+            pairs = [tuple(n) for n in doc["nodes"]]
+        else:
+            ports = _free_ports(2 * self.brokers)
+            pairs = [(ports[2 * i], ports[2 * i + 1]) for i in range(self.brokers)]
+            self.root.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps({"cluster_id": self.cluster_id, "nodes": pairs}))
+        self.nodes = [KafkaNode(i + 1, port, cport, self.root / f"node-{i + 1}")
+                      for i, (port, cport) in enumerate(pairs)]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.address for n in self.nodes)
+
+    @property
+    def pid(self) -> int | None:
+        """The first node's process id while it runs (benchmarks sample its CPU)."""
+        node = self.nodes[0]
+        return node.proc.pid if node.running and node.proc is not None else None
+
+    @property
+    def replication_factor(self) -> int:
+        return min(self.brokers, 3)
+
+    @property
+    def min_insync_replicas(self) -> int:
+        return 2 if self.brokers >= 3 else 1
+
+    def describe(self) -> dict[str, object]:
+        """What benchmarks and chaos runs report as ``"broker"``."""
+        return {"kind": self.kind, "version": self.version, "brokers": self.brokers}
+
+    def properties(self, node: KafkaNode) -> dict[str, str]:
+        rf, isr = str(self.replication_factor), str(self.min_insync_replicas)
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(node.folder / "data"),
+            "num.partitions": "1",
+            "default.replication.factor": rf,
+            "min.insync.replicas": isr,
+            "offsets.topic.replication.factor": rf,
+            "offsets.topic.num.partitions": "8",
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": isr,
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": isr,
+            "group.initial.rebalance.delay.ms": "0",
+            "num.network.threads": "2",
+            "num.io.threads": "2",
+            "num.recovery.threads.per.data.dir": "2",
+            "log.cleaner.threads": "1",
+            "unclean.leader.election.enable": "false",
+            # a killed node is fenced (and its partitions led elsewhere) after 3 s, and a
+            # restarted one may register again that soon (the default waits 9 s)
+            "broker.session.timeout.ms": "3000",
+            "broker.heartbeat.interval.ms": "500",
+        }
+        props.update(self.config)
+        return props
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 90.0) -> "EmbeddedKafka":
+        """Format the folders that are new, start every node, wait until all serve."""
+        jars = ensure_kafka()
+        for node in self.nodes:
+            self._write_config(node)
+            if not (node.folder / "data" / "meta.properties").exists():
+                self._format(node, jars)
+        for node in self.nodes:
+            self._launch(node, jars)
+        try:
+            self.wait_ready(timeout_s)
+        except InfraError:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout_s: float = 90.0, nodes: list[KafkaNode] | None = None) -> None:
+        """Block until ``nodes`` (default all running ones) are registered and answer metadata."""
+        wanted = {n.node_id for n in (nodes or [n for n in self.nodes if n.running])}
+        deadline = time.monotonic() + timeout_s
+        last: object = None
+        quiet = logging.getLogger("aiokafka")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
+        try:
+            while time.monotonic() < deadline:
+                for node in self.nodes:
+                    if node.proc is not None and node.proc.poll() is not None:
+                        raise InfraError(f"Kafka node {node.node_id} exited with {node.proc.returncode}; "
+                                         f"see {node.folder / 'server.log'}")
+                try:
+                    seen = asyncio.run(_registered(self.bootstrap))
+                    if wanted <= seen:
+                        return
+                    last = f"brokers registered: {sorted(seen)}"
+                except Exception as exc:  # still starting: connection refused, timeouts
+                    last = exc
+                time.sleep(0.2)
+        finally:
+            quiet.setLevel(level)
+        raise InfraError(f"Kafka at {self.bootstrap} not ready within {timeout_s}s: {last}")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop every node: SIGTERM (controlled shutdown), SIGKILL what is left at the end."""
+        for node in self.nodes:
+            if node.running:
+                _signal(node, signal.SIGCONT)
+                _signal(node, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            try:
+                node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                node.proc.kill()
+                node.proc.wait(timeout=10)
+            node.proc = None
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL one node (a crash: no controlled shutdown, nothing flushed on purpose)."""
+        node = self.node(node_id)
+        if node.proc is not None:
+            _signal(node, signal.SIGKILL)
+            node.proc.wait(timeout=10)
+            node.proc = None
+
+    def kill_all(self) -> None:
+        for node in self.nodes:
+            self.kill(node.node_id)
+
+    def pause(self, node_id: int) -> None:
+        _signal(self.node(node_id), signal.SIGSTOP)
+
+    def resume(self, node_id: int) -> None:
+        _signal(self.node(node_id), signal.SIGCONT)
+
+    def restart(self, node_id: int, timeout_s: float = 90.0) -> None:
+        """Start a stopped or killed node again on its own folder; wait until it serves."""
+        node = self.node(node_id)
+        if node.running:
+            self.kill(node_id)
+        self._launch(node, ensure_kafka())
+        self.wait_ready(timeout_s, [node])
+
+    def restart_all(self, timeout_s: float = 90.0) -> None:
+        jars = ensure_kafka()
+        for node in self.nodes:
+            if not node.running:
+                self._launch(node, jars)
+        self.wait_ready(timeout_s)
+
+    def node(self, node_id: int) -> KafkaNode:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise KeyError(f"no Kafka node {node_id}")
+
+    def pids(self) -> dict[int, int]:
+        return {n.node_id: n.proc.pid for n in self.nodes if n.proc is not None}
+
+    # -- private --------------------------------------------------------------------------
+
+    def _write_config(self, node: KafkaNode) -> None:
+        node.folder.mkdir(parents=True, exist_ok=True)
+        text = "".join(f"{k}={v}\n" for k, v in self.properties(node).items())
+        (node.folder / "server.properties").write_text(text)
+        level = os.environ.get("CHUNKSERVE_KAFKA_LOG_LEVEL", "info")
+        (node.folder / "log4j2.properties").write_text(
+            _LOG4J.format(path=node.folder / "server.log", level=level))
+
+    def _java(self, node: KafkaNode, jars: Path, main: str, *args: str) -> list[str]:
+        return ["java", f"-Xms{min(128, self.heap_mb)}m", f"-Xmx{self.heap_mb}m",
+                "-XX:+UseSerialGC",
+                "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={node.folder / 'log4j2.properties'}",
+                "-cp", f"{jars}/*", main, *args]
+
+    def _format(self, node: KafkaNode, jars: Path) -> None:
+        cmd = self._java(node, jars, "kafka.tools.StorageTool", "format", "-t", self.cluster_id,
+                         "-c", str(node.folder / "server.properties"), "--ignore-formatted")
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise InfraError(f"formatting Kafka node {node.node_id} failed: "
+                             f"{(done.stdout + done.stderr).strip()[-400:]}")
+
+    def _launch(self, node: KafkaNode, jars: Path) -> None:
+        cmd = self._java(node, jars, "kafka.Kafka", str(node.folder / "server.properties"))
+        with open(node.folder / "stdout.log", "ab") as out:
+            node.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _signal(node: KafkaNode, sig: int) -> None:
+    if node.proc is not None and node.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node.proc.pid, sig)
+
+
+async def _registered(bootstrap: str) -> set[int]:
+    """Ids of the brokers the cluster's metadata lists."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    await admin.start()
+    try:
+        info = await admin.describe_cluster()
+        return {b["node_id"] for b in info["brokers"]}
+    finally:
+        await admin.close()

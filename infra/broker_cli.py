@@ -1,0 +1,66 @@
+"""``chunkserve broker``: fetch and run the embedded Apache Kafka outside a demo or a test."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from schemas.errors import InfraError
+
+__all__ = ["register"]
+
+console = Console()
+broker_app = typer.Typer(no_args_is_help=True, help="The embedded Apache Kafka broker.")
+
+
+@broker_app.command("fetch")
+def fetch() -> None:
+    """Copy the pinned Apache Kafka's jars from Maven Central into the cache (once)."""
+    from infra.apache_kafka import KAFKA_VERSION, ensure_kafka
+
+    try:
+        jars = ensure_kafka()
+    except InfraError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2)
+    console.print(f"Apache Kafka {KAFKA_VERSION}: {jars}")
+
+
+@broker_app.command("start")
+def start(
+    data: Path = typer.Option(Path(".chunkserve/kafka"), help="Folder of the brokers' logs and data; "
+                              "started again on the same folder, the topics are still there."),
+    brokers: int = typer.Option(1, min=1, max=9, help="Brokers (3: replication factor 3, min.insync.replicas 2)."),
+) -> None:
+    """Run Apache Kafka in KRaft mode on loopback until Ctrl-C, and print how to point chunkserve at it."""
+    from infra.apache_kafka import EmbeddedKafka
+
+    try:
+        cluster = EmbeddedKafka(root=data.resolve(), brokers=brokers)
+        started = time.monotonic()
+        cluster.start()
+    except InfraError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2)
+    console.print(f"Apache Kafka {cluster.version}, {brokers} broker(s), up in "
+                  f"{time.monotonic() - started:.1f} s; data and logs in {data}")
+    console.print(f"export CHUNKSERVE_KAFKA_BOOTSTRAP={cluster.bootstrap}")
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    try:
+        while not stop["now"] and all(n.running for n in cluster.nodes):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+    if not stop["now"] and not all(n.running for n in cluster.nodes):
+        console.print("[red]a broker exited[/red]: see server.log under the data folder")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(broker_app, name="broker")
