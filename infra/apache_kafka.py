@@ -338,7 +338,7 @@ class EmbeddedKafka:
                 "-cp", f"{jars}/*", main, *args]
 
     def _format(self, node: KafkaNode, jars: Path) -> None:
-        cmd = self._java(node, jars, "kafka.tools.StorageTool", "format", "-t", self.cluster_id,
+        cmd = self._java(node, jars, "kafka.tools.StorageTool", "format", f"--cluster-id={self.cluster_id}",
                          "-c", str(node.folder / "server.properties"), "--ignore-formatted")
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
