@@ -1,4 +1,4 @@
-"""CLI commands of the simulator: ``trace gen``, ``simulate`` and ``tune``.
+"""CLI commands of the simulator: ``trace gen``, ``simulate``, ``evaluate`` and ``tune``.
 
 ``register(app)`` adds them to the main app. User errors (bad trace, bad option) print one
 line and exit 2; never a traceback.
@@ -43,14 +43,19 @@ def trace_gen(
     idle_scale: float = typer.Option(8.0, "--idle-scale", min=0.1, help="Idle gap Pareto scale, s (minimum gap)."),
     idle_shape: float = typer.Option(1.5, "--idle-shape", min=0.1, help="Idle gap Pareto shape (heavier tail when smaller)."),
     state_mb: float = typer.Option(2000.0, "--state-mb", min=1.0, help="Median per-session state size, MB (log-normal)."),
+    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x (uses --duration, --sessions, --seed only)."),
 ) -> None:
     """Generate a synthetic session trace (CSV t_s,session_id,event,state_mb)."""
+    from infra.sim.families import FamilyConfig, generate_family
     from infra.sim.trace import write_trace
     from infra.sim.tracegen import GenConfig, generate
 
     try:
-        cfg = GenConfig(level, duration, sessions, seed, swing, period, life_median, life_sigma, active_mean, idle_scale, idle_shape, state_mb)
-        events = generate(cfg)
+        if family is not None:
+            events = generate_family(FamilyConfig(family, duration, sessions, seed))
+        else:
+            cfg = GenConfig(level, duration, sessions, seed, swing, period, life_median, life_sigma, active_mean, idle_scale, idle_shape, state_mb)
+            events = generate(cfg)
         write_trace(events, output)
     except (ChunkserveError, OSError) as exc:
         _fail(exc)
@@ -179,6 +184,50 @@ def _print_table(out: dict) -> None:
     _console.print(f"wall {out['wall_s']:.1f} s")
 
 
+def evaluate_cmd(
+    split: str = typer.Option("heldout", "--split", help="heldout (traces no setting was chosen on) or tune."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write every comparison and its bars as JSON here."),
+    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated trace names of the split (e.g. flash/s0)."),
+    slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
+    slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, help="SLO: slowest chunk allowed, s."),
+) -> None:
+    """Compare the policies on a split of trace families; print the quality bars per trace."""
+    from processors.autoscaler import AutoscalerConfig, Slo, load_volatility_table
+    from processors.latency import load_profiles
+    from infra.sim.evaluate import HELDOUT, TUNE, evaluate
+    from infra.sim.simulator import SimConfig
+    from schemas.errors import ConfigError
+
+    try:
+        if split not in ("heldout", "tune"):
+            raise ConfigError("split", "heldout or tune", split)
+        specs = HELDOUT if split == "heldout" else TUNE
+        if only:
+            want = {x.strip() for x in only.split(",")}
+            specs = tuple(s for s in specs if s.name in want)
+        vt, auto, slo = load_volatility_table(), AutoscalerConfig(), Slo(slo_miss, slo_worst)
+        with Progress(console=_err, transient=True) as bar:
+            task = bar.add_task("evaluating", total=None)
+            out = evaluate(specs, load_profiles("paper"), SimConfig(warm_start=True), _builtin_options(vt, auto, slo),
+                           {"table": vt, "autoscaler": auto, "slo": slo}, slo, on_trace=lambda s: bar.update(task, description=s))
+    except ChunkserveError as exc:
+        _fail(exc)
+    t = Table(title=f"{split} traces")
+    for col in ("trace", "beats rr/lag/mag", "ablations cost more", "oracle gap %", "SLO saving %", "telefuser cost / worst s"):
+        t.add_column(col)
+    for name, r in out.items():
+        b, p = r["bars"], r["comparison"]["paper"]
+        tf = b.get("telefuser")
+        t.add_row(name, str(b["beats_paper_baselines"]), str(b["ablations_cost_more"]), f"{p['oracle_gap_pct']:.1f}",
+                  "misses SLO" if not b["slo_met"] else f"{b['slo_saving_pct']:.1f}", f"{tf['cost']:.1f} / {tf['worst_s']:.2f}" if tf else "-")
+    _console.print(t)
+    try:
+        if json_out is not None:
+            json_out.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        _fail(exc)
+
+
 def tune_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Volatility table JSON to write."),
     bound: float = typer.Option(2.5, "--bound", min=0.001, help="Latency bound on the worst chunk latency, s."),
@@ -228,9 +277,10 @@ def _levels(spec: str) -> list[int]:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``trace gen``, ``simulate`` and ``tune`` to ``app``."""
+    """Add ``trace gen``, ``simulate``, ``evaluate`` and ``tune`` to ``app``."""
     trace_app = typer.Typer(help="Session traces.", no_args_is_help=True)
     trace_app.command("gen")(trace_gen)
     app.add_typer(trace_app, name="trace")
     app.command("simulate")(simulate_cmd)
+    app.command("evaluate")(evaluate_cmd)
     app.command("tune")(tune_cmd)

@@ -48,6 +48,8 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
     resident memory; the round-robin marker instead takes the next GPU with room after the
     cursor ``start``.
     """
+    if not any(s.gpu_id is None and s.lifecycle is SessionState.EXECUTION for s in snapshot.sessions):
+        return (), start
     gpus = {g.id: g for g in snapshot.gpus}
     n = {g: 0 for g in gpus}
     held = {g: 0 for g in gpus}

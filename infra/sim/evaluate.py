@@ -1,0 +1,91 @@
+"""Tuned versus held-out evaluation over trace families (``chunkserve evaluate``).
+
+``TUNE`` is what the autoscaler's settings were chosen on: the project's own generator and
+two families, first seeds only. ``HELDOUT`` is never looked at while choosing: the other
+families (flash crowds, correlated mass-idle, long tails, 4x scale) and other seeds.
+Each trace gets the full comparison (:func:`infra.sim.report.compare`) and a line of
+quality bars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
+
+from processors.autoscaler import Slo
+from processors.latency import LatencyModel
+
+from infra.sim.families import FamilyConfig, generate_family
+from infra.sim.report import PAPER_BASELINES, Runner, compare
+from infra.sim.simulator import SimConfig
+from infra.sim.trace import Trace
+from infra.sim.tracegen import GenConfig, generate
+
+__all__ = ["TraceSpec", "TUNE", "HELDOUT", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
+
+EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turboserve-no-migration",
+                 "turboserve-no-autoscale", "oracle", "infra.sim.peers:TeleFuser")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSpec:
+    """A family (or ``gen-L``: the project's generator at level L), a seed and a size."""
+
+    family: str
+    seed: int
+    duration_s: float = 1200.0
+    sessions: int = 1600
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}/s{self.seed}"
+
+
+TUNE = (TraceSpec("gen-1", 0), TraceSpec("gen-5", 0), TraceSpec("gen-10", 0), TraceSpec("calm", 0), TraceSpec("diurnal", 0))
+HELDOUT = (TraceSpec("flash", 0), TraceSpec("flash", 1), TraceSpec("mass-idle", 0), TraceSpec("mass-idle", 1),
+           TraceSpec("longtail", 0), TraceSpec("scale4x", 0), TraceSpec("calm", 1), TraceSpec("diurnal", 1), TraceSpec("gen-10", 1))
+
+
+def make_trace(spec: TraceSpec) -> Trace:
+    """The events of ``spec``, generated (seeded, reproducible)."""
+    if spec.family.startswith("gen-"):
+        cfg = GenConfig(level=int(spec.family[4:]), duration_s=spec.duration_s, sessions=spec.sessions, seed=spec.seed)
+        return Trace(tuple(generate(cfg)), spec.name)
+    fam = FamilyConfig(spec.family, spec.duration_s, spec.sessions, spec.seed)
+    return Trace(tuple(generate_family(fam)), spec.name)
+
+
+def bars(doc: dict[str, Any]) -> dict[str, Any]:
+    """The quality bars of one comparison: which hold, with the figures behind them."""
+    pc, pl = doc["paper"]["matched_cost"]["worst_latency_reduction_pct"], doc["paper"]["matched_latency"]["cost_reduction_pct"]
+    slo = doc["slo"]
+    ts = doc["policies"]["turboserve"]
+    fixed = slo["fixed_pool_cost"]
+    saving = 100.0 * (fixed - ts["cost"]) / fixed if fixed else None
+    abl = doc.get("ablation_cost_increase_pct", {})
+    out = {
+        "beats_paper_baselines": all(pc[b] > 0 and pl[b] > 0 for b in PAPER_BASELINES),
+        "ablations_cost_more": bool(abl) and all(v > 0 for v in abl.values()),
+        "oracle_gap_le_10": doc["paper"].get("oracle_gap_pct", 1e9) <= 10.0,
+        "slo_met": slo["met"].get("turboserve", False),
+        "slo_20pct_cheaper": bool(slo["met"].get("turboserve")) and saving is not None and saving >= 20.0,
+        "slo_saving_pct": saving,
+    }
+    peer = doc["policies"].get("telefuser")
+    if peer is not None:
+        out["telefuser"] = {"cost": peer["cost"], "worst_s": peer["worst_chunk_latency_s"], "miss": peer["deadline_miss_rate"],
+                            "slo_met": slo["met"].get("telefuser", False)}
+    return out
+
+
+def evaluate(specs: Sequence[TraceSpec], model: LatencyModel, config: SimConfig, options: dict[str, Any], offer: dict[str, Any],
+             slo: Slo = Slo(), policies: Sequence[str] = EVAL_POLICIES, on_trace: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Compare ``policies`` on every trace of ``specs``; per trace the comparison and its bars."""
+    out: dict[str, Any] = {}
+    for spec in specs:
+        if on_trace is not None:
+            on_trace(spec.name)
+        runner = Runner(make_trace(spec), model, replace(config), options, offer=dict(offer))
+        doc = compare(runner, policies, "turboserve", slo)
+        out[spec.name] = {"comparison": doc, "bars": bars(doc)}
+    return out
