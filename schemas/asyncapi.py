@@ -12,6 +12,11 @@ from .topics import TOPICS
 __all__ = ["asyncapi_document", "asyncapi_json"]
 
 
+# where a keyed record lands: a worker recovering a session replays its inputs from there
+PARTITIONER = ("Kafka's default partitioner, murmur2 of the key modulo the partition count "
+               "(the Java client's default; librdkafka: `partitioner=murmur2_random`)")
+
+
 def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
     """The document as a plain dict (stable ordering, no timestamps)."""
     channels: dict[str, Any] = {}
@@ -41,7 +46,7 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
         channels[spec.name] = {
             "address": "{prefix}" + spec.name,
             "description": f"{spec.summary} Written by {spec.writers}; read by {spec.readers}. "
-                           f"Keyed by {spec.key_name}. Records over {spec.max_bytes} bytes are refused "
+                           f"Keyed by {spec.key_name} (UTF-8) and partitioned by {PARTITIONER}. Records over {spec.max_bytes} bytes are refused "
                            f"by default (setting `record_bytes.{spec.name}`).",
             "bindings": {"kafka": {"topicConfiguration": {"max.message.bytes": spec.max_bytes}}},
             "parameters": {"prefix": {"description": "the configurable topic prefix"}},

@@ -92,9 +92,11 @@ class ContractProducer:
 
         self.contract = contract
         self.prefix = prefix
+        # the channels name the partitioner to use (librdkafka's own default is another one)
+        assert all("murmur2_random" in c["description"] for c in contract["channels"].values())
         self.producer: Any = Producer({"bootstrap.servers": bootstrap, "acks": "all",
-                                  "enable.idempotence": True, "client.id": "stranger",
-                                  "linger.ms": 1})
+                                       "enable.idempotence": True, "client.id": "stranger",
+                                       "linger.ms": 1, "partitioner": "murmur2_random"})
         self.delivered: list[tuple[str, int, bytes]] = []  # (topic, partition, key)
         self.failed: list[str] = []
         self._channels = {ref["$ref"].rsplit("/", 1)[1]: channel
@@ -271,10 +273,6 @@ def test_librdkafka_producer_and_kcat_against_a_running_fleet(kafka_bootstrap, r
     assert any(n >= 1 for _w, n in figures), figures
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "docs/asyncapi.json says 'keyed by session id' but not which partitioner: librdkafka's "
-    "default (consistent_random, CRC32) puts a session's inputs on another partition than "
-    "Kafka's Java default (murmur2), the one a recovering worker replays from"))
 def test_contract_producer_partitions_inputs_where_recovery_reads_them(kafka_bootstrap, redis_url,
                                                                        namespace):
     _needs_apache_kafka()
