@@ -47,9 +47,9 @@ logger.state.level = warn
 """
 
 
-def java_available() -> bool:
-    """Whether a ``java`` runs here (the embedded Apache Kafka needs one)."""
-    return shutil.which("java") is not None
+def java_available(path: str | None = None) -> bool:
+    """Whether a ``java`` is on ``path`` (default: this process's PATH)."""
+    return shutil.which("java", path=path) is not None
 
 
 def kafka_home() -> Path:

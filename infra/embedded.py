@@ -219,7 +219,7 @@ def embedded_broker_kind(env: dict[str, str] | None = None) -> str:
         return chosen
     if chosen:
         raise InfraError(f"CHUNKSERVE_EMBEDDED_BROKER={chosen!r}: choose kafka or tansu")
-    return "kafka" if java_available() else "tansu"
+    return "kafka" if java_available(env.get("PATH")) else "tansu"
 
 
 def start_embedded_broker(folder: Path, brokers: int = 1, kind: str | None = None) -> Any:

@@ -10,8 +10,8 @@ runtime driving ``NullModel``, one chunk per session per hour), all as child pro
   stamped on its ``InputAccepted``.
 
 Both ends read the same machine's wall clock, so the benchmark's own reader (which fetches
-with a 50 ms wait: on the embedded broker every fetch costs broker CPU, and a fast reader
-over 40 partitions would take a third of a core from the system it measures) adds nothing.
+with a 50 ms wait, so that its polling takes little from the broker it measures) adds
+nothing.
 ``breakdown_ms`` splits each path at dispatch, by the time dispatch stamped on the ``Assign``
 / ``RoutedInput`` it published (read from ``worker-commands``): ``to_dispatch`` is the first
 hop plus dispatch's own work, ``to_owner`` the second hop plus the worker's.
@@ -169,7 +169,8 @@ def _cpu_by_role() -> dict[str, float]:
             used = sum(child.cpu_times()[:2])
         except psutil.Error:  # exited meanwhile
             continue
-        role = ("broker" if "tansu" in line else "redis" if "redis-server" in line else
+        role = ("broker" if "tansu" in line or "kafka.Kafka" in line else
+                "redis" if "redis-server" in line else
                 "dispatch" if "processor dispatch" in line else "workers" if "workers.light" in line else
                 "other")
         out[role] = out.get(role, 0.0) + used

@@ -103,3 +103,59 @@ def test_session_client_numbers_inputs(kafka_bootstrap, redis_url, namespace):
                                                            "SessionClosed"}
 
     asyncio.run(run())
+
+
+def test_the_broker_refuses_a_record_over_its_topics_bound(kafka_bootstrap, redis_url, namespace):
+    """A producer that skips chunkserve's own size check meets the topic's max.message.bytes."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    from streams.topics import TOPIC_FRAMING_BYTES
+
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+
+    async def run() -> None:
+        catalogue = await ensure_topics(settings)
+        limit = catalogue.limit(SESSION_INPUTS) + TOPIC_FRAMING_BYTES
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=8 * limit,
+                                    acks="all", enable_idempotence=True)
+        await producer.start()
+        try:
+            topic = catalogue.name(SESSION_INPUTS)
+            await producer.send_and_wait(topic, b"x" * (limit // 2), key=b"s")  # within bound
+            with pytest.raises(MessageSizeTooLargeError):
+                await producer.send_and_wait(topic, b"x" * (2 * limit), key=b"s")
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+
+
+def test_topics_carry_their_bounds_and_producers_are_idempotent(kafka_bootstrap, redis_url, namespace):
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    from streams.topics import TOPIC_FRAMING_BYTES
+
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+
+    async def run() -> None:
+        catalogue = await ensure_topics(settings)
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            name = catalogue.name(SESSION_INPUTS)
+            [resp] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
+            entries = resp.to_object()["resources"][0]["config_entries"]
+            configs = {c["config_names"]: c["config_value"] for c in entries}
+            assert int(configs["max.message.bytes"]) == catalogue.limit(SESSION_INPUTS) + TOPIC_FRAMING_BYTES
+            [topic] = await admin.describe_topics([name])
+            assert len(topic["partitions"]) == settings.partitions[SESSION_INPUTS]
+        finally:
+            await admin.close()
+        async with RecordProducer(settings) as producer:
+            assert producer._producer._txn_manager is not None  # idempotent: a producer id, sequence numbers
+            await producer.send(InputPushed(session_id="s1", ts=1.0, seq=1, kind="text", payload="hi"))
+            assert producer._producer._txn_manager.producer_id >= 0  # the broker gave it an id
+
+    asyncio.run(run())

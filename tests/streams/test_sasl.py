@@ -34,7 +34,7 @@ from streams.config import KafkaSettings, Settings
 from streams.kafka import RecordConsumer, RecordProducer
 from streams.topics import ensure_topics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.tansu]
 
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _HASHES = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
@@ -363,6 +363,7 @@ def test_settings_from_env_reach_the_client(sasl_broker, namespace):
            "CHUNKSERVE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
            "CHUNKSERVE_KAFKA_SASL_USERNAME": user,
            "CHUNKSERVE_KAFKA_SASL_PASSWORD": password,
+           "CHUNKSERVE_KAFKA_IDEMPOTENCE": "off",  # the broker behind the front is Tansu
            "CHUNKSERVE_TOPIC_PREFIX": f"{namespace}.",
            "CHUNKSERVE_NAMESPACE": namespace}
     settings = Settings.from_env(env)

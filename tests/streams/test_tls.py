@@ -27,7 +27,7 @@ from streams.topics import ensure_topics
 from tests.infra.test_agents import Reader
 from tests.tls import Pki, make_pki, stunnel
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.tansu]
 
 
 class TlsSetup:
