@@ -4,12 +4,16 @@ Real broker, real Redis, several workers and dispatch replicas as child processe
 control processor detecting deaths from missed heartbeats. Faults: a worker SIGSTOPped past
 detection and resumed (a stale runtime that is still alive), a worker SIGKILLed, a dispatch
 replica SIGKILLed, and worker commands duplicated and delayed (re-published late, so they
-also arrive out of order). The audit reads every chunk and input acknowledgement back.
+also arrive out of order); with ``broker_faults``, a broker leader killed and restarted and
+every broker killed and restarted (``infra.broker_faults``). The audit reads every chunk and
+input acknowledgement back, checks every acknowledged input was applied or refused, and
+replays control, dispatch and detector to compare with what the run observed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import time
@@ -18,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from schemas.records import ChunkDone, Claimed, InputAccepted, Record, Released, WorkerUp
+from aiokafka.errors import KafkaError
+
+from schemas.errors import InfraError
+from schemas.records import (ChunkDone, Claimed, DeadLetter, InputAccepted, InputPushed, Record,
+                             Released, SessionClosed, SessionOpened, WorkerDown, WorkerUp)
 from schemas.topics import WORKER_COMMANDS
 from streams.client import SessionClient
 from streams.config import Settings
@@ -26,10 +34,12 @@ from streams.generations import GenerationStore
 from streams.kafka import RecordConsumer, RecordProducer
 from streams.topics import ensure_topics
 
+from .broker_faults import BrokerFault, run_broker_faults, unserved_s
 from .flow import EventLog
 from .local import LocalFleet
+from .replay import cluster_summary, cluster_view, detector_signal, replay
 
-__all__ = ["ChaosConfig", "audit_chunks", "audit_inputs", "refused_inputs", "run_chaos"]
+__all__ = ["AUDIT_KEYS", "ChaosConfig", "audit_chunks", "audit_inputs", "refused_inputs", "run_chaos"]
 
 
 def refused_inputs(letters: list[Any]) -> set[tuple[str, int]]:
@@ -62,6 +72,8 @@ class ChaosConfig:
     heartbeat_timeout_s: float = 3.0
     duplicate_fraction: float = 0.1
     seed: int = 0
+    process_faults: bool = True  # pause a worker, kill a worker, kill a dispatch replica
+    broker_faults: tuple[str, ...] = ()  # of broker_faults.KINDS: leader_kill (3+ brokers), full_restart
 
 
 def audit_chunks(chunks: list[ChunkDone]) -> dict[str, Any]:
@@ -156,9 +168,43 @@ async def _sample_overshoots(store: GenerationStore, stop: asyncio.Event, counts
         await asyncio.sleep(0.2)
 
 
+async def _push_inputs(producer: RecordProducer, ids: list[str], every_s: float, stop: asyncio.Event,
+                       pushed: dict[str, int], acked: set[tuple[str, int]]) -> None:
+    """One input per session every ``every_s``. An input counts as acknowledged when the send
+    returned; a failed send is retried with the same seq (a gap would stall the session)."""
+    next_at = time.monotonic()
+    while not stop.is_set():
+        for sid in ids:
+            rec = InputPushed(session_id=sid, seq=pushed[sid] + 1, kind="text",
+                              payload=f"steer {pushed[sid] + 1}", ts=time.time())
+            await _send_until_acked(producer, rec)
+            pushed[sid] = rec.seq
+            acked.add((sid, rec.seq))
+        next_at += every_s
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+
+async def _send_until_acked(producer: RecordProducer, rec: Record) -> None:
+    while True:
+        try:
+            await producer.send(rec)
+            return
+        except KafkaError:
+            await asyncio.sleep(0.5)
+
+
+def _process_plan(enabled: bool) -> list[tuple[float, str]]:
+    return [(0.15, "pause"), (0.45, "kill_worker"), (0.6, "kill_dispatch")] if enabled else []
+
+
 async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
-                    progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    """Run the faults against a live fleet and return the audit (see module docstring)."""
+                    progress: Callable[[str], None] = lambda _m: None,
+                    broker: Any = None) -> dict[str, Any]:
+    """Run the faults against a live fleet and return the audit (see module docstring).
+
+    ``broker`` is the ``EmbeddedKafka`` the run may kill (``config.broker_faults``)."""
+    if config.broker_faults and not hasattr(broker, "kill_all"):
+        raise InfraError("broker faults need the embedded Apache Kafka (not a configured cluster or Tansu)")
     rng = random.Random(config.seed)
     started = time.monotonic()
     await ensure_topics(settings)
@@ -167,8 +213,11 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
         "CHUNKSERVE_HEARTBEAT_TIMEOUT_S": str(config.heartbeat_timeout_s)})
     counts: dict[str, int] = defaultdict(int)
     faults: dict[str, Any] = {}
+    broker_faults: list[BrokerFault] = []
     pushed: dict[str, int] = defaultdict(int)
-    stop = asyncio.Event()
+    acked: set[tuple[str, int]] = set()
+    session_events: list[Record] = []
+    stop, stop_inputs = asyncio.Event(), asyncio.Event()
     store = GenerationStore.from_settings(settings)
     try:
         for i in range(config.dispatchers):
@@ -177,7 +226,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
         workers = [f"worker-{i}" for i in range(config.workers)]
         for w in workers:
             fleet.start_worker(w, capacity=config.capacity, chunk_interval_s=config.chunk_interval_s)
-        async with RecordProducer(settings, client_id="chaos") as producer, SessionClient(settings) as client:
+        async with RecordProducer(settings, client_id="chaos") as producer:
             log = EventLog(settings, producer)
             await log.start()
             progress(f"waiting for {config.workers} workers")
@@ -185,19 +234,26 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                             >= config.workers, 120, "workers to come up")
             ids = [f"chaos-{i}" for i in range(config.sessions)]
             for sid in ids:
-                await client.open(sid, prompt=f"chaos {sid}")
+                session_events.append(SessionOpened(session_id=sid, ts=time.time(), prompt=f"chaos {sid}"))
+                await _send_until_acked(producer, session_events[-1])
             await log.until(lambda rs: {r.session_id for r in rs if isinstance(r, Claimed)} >= set(ids),
                             60, "every session to be claimed")
             helpers = [asyncio.create_task(_duplicator(settings, producer, config.duplicate_fraction,
                                                         rng, stop, counts)),
                        asyncio.create_task(_sample_overshoots(store, stop, counts))]
+            inputs = asyncio.create_task(_push_inputs(producer, ids, config.input_every_s, stop_inputs,
+                                                      pushed, acked))
             t0 = time.time()
-            plan = [(0.15, "pause"), (0.45, "kill_worker"), (0.6, "kill_dispatch")]
-            next_input = time.monotonic()
-            run_end = time.monotonic() + config.duration_s
+            run_start = time.monotonic()
+            breaking = (asyncio.create_task(run_broker_faults(
+                settings, broker, config.duration_s, run_start, broker_faults, config.broker_faults,
+                progress=progress))
+                if config.broker_faults else None)
+            plan = _process_plan(config.process_faults)
+            run_end = run_start + config.duration_s
             paused: tuple[str, float] | None = None
-            while time.monotonic() < run_end:
-                frac = 1 - (run_end - time.monotonic()) / config.duration_s
+            while time.monotonic() < run_end or (breaking is not None and not breaking.done()):
+                frac = (time.monotonic() - run_start) / config.duration_s
                 while plan and frac >= plan[0][0]:
                     _, kind = plan.pop(0)
                     owners = _owners(log.records)
@@ -220,33 +276,44 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                     fleet.procs[paused[0]].send_signal(signal.SIGCONT)
                     progress(f"SIGCONT {paused[0]}")
                     paused = None
-                if time.monotonic() >= next_input:
-                    for sid in ids:
-                        pushed[sid] = await client.push(sid, f"steer {pushed[sid] + 1}")
-                    next_input += config.input_every_s
                 await log.pump(timeout_ms=50)
+            if breaking is not None:
+                await breaking  # raises what went wrong with the cluster
+            stop_inputs.set()
+            await inputs
             t1 = time.time()
             progress("draining: waiting for every input to be applied")
-            try:
-                await log.until(lambda rs: audit_inputs(pushed, [r for r in rs if isinstance(r, InputAccepted)])
-                                ["inputs_lost"] == 0, 45, "inputs to be applied")
-            except Exception:
-                pass  # counted as lost below
+            with contextlib.suppress(InfraError):  # what is missing is counted below
+                await log.until(lambda rs: _unresolved(acked, rs) == 0, 60, "inputs to be applied")
             stop.set()
             await asyncio.gather(*helpers, return_exceptions=True)
             for sid in ids:
-                await client.close(sid)
+                session_events.append(SessionClosed(session_id=sid, ts=time.time()))
+                await _send_until_acked(producer, session_events[-1])
+            with contextlib.suppress(InfraError):
+                await log.until(lambda rs: _closed(rs) >= set(ids), 60, "sessions to be released")
             await log.pump(timeout_ms=500)
+            views = await _compare_replay(settings, session_events, log.records, ids)
             await log.stop()
-        chunks = log.of(ChunkDone)
+        chunks = [c for c in log.of(ChunkDone) if c.session_id in ids]
+        times: dict[str, list[float]] = defaultdict(list)
+        for c in chunks:
+            times[c.session_id].append(c.ts)
         result: dict[str, Any] = {
+            "broker": broker.describe() if broker is not None else {"kind": "configured", "version": None,
+                                                                    "brokers": None},
             "sessions": config.sessions,
             "chunks": len(chunks),
-            "faults": {**faults, "commands_duplicated": counts["commands_duplicated"]},
+            "faults": {**faults, "commands_duplicated": counts["commands_duplicated"],
+                       "declared_down": {r.worker_id: round(r.ts - t0, 1) for r in log.of(WorkerDown)
+                                         if r.reason == "missed heartbeats"}},
+            "broker_faults": _broker_fault_summary(broker_faults, times, t0),
             **audit_chunks(chunks),
             "overshoots": counts["overshoots"],
-            **audit_inputs(pushed, log.of(InputAccepted)),
+            **audit_inputs(pushed, log.of(InputAccepted), refused_inputs(log.of(DeadLetter))),
             "inputs_pushed": sum(pushed.values()),
+            "acked_inputs_lost": _unresolved(acked, log.records),
+            "replay_mismatches": views,
             "fenced_releases": sum(1 for r in log.of(Released) if r.reason.startswith("fenced")),
             "recovered_sessions": len({c.session_id for c in log.of(Claimed) if c.generation.epoch > 1}),
             "max_recovery_s": round(max_gap_s(chunks, t0, t1), 3),
@@ -255,8 +322,53 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
         return result
     finally:
         stop.set()
+        stop_inputs.set()
         fleet.stop_all()
         await store.aclose()
+
+
+AUDIT_KEYS = ("dual_owner", "stale_releases", "overshoots", "inputs_lost", "inputs_duplicated",
+              "inputs_out_of_order", "acked_inputs_lost", "replay_mismatches")
+
+
+def _unresolved(acked: set[tuple[str, int]], records: list[Record]) -> int:
+    """Acknowledged inputs that no owner accepted and no consumer refused with a reason."""
+    done = {(r.session_id, r.seq) for r in records if isinstance(r, InputAccepted)}
+    done |= refused_inputs([r for r in records if isinstance(r, DeadLetter)])
+    return len(acked - done)
+
+
+def _closed(records: list[Record]) -> set[str]:
+    return {r.session_id for r in records if isinstance(r, Released) and r.reason == "closed"}
+
+
+def _broker_fault_summary(faults: list[BrokerFault], times: dict[str, list[float]],
+                          t0: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"leader_kills": sum(f.kind == "leader_kill" for f in faults),
+                           "full_restarts": sum(f.kind == "full_restart" for f in faults)}
+    if faults:
+        out["events"] = [{"kind": f.kind, "nodes": f.nodes, "at_s": round(f.start - t0, 1),
+                          "back_s": round((f.end or f.start) - t0, 1), "restart_s": f.restart_s,
+                          "unserved_s": unserved_s(times, f.start, f.end or f.start), **f.extra}
+                         for f in faults]
+    return out
+
+
+async def _compare_replay(settings: Settings, session_events: list[Record], observed: list[Record],
+                          ids: list[str]) -> int:
+    """Replay control, dispatch and detector from the topics and count where they differ from
+    what this run observed: the sessions' states and owners and the workers as the worker
+    events it read live (with the session events it had acknowledged), and the detector's
+    signal over those acknowledged events."""
+    seen = cluster_summary(cluster_view(session_events + [r for r in observed if r.TAG.startswith("worker.")]))
+    mismatches = 0
+    for processor in ("control", "dispatch"):
+        got = await replay(settings, processor)
+        mismatches += sum(got["sessions"].get(sid) != seen["sessions"].get(sid) for sid in ids)
+        mismatches += sum(got["workers"].get(w) != v for w, v in seen["workers"].items())
+    got = await replay(settings, "detector")
+    mismatches += got["signal"] != detector_signal(session_events)
+    return mismatches
 
 
 def _owners(records: list[Record]) -> dict[str, str]:

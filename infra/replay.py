@@ -18,7 +18,7 @@ from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WO
 from streams.config import Settings
 from streams.kafka import RecordConsumer
 
-__all__ = ["read_log", "cluster_summary", "replay"]
+__all__ = ["read_log", "cluster_summary", "cluster_view", "detector_signal", "replay"]
 
 CLUSTER_TOPICS = (SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS, WORKER_COMMANDS)
 
@@ -64,29 +64,40 @@ def cluster_summary(view: ClusterView) -> dict[str, Any]:
     return {"sessions": sessions, "workers": workers, "session_states": states}
 
 
+def cluster_view(records: list[Record]) -> ClusterView:
+    """The view control and dispatch fold from these records (commands other than
+    ``Handoff`` are not theirs to fold)."""
+    view = ClusterView()
+    for rec in records:
+        if not rec.TAG.startswith("cmd.") or isinstance(rec, Handoff):
+            view = apply(view, rec)
+    return view
+
+
+def detector_signal(records: list[Record]) -> dict[str, Any] | None:
+    """The detector's last signal over these session events, folded in timestamp order."""
+    from processors.detector import DetectorConfig, DetectorState, step
+    from processors.lifecycle import EventKind, SessionEvent
+    from schemas.records import SessionActive, SessionClosed, SessionIdle, SessionOpened
+
+    kinds = {SessionOpened: EventKind.OPEN, SessionActive: EventKind.ACTIVE,
+             SessionIdle: EventKind.IDLE, SessionClosed: EventKind.CLOSE}
+    state, signal, config = DetectorState(), None, DetectorConfig()
+    for rec in sorted(records, key=lambda r: r.ts):  # type: ignore[attr-defined]
+        event = SessionEvent(rec.ts, rec.session_id, kinds[type(rec)],  # type: ignore[attr-defined]
+                             getattr(rec, "state_bytes", 0))
+        state, signal = step(state, event, config)
+    return None if signal is None else dataclasses.asdict(signal)
+
+
 async def replay(settings: Settings, processor: str = "control", offset: int = 0) -> dict[str, Any]:
     """Rebuild ``processor``'s state (dispatch and control share the cluster view)."""
     if processor in ("control", "dispatch", "cluster"):
         records, undecodable = await read_log(settings, CLUSTER_TOPICS, offset)
-        view = ClusterView()
-        for rec in records:
-            if isinstance(rec, Record) and (not rec.TAG.startswith("cmd.") or isinstance(rec, Handoff)):
-                view = apply(view, rec)
         return {"processor": processor, "records": len(records), "undecodable": undecodable,
-                **cluster_summary(view)}
+                **cluster_summary(cluster_view(records))}
     if processor == "detector":
-        from processors.detector import DetectorConfig, DetectorState, step
-        from processors.lifecycle import EventKind, SessionEvent
-        from schemas.records import SessionActive, SessionClosed, SessionIdle, SessionOpened
-
-        kinds = {SessionOpened: EventKind.OPEN, SessionActive: EventKind.ACTIVE,
-                 SessionIdle: EventKind.IDLE, SessionClosed: EventKind.CLOSE}
         records, undecodable = await read_log(settings, (SESSION_EVENTS,), offset)
-        state, signal, config = DetectorState(), None, DetectorConfig()
-        for rec in sorted(records, key=lambda r: r.ts):  # type: ignore[attr-defined]
-            event = SessionEvent(rec.ts, rec.session_id, kinds[type(rec)],  # type: ignore[attr-defined]
-                                 getattr(rec, "state_bytes", 0))
-            state, signal = step(state, event, config)
         return {"processor": processor, "records": len(records), "undecodable": undecodable,
-                "signal": None if signal is None else dataclasses.asdict(signal)}
+                "signal": detector_signal(records)}
     raise ValueError(f"unknown processor {processor!r}: choose control, dispatch or detector")

@@ -24,7 +24,7 @@ from .kafka import dead_letter_record
 from .prom import metrics
 from .topics import TopicCatalogue
 
-__all__ = ["make_app", "FaustPublisher", "decode_event", "shorten_gil_switch"]
+__all__ = ["make_app", "cluster_replication", "FaustPublisher", "decode_event", "shorten_gil_switch"]
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,36 @@ def shorten_gil_switch(interval_s: float = 0.0005) -> None:
     sys.setswitchinterval(min(sys.getswitchinterval(), interval_s))
 
 
+def cluster_replication(settings: Settings) -> int:
+    """The replication factor for faust's own topics (the leader assignor's, any changelog):
+    as chunkserve's topics get on this cluster, so losing a broker does not lose them.
+    One when the cluster cannot be asked (faust's default)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from .topics import replication_for
+
+    async def brokers() -> int:
+        admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs(), request_timeout_ms=10_000)
+        await admin.start()
+        try:
+            return len((await admin.describe_cluster())["brokers"])
+        finally:
+            await admin.close()
+
+    try:  # a thread of its own: callers may be inside a running event loop
+        with ThreadPoolExecutor(1) as pool:
+            return replication_for(pool.submit(asyncio.run, brokers()).result())[0]
+    except Exception as exc:  # no DescribeCluster (Tansu) or no answer: faust's default
+        log.warning("could not count the cluster's brokers (%s): faust's topics get 1 replica", exc)
+        return 1
+
+
 def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
-    """A faust app on the configured broker, at-least-once, with no web server by default."""
+    """A faust app on the configured broker, at-least-once, with no web server by default.
+    faust's own topics are replicated as the cluster allows (``cluster_replication``)."""
     _short_fetch_wait(settings.fetch_wait_ms)
     _idempotent_producer(settings.kafka.idempotence == "on")
     opts: dict[str, Any] = dict(
@@ -103,6 +131,8 @@ def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
         consumer_auto_offset_reset="earliest",
     )
     opts.update(overrides)
+    if "topic_replication_factor" not in opts:
+        opts["topic_replication_factor"] = cluster_replication(settings)
     return faust.App(f"{settings.topic_prefix}{name}", **opts)
 
 

@@ -11,6 +11,7 @@ sessions is the dispatch's job (it admits through the Redis commit), so those ar
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -151,6 +152,8 @@ class ControlShell:
     dirty: bool = True
     last_epoch: float = -math.inf
     last_report: Any = None
+    log_up: bool = True  # whether the broker answered the last probe
+    log_up_since: float = -math.inf  # when it answered again after an outage
 
     def __post_init__(self) -> None:
         self.model = load_profiles(self.config.profile)
@@ -170,7 +173,21 @@ class ControlShell:
         elif isinstance(rec, (r.WorkerUp, r.WorkerDown)):
             self.dirty = True
 
+    def log_state(self, up: bool, now: float) -> None:
+        """Record whether the broker answered at ``now`` (the fold loop probes it)."""
+        if up != self.log_up:
+            log.warning("control: the broker %s", "answers again: decisions resume after a "
+                        "heartbeat timeout" if up else "does not answer: decisions wait")
+        if up and not self.log_up:
+            self.log_up_since = now
+        self.log_up = up
+
     def due(self, now: float) -> bool:
+        """An epoch is due on a change or once a period, but never while the broker is away
+        nor within a heartbeat timeout of its return: no worker could be heard meanwhile,
+        and missed heartbeats would read as deaths."""
+        if not self.log_up or now - self.log_up_since <= self.config.heartbeat_timeout_s:
+            return False
         return self.dirty or now - self.last_epoch >= self.config.period_s
 
     def epoch(self, now: float | None = None) -> list[r.Record]:
@@ -279,6 +296,29 @@ def build_app(settings: Any) -> Any:
         finally:
             await consumer.stop()
             await producer.stop()
+
+    @app.task
+    async def probe_log() -> None:
+        """Ask the broker for the folded partitions' end offsets every tick: whether it answers."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        topics = [SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS]
+        probe = AIOKafkaConsumer(**settings.kafka.client_kwargs(), enable_auto_commit=False,
+                                 request_timeout_ms=5000)
+        await probe.start()
+        try:
+            names = [catalogue.name(t) for t in topics]
+            cluster = await probe._client.fetch_all_metadata()  # every partition of each topic
+            tps = [TopicPartition(n, p) for n in names for p in cluster.partitions_for_topic(n) or {0}]
+            while True:
+                try:
+                    await asyncio.wait_for(probe.end_offsets(tps), max(1.0, 2 * config.tick_s))
+                    shell.log_state(True, shell.clock())
+                except Exception:  # unreachable, no leader, timed out: the broker is away
+                    shell.log_state(False, shell.clock())
+                await asyncio.sleep(config.tick_s)
+        finally:
+            await probe.stop()
 
     @app.timer(config.tick_s, on_leader=True)
     async def decide() -> None:
