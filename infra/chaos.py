@@ -300,8 +300,8 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
         for c in chunks:
             times[c.session_id].append(c.ts)
         result: dict[str, Any] = {
-            "broker": broker.describe() if broker is not None else {"kind": "configured", "version": None,
-                                                                    "brokers": None},
+            "broker": broker.describe() if broker is not None else {
+                "kind": "configured", "version": None, "brokers": len(settings.kafka.bootstrap.split(","))},
             "sessions": config.sessions,
             "chunks": len(chunks),
             "faults": {**faults, "commands_duplicated": counts["commands_duplicated"],

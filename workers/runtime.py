@@ -127,7 +127,7 @@ class Worker:
         self._producer: RecordProducer | None = None
         self._consumer: RecordConsumer | None = None
         self._telemetry: Any = None
-        self._unacked: list[Any] = []  # sends handed to the producer, acknowledged per batch
+        self._unacked: list[tuple[Record, Any]] = []  # sends handed to the producer, acknowledged per batch
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -497,8 +497,9 @@ class Worker:
                 worker_id=self.config.worker_id, session_id=sid, generation=sess.generation,
                 chunk_index=out.chunk_index, ts=self.clock(), latency_s=latency,
                 batch_size=len(due), input_seq=out.input_seq, checksum=out.checksum))
-        assert self._producer is not None
-        await self._producer.send_many(released)
+        for chunk in released:
+            await self._send(chunk)
+        await self._acknowledged()
         self.chunks_released += len(released)
         metrics().chunks_released.labels(self.config.worker_id).inc(len(released))
         every = self.config.snapshot_every
@@ -531,12 +532,28 @@ class Worker:
         """Hand ``rec`` to the producer without waiting for the broker: events of one batch of
         commands go out together (in order per partition) and ``_acknowledged`` waits once."""
         assert self._producer is not None
-        self._unacked.append(await self._producer.send(rec, wait=False))
+        self._unacked.append((rec, await self._producer.send(rec, wait=False)))
 
-    async def _acknowledged(self) -> None:
-        """Wait until every event handed to the producer so far is acknowledged."""
+    async def _acknowledged(self, retry_s: float = 0.5) -> None:
+        """Wait until every event handed to the producer so far is acknowledged. A send the
+        producer gave up on (the broker was away longer than it retries) is sent again, in
+        order, until the broker takes it: a broker outage stalls the worker, never kills it."""
+        from aiokafka.errors import KafkaError
+
+        assert self._producer is not None
         pending, self._unacked = self._unacked, []
-        await asyncio.gather(*pending)
+        while pending:
+            results = await asyncio.gather(*(fut for _, fut in pending), return_exceptions=True)
+            errors = [res for res in results if isinstance(res, BaseException)]
+            for err in errors:
+                if not isinstance(err, KafkaError):
+                    raise err
+            failed = [rec for (rec, _), res in zip(pending, results) if isinstance(res, BaseException)]
+            if failed:
+                log.warning("worker %s: %d events not acknowledged (%r); sending them again",
+                            self.config.worker_id, len(failed), errors[0])
+                await asyncio.sleep(retry_s)
+            pending = [(rec, await self._producer.send(rec, wait=False)) for rec in failed]
 
 
 def serve(settings: Settings, config: WorkerConfig, model: Any, worker_cls: type[Worker] = Worker) -> None:

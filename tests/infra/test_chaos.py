@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from infra.chaos import ChaosConfig, audit_chunks, audit_inputs, run_chaos
+from infra.chaos import AUDIT_KEYS, ChaosConfig, audit_chunks, audit_inputs, run_chaos
 from schemas.records import ChunkDone, Generation, InputAccepted
 from streams.config import Settings
 
@@ -40,6 +40,7 @@ def test_chaos_run_audits_clean(kafka_bootstrap, redis_url, namespace, tmp_path)
     assert result["chunks"] > 100
     assert result["recovered_sessions"] >= 1   # the paused and the killed workers' sessions moved
     assert result["fenced_releases"] >= 1      # the resumed stale runtime learned it lost them
-    for key in ("dual_owner", "stale_releases", "overshoots", "inputs_lost", "inputs_duplicated",
-                "inputs_out_of_order"):
+    for key in AUDIT_KEYS:
         assert result[key] == 0, (key, result)
+    assert set(result["broker"]) == {"kind", "version", "brokers"}
+    assert result["broker_faults"] == {"leader_kills": 0, "full_restarts": 0}
