@@ -26,7 +26,7 @@ from typing import Any, Iterator
 from schemas.errors import InfraError
 
 __all__ = ["EmbeddedTansu", "EmbeddedRedis", "Infrastructure", "free_port", "wait_for_broker",
-           "wait_for_port", "infrastructure", "embedded_broker_kind", "start_embedded_broker",
+           "wait_for_port", "infrastructure", "embedded_broker_kind", "start_embedded_broker", "for_tansu",
            "TANSU_LOSES"]
 
 log = logging.getLogger(__name__)
@@ -252,11 +252,21 @@ class Infrastructure:
         return {"kind": "configured", "version": None, "brokers": len(self.bootstrap.split(","))}
 
     def settings(self, base: Any) -> Any:
-        """``base`` pointed at this broker and Redis; idempotent producers off on Tansu."""
+        """``base`` pointed at this broker and Redis; on Tansu without idempotent producers
+        and with short fetch waits."""
         settings = base.with_endpoints(self.bootstrap, self.redis_url)
         if getattr(self.broker, "kind", None) == "tansu":
-            settings = replace(settings, kafka=replace(settings.kafka, idempotence="off"))
+            settings = for_tansu(settings)
         return settings
+
+
+def for_tansu(settings: Any) -> Any:
+    """``settings`` as the embedded Tansu needs them: no idempotent producer (it refuses
+    them) and a fetch wait of at most ``TANSU_FETCH_WAIT_MS`` (it holds every fetch to it)."""
+    from streams.config import TANSU_FETCH_WAIT_MS
+
+    return replace(settings, kafka=replace(settings.kafka, idempotence="off"),
+                   fetch_wait_ms=min(settings.fetch_wait_ms, TANSU_FETCH_WAIT_MS))
 
 
 @contextlib.contextmanager

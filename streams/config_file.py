@@ -9,7 +9,7 @@ syntax, or the variable)::
     topic_prefix = "chunkserve."   namespace = "cs"
     max_record_bytes = 1048576     max_input_bytes = 65536     max_snapshot_bytes = 268435456
     input_rate_per_s = 50.0        input_burst = 100.0         max_sessions_per_worker = 64
-    fetch_wait_ms = 10
+    fetch_wait_ms = 100
     [kafka]  bootstrap, security_protocol, sasl_mechanism, sasl_username,
              ssl_cafile, ssl_certfile, ssl_keyfile, idempotence ("on" / "off")
     [redis]  url, username, ssl_ca_certs, ssl_certfile, ssl_keyfile

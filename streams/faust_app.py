@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # How long a fetch may wait for data (``Settings.fetch_wait_ms``). faust hard-codes 1500 ms
 # for its worker consumer, and a broker that holds every fetch to its maximum wait (the
 # embedded Tansu does) then adds that to every hop.
-_FETCH_WAIT_MS = {"value": 10}
+_FETCH_WAIT_MS = {"value": 100}
 
 
 def _short_fetch_wait(wait_ms: int) -> None:

@@ -26,8 +26,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield configured
         return
     broker = start_embedded_broker(Path(tmp_path_factory.mktemp("broker")))
-    if broker.kind == "tansu":  # child processes read this: Tansu has no idempotence
+    if broker.kind == "tansu":  # child processes read these (infra.embedded.for_tansu)
         os.environ["CHUNKSERVE_KAFKA_IDEMPOTENCE"] = "off"
+        os.environ["CHUNKSERVE_FETCH_WAIT_MS"] = "10"
     try:
         yield broker.bootstrap
     finally:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 from typing import Iterator
 
 import pytest
 
-from infra.embedded import TANSU_LOSES, embedded_broker_kind, start_embedded_broker
+from infra.embedded import TANSU_LOSES, embedded_broker_kind, for_tansu, start_embedded_broker
 from infra.flow import run_flow
 from schemas.errors import InfraError
 from streams.config import Settings
@@ -50,8 +49,9 @@ def test_starting_tansu_says_what_it_loses(tmp_path, caplog):
 
 
 def test_sessions_flow_end_to_end_on_tansu(tansu, redis_url, namespace, tmp_path):
-    base = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(tansu, redis_url)
-    settings = replace(base, kafka=replace(base.kafka, idempotence="off"))  # Tansu refuses it
+    settings = for_tansu(Settings(topic_prefix=f"{namespace}.", namespace=namespace)
+                         .with_endpoints(tansu, redis_url))
+    assert settings.kafka.idempotence == "off" and settings.fetch_wait_ms == 10
     summary = asyncio.run(run_flow(settings, tmp_path / "logs", sessions=2, chunks=4, workers=2,
                                    inputs=2, chunk_interval_s=0.02, timeout_s=90))
     assert summary.problems == []
