@@ -176,17 +176,18 @@ class ControlShell:
     def log_state(self, up: bool, now: float) -> None:
         """Record whether the broker answered at ``now`` (the fold loop probes it)."""
         if up != self.log_up:
-            log.warning("control: the broker %s", "answers again: decisions resume after a "
-                        "heartbeat timeout" if up else "does not answer: decisions wait")
+            log.warning("control: the broker %s", "answers again: decisions resume after two "
+                        "heartbeat timeouts" if up else "does not answer: decisions wait")
         if up and not self.log_up:
             self.log_up_since = now
         self.log_up = up
 
     def due(self, now: float) -> bool:
         """An epoch is due on a change or once a period, but never while the broker is away
-        nor within a heartbeat timeout of its return: no worker could be heard meanwhile,
-        and missed heartbeats would read as deaths."""
-        if not self.log_up or now - self.log_up_since <= self.config.heartbeat_timeout_s:
+        nor within two heartbeat timeouts of its return: no worker could be heard meanwhile
+        (and each client reconnects at its own pace), so missed heartbeats would read as
+        deaths."""
+        if not self.log_up or now - self.log_up_since <= 2 * self.config.heartbeat_timeout_s:
             return False
         return self.dirty or now - self.last_epoch >= self.config.period_s
 

@@ -27,6 +27,19 @@ def test_the_plan_and_the_figures():
     assert unserved_s({"a": [0.0, 4.0, 9.0]}, 2.0, 3.0) == 0.0
 
 
+def test_control_waits_while_the_broker_is_away_and_after():
+    """Unit: no decision (nor death detection) during an outage and two heartbeat timeouts after."""
+    from processors.agents.control import ControlConfig, ControlShell
+
+    shell = ControlShell(ControlConfig(heartbeat_timeout_s=3.0))
+    assert shell.due(100.0)
+    shell.log_state(False, 100.0)
+    assert not shell.due(109.0)
+    shell.log_state(True, 110.0)
+    assert not shell.due(115.9)
+    assert shell.due(116.1)
+
+
 def test_a_worker_sends_again_what_the_producer_gave_up_on():
     """Unit: events whose send failed (the broker away too long) go out again, in order."""
     from aiokafka.errors import KafkaConnectionError
@@ -107,3 +120,18 @@ def test_leader_failover_keeps_serving(cluster, redis_url, namespace, tmp_path):
     assert (faults["leader_kills"], faults["full_restarts"]) == (1, 0)
     assert faults["events"][0]["led_partitions"] > 0
     _assert_clean(result)
+    # faust's own topics (the leader assignor's) are replicated like chunkserve's
+    replicas = asyncio.run(_faust_topic_replicas(cluster.bootstrap, namespace))
+    assert replicas and set(replicas.values()) == {3}, replicas
+
+
+async def _faust_topic_replicas(bootstrap: str, namespace: str) -> dict[str, int]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if t.startswith(namespace) and "__assignor" in t]
+        return {t["topic"]: len(t["partitions"][0]["replicas"]) for t in await admin.describe_topics(names)}
+    finally:
+        await admin.close()
