@@ -15,6 +15,14 @@ boot time seen over the last ``burst_memory_s`` (0 turns it off). A pool
 only grows a boot time after a burst starts, so what covers a burst is capacity held
 before it; bursts come in sessions, not in shares of the load, so the reserve is a count
 added to A (sized at u* like A), not a lower u*.
+
+With an SLO configured (``AutoscalerConfig.slo``: a deadline-miss rate and a worst chunk)
+the autoscaler follows measured chunk latency instead of the band: u* is the table's times
+a headroom factor that the chunks measured since the last decision move against the SLO's
+error budget (:func:`slo_feedback`), the pool holds A / u* plus the burst reserve at full
+capacity (the reserve only bridges a boot), grows as soon as it is short and shrinks once
+it has held a spare GPU for the scale-in delay. All of it is state as data
+(:class:`AutoscalerState`), so a new leader resumes it.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ __all__ = [
     "resize",
     "record_active",
     "burst_reserve",
+    "slo_feedback",
 ]
 
 TABLE_FORMAT = "chunkserve.volatility-table"
@@ -149,6 +158,13 @@ class AutoscalerConfig:
     scale_in_delay_s: float | None = None
     burst_memory_s: float = 900.0  # 0: no burst reserve
     burst_bucket_s: float = 5.0
+    slo: Slo | None = None  # SLO feedback on measured chunks (None: off)
+    slo_step_s: float = 60.0
+    headroom_start: float = 0.6
+    headroom_down: float = 0.9
+    headroom_up: float = 1.03
+    headroom_min: float = 0.3
+    headroom_max: float = 1.6
 
     def __post_init__(self) -> None:
         if (not (0 <= self.min_gpus <= self.max_gpus) or self.dwell_s < 0 or self.boot_s < 0 or self.scale_in_delay < 0
@@ -171,6 +187,10 @@ class AutoscalerState:
     low_peak: int = 0
     # per bucket, oldest first: (index, fewest, most executing sessions, rise into it)
     recent: tuple[tuple[int, int, int, int], ...] = ()
+    # SLO feedback: u* is multiplied by ``headroom``; chunks and misses so far, then in the
+    # current step, chunks over the worst bound in it, and the step's index
+    headroom: float | None = None  # None: the config's headroom_start
+    measured: tuple[int, int, int, int, int, int] | None = None
 
 
 def utilization(snapshot: Snapshot, model: LatencyModel, reserve: int = 0) -> tuple[float, int]:
@@ -207,6 +227,31 @@ def burst_reserve(recent: Recent) -> int:
     return max((r[3] for r in recent), default=0)
 
 
+def slo_feedback(state: AutoscalerState, snapshot: Snapshot, config: AutoscalerConfig) -> AutoscalerState:
+    """Fold the chunks measured since the last decision; when a step of ``slo_step_s``
+    closes, adjust the headroom on u* against the SLO's error budget: down
+    (``headroom_down``) when the step had a chunk over the worst bound or missed deadlines
+    more often than the SLO allows (twice as often while the run so far is within its
+    budget); up (``headroom_up``) when the step stayed under 70% of the rate and the run
+    within its budget."""
+    slo, c = config.slo, snapshot.chunks
+    if slo is None:
+        return state
+    step = math.floor(snapshot.now / config.slo_step_s)
+    total, missed, s_total, s_missed, over, at = state.measured or (0, 0, 0, 0, 0, step)
+    headroom = config.headroom_start if state.headroom is None else state.headroom
+    if step > at:  # the step closed: judge it (on the step, so early misses do not wind it up)
+        spent = missed > slo.miss_rate * total  # the run so far is over its budget
+        if over or s_missed > slo.miss_rate * s_total * (1.0 if spent else 2.0):
+            headroom *= config.headroom_down
+        elif not spent and s_missed < 0.7 * slo.miss_rate * s_total:
+            headroom *= config.headroom_up
+        headroom = min(config.headroom_max, max(config.headroom_min, headroom))
+        s_total = s_missed = over = 0
+    measured = (total + c.count, missed + c.missed, s_total + c.count, s_missed + c.missed, over + int(c.worst_s > slo.worst_s), step)
+    return replace(state, headroom=headroom, measured=measured)
+
+
 def shutdowns(snapshot: Snapshot) -> tuple[Shutdown, ...]:
     """Shutdown for each draining GPU no session (in any lifecycle state) still names."""
     held = {s.gpu_id for s in snapshot.sessions if s.gpu_id is not None and s.lifecycle is not SessionState.TERMINATED}
@@ -232,6 +277,10 @@ def autoscale(
     """
     now = snapshot.now
     u_target, delta = table.lookup(level)
+    if config.slo is not None:
+        state = slo_feedback(state, snapshot, config)
+        h = state.headroom if state.headroom is not None else config.headroom_start
+        u_target, delta = min(0.98, u_target * h), delta * min(1.0, h)
     reserve = 0
     if foresight is not None:  # an oracle: the peak of the next boot time is known
         reserve = max(0, foresight - snapshot.active_count())
@@ -239,6 +288,8 @@ def autoscale(
         recent = record_active(state.recent, now, snapshot.active_count(), config)
         reserve = burst_reserve(recent)
         state = replace(state, recent=recent)
+    if config.slo is not None:
+        return _slo_scale(snapshot, model, config, state, u_target, reserve)
     u_max, active = utilization(snapshot, model, reserve)
     demand = active + reserve
     low = u_max < u_target - delta
@@ -256,7 +307,34 @@ def autoscale(
         cmds = resize(snapshot, model, state.low_peak / u_target, config, grow=False)
     else:
         cmds = ()
-    return (cmds, AutoscalerState(now, recent=state.recent)) if cmds else ((), state)
+    return (cmds, AutoscalerState(now, recent=state.recent, headroom=state.headroom, measured=state.measured)) if cmds else ((), state)
+
+
+def _slo_scale(snapshot: Snapshot, model: LatencyModel, config: AutoscalerConfig, state: AutoscalerState, u: float,
+               reserve: int) -> tuple[tuple[Command, ...], AutoscalerState]:
+    """SLO mode: hold A / u (u from the SLO feedback) plus the burst reserve at full
+    capacity: the reserve only has to absorb a burst until the boot that follows it. Grow
+    as soon as the pool is short; shrink once it has had a GPU more than it needs for a
+    scale-in delay, to the most it needed meanwhile."""
+    now = snapshot.now
+    need = snapshot.active_count() / u + reserve  # session slots
+    have = sum(model[g.type].capacity for g in snapshot.gpus if g.state is not GpuState.DRAINING)
+    slots = math.ceil(need - 1e-9)
+    if have - model[config.gpu_type].capacity >= need:
+        since = state.low_since if state.low_since is not None else now
+        state = replace(state, low_since=since, low_peak=max(slots, state.low_peak) if state.low_since is not None else slots)
+    elif state.low_since is not None:
+        state = replace(state, low_since=None, low_peak=0)
+    if need > have:
+        cmds = resize(snapshot, model, need, config, grow=True)
+    elif state.low_since is not None and now - state.low_since >= config.scale_in_delay and (
+            state.last_action_at is None or now - state.last_action_at >= config.dwell_s):
+        cmds = resize(snapshot, model, state.low_peak, config, grow=False)
+    else:
+        cmds = ()
+    if not cmds:
+        return (), state
+    return cmds, replace(state, last_action_at=now, low_since=None, low_peak=0)
 
 
 def resize(snapshot: Snapshot, model: LatencyModel, need: float, config: AutoscalerConfig, *, grow: bool) -> tuple[Command, ...]:

@@ -8,6 +8,7 @@ from processors.autoscaler import (
     DEFAULT_VOLATILITY_TABLE,
     AutoscalerConfig,
     AutoscalerState,
+    Slo,
     VolatilityTable,
     autoscale,
     shutdowns,
@@ -69,6 +70,7 @@ class TurboServe:
     autoscale: bool = True
     future: tuple[int, ...] | None = None
     future_window_s: float = 30.0
+    slo: Slo | None = None  # when set, u* follows measured chunks to meet it (AutoscalerConfig.slo)
     name: str = "turboserve"
 
     def initial_state(self) -> TurboServeState:
@@ -78,11 +80,12 @@ class TurboServe:
         level = signal.level if signal is not None else state.level
         scale: tuple[Command, ...] = ()
         auto = state.autoscaler
+        config = self.autoscaler if self.slo is None else replace(self.autoscaler, slo=self.slo)
         if self.autoscale:
             known = None
             if self.future is not None:
-                known = _peak(self.future, self.future_window_s, snapshot.now, self.autoscaler.boot_s)
-            scale, auto = autoscale(snapshot, level, self.model, self.autoscaler, self.table, auto, known)
+                known = _peak(self.future, self.future_window_s, snapshot.now, config.boot_s)
+            scale, auto = autoscale(snapshot, level, self.model, config, self.table, auto, known)
         view = apply_drains(snapshot, scale)
         plan = plan_placement(view, self.model, self.rebalance, rebalance=self.migrate)
         tail = shutdowns(view) if self.autoscale else ()

@@ -10,7 +10,8 @@ the same way. Stricter, the latency-matched oracle (``oracle-autoscale``, run at
 u* until its worst chunk is no worse than the subject's) gives ``oracle_gap_pct``.
 
 At a stated SLO (:class:`processors.autoscaler.Slo`), each fixed-pool policy is sized with
-hindsight (the smallest pool that meets it) and elastic policies are run as configured.
+hindsight (the smallest pool that meets it); turboserve and the oracle run configured with
+the SLO (their knob is that configuration, nothing per trace); plug-ins are offered it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ ABLATIONS = ("turboserve-no-migration", "turboserve-no-autoscale")
 PEERS = ("infra.sim.peers:TeleFuser",)
 ALL_POLICIES = (*PAPER_BASELINES, *OFFLOAD_BASELINES, "turboserve", *ABLATIONS, "oracle", "oracle-autoscale", *PEERS)
 ORACLE_WINDOW_S = 30.0
+SLO_CONFIGURED = ("turboserve", "turboserve-no-migration", "oracle")  # take the SLO as configuration
 ORACLE_TARGETS = (1.0, 0.9, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2)
 
 
@@ -168,7 +170,9 @@ class Runner:
 def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str = "turboserve", slo: Slo = Slo()) -> dict[str, Any]:
     """Run ``policies``; when ``subject`` is among them, the comparisons against it."""
     tr = runner.trace
-    out: dict[str, Any] = {"trace": {"sessions": tr.sessions, "events": len(tr.events), "duration_s": tr.duration_s}, "policies": {}}
+    fut = runner.future[:-1] or runner.future
+    load = {"active_peak": max(fut, default=0), "active_mean": sum(fut) / len(fut) if fut else 0.0}  # per 30 s window
+    out: dict[str, Any] = {"trace": {"sessions": tr.sessions, "events": len(tr.events), "duration_s": tr.duration_s, **load}, "policies": {}}
     fixed = [p for p in policies if runner.fixed(p)]
     pools: dict[str, int] = {}
     sub = runner.run(subject) if subject in policies else None
@@ -225,13 +229,15 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
             pool = runner.smallest_pool(name, ok)
             res = runner.run(name, pool if pool is not None else 8 * max(runner.pinned_pool, runner.peak_pool) + 8)
             pool_size[res.policy] = pool
+        elif name in SLO_CONFIGURED:
+            res = runner.run(name, None, slo=slo)
         else:
             res = runner.run(name)
         met[res.policy] = ok(res)
         cost[res.policy] = res.cost
     fixed = {n: cost[n] for n in pool_size if met[n] and n != "turboserve-no-autoscale"}  # the baselines
     best = min(fixed, key=lambda n: fixed[n]) if fixed else None
-    oracle = runner.run("oracle") if "oracle" in policies else None
+    oracle = runner.run("oracle", None, slo=slo) if "oracle" in policies else None
     return {
         "miss_rate": slo.miss_rate,
         "worst_s": slo.worst_s,

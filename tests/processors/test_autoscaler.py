@@ -1,5 +1,6 @@
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -125,3 +126,40 @@ def test_burst_reserve_raises_the_demand_the_pool_is_sized_for():
     u, _ = DEFAULT_VOLATILITY_TABLE.lookup(1)
     assert cmds == (ScaleOut(math.ceil((48 + 32) / (u * 16)) - 4, "h20"),)
     assert state.recent[-1][3] == 32
+
+
+def _measured(now, count, missed, worst=0.5, gpus=4, active=80):
+    from processors.snapshot import ChunkStats
+
+    snap = _pool([active // gpus] * gpus, now=now, gpu_type="b300")
+    return Snapshot(snap.now, snap.gpus, snap.sessions, chunks=ChunkStats(count, missed, worst))
+
+
+def test_slo_feedback_buys_headroom_on_misses_and_spends_it_when_under_budget():
+    from processors.autoscaler import Slo, slo_feedback
+
+    cfg = AutoscalerConfig(slo=Slo(0.001, 3.0), slo_step_s=60.0, headroom_start=0.6)
+    state = slo_feedback(AutoscalerState(), _measured(10.0, 10_000, 50), cfg)  # 0.5% missed in step 0
+    assert state.headroom == 0.6
+    state = slo_feedback(state, _measured(61.0, 0, 0), cfg)  # step 0 closes over budget: less u*
+    assert state.headroom == pytest.approx(0.6 * cfg.headroom_down)
+    calm = AutoscalerState()
+    for k in range(5):
+        calm = slo_feedback(calm, _measured(60.0 * k + 1, 10_000, 0), cfg)
+    assert calm.headroom == pytest.approx(0.6 * cfg.headroom_up ** 4)  # four closed steps without misses
+    over = slo_feedback(slo_feedback(AutoscalerState(), _measured(1.0, 10_000, 0, worst=4.0), cfg), _measured(61.0, 0, 0), cfg)
+    assert over.headroom == pytest.approx(0.6 * cfg.headroom_down)  # a chunk over the worst bound counts too
+    assert AutoscalerState(headroom=0.5) == replace(calm, headroom=0.5, measured=None)  # plain data
+
+
+def test_slo_mode_grows_when_short_and_shrinks_after_the_delay():
+    from processors.autoscaler import Slo
+
+    cfg = AutoscalerConfig(slo=Slo(), headroom_start=1.0, burst_memory_s=0.0, dwell_s=0.0, boot_s=60.0)
+    table = PAPER_VOLATILITY_TABLE  # level 1: u* 0.80
+    cmds, state = autoscale(_measured(0.0, 0, 0, gpus=2, active=80), 1, PAPER, cfg, table)
+    assert cmds == (ScaleOut(1, "b300"),)  # 80 / 0.8 = 100 slots > 2 x 40
+    cmds, low = autoscale(_measured(100.0, 0, 0, gpus=4, active=40), 1, PAPER, cfg, table, state)
+    assert cmds == () and low.low_since == 100.0  # 50 slots needed, 160 held: waits a scale-in delay
+    cmds, _ = autoscale(_measured(160.0, 0, 0, gpus=4, active=40), 1, PAPER, cfg, table, low)
+    assert len(cmds) == 2 and all(isinstance(c, Drain) for c in cmds)  # down to the 50 slots it needed
