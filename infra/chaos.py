@@ -349,7 +349,9 @@ def _broker_fault_summary(faults: list[BrokerFault], times: dict[str, list[float
     if faults:
         out["events"] = [{"kind": f.kind, "nodes": f.nodes, "at_s": round(f.start - t0, 1),
                           "back_s": round((f.end or f.start) - t0, 1), "restart_s": f.restart_s,
-                          "unserved_s": unserved_s(times, f.start, f.end or f.start), **f.extra}
+                          "unserved_s": unserved_s(times, f.start, f.end or f.start),
+                          "served_after": sum(max(ts, default=0.0) > (f.end or f.start) for ts in times.values()),
+                          **f.extra}
                          for f in faults]
     return out
 
