@@ -59,10 +59,9 @@ def bars(doc: dict[str, Any]) -> dict[str, Any]:
     """The quality bars of one comparison: which hold, with the figures behind them."""
     pc, pl = doc["paper"]["matched_cost"]["worst_latency_reduction_pct"], doc["paper"]["matched_latency"]["cost_reduction_pct"]
     slo = doc["slo"]
-    ts = doc["policies"]["turboserve"]
     abl = doc.get("ablation_cost_increase_pct", {})
-    fixed = slo["fixed_pool_cost"]
-    saving = 100.0 * (fixed - ts["cost"]) / fixed if fixed else None
+    fixed, ts_cost = slo["fixed_pool_cost"], slo["cost"].get("turboserve")
+    saving = 100.0 * (fixed - ts_cost) / fixed if fixed and ts_cost is not None else None
     out = {
         "beats_paper_baselines": all(pc[b] > 0 and pl[b] > 0 for b in PAPER_BASELINES),
         "ablations_cost_more": bool(abl) and all(v > 0 for v in abl.values()),

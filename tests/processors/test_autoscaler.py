@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processors.autoscaler import (
+    VolatilityTable,
     DEFAULT_VOLATILITY_TABLE,
     PAPER_VOLATILITY_TABLE,
     AutoscalerConfig,
@@ -124,7 +125,7 @@ def test_burst_reserve_raises_the_demand_the_pool_is_sized_for():
     burst = _pool([12, 12, 12, 12], now=130.0)  # +32 within one boot time
     cmds, state = autoscale(burst, 1, PAPER, cfg, state=state)
     u, _ = DEFAULT_VOLATILITY_TABLE.lookup(1)
-    assert cmds == (ScaleOut(math.ceil((48 + 32) / (u * 16)) - 4, "h20"),)
+    assert cmds == (ScaleOut(math.ceil((48 / u + 32) / 16) - 4, "h20"),)  # the reserve at full capacity
     assert state.recent[-1][3] == 32
 
 
@@ -163,3 +164,19 @@ def test_slo_mode_grows_when_short_and_shrinks_after_the_delay():
     assert cmds == () and low.low_since == 100.0  # 50 slots needed, 160 held: waits a scale-in delay
     cmds, _ = autoscale(_measured(160.0, 0, 0, gpus=4, active=40), 1, PAPER, cfg, table, low)
     assert len(cmds) == 2 and all(isinstance(c, Drain) for c in cmds)  # down to the 50 slots it needed
+
+
+def test_burst_reserve_decays_with_age_and_is_held_at_full_capacity():
+    from processors.autoscaler import burst_reserve, record_active
+
+    cfg = AutoscalerConfig(gpu_type="b300", boot_s=60.0, burst_memory_s=300.0, burst_bucket_s=5.0)
+    recent = record_active((), 0.0, 10, cfg)
+    recent = record_active(recent, 30.0, 70, cfg)  # a rise of 60 within a boot time
+    assert burst_reserve(recent, cfg) == 60
+    later = record_active(recent, 180.0, 70, cfg)  # 150 s later: half the memory gone
+    assert burst_reserve(later, cfg) == 30
+    assert burst_reserve(later, replace(cfg, burst_decay=False)) == 60
+    snap = _pool([20, 20], now=180.0, gpu_type="b300")  # A = 40 on 2 x 40 slots
+    flat = VolatilityTable(((0.5, 0.05),) * 10)
+    cmds, _ = autoscale(snap, 1, PAPER, replace(cfg, dwell_s=0.0), flat, AutoscalerState(recent=later[:-1]))
+    assert cmds == (ScaleOut(1, "b300"),)  # 40 / 0.5 + 30 = 110 slots: three GPUs, not (40 + 30) / 0.5 = 140
