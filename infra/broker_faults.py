@@ -70,11 +70,12 @@ def plan(brokers: int, duration_s: float, kinds: tuple[str, ...] = KINDS) -> lis
 
 async def run_broker_faults(settings: Settings, broker: Any, duration_s: float, t0: float,
                             faults: list[BrokerFault], kinds: tuple[str, ...] = KINDS,
-                            down_s: float = 8.0, settle_s: float = 5.0,
+                            down_s: float = 8.0, outage_s: float = 0.0, settle_s: float = 5.0,
                             progress: Callable[[str], None] = lambda _m: None) -> None:
     """Carry out ``plan`` against ``broker`` (an ``EmbeddedKafka``) from monotonic ``t0``,
     appending each fault to ``faults`` as it starts. A node killed alone stays down
-    ``down_s``; every fault, the last included, is followed by ``settle_s`` of service."""
+    ``down_s``, all of them ``outage_s``; every fault, the last included, is followed by
+    ``settle_s`` of service."""
     settled = t0
     for at, kind in plan(broker.brokers, duration_s, kinds):
         await asyncio.sleep(max(0.0, t0 + at - time.monotonic(), settled - time.monotonic()))
@@ -94,6 +95,7 @@ async def run_broker_faults(settings: Settings, broker: Any, duration_s: float, 
             faults.append(fault)
             progress("SIGKILL every broker")
             await asyncio.to_thread(broker.kill_all)
+            await asyncio.sleep(outage_s)
             progress("restarting every broker")
             began = time.monotonic()
             await asyncio.to_thread(broker.restart_all)

@@ -74,6 +74,7 @@ class ChaosConfig:
     seed: int = 0
     process_faults: bool = True  # pause a worker, kill a worker, kill a dispatch replica
     broker_faults: tuple[str, ...] = ()  # of broker_faults.KINDS: leader_kill (3+ brokers), full_restart
+    outage_s: float = 0.0  # how long every broker stays down in the full restart
 
 
 def audit_chunks(chunks: list[ChunkDone]) -> dict[str, Any]:
@@ -247,7 +248,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
             run_start = time.monotonic()
             breaking = (asyncio.create_task(run_broker_faults(
                 settings, broker, config.duration_s, run_start, broker_faults, config.broker_faults,
-                progress=progress))
+                outage_s=config.outage_s, progress=progress))
                 if config.broker_faults else None)
             plan = _process_plan(config.process_faults)
             run_end = run_start + config.duration_s

@@ -439,6 +439,7 @@ def chaos(
     brokers: int = typer.Option(1, min=1, help="Apache Kafka brokers to start (the embedded cluster)."),
     broker_faults: bool = typer.Option(False, "--broker-faults", help="Also kill the leading broker "
                                        "and restart it (3+ brokers), then kill and restart every broker."),
+    outage: float = typer.Option(0.0, min=0.0, help="Seconds every broker stays down in the full restart."),
     process_faults: bool = typer.Option(True, "--process-faults/--no-process-faults",
                                         help="Pause a worker, kill a worker, kill a dispatch replica."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the audit here."),
@@ -455,7 +456,8 @@ def chaos(
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-chaos-"))
     run_id = uuid.uuid4().hex[:6]
     cfg = ChaosConfig(sessions=sessions, duration_s=duration, workers=workers, seed=seed,
-                      broker_faults=KINDS if broker_faults else (), process_faults=process_faults)
+                      broker_faults=KINDS if broker_faults else (), outage_s=outage,
+                      process_faults=process_faults)
     own_broker = "kafka" if broker_faults or brokers > 1 else None  # faults need a cluster of our own
     if broker_faults:  # the run's own clients: connection errors are what it asked for
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
