@@ -28,7 +28,6 @@ from schemas.errors import InfraError
 from schemas.records import (ChunkDone, Claimed, DeadLetter, InputAccepted, InputPushed, Record,
                              Released, SessionClosed, SessionOpened, WorkerDown, WorkerUp)
 from schemas.topics import WORKER_COMMANDS
-from streams.client import SessionClient
 from streams.config import Settings
 from streams.generations import GenerationStore
 from streams.kafka import RecordConsumer, RecordProducer
