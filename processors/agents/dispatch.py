@@ -278,6 +278,8 @@ def build_app(settings: Any) -> Any:
     from streams.generations import GenerationStore
     from streams.topics import TopicCatalogue
 
+    import redis.asyncio  # noqa: F401  (imported now: the first session would wait for it)
+
     app = make_app("dispatch", settings)
     catalogue = TopicCatalogue.from_settings(settings)
     publisher = FaustPublisher(app, catalogue)
