@@ -116,3 +116,12 @@ def test_slo_fixed_pool_is_the_cheapest_that_meets_it():
         fewer = runner.run(best, pool - 1)
         assert not slo.met(fewer.deadline_miss_rate, fewer.worst_chunk_latency_s)
     assert all(doc["fixed_pool_cost"] <= doc["cost"][n] for n in doc["pool_size"] if doc["met"][n])
+
+
+def test_all_runs_plugins_beside_the_builtins():
+    from infra.sim.report import ALL_POLICIES
+    from infra.sim_cli import _expand
+
+    names = _expand(["all", "tests.sim.plugin:Optioned", "rr"])
+    assert names[: len(ALL_POLICIES)] == list(ALL_POLICIES) and names[-1] == "tests.sim.plugin:Optioned"
+    assert "infra.sim.peers:TeleFuser" in ALL_POLICIES and len(names) == len(set(names))
