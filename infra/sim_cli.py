@@ -100,7 +100,7 @@ def simulate_cmd(
             raise ChunkserveError(f"{trace}: the trace has no events")
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, epoch_s=epoch, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory)
-        options = _builtin_options(vt, auto, slo)
+        options = _builtin_options(vt, auto)
         offer = {"table": vt, "autoscaler": auto, "slo": slo}
         with Progress(console=_err, transient=True) as bar:
             task = bar.add_task("simulating", total=None)
@@ -132,7 +132,8 @@ def _expand(policy: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _builtin_options(vt: object, auto: object, slo: object) -> dict:
+def _builtin_options(vt: object, auto: object) -> dict:
+    """Per built-in: the table and autoscaler config the CLI was given."""
     ts = {"table": vt, "autoscaler": auto}
     options = {n: dict(ts) for n in ("turboserve", "turboserve-no-migration", "turboserve-no-autoscale", "oracle")}
     options["oracle-autoscale"] = {"autoscaler": auto}
@@ -208,7 +209,7 @@ def evaluate_cmd(
         vt, auto, slo = load_volatility_table(), AutoscalerConfig(), Slo(slo_miss, slo_worst)
         with Progress(console=_err, transient=True) as bar:
             task = bar.add_task("evaluating", total=None)
-            out = evaluate(specs, load_profiles("paper"), SimConfig(warm_start=True), _builtin_options(vt, auto, slo),
+            out = evaluate(specs, load_profiles("paper"), SimConfig(warm_start=True), _builtin_options(vt, auto),
                            {"table": vt, "autoscaler": auto, "slo": slo}, slo, on_trace=lambda s: bar.update(task, description=s))
     except ChunkserveError as exc:
         _fail(exc)
