@@ -233,7 +233,10 @@ def start_embedded_broker(folder: Path, brokers: int = 1, kind: str | None = Non
     if brokers != 1:
         raise InfraError(f"the embedded Tansu runs one broker, not {brokers}: install Java for "
                          "an Apache Kafka cluster")
-    log.warning("no Java here: running the embedded Tansu broker (%s)", TANSU_LOSES)
+    from .apache_kafka import java_available
+
+    why = "" if java_available() else "no Java here: "
+    log.warning("%srunning the embedded Tansu broker (%s)", why, TANSU_LOSES)
     return EmbeddedTansu(log_path=folder / "tansu.log").start()
 
 

@@ -21,8 +21,8 @@ __all__ = ["KafkaSettings", "RedisSettings", "Settings", "DEFAULT_PARTITIONS", "
 
 ENV_PREFIX = "CHUNKSERVE_"
 INPUT_ENVELOPE_BYTES = 1024  # what an input record carries beside its payload, at most
-DEAD_LETTER_ENVELOPE_BYTES = 8192
-TANSU_FETCH_WAIT_MS = 10  # Tansu holds a fetch to its whole wait: keep it short there  # a dead letter beside the refused bytes: reason, key, source
+DEAD_LETTER_ENVELOPE_BYTES = 8192  # a dead letter beside the refused bytes: reason, key, source
+TANSU_FETCH_WAIT_MS = 10  # Tansu holds a fetch to its whole wait: keep it short there
 
 DEFAULT_PARTITIONS: dict[str, int] = {
     SESSION_EVENTS: 8,

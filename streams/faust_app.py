@@ -28,51 +28,38 @@ __all__ = ["make_app", "cluster_replication", "FaustPublisher", "decode_event", 
 
 log = logging.getLogger(__name__)
 
-# How long a fetch may wait for data (``Settings.fetch_wait_ms``). faust hard-codes 1500 ms
-# for its worker consumer, and a broker that holds every fetch to its maximum wait (the
-# embedded Tansu does) then adds that to every hop.
-_FETCH_WAIT_MS = {"value": 100}
+# What the patched faust methods read (the latest app's settings): how long its worker
+# consumer's fetch may wait for data (``Settings.fetch_wait_ms``; faust hard-codes 1500 ms,
+# and a broker that holds every fetch to its whole wait, as the embedded Tansu does, adds
+# that to every hop), and whether its producer is idempotent (``kafka.idempotence``).
+_TUNING: dict[str, Any] = {"fetch_wait_ms": 100, "idempotent": False}
 
 
-def _short_fetch_wait(wait_ms: int) -> None:
-    """Make faust's worker consumer use ``wait_ms`` (faust has no setting for it)."""
+def _tune_faust(fetch_wait_ms: int, idempotent: bool) -> None:
+    """faust has no setting for its worker consumer's fetch wait, and makes its producer
+    idempotent only inside transactions: patch both, once per process."""
     from faust.transport.drivers import aiokafka as driver
 
-    _FETCH_WAIT_MS["value"] = wait_ms
-    thread = driver.AIOKafkaConsumerThread
-    if getattr(thread, "_chunkserve_short_fetch", False):
+    _TUNING.update(fetch_wait_ms=fetch_wait_ms, idempotent=idempotent)
+    if getattr(driver, "_chunkserve_tuned", False):
         return
-    original = thread._create_worker_consumer
+    thread, producer = driver.AIOKafkaConsumerThread, driver.Producer
+    create_consumer, settings_extra = thread._create_worker_consumer, producer._settings_extra
 
     def create(self: Any, *args: Any, **kwargs: Any) -> Any:
-        consumer = original(self, *args, **kwargs)
-        consumer._fetch_max_wait_ms = _FETCH_WAIT_MS["value"]  # read by its fetcher at start()
+        consumer = create_consumer(self, *args, **kwargs)
+        consumer._fetch_max_wait_ms = _TUNING["fetch_wait_ms"]  # read by its fetcher at start()
         return consumer
 
-    thread._create_worker_consumer = create
-    thread._chunkserve_short_fetch = True
-
-def _idempotent_producer(on: bool) -> None:
-    """Make faust's producer idempotent (faust turns it on only inside transactions)."""
-    from faust.transport.drivers import aiokafka as driver
-
-    _IDEMPOTENT["value"] = on
-    producer = driver.Producer
-    if getattr(producer, "_chunkserve_idempotent", False):
-        return
-    original = producer._settings_extra
-
     def extra(self: Any) -> Any:
-        settings = dict(original(self))
-        if _IDEMPOTENT["value"]:
+        settings = dict(settings_extra(self))
+        if _TUNING["idempotent"]:
             settings.update(acks="all", enable_idempotence=True)
         return settings
 
+    thread._create_worker_consumer = create
     producer._settings_extra = extra
-    producer._chunkserve_idempotent = True
-
-
-_IDEMPOTENT = {"value": False}
+    driver._chunkserve_tuned = True
 
 
 def shorten_gil_switch(interval_s: float = 0.0005) -> None:
@@ -112,8 +99,7 @@ def cluster_replication(settings: Settings) -> int:
 def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
     """A faust app on the configured broker, at-least-once, with no web server by default.
     faust's own topics are replicated as the cluster allows (``cluster_replication``)."""
-    _short_fetch_wait(settings.fetch_wait_ms)
-    _idempotent_producer(settings.kafka.idempotence == "on")
+    _tune_faust(settings.fetch_wait_ms, settings.kafka.idempotence == "on")
     opts: dict[str, Any] = dict(
         broker=f"kafka://{settings.kafka.bootstrap}",
         broker_credentials=settings.kafka.faust_credentials(),
