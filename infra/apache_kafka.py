@@ -2,9 +2,10 @@
 
 ``ensure_kafka`` copies the broker's jars into a cache folder on first use (Maven, the pom
 beside this module); ``EmbeddedKafka`` formats and starts one broker, or a cluster of N
-combined broker+controller nodes (replication factor min(N, 3), ``min.insync.replicas``
-2 when N >= 3), on free loopback ports with data folders on disk. It can kill, pause,
-resume and restart any node, or all of them, on the same folders: the log survives.
+combined broker+controller nodes (replicated as ``streams.topics.replication_for`` says:
+three copies, two in sync, where there are three nodes), on free loopback ports with data
+folders on disk. It can kill, pause, resume and restart any node, or all of them, on the
+same folders: the log survives.
 """
 
 from __future__ import annotations
@@ -168,20 +169,14 @@ class EmbeddedKafka:
         node = self.nodes[0]
         return node.proc.pid if node.running and node.proc is not None else None
 
-    @property
-    def replication_factor(self) -> int:
-        return min(self.brokers, 3)
-
-    @property
-    def min_insync_replicas(self) -> int:
-        return 2 if self.brokers >= 3 else 1
-
     def describe(self) -> dict[str, object]:
         """What benchmarks and chaos runs report as ``"broker"``."""
         return {"kind": self.kind, "version": self.version, "brokers": self.brokers}
 
     def properties(self, node: KafkaNode) -> dict[str, str]:
-        rf, isr = str(self.replication_factor), str(self.min_insync_replicas)
+        from streams.topics import replication_for
+
+        rf, isr = (str(n) for n in replication_for(self.brokers))
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
         props = {
             "process.roles": "broker,controller",
