@@ -78,13 +78,13 @@ def cluster_replication(settings: Settings) -> int:
 
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from .topics import replication_for
+    from .topics import broker_count, replication_for
 
     async def brokers() -> int:
         admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs(), request_timeout_ms=10_000)
         await admin.start()
         try:
-            return len((await admin.describe_cluster())["brokers"])
+            return await broker_count(admin)
         finally:
             await admin.close()
 

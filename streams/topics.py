@@ -9,7 +9,8 @@ from schemas.topics import TOPICS
 
 from .config import Settings
 
-__all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "replication_for", "until_led",
+__all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "replication_for", "broker_count",
+           "until_led",
            "TOPIC_FRAMING_BYTES"]
 
 TOPIC_FRAMING_BYTES = 4096
@@ -71,7 +72,7 @@ async def ensure_topics(settings: Settings) -> TopicCatalogue:
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        factor, isr = replication_for(await _broker_count(admin))
+        factor, isr = replication_for(await broker_count(admin))
         # the broker enforces each topic's bound too (plus room for the batch, key and headers)
         missing = [NewTopic(catalogue.name(t), catalogue.partitions.get(t, 1), factor,
                             topic_configs={"max.message.bytes": str(catalogue.limit(t) + TOPIC_FRAMING_BYTES),
@@ -112,7 +113,9 @@ async def until_led(client: dict[str, Any], topics: dict[str, int], timeout_s: f
         await consumer.stop()
 
 
-async def _broker_count(admin: object) -> int:
+async def broker_count(admin: object) -> int:
+    """How many brokers the cluster lists, through a started admin client (1 where the
+    broker has no DescribeCluster, as Tansu)."""
     try:
         return len((await admin.describe_cluster())["brokers"])  # type: ignore[attr-defined]
     except Exception:  # a broker without DescribeCluster (Tansu): one node

@@ -301,19 +301,17 @@ def build_app(settings: Any) -> Any:
     @app.task
     async def probe_log() -> None:
         """Ask the broker for the folded partitions' end offsets every tick: whether it answers."""
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import TopicPartition
 
         topics = [SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS]
-        probe = AIOKafkaConsumer(**settings.kafka.client_kwargs(), enable_auto_commit=False,
-                                 request_timeout_ms=5000)
-        await probe.start()
+        probe = RecordConsumer(settings, topics, None, name="control-probe", catalogue=catalogue,
+                               request_timeout_ms=5000)
+        await probe.start(subscribe=False)
         try:
-            names = [catalogue.name(t) for t in topics]
-            cluster = await probe._client.fetch_all_metadata()  # every partition of each topic
-            tps = [TopicPartition(n, p) for n in names for p in cluster.partitions_for_topic(n) or {0}]
+            tps = [TopicPartition(catalogue.name(t), p) for t in topics for p in await probe.partitions(t)]
             while True:
                 try:
-                    await asyncio.wait_for(probe.end_offsets(tps), max(1.0, 2 * config.tick_s))
+                    await asyncio.wait_for(probe.raw.end_offsets(tps), max(1.0, 2 * config.tick_s))
                     shell.log_state(True, shell.clock())
                 except Exception:  # unreachable, no leader, timed out: the broker is away
                     shell.log_state(False, shell.clock())
