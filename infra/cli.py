@@ -54,6 +54,9 @@ def _global_options(
     _CONFIG["path"] = config
     if config is not None:  # child processes read the same file
         os.environ["CHUNKSERVE_CONFIG"] = str(config)
+    from workers.supervision import watch_parent
+
+    watch_parent()  # a child of `up` or of the provisioner stops when its parent is gone
 
 
 def _metrics_server(port: Optional[int]) -> None:
@@ -358,6 +361,9 @@ def ownership_check(
     _write_json(result, json_out)
 
 
+UP_STOP_GRACE_S = 3.0  # per group of `up`'s children: three groups stop within 10 s
+
+
 @app.command("up")
 def up(
     dispatchers: int = typer.Option(1, min=1, help="Dispatch replicas (one consumer group)."),
@@ -372,13 +378,18 @@ def up(
     asyncio.run(ensure_topics(settings))
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-up-"))
     fleet = LocalFleet(settings, logs)
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops the fleet as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         for i in range(dispatchers):
             fleet.start_processor("dispatch", replica=str(i))
         for name in ("detector", "control", "metrics"):
             fleet.start_processor(name)
         fleet.start_provisioner()
-        console.print(f"up: {', '.join(fleet.procs)}; logs in {logs}; Ctrl-C stops them")
+        console.print(f"up: {', '.join(fleet.procs)}; logs in {logs}; Ctrl-C or SIGTERM stops them")
         while all(fleet.alive().values()):
             time.sleep(1.0)
         console.print(f"[red]a process exited:[/red] {[n for n, ok in fleet.alive().items() if not ok]}")
@@ -386,7 +397,11 @@ def up(
     except KeyboardInterrupt:
         pass
     finally:
-        fleet.stop_all()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM does not cut the stop short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # no new scaling decision, then the provisioner drains and stops its workers, then the rest
+        fleet.stop_all(first=("control-0", "provisioner"), grace_s=UP_STOP_GRACE_S)
+        console.print("up: stopped")
 
 
 @app.command("watch")

@@ -1,18 +1,20 @@
 """Local process fleet: dispatch replicas and workers as child processes of this one.
 
 The embedded default for one machine; every child reads its endpoints from the
-``CHUNKSERVE_*`` environment this module passes down, and logs to its own file.
+``CHUNKSERVE_*`` environment this module passes down, logs to its own file and stops when
+this process dies (``workers.supervision``).
 """
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from streams.config import Settings, child_env
+from workers.supervision import spawn, stop_in_order
 
 __all__ = ["LocalFleet", "child_env"]
 
@@ -29,9 +31,9 @@ class LocalFleet:
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "infra", *args],
-                                    env={**child_env(self.settings), **self.extra_env},
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = spawn([sys.executable, "-m", "infra", *args],
+                         {**child_env(self.settings), **self.extra_env},
+                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.procs[name] = proc
         return proc
 
@@ -40,11 +42,11 @@ class LocalFleet:
         self._spawn(worker_id, ["worker", "--worker-id", worker_id, "--capacity", str(capacity),
                                 "--chunk-interval", str(chunk_interval_s), "--gpu-type", gpu_type])
 
-    def start_provisioner(self) -> None:
-        self._spawn("provisioner", ["provisioner"])
+    def start_provisioner(self, options: Sequence[str] = ()) -> None:
+        self._spawn("provisioner", ["provisioner", *options])
 
-    def start_processor(self, name: str, replica: str = "0") -> None:
-        self._spawn(f"{name}-{replica}", ["processor", name])
+    def start_processor(self, name: str, replica: str = "0", options: Sequence[str] = ()) -> None:
+        self._spawn(f"{name}-{replica}", ["processor", name, *options])
 
     def alive(self) -> dict[str, bool]:
         return {name: p.poll() is None for name, p in self.procs.items()}
@@ -53,13 +55,7 @@ class LocalFleet:
         proc = self.procs.pop(name, None)
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_in_order([[proc]], timeout_s)
         return proc.returncode
 
     def kill(self, name: str) -> None:
@@ -68,11 +64,10 @@ class LocalFleet:
         proc.kill()
         proc.wait(timeout=10)
 
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)  # a paused child cannot handle SIGTERM
-                proc.send_signal(signal.SIGTERM)
-        for name in list(self.procs):
-            self.stop(name)
+    def stop_all(self, first: Sequence[str] = (), grace_s: float = 10.0) -> None:
+        """Stop the children named in ``first`` one after the other, then the rest together:
+        SIGTERM, and SIGKILL for any still running after ``grace_s``."""
+        groups = [[self.procs.pop(n)] for n in first if n in self.procs]
+        rest = list(self.procs.values())
+        self.procs.clear()
+        stop_in_order([*groups, rest], grace_s)

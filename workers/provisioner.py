@@ -14,7 +14,6 @@ import asyncio
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from schemas import records as r
 from schemas.codec import encode
 from schemas.topics import SCALING_COMMANDS
 from streams.config import Settings, child_env
+
+from .supervision import spawn, stop_in_order
 
 __all__ = ["Provisioner", "LocalProcessProvisioner", "ProvisionerService", "run_provisioner",
            "next_index"]
@@ -60,7 +61,8 @@ class LocalProcessProvisioner:
     """Workers as child processes: ``python -m infra worker --worker-id <pool>-<n> ...``.
 
     Children inherit the ``CHUNKSERVE_*`` environment (pointed at ``settings``), log to
-    ``log_dir/<id>.log`` (or to this process's output) and stop with this provisioner.
+    ``log_dir/<id>.log`` (or to this process's output) and stop with this provisioner, even
+    when it is killed (``workers.supervision``).
     """
 
     def __init__(self, settings: Settings, pool: str = "default", *, capacity: int = 8,
@@ -91,9 +93,8 @@ class LocalProcessProvisioner:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 out = open(self.log_dir / f"{wid}.log", "ab")
             try:
-                self.procs[wid] = subprocess.Popen(args, env=child_env(self.settings), stdout=out,
-                                                   stderr=subprocess.STDOUT if out else None,
-                                                   stdin=subprocess.DEVNULL)
+                self.procs[wid] = spawn(args, child_env(self.settings), stdout=out,
+                                        stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL)
             finally:
                 if out is not None:
                     out.close()
@@ -108,15 +109,13 @@ class LocalProcessProvisioner:
         proc = self.procs.pop(worker_id, None)
         if proc is None:
             return False
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                await asyncio.to_thread(proc.wait, 5)
+        await asyncio.to_thread(stop_in_order, [[proc]], self.stop_timeout_s)
         log.info("provisioner: stopped %s (rc %s)", worker_id, proc.returncode)
         return True
+
+    def running(self) -> list[str]:
+        """Ids of the children still running."""
+        return [w for w, p in self.procs.items() if p.poll() is None]
 
     def exited(self) -> dict[str, int]:
         """Children that exited without being asked to, with their return codes (forgotten here)."""
@@ -126,12 +125,10 @@ class LocalProcessProvisioner:
         return gone
 
     async def close(self) -> None:
-        """Stop every child still running."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for wid in list(self.procs):
-            await self.shutdown(wid)
+        """Stop every child still running (all at once, each with its grace period)."""
+        procs = list(self.procs.values())
+        self.procs.clear()
+        await asyncio.to_thread(stop_in_order, [procs], self.stop_timeout_s)
 
 
 class ProvisionerService:
@@ -240,7 +237,12 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
                 await service.retry()
                 await service.reap()
                 next_retry = time.monotonic() + retry_s
-    finally:
+    finally:  # drain, then stop: no session is admitted on a worker that is going away
+        for wid in getattr(provisioner, "running", list)():
+            try:
+                await store.set_draining(wid, True)
+            except Exception as exc:  # Redis away: the workers stop all the same
+                log.warning("provisioner: could not mark %s draining: %s", wid, exc)
         close = getattr(provisioner, "close", None)
         if close is not None:
             await close()

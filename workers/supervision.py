@@ -1,0 +1,93 @@
+"""Child processes that do not outlive their parent, and parents that stop them in order.
+
+A parent starts each child with :func:`spawn`: the child gets its own process group (a
+Ctrl-C at the terminal reaches the parent only, which then stops the children in its own
+order), ``PR_SET_PDEATHSIG`` on Linux (SIGTERM when the parent dies, even by SIGKILL) and
+``CHUNKSERVE_PARENT_PID`` in its environment. A ``chunkserve`` child calls
+:func:`watch_parent` at start: a daemon thread that stops it when its parent is gone, on
+any platform and whichever thread of the parent started it (the death signal follows the
+starting thread). :func:`stop_in_order` stops children group by group: SIGTERM (their
+own graceful stop), then SIGKILL for those still running after a grace period.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from streams.config import PARENT_PID_ENV
+
+__all__ = ["spawn", "watch_parent", "stop_in_order", "terminate"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    def preexec() -> None:  # runs in the child between fork and exec: no locks, no logging
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before the death signal was armed
+            os._exit(1)
+
+    return preexec
+
+
+def spawn(args: Sequence[str], env: Mapping[str, str], **popen: Any) -> subprocess.Popen[bytes]:
+    """Start ``args`` as a supervised child of this process (see the module docstring)."""
+    me = os.getpid()
+    # the death signal fires when the *thread* that forked exits: arm it from the main one only
+    main = threading.current_thread() is threading.main_thread()
+    return subprocess.Popen(list(args), env={**env, PARENT_PID_ENV: str(me)}, process_group=0,
+                            preexec_fn=_die_with(me) if main else None, **popen)
+
+
+def watch_parent(env: Mapping[str, str] | None = None, interval_s: float = 0.5,
+                 grace_s: float = 20.0) -> threading.Thread | None:
+    """Stop this process (SIGTERM, then exit after ``grace_s``) once the parent named by
+    ``CHUNKSERVE_PARENT_PID`` is gone; None when no parent is named."""
+    env = os.environ if env is None else env
+    try:
+        parent = int(env.get(PARENT_PID_ENV, ""))
+    except ValueError:
+        return None
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(1)  # the graceful stop hung
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def terminate(proc: subprocess.Popen[bytes]) -> None:
+    """Ask a child to stop (resuming it first: a stopped process cannot handle SIGTERM)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+
+
+def stop_in_order(groups: Iterable[Iterable[subprocess.Popen[bytes]]], grace_s: float = 8.0,
+                  clock: Callable[[], float] = time.monotonic) -> None:
+    """Stop each group of children in turn: SIGTERM to the whole group, wait up to
+    ``grace_s`` for it, SIGKILL what still runs; the next group starts when this one is gone."""
+    for group in groups:
+        procs = list(group)
+        for proc in procs:
+            terminate(proc)
+        deadline = clock() + grace_s
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - clock()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
