@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.errors import ChunkserveError, ConfigError
-from streams.config import Settings
+from schemas.records import Record, WorkerProvisioned
+from streams.config import PROVISIONER_ENV, Settings
 
 app = typer.Typer(help="chunkserve: serve long-lived, stateful, GPU-backed streaming sessions.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -140,6 +141,10 @@ def worker(
     _warn_unsigned(settings)
     _metrics_server(metrics_port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    provisioner = os.environ.get(PROVISIONER_ENV)
+    if provisioner:  # started by a provisioner, which can stop it: said before its WorkerUp
+        asyncio.run(_publish(settings, WorkerProvisioned(worker_id=worker_id, ts=time.time(),
+                                                         provisioner=provisioner, pool=pool)))
     model = (ReferenceModel.load(checkpoint, device=device) if checkpoint
              else ReferenceModel(seed=0, device=device))
     cfg = WorkerConfig(worker_id=worker_id, capacity=capacity, chunk_interval_s=chunk_interval,
@@ -149,6 +154,13 @@ def worker(
 
 
 PROCESSORS = ("dispatch", "detector", "control", "metrics")
+
+
+async def _publish(settings: Settings, rec: Record) -> None:
+    from streams.kafka import RecordProducer
+
+    async with RecordProducer(settings, client_id="chunkserve-cli") as producer:
+        await producer.send(rec)
 
 
 @app.command("provisioner")

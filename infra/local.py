@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from streams.config import Settings, child_env
+from streams.config import PROVISIONER_ENV, Settings, child_env
 from workers.supervision import spawn, stop_in_order
 
 __all__ = ["LocalFleet", "child_env"]
@@ -28,11 +28,11 @@ class LocalFleet:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = spawn([sys.executable, "-m", "infra", *args],
-                         {**child_env(self.settings), **self.extra_env},
+                         {**child_env(self.settings), **self.extra_env, **(env or {})},
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.procs[name] = proc
         return proc
@@ -40,7 +40,8 @@ class LocalFleet:
     def start_worker(self, worker_id: str, capacity: int = 8, chunk_interval_s: float = 0.1,
                      gpu_type: str = "cpu") -> None:
         self._spawn(worker_id, ["worker", "--worker-id", worker_id, "--capacity", str(capacity),
-                                "--chunk-interval", str(chunk_interval_s), "--gpu-type", gpu_type])
+                                "--chunk-interval", str(chunk_interval_s), "--gpu-type", gpu_type],
+                    {PROVISIONER_ENV: "local-fleet"})  # this fleet stops its workers: control may shut them down
 
     def start_provisioner(self, options: Sequence[str] = ()) -> None:
         self._spawn("provisioner", ["provisioner", *options])

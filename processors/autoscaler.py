@@ -264,9 +264,11 @@ def slo_feedback(state: AutoscalerState, snapshot: Snapshot, config: AutoscalerC
 
 
 def shutdowns(snapshot: Snapshot) -> tuple[Shutdown, ...]:
-    """Shutdown for each draining GPU no session (in any lifecycle state) still names."""
+    """Shutdown for each draining GPU no session (in any lifecycle state) still names;
+    never for an external one (chunkserve cannot stop it)."""
     held = {s.gpu_id for s in snapshot.sessions if s.gpu_id is not None and s.lifecycle is not SessionState.TERMINATED}
-    return tuple(Shutdown(g.id) for g in sorted(snapshot.gpus, key=lambda g: g.id) if g.state is GpuState.DRAINING and g.id not in held)
+    return tuple(Shutdown(g.id) for g in sorted(snapshot.gpus, key=lambda g: g.id)
+                 if g.state is GpuState.DRAINING and not g.external and g.id not in held)
 
 
 def autoscale(
@@ -354,7 +356,8 @@ def resize(snapshot: Snapshot, model: LatencyModel, need: float, config: Autosca
 
     Growing counts booting GPUs as capacity (no double boot). Shrinking waits while any GPU
     boots, drains the least-loaded GPUs first (then the dearest per slot, then by id) and
-    never drops below ``need`` slots, the executing sessions, or ``min_gpus``.
+    never drops below ``need`` slots, the executing sessions, or ``min_gpus``. External GPUs
+    count as capacity but are never drained: shutting them down is not chunkserve's to do.
     """
     pool = [g for g in snapshot.gpus if g.state is not GpuState.DRAINING]
     have = sum(model[g.type].capacity for g in pool)
@@ -377,7 +380,7 @@ def resize(snapshot: Snapshot, model: LatencyModel, need: float, config: Autosca
     left = len(pool)
     for g in sorted(pool, key=order):
         k = model[g.type].capacity
-        if left <= config.min_gpus or have - k < need or have - k < active:
+        if g.external or left <= config.min_gpus or have - k < need or have - k < active:
             continue
         drains.append(Drain(g.id))
         have -= k

@@ -53,6 +53,12 @@ class WorkerInfo:
     down_ts: float = _NEVER
     drain_ts: float = _NEVER
     shutdown_ts: float = _NEVER
+    provisioned_ts: float = _NEVER  # when a provisioner announced it (WorkerProvisioned)
+
+    @property
+    def provisioned(self) -> bool:
+        """A provisioner started it and can stop it; else it was started outside chunkserve."""
+        return self.provisioned_ts > _NEVER
 
     @property
     def last_seen(self) -> float:
@@ -161,6 +167,9 @@ def apply(view: ClusterView, rec: r.Record) -> ClusterView:
     if isinstance(rec, r.WorkerDown):
         w = view.workers.get(rec.worker_id) or WorkerInfo(rec.worker_id)
         return _worker(view, rec.worker_id, down_ts=max(w.down_ts, rec.ts))
+    if isinstance(rec, r.WorkerProvisioned):
+        w = view.workers.get(rec.worker_id) or WorkerInfo(rec.worker_id)
+        return _worker(view, rec.worker_id, provisioned_ts=max(w.provisioned_ts, rec.ts))
     if isinstance(rec, r.Claimed):
         s = view.sessions.get(rec.session_id) or SessionInfo(rec.session_id)
         gen = rec.generation
@@ -220,8 +229,8 @@ def _booting(view: ClusterView, now: float, boot_timeout_s: float) -> list[Gpu]:
     out: list[Gpu] = []
     for (pool, gpu_type), asks in sorted(groups.items()):
         since = min(ts for ts, _ in asks)
-        arrived = sum(1 for w in view.workers.values()
-                      if w.pool == pool and w.gpu_type == gpu_type and w.up[0] >= since)
+        arrived = sum(1 for w in view.workers.values()  # a worker started by hand answers no scale-out
+                      if w.provisioned and w.pool == pool and w.gpu_type == gpu_type and w.up[0] >= since)
         for i in range(max(0, sum(c for _, c in asks) - arrived)):
             out.append(Gpu(f"{BOOTING_PREFIX}{pool}:{i}", gpu_type, GpuState.BOOTING))
     return out
@@ -233,12 +242,12 @@ def to_snapshot(view: ClusterView, now: float, *, heartbeat_timeout_s: float = m
     """The policy's snapshot at ``now``.
 
     GPUs: live workers heard from within ``heartbeat_timeout_s`` (of ``gpu_types`` when
-    given), plus booting placeholders. Sessions: every non-terminated one, on its owner's GPU
+    given; ``external`` when no provisioner announced them), plus booting placeholders. Sessions: every non-terminated one, on its owner's GPU
     when that GPU is in the snapshot, or on the target of a pending handoff (one asked for at
     the current epoch less than ``handoff_timeout_s`` ago), so a migration in flight is not
     asked for twice.
     """
-    gpus = [Gpu(w.id, w.gpu_type, w.state) for _, w in sorted(view.workers.items())
+    gpus = [Gpu(w.id, w.gpu_type, w.state, external=not w.provisioned) for _, w in sorted(view.workers.items())
             if w.alive and now - w.last_seen <= heartbeat_timeout_s
             and (gpu_types is None or w.gpu_type in gpu_types)]
     gpus += [g for g in _booting(view, now, boot_timeout_s) if gpu_types is None or g.type in gpu_types]
@@ -267,6 +276,7 @@ def prune(view: ClusterView, before_ts: float) -> ClusterView:
     """
     sessions = {k: s for k, s in view.sessions.items()
                 if not (s.lifecycle is SessionState.TERMINATED and s.last_event[0] < before_ts)}
-    workers = {k: w for k, w in view.workers.items() if w.alive or w.down_ts >= before_ts}
+    workers = {k: w for k, w in view.workers.items()  # a provisioned worker may still be booting
+               if w.alive or max(w.down_ts, w.provisioned_ts) >= before_ts}
     scale_outs = {k: v for k, v in view.scale_outs.items() if v[0] >= before_ts}
     return replace(view, sessions=sessions, workers=workers, scale_outs=scale_outs)

@@ -20,11 +20,14 @@ class GpuState(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
-    """One GPU (worker) of the pool; ``type`` names its latency profile."""
+    """One GPU (worker) of the pool; ``type`` names its latency profile. An ``external``
+    one was started outside chunkserve: it serves sessions, but no decision drains or
+    shuts it down (that is for whoever started it)."""
 
     id: str
     type: str
     state: GpuState = GpuState.READY
+    external: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ __all__ = [
     # worker-commands
     "Assign", "Revoke", "Suspend", "Resume", "Terminate", "Handoff", "RoutedInput",
     # worker-events
-    "WorkerUp", "Heartbeat", "WorkerDown", "Claimed", "Released", "ChunkDone",
+    "WorkerUp", "Heartbeat", "WorkerDown", "WorkerProvisioned", "Claimed", "Released", "ChunkDone",
     "InputAccepted", "CommandRejected",
     # scaling-commands
     "ScaleOut", "Drain", "Shutdown",
@@ -256,6 +256,20 @@ class WorkerDown(Record):
     worker_id: Id
     ts: Seconds
     reason: str = ""
+
+
+@record("worker.provisioned")
+class WorkerProvisioned(Record):
+    """``worker_id`` was started by ``provisioner``, which also stops it on ``Shutdown``.
+
+    A worker no provisioner announced (started by hand, by Kubernetes...) is counted in its
+    pool and may be drained, but chunkserve never sends it ``Shutdown``.
+    """
+
+    worker_id: Id
+    ts: Seconds
+    provisioner: str
+    pool: str = "default"
 
 
 @record("worker.claimed")

@@ -47,8 +47,8 @@ TOPICS: dict[str, TopicSpec] = {
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
                   "dispatch, rebalancer", "workers", "Commands stamped with a generation.",
                   max_bytes=128 * 1024),
-        TopicSpec(WORKER_EVENTS, (r.WorkerUp, r.Heartbeat, r.WorkerDown, r.Claimed, r.Released,
-                                  r.ChunkDone, r.InputAccepted, r.CommandRejected),
+        TopicSpec(WORKER_EVENTS, (r.WorkerUp, r.Heartbeat, r.WorkerDown, r.WorkerProvisioned, r.Claimed,
+                                  r.Released, r.ChunkDone, r.InputAccepted, r.CommandRejected),
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
                   "workers, provisioner", "dispatch, rebalancer, autoscaler, metrics",
                   "What workers did.", max_bytes=192 * 1024),

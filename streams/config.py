@@ -17,10 +17,11 @@ from schemas.topics import (DEAD_LETTERS, METRICS, SCALING_COMMANDS, SESSION_EVE
                             SESSION_INPUTS, TOPICS, WORKER_COMMANDS, WORKER_EVENTS)
 
 __all__ = ["KafkaSettings", "RedisSettings", "Settings", "DEFAULT_PARTITIONS", "ENV_PREFIX",
-           "TANSU_FETCH_WAIT_MS", "PARENT_PID_ENV", "child_env"]
+           "TANSU_FETCH_WAIT_MS", "PARENT_PID_ENV", "PROVISIONER_ENV", "child_env"]
 
 ENV_PREFIX = "CHUNKSERVE_"
 PARENT_PID_ENV = "CHUNKSERVE_PARENT_PID"  # set by a supervising parent (workers.supervision) for its child only
+PROVISIONER_ENV = "CHUNKSERVE_PROVISIONER"  # set by a provisioner for the workers it starts (and stops)
 INPUT_ENVELOPE_BYTES = 1024  # what an input record carries beside its payload, at most
 DEAD_LETTER_ENVELOPE_BYTES = 8192  # a dead letter beside the refused bytes: reason, key, source
 TANSU_FETCH_WAIT_MS = 10  # Tansu holds a fetch to its whole wait: keep it short there
@@ -239,7 +240,8 @@ def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict
             env[env_var(key)] = str(value)
         else:  # unset here: the parent's variable for it must not reach the child
             env.pop(env_var(key), None)
-    env.pop(PARENT_PID_ENV, None)  # names this process's parent, not the child's
+    for own in (PARENT_PID_ENV, PROVISIONER_ENV):  # about this process, not about its children
+        env.pop(own, None)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env

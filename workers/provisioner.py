@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Protocol
 from schemas import records as r
 from schemas.codec import encode
 from schemas.topics import SCALING_COMMANDS
-from streams.config import Settings, child_env
+from streams.config import PROVISIONER_ENV, Settings, child_env
 
 from .supervision import spawn, stop_in_order
 
@@ -60,7 +60,9 @@ def next_index(pool: str, worker_ids: Iterable[str]) -> int:
 class LocalProcessProvisioner:
     """Workers as child processes: ``python -m infra worker --worker-id <pool>-<n> ...``.
 
-    Children inherit the ``CHUNKSERVE_*`` environment (pointed at ``settings``), log to
+    Children inherit the ``CHUNKSERVE_*`` environment (pointed at ``settings``) with
+    ``CHUNKSERVE_PROVISIONER`` naming this provisioner (so each announces itself as one
+    chunkserve may shut down: ``WorkerProvisioned``), log to
     ``log_dir/<id>.log`` (or to this process's output) and stop with this provisioner, even
     when it is killed (``workers.supervision``).
     """
@@ -93,7 +95,8 @@ class LocalProcessProvisioner:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 out = open(self.log_dir / f"{wid}.log", "ab")
             try:
-                self.procs[wid] = spawn(args, child_env(self.settings), stdout=out,
+                env = {**child_env(self.settings), PROVISIONER_ENV: f"provisioner-{self.pool}"}
+                self.procs[wid] = spawn(args, env, stdout=out,
                                         stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL)
             finally:
                 if out is not None:
@@ -143,6 +146,7 @@ class ProvisionerService:
         self.max_start = max_start
         self.pending: set[str] = set()
         self.seen: set[str] = set()  # decision ids of scale-outs carried out
+        self.refused: set[str] = set()  # workers asked to stop that this provisioner did not start
 
     async def reject(self, rec: r.Record, reason: str, detail: str) -> None:
         """Refuse a command without acting on it: counted and reported as CommandRejected."""
@@ -185,6 +189,10 @@ class ProvisionerService:
                 if load is not None:
                     await self.store.deregister_worker(wid)
                 await self.publish(r.WorkerDown(worker_id=wid, ts=self.clock(), reason="shutdown by provisioner"))
+            elif wid not in self.refused:  # started elsewhere: said once, never retried
+                self.refused.add(wid)
+                await self.reject(r.Shutdown(pool=self.provisioner.pool, worker_id=wid, ts=self.clock()),
+                                  "not-provisioned", f"{wid} was not started by this provisioner")
 
     async def reap(self) -> None:
         """Report children that died on their own."""

@@ -50,7 +50,8 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
     ``Migrate`` -> ``Handoff`` stamped with the view's current generation of the session
     (dropped when the view has none on the source, or the target is a booting placeholder);
     ``ScaleOut`` -> a scale-out of ``pool``; ``Drain`` / ``Shutdown`` -> the same for the
-    worker's pool (a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not repeated).
+    worker's pool (a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not repeated,
+    and none goes to a worker no provisioner announced: it was started outside chunkserve).
     Place, Resume, Suspend and Terminate belong to the dispatch and are dropped.
     """
     out: list[r.Record] = []
@@ -70,8 +71,8 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
                                decision_id=decision_id))
         elif isinstance(cmd, d.Shutdown) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
             w = view.workers.get(cmd.gpu_id)
-            if w is not None and now - w.shutdown_ts < shutdown_resend_s:
-                continue
+            if w is None or not w.provisioned or now - w.shutdown_ts < shutdown_resend_s:
+                continue  # unknown or started outside chunkserve: no provisioner here can stop it
             out.append(r.Shutdown(pool=pools.get(cmd.gpu_id, pool), worker_id=cmd.gpu_id, ts=now,
                                   decision_id=decision_id))
     return tuple(out)

@@ -1,4 +1,5 @@
-"""`chunkserve up` owns its process tree: SIGTERM stops all of it, SIGKILL leaves no orphan."""
+"""`chunkserve up` owns its process tree and only it: SIGTERM stops all of it, SIGKILL
+leaves no orphan, and a worker started beside it by hand is never shut down by it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import psutil
 import pytest
@@ -18,20 +20,20 @@ from streams.config import Settings, child_env
 pytestmark = pytest.mark.integration
 
 
-async def _scale_out(settings: Settings) -> None:
+async def _scale_out(settings: Settings, count: int = 1) -> None:
     from streams.kafka import RecordProducer
     from streams.topics import ensure_topics
 
     producer = await RecordProducer(settings, await ensure_topics(settings), client_id="test").start()
     try:
-        await producer.send(r.ScaleOut(pool="default", count=1, ts=time.time(), decision_id="by-hand"))
+        await producer.send(r.ScaleOut(pool="default", count=count, ts=time.time(), decision_id=uuid.uuid4().hex))
     finally:
         await producer.stop()
 
 
-def _start_up(settings: Settings, tmp_path) -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
+def _start_up(settings: Settings, tmp_path, **env: str) -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
     """`up` with every processor, the provisioner and one provisioned worker running."""
-    env = {**child_env(settings), "CHUNKSERVE_MIN_WORKERS": "0"}
+    env = {**child_env(settings), "CHUNKSERVE_MIN_WORKERS": "0", **env}
     up = subprocess.Popen([sys.executable, "-m", "infra", "up", "--log-dir", str(tmp_path / "logs")],
                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     asyncio.run(_scale_out(settings))
@@ -81,3 +83,54 @@ def test_children_of_a_killed_up_stop_by_themselves(settings, tmp_path):
         p.kill()
     assert alive == [], f"orphans {elapsed:.1f} s after SIGKILL of up: {[p.cmdline() for p in alive]}"
     print(f"SIGKILL of up: {len(tree)} children gone in {elapsed:.1f} s")
+
+
+async def _scaling_until_two_shutdowns(settings: Settings, quiet_s: float, timeout_s: float) -> list[r.Record]:
+    """Scaling commands from the start until two Shutdowns have gone out and ``quiet_s`` more."""
+    from infra.flow import EventLog
+    from schemas.topics import SCALING_COMMANDS, WORKER_EVENTS
+    from streams.kafka import RecordProducer
+
+    async with RecordProducer(settings, client_id="test-audit") as producer:
+        log = EventLog(settings, producer, (SCALING_COMMANDS, WORKER_EVENTS))
+        await log.start()
+        try:
+            try:
+                await log.until(lambda rs: len({x.worker_id for x in rs if isinstance(x, r.Shutdown)}) >= 2,
+                                timeout_s, "two provisioned workers drained and shut down")
+            except Exception:
+                print([x for x in log.records if not isinstance(x, r.Heartbeat)])
+                raise
+            deadline = time.monotonic() + quiet_s
+            while time.monotonic() < deadline:
+                await log.pump()
+            return [x for x in log.records if isinstance(x, (r.ScaleOut, r.Drain, r.Shutdown))]
+        finally:
+            await log.stop()
+
+
+def test_up_scales_in_around_a_hand_started_worker_and_never_stops_it(settings, tmp_path):
+    """A worker started by hand beside two provisioned ones, no sessions: control drains
+    and shuts down the provisioned ones (the hand-started one sorts first, the old choice)
+    and never sends the hand-started one a scaling command; it keeps running."""
+    hand = subprocess.Popen([sys.executable, "-m", "infra", "worker", "--worker-id", "a-hand",
+                             "--capacity", "8"], env=child_env(settings),
+                            stdout=open(tmp_path / "a-hand.log", "wb"), stderr=subprocess.STDOUT)
+    fast = {"CHUNKSERVE_MIN_WORKERS": "1", "CHUNKSERVE_SCALE_DWELL_S": "1", "CHUNKSERVE_BOOT_S": "2",
+            "CHUNKSERVE_BURST_MEMORY_S": "0", "CHUNKSERVE_CONTROL_PERIOD_S": "1"}
+    try:
+        up, _ = _start_up(settings, tmp_path, **fast)
+        try:
+            asyncio.run(_scale_out(settings))  # a second provisioned worker
+            recs = asyncio.run(_scaling_until_two_shutdowns(settings, quiet_s=15.0, timeout_s=150.0))
+        finally:
+            up.send_signal(signal.SIGTERM)
+            up.wait(timeout=30)
+        assert not [x for x in recs if getattr(x, "worker_id", None) == "a-hand"], recs
+        shut = sorted(x.worker_id for x in recs if isinstance(x, r.Shutdown))
+        assert shut[0].startswith("default-") and len(set(shut)) == 2
+        assert hand.poll() is None, "the hand-started worker was stopped"
+        print(f"scaling commands: {[(x.TAG, getattr(x, 'worker_id', '')) for x in recs]}")
+    finally:
+        hand.terminate()
+        hand.wait(timeout=30)

@@ -178,7 +178,8 @@ def test_scale_outs_stand_as_booting_gpus_until_their_workers_come_up():
     ])
     booting = [g for g in to_snapshot(view, 11).gpus if g.state is GpuState.BOOTING]
     assert [g.id.startswith(BOOTING_PREFIX) for g in booting] == [True, True]
-    view = apply(view, r.WorkerUp(worker_id="p-1", ts=15, capacity=4, pool="p"))
+    view = apply_all(view, [r.WorkerProvisioned(worker_id="p-1", ts=10.5, provisioner="provisioner-p", pool="p"),
+                            r.WorkerUp(worker_id="p-1", ts=15, capacity=4, pool="p")])
     assert sum(g.state is GpuState.BOOTING for g in to_snapshot(view, 16).gpus) == 1
     assert sum(g.state is GpuState.BOOTING for g in to_snapshot(view, 200).gpus) == 0  # boot timed out
     assert view.last_scale_ts == 10

@@ -13,6 +13,8 @@ G = r.Generation
 
 def _view() -> ClusterView:
     return apply_all(ClusterView(), [
+        r.WorkerProvisioned(worker_id="p-0", ts=0.5, provisioner="provisioner-p", pool="p"),
+        r.WorkerProvisioned(worker_id="p-1", ts=0.5, provisioner="provisioner-p", pool="p"),
         r.WorkerUp(worker_id="p-0", ts=1, capacity=4, pool="p"),
         r.WorkerUp(worker_id="p-1", ts=1, capacity=4, pool="p"),
         r.SessionOpened(session_id="a", ts=1),
