@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -60,15 +61,21 @@ def _global_options(
     watch_parent()  # a child of `up` or of the provisioner stops when its parent is gone
 
 
-def _metrics_server(port: Optional[int]) -> None:
+def _metrics_server(port: Optional[int], host: str) -> None:
     from streams.prom import start_metrics_server
 
     if port:
-        start_metrics_server(port)
-        console.print(f"Prometheus metrics on 127.0.0.1:{port}/metrics")
+        try:
+            start_metrics_server(port, addr=host)
+        except OSError as exc:
+            console.print(f"[red]--metrics-host {host} --metrics-port {port}:[/red] cannot listen ({exc.strerror})")
+            raise typer.Exit(2)
+        console.print(f"Prometheus metrics on {host}:{port}/metrics")
 
 
 MetricsPort = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port.")
+MetricsHost = typer.Option("127.0.0.1", "--metrics-host",
+                           help="Address the metrics endpoint listens on (0.0.0.0: every interface).")
 
 
 def _warn_unsigned(settings: Settings) -> None:
@@ -127,6 +134,7 @@ def worker(
     pool: str = typer.Option("default", help="Pool this worker belongs to."),
     gpu_type: str = typer.Option("cpu", help="Device type name, as in the latency profile."),
     metrics_port: Optional[int] = MetricsPort,
+    metrics_host: str = MetricsHost,
 ) -> None:
     """Run one worker: claim sessions, run coalesced chunks, release only when current."""
     from workers.model import ReferenceModel
@@ -139,7 +147,7 @@ def worker(
         console.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2)
     _warn_unsigned(settings)
-    _metrics_server(metrics_port)
+    _metrics_server(metrics_port, metrics_host)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     provisioner = os.environ.get(PROVISIONER_ENV)
     if provisioner:  # started by a provisioner, which can stop it: said before its WorkerUp
@@ -164,13 +172,13 @@ async def _publish(settings: Settings, rec: Record) -> None:
 
 
 @app.command("provisioner")
-def provisioner(metrics_port: Optional[int] = MetricsPort) -> None:
+def provisioner(metrics_port: Optional[int] = MetricsPort, metrics_host: str = MetricsHost) -> None:
     """Run the local process provisioner: starts, drains and stops workers on scaling commands."""
     from workers.provisioner import run_provisioner
 
     settings = _settings()
     _warn_unsigned(settings)
-    _metrics_server(metrics_port)
+    _metrics_server(metrics_port, metrics_host)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def main() -> None:
@@ -185,13 +193,13 @@ def provisioner(metrics_port: Optional[int] = MetricsPort) -> None:
 
 @app.command("processor")
 def processor(name: str = typer.Argument(..., help="Which processor: dispatch, detector, control, metrics."),
-              metrics_port: Optional[int] = MetricsPort) -> None:
+              metrics_port: Optional[int] = MetricsPort, metrics_host: str = MetricsHost) -> None:
     """Run one control-plane processor (a faust worker) against the configured cluster."""
     import faust
 
     settings = _settings()
     _warn_unsigned(settings)
-    _metrics_server(metrics_port)
+    _metrics_server(metrics_port, metrics_host)
     builders = {name: f"processors.agents.{name}" for name in PROCESSORS}
     if name not in builders:
         console.print(f"[red]unknown processor {name!r}[/red]; choose from {sorted(builders)}")
@@ -376,12 +384,26 @@ def ownership_check(
 UP_STOP_GRACE_S = 3.0  # per group of `up`'s children: three groups stop within 10 s
 
 
+def prometheus_targets(host: str, port: int, children: list[str]) -> list[dict[str, object]]:
+    """A Prometheus ``file_sd`` list: ``up`` on ``port``, its children on the ports after it."""
+    scrape = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return [{"targets": [f"{scrape}:{port + i}"], "labels": {"job": "chunkserve", "process": name}}
+            for i, name in enumerate(["up", *children])]
+
+
 @app.command("up")
 def up(
     dispatchers: int = typer.Option(1, min=1, help="Dispatch replicas (one consumer group)."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
+    metrics_port: Optional[int] = typer.Option(
+        None, "--metrics-port", help="Serve `up`'s metrics on this port and give each child the next "
+        "one (listed in <log-dir>/prometheus-targets.json, a Prometheus file_sd file)."),
+    metrics_host: str = MetricsHost,
 ) -> None:
-    """Run every processor and the provisioner against the configured cluster until Ctrl-C."""
+    """Run every processor and the provisioner against the configured cluster until Ctrl-C or
+    SIGTERM, which stop them in order (control, the provisioner draining its workers, the rest)."""
+    from prometheus_client import Gauge
+
     from infra.local import LocalFleet
     from streams.topics import ensure_topics
 
@@ -390,6 +412,12 @@ def up(
     asyncio.run(ensure_topics(settings))
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-up-"))
     fleet = LocalFleet(settings, logs)
+    _metrics_server(metrics_port, metrics_host)
+    running = Gauge("chunkserve_up_process_running", "1 while the child of `up` runs", ["process"])
+    ports = itertools.count(metrics_port + 1) if metrics_port else None
+
+    def exposed() -> list[str]:
+        return [] if ports is None else ["--metrics-port", str(next(ports)), "--metrics-host", metrics_host]
 
     def interrupt(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM stops the fleet as Ctrl-C does
@@ -397,12 +425,17 @@ def up(
     signal.signal(signal.SIGTERM, interrupt)
     try:
         for i in range(dispatchers):
-            fleet.start_processor("dispatch", replica=str(i))
+            fleet.start_processor("dispatch", replica=str(i), options=exposed())
         for name in ("detector", "control", "metrics"):
-            fleet.start_processor(name)
-        fleet.start_provisioner()
+            fleet.start_processor(name, options=exposed())
+        fleet.start_provisioner(options=exposed())
+        if metrics_port:
+            targets = prometheus_targets(metrics_host, metrics_port, list(fleet.procs))
+            (logs / "prometheus-targets.json").write_text(json.dumps(targets, indent=2) + "\n")
         console.print(f"up: {', '.join(fleet.procs)}; logs in {logs}; Ctrl-C or SIGTERM stops them")
-        while all(fleet.alive().values()):
+        while all((alive := fleet.alive()).values()):
+            for name, ok in alive.items():
+                running.labels(name).set(ok)
             time.sleep(1.0)
         console.print(f"[red]a process exited:[/red] {[n for n, ok in fleet.alive().items() if not ok]}")
         raise typer.Exit(1)
@@ -423,12 +456,13 @@ def watch_cmd(
     no_render: bool = typer.Option(False, "--no-render", help="No live table; print the summary."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the final summary here."),
     metrics_port: Optional[int] = MetricsPort,
+    metrics_host: str = MetricsHost,
 ) -> None:
     """Follow the metrics and worker events: GPUs, sessions, worst chunk latency, migrations, cost."""
     from infra.watch import watch
 
     settings = _settings()
-    _metrics_server(metrics_port)
+    _metrics_server(metrics_port, metrics_host)
     try:
         result = asyncio.run(watch(settings, duration, render=not no_render, from_offset=from_offset))
     except KeyboardInterrupt:

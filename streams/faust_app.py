@@ -149,6 +149,7 @@ class FaustPublisher:
         value = encode(rec, self._catalogue.limit(logical))
         headers = [(TYPE_HEADER, rec.TAG.encode()), *self._keys.sign(logical, value)]
         fut = await self._topics[logical].send(key=key_for(rec), value=value, headers=headers)
+        metrics().produced.labels(logical).inc()
         if wait:
             return await fut
         return fut

@@ -1,7 +1,12 @@
-"""Prometheus exposition for long-running commands (processors, workers, watch).
+"""Prometheus exposition for long-running commands (processors, workers, provisioner, watch, up).
 
-``start_metrics_server(port)`` serves ``/metrics`` on a background thread (port None or 0:
-disabled). ``metrics()`` returns the process's metric objects, made once per registry.
+``start_metrics_server(port, addr)`` serves ``/metrics`` on a background thread (port None
+or 0: disabled) with every chunkserve family present from the start, each topic's series
+at 0 included, so an idle process is told from a missing one. ``metrics()`` returns the
+process's metric objects, made once per registry; ``fleet_metrics()`` the fleet-wide
+figures only the ``metrics`` processor exports (workers, sessions, chunk latency,
+migrations, scale events, cost, rejections), which ``docs/grafana-dashboard.json`` plots.
+Names follow the Prometheus conventions: base units in the name, ``_total`` on counters.
 """
 
 from __future__ import annotations
@@ -9,9 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["Metrics", "metrics", "start_metrics_server", "observe_heartbeat"]
+from schemas.topics import TOPICS
+
+__all__ = ["Metrics", "FleetMetrics", "metrics", "fleet_metrics", "start_metrics_server",
+           "observe_heartbeat", "SESSION_STATES", "SCALE_DIRECTIONS"]
+
+SESSION_STATES = ("active", "idle")
+SCALE_DIRECTIONS = ("scale-out", "scale-in")
+CHUNK_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass(frozen=True)
@@ -48,20 +60,76 @@ class Metrics:
                                        "Last chunk latency per worker (heartbeat)", ["worker"], registry=r),
             worker_device_mem=Gauge("chunkserve_worker_device_memory_bytes",
                                     "Device memory in use per worker (heartbeat)", ["worker"], registry=r),
-            worker_device_util=Gauge("chunkserve_worker_device_utilization",
+            worker_device_util=Gauge("chunkserve_worker_device_utilization_ratio",
                                      "Device utilization 0..1 per worker (heartbeat)", ["worker"], registry=r),
         )
 
+    def initialize(self) -> "Metrics":
+        """Every topic's record counters at 0: exposed before the first record."""
+        for topic in TOPICS:
+            for family in (self.consumed, self.produced, self.dead_lettered):
+                family.labels(topic)
+        return self
+
+
+@dataclass(frozen=True)
+class FleetMetrics:
+    """The whole fleet as the ``metrics`` processor reads it from the log."""
+
+    workers: Gauge
+    sessions: Gauge
+    chunk_latency: Histogram
+    migrations: Counter
+    scale_events: Counter
+    gpu_seconds: Gauge
+    cost: Gauge
+    rejected: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> "FleetMetrics":
+        r = registry
+        made = cls(
+            workers=Gauge("chunkserve_fleet_workers", "Workers up (registered and heard from)", registry=r),
+            sessions=Gauge("chunkserve_fleet_sessions", "Open sessions by state (session-events)",
+                           ["state"], registry=r),
+            chunk_latency=Histogram("chunkserve_fleet_chunk_latency_seconds", "Per-chunk latency "
+                                    "(ChunkDone)", buckets=CHUNK_LATENCY_BUCKETS_S, registry=r),
+            migrations=Counter("chunkserve_fleet_migrations", "Sessions moved between workers "
+                               "(Released, reason migrated)", registry=r),
+            scale_events=Counter("chunkserve_fleet_scale_events", "Autoscaler decisions "
+                                 "(ScalingDecision) by direction", ["direction"], registry=r),
+            gpu_seconds=Gauge("chunkserve_fleet_gpu_seconds", "Worker-seconds accrued since the "
+                              "log began (cumulative, CostTick)", registry=r),
+            cost=Gauge("chunkserve_fleet_cost_dollars", "Cost accrued since the log began at the "
+                       "profile's prices, USD (cumulative, CostTick)", registry=r),
+            rejected=Counter("chunkserve_fleet_commands_rejected", "Commands refused by any worker "
+                             "or provisioner (CommandRejected) by reason", ["reason"], registry=r),
+        )
+        for state in SESSION_STATES:
+            made.sessions.labels(state)
+        for direction in SCALE_DIRECTIONS:
+            made.scale_events.labels(direction)
+        return made
+
 
 _BY_REGISTRY: dict[int, Metrics] = {}
+_FLEET_BY_REGISTRY: dict[int, FleetMetrics] = {}
 
 
 def metrics(registry: CollectorRegistry | None = None) -> Metrics:
     """The metric objects on ``registry`` (default: the global one), created on first use."""
     reg = registry if registry is not None else REGISTRY
     if id(reg) not in _BY_REGISTRY:
-        _BY_REGISTRY[id(reg)] = Metrics.create(reg)
+        _BY_REGISTRY[id(reg)] = Metrics.create(reg).initialize()
     return _BY_REGISTRY[id(reg)]
+
+
+def fleet_metrics(registry: CollectorRegistry | None = None) -> FleetMetrics:
+    """The fleet figures on ``registry`` (default: the global one), created on first use."""
+    reg = registry if registry is not None else REGISTRY
+    if id(reg) not in _FLEET_BY_REGISTRY:
+        _FLEET_BY_REGISTRY[id(reg)] = FleetMetrics.create(reg)
+    return _FLEET_BY_REGISTRY[id(reg)]
 
 
 def observe_heartbeat(hb: Any, m: Metrics | None = None) -> None:
@@ -76,8 +144,11 @@ def observe_heartbeat(hb: Any, m: Metrics | None = None) -> None:
 
 def start_metrics_server(port: int | None, registry: CollectorRegistry | None = None,
                          addr: str = "127.0.0.1") -> Any:
-    """Serve ``/metrics`` on ``port`` in a daemon thread; returns the server, or None if disabled."""
+    """Serve ``/metrics`` on ``addr:port`` in a daemon thread, every chunkserve family
+    already there; returns the server, or None if disabled."""
     if not port:
         return None
-    server, _thread = start_http_server(port, addr=addr, registry=registry if registry is not None else REGISTRY)
+    reg = registry if registry is not None else REGISTRY
+    metrics(reg)
+    server, _thread = start_http_server(port, addr=addr, registry=reg)
     return server

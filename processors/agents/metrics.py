@@ -1,9 +1,11 @@
-"""The metrics agent: GPU-seconds and cost from ``worker-events``, as ``CostTick`` records.
+"""The metrics agent: GPU-seconds and cost from ``worker-events``, as ``CostTick`` records,
+and the fleet's Prometheus figures (``streams.prom.FleetMetrics``).
 
 A worker accrues from its ``WorkerUp`` to its ``WorkerDown``; one that went silent stops
 accruing ``stale_s`` after it was last heard from. The fold is per worker, in the order of
 the worker's partition; a duplicate up or down is ignored. Prices come from the latency
-profile (``CHUNKSERVE_PROFILE``, default ``reference-cpu``). Run one replica.
+profile (``CHUNKSERVE_PROFILE``, default ``reference-cpu``). Run one replica: it also reads
+``session-events`` (sessions active and idle) and ``metrics`` (scale events) for Prometheus.
 """
 
 from __future__ import annotations
@@ -15,9 +17,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from processors.latency import LatencyModel, load_profiles
+from processors.lifecycle import TRANSITIONS, EventKind, SessionState
 from schemas import records as r
 
-__all__ = ["WorkerSpan", "fold_cost", "cost_tick", "build_app"]
+__all__ = ["WorkerSpan", "fold_cost", "cost_tick", "fold_sessions", "session_counts", "observe_fleet",
+           "build_app"]
+
+_SESSION_KINDS = {r.SessionOpened: EventKind.OPEN, r.SessionActive: EventKind.ACTIVE,
+                  r.SessionIdle: EventKind.IDLE, r.SessionClosed: EventKind.CLOSE}
+# worker events the fleet figures read beside billing
+OBSERVED = (r.ChunkDone, r.Released, r.CommandRejected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,28 +78,86 @@ def cost_tick(state: Mapping[str, WorkerSpan], now: float, model: LatencyModel,
     return r.CostTick(ts=max(0.0, now), gpus=gpus, gpu_seconds=seconds, cost=cost)
 
 
+def fold_sessions(states: Mapping[str, SessionState], rec: r.Record) -> dict[str, SessionState]:
+    """Each open session's lifecycle state after a session event (closed ones are dropped)."""
+    kind = _SESSION_KINDS.get(type(rec))
+    sid = getattr(rec, "session_id", None)
+    step = TRANSITIONS.get((states.get(sid), kind)) if kind is not None else None  # type: ignore[arg-type]
+    if step is None:  # not a session event, or not a transition from its state: a duplicate
+        return dict(states)
+    if step[0] is SessionState.TERMINATED:
+        return {k: v for k, v in states.items() if k != sid}
+    return {**states, sid: step[0]}  # type: ignore[dict-item]
+
+
+def session_counts(states: Mapping[str, SessionState]) -> dict[str, int]:
+    """Open sessions by the state operators see: active (executing) and idle (suspended)."""
+    active = sum(1 for v in states.values() if v is SessionState.EXECUTION)
+    return {"active": active, "idle": len(states) - active}
+
+
+def observe_fleet(fleet: Any, rec: r.Record) -> None:
+    """Count one record in the fleet figures (chunk latency, migrations, scale events,
+    rejections, cost); records that carry none leave them as they are."""
+    if isinstance(rec, r.ChunkDone):
+        fleet.chunk_latency.observe(rec.latency_s)
+    elif isinstance(rec, r.Released) and rec.reason == "migrated":
+        fleet.migrations.inc()
+    elif isinstance(rec, r.CommandRejected):
+        fleet.rejected.labels(rec.reason).inc()
+    elif isinstance(rec, r.ScalingDecision):
+        fleet.scale_events.labels(rec.reason or "unknown").inc()
+    elif isinstance(rec, r.CostTick) and not rec.pool:
+        fleet.workers.set(rec.gpus)
+        fleet.gpu_seconds.set(rec.gpu_seconds)
+        fleet.cost.set(rec.cost)
+
+
 def build_app(settings: Any) -> Any:
     """The faust app: one agent folding ``worker-events``, a timer publishing ``CostTick``."""
-    from schemas.topics import WORKER_EVENTS
+    from schemas.topics import METRICS, SESSION_EVENTS, WORKER_EVENTS
     from streams.faust_app import FaustPublisher, decode_event, make_app
+    from streams.prom import fleet_metrics
     from streams.topics import TopicCatalogue
 
     app = make_app("metrics", settings)
     publisher = FaustPublisher(app, TopicCatalogue.from_settings(settings))
     model = load_profiles(os.environ.get("CHUNKSERVE_PROFILE") or "reference-cpu")
     interval_s = float(os.environ.get("CHUNKSERVE_COST_INTERVAL_S", 5.0))
-    state: dict[str, dict[str, WorkerSpan]] = {"spans": {}}
+    state: dict[str, Any] = {"spans": {}, "sessions": {}}
+    fleet = fleet_metrics()
+    worker_tags = BILLED_TAGS | {cls.TAG for cls in OBSERVED}
 
     @app.agent(publisher.topic(WORKER_EVENTS), name="metrics-worker-events")
     async def worker_events(stream: Any) -> None:
         async for event in stream.events():
-            rec = await decode_event(event, WORKER_EVENTS, publisher, "metrics", BILLED_TAGS)
+            rec = await decode_event(event, WORKER_EVENTS, publisher, "metrics", worker_tags)
             if isinstance(rec, BILLED):
                 state["spans"] = fold_cost(state["spans"], rec)
+            elif rec is not None:
+                observe_fleet(fleet, rec)
+
+    @app.agent(publisher.topic(SESSION_EVENTS), name="metrics-session-events")
+    async def session_events(stream: Any) -> None:
+        async for event in stream.events():
+            rec = await decode_event(event, SESSION_EVENTS, publisher, "metrics")
+            if rec is not None:
+                state["sessions"] = fold_sessions(state["sessions"], rec)
+                for name, n in session_counts(state["sessions"]).items():
+                    fleet.sessions.labels(name).set(n)
+
+    @app.agent(publisher.topic(METRICS), name="metrics-decisions")
+    async def decisions(stream: Any) -> None:
+        async for event in stream.events():
+            rec = await decode_event(event, METRICS, publisher, "metrics", frozenset({r.ScalingDecision.TAG}))
+            if rec is not None:
+                observe_fleet(fleet, rec)
 
     @app.timer(interval_s)
     async def publish() -> None:
         if state["spans"]:
-            await publisher.send(cost_tick(state["spans"], time.time(), model))
+            tick = cost_tick(state["spans"], time.time(), model)
+            observe_fleet(fleet, tick)
+            await publisher.send(tick)
 
     return app

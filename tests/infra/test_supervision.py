@@ -4,11 +4,13 @@ leaves no orphan, and a worker started beside it by hand is never shut down by i
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 
 import psutil
@@ -31,10 +33,10 @@ async def _scale_out(settings: Settings, count: int = 1) -> None:
         await producer.stop()
 
 
-def _start_up(settings: Settings, tmp_path, **env: str) -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
+def _start_up(settings: Settings, tmp_path, *options: str, **env: str) -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
     """`up` with every processor, the provisioner and one provisioned worker running."""
     env = {**child_env(settings), "CHUNKSERVE_MIN_WORKERS": "0", **env}
-    up = subprocess.Popen([sys.executable, "-m", "infra", "up", "--log-dir", str(tmp_path / "logs")],
+    up = subprocess.Popen([sys.executable, "-m", "infra", "up", "--log-dir", str(tmp_path / "logs"), *options],
                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     asyncio.run(_scale_out(settings))
     deadline = time.monotonic() + 120
@@ -60,11 +62,37 @@ def settings(kafka_bootstrap, redis_url, namespace) -> Settings:
     return Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
 
 
+def _scrape(port: int, wanted: str, timeout_s: float = 60.0) -> str:
+    """The body of ``127.0.0.1:port/metrics`` once it holds ``wanted``."""
+    deadline = time.monotonic() + timeout_s
+    body = ""
+    while time.monotonic() < deadline:
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        except OSError:
+            pass
+        if wanted in body:
+            return body
+        time.sleep(0.5)
+    raise AssertionError(f"{wanted!r} not on :{port} within {timeout_s} s:\n{body[-2000:]}")
+
+
 def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path):
-    up, tree = _start_up(settings, tmp_path)
+    from infra.embedded import free_port
+
+    port = free_port()
+    up, tree = _start_up(settings, tmp_path, "--metrics-port", str(port))
     names = {" ".join(p.cmdline()[3:5]) for p in tree}
     assert {"processor dispatch", "processor control", "processor detector", "processor metrics",
             "provisioner"} <= {n.split(" --")[0] for n in names}
+    # every child has an endpoint of its own, listed for Prometheus; `up` says which run
+    targets = json.loads((tmp_path / "logs" / "prometheus-targets.json").read_text())
+    by_process = {t["labels"]["process"]: int(t["targets"][0].rsplit(":", 1)[1]) for t in targets}
+    assert by_process["up"] == port and len(set(by_process.values())) == len(by_process) == 6
+    _scrape(port, 'chunkserve_up_process_running{process="control-0"} 1.0')
+    # the metrics processor, idle, exposes the fleet figures and every topic's counters
+    fleet = _scrape(by_process["metrics-0"], 'chunkserve_fleet_sessions{state="idle"} 0.0')
+    assert 'chunkserve_records_dead_lettered_total{topic="session-inputs"} 0.0' in fleet
     up.send_signal(signal.SIGTERM)
     elapsed, alive = _gone_within([psutil.Process(up.pid), *tree], 10.0)
     for p in alive:
@@ -134,3 +162,29 @@ def test_up_scales_in_around_a_hand_started_worker_and_never_stops_it(settings, 
     finally:
         hand.terminate()
         hand.wait(timeout=30)
+
+
+def test_an_idle_processor_exposes_its_metrics_and_counts_what_it_produces(settings, tmp_path):
+    from infra.embedded import free_port
+    from streams.client import SessionClient
+    from streams.topics import ensure_topics
+
+    asyncio.run(ensure_topics(settings))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "infra", "processor", "detector", "--metrics-port", str(port)],
+                            env=child_env(settings), stdout=open(tmp_path / "detector.log", "wb"),
+                            stderr=subprocess.STDOUT)
+    try:
+        idle = _scrape(port, 'chunkserve_records_consumed_total{topic="session-events"} 0.0')
+        assert 'chunkserve_records_produced_total{topic="metrics"} 0.0' in idle
+
+        async def open_one() -> None:
+            async with SessionClient(settings) as client:
+                await client.open("s-1")
+
+        asyncio.run(open_one())
+        busy = _scrape(port, 'chunkserve_records_produced_total{topic="metrics"} 1.0')
+        assert 'chunkserve_records_consumed_total{topic="session-events"} 1.0' in busy
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
