@@ -154,7 +154,7 @@ async def fuzz_consumer(settings: Any, records: int, seed: int = 0) -> dict[str,
 PROCESSOR_INPUTS: dict[str, tuple[str, ...]] = {
     "dispatch": ("session-events", "session-inputs", "worker-events"),
     "detector": ("session-events",),
-    "metrics": ("worker-events",),
+    "metrics": ("session-events", "worker-events"),
     "control": (),
 }
 
