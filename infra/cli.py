@@ -85,16 +85,28 @@ def _warn_unsigned(settings: Settings) -> None:
 
 
 def _settings(require_endpoints: bool = True) -> Settings:
-    from streams.config_file import load_settings
+    """The configured settings; with ``require_endpoints``, the broker and Redis must be
+    set and answer (checked once, by the command a person started: a child of ``up`` or
+    of the provisioner keeps retrying as its clients do)."""
+    from streams.config import PARENT_PID_ENV
+    from streams.config_file import env_var, load_with_sources
+    from streams.preflight import check
 
+    path = _CONFIG["path"]
     try:
-        settings = load_settings(_CONFIG["path"], os.environ)
+        settings, sources = load_with_sources(path, os.environ)
+        missing = [k for k, v in (("kafka.bootstrap", settings.kafka.bootstrap), ("redis.url", settings.redis.url))
+                   if not v]
+        if require_endpoints and missing:
+            where = " or ".join(([f"{', '.join(missing)} in {path}"] if path else [])
+                                + [", ".join(env_var(k) for k in missing)])
+            console.print(f"[red]set {where}[/red] (or run `chunkserve demo`, which starts embedded ones)",
+                          soft_wrap=True)
+            raise typer.Exit(2)
+        if require_endpoints and not os.environ.get(PARENT_PID_ENV):
+            asyncio.run(check(settings, sources))
     except ConfigError as exc:
-        console.print(f"[red]configuration error:[/red] {exc}")
-        raise typer.Exit(2)
-    if require_endpoints and (not settings.kafka.bootstrap or not settings.redis.url):
-        console.print("[red]set CHUNKSERVE_KAFKA_BOOTSTRAP and CHUNKSERVE_REDIS_URL[/red] "
-                      "(or run `chunkserve demo`, which starts embedded ones)")
+        console.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2)
     return settings
 
@@ -649,8 +661,11 @@ def _print_summary(summary: object, wall_s: float) -> None:
 def main() -> None:
     try:
         app()
+    except ConfigError as exc:  # the operator's to fix: exit code 2, as for bad options
+        console.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
+        sys.exit(2)
     except ChunkserveError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         sys.exit(1)
 
 

@@ -29,7 +29,7 @@ from schemas.topics import TOPICS
 
 from .config import DEFAULT_PARTITIONS, ENV_PREFIX, KafkaSettings, RedisSettings, Settings
 
-__all__ = ["load_settings", "KEYS", "SECRETS", "env_var"]
+__all__ = ["load_settings", "load_with_sources", "KEYS", "SECRETS", "env_var"]
 
 _KAFKA = ("bootstrap", "security_protocol", "sasl_mechanism", "sasl_username", "ssl_cafile",
           "ssl_certfile", "ssl_keyfile", "idempotence")
@@ -58,6 +58,11 @@ def env_var(key: str) -> str:
 
 def load_settings(path: Path | None, env: Mapping[str, str]) -> Settings:
     """Settings from ``path`` (None: defaults), overridden by the ``CHUNKSERVE_*`` in ``env``."""
+    return load_with_sources(path, env)[0]
+
+
+def load_with_sources(path: Path | None, env: Mapping[str, str]) -> tuple[Settings, dict[str, str]]:
+    """The settings and where each set key came from: the file's path or ``env VARIABLE``."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     if path is not None:
@@ -68,7 +73,7 @@ def load_settings(path: Path | None, env: Mapping[str, str]) -> Settings:
         if raw:
             source = f"env {env_var(key)}"
             values[key], sources[key] = _parsed(key, raw, source), source
-    return _build(values, sources)
+    return _build(values, sources), sources
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -100,6 +105,10 @@ def _flatten(doc: dict[str, Any], source: str) -> dict[str, Any]:
         else:
             flat[key] = value
     for key in flat:
+        if key == "redis.url" and isinstance(flat[key], str) and _url_password(flat[key]):
+            raise ConfigError(key, "holds a password; secrets are read from the environment only: "
+                                   f"set {env_var('redis.password')} (or the whole URL in "
+                                   f"{env_var('redis.url')}) instead", source)
         if key in SECRETS:
             raise ConfigError(key, f"secrets are read from the environment only; set {env_var(key)} "
                                    "instead", source)
@@ -111,6 +120,15 @@ def _flatten(doc: dict[str, Any], source: str) -> dict[str, Any]:
             raise ConfigError(key, ("unknown topic" if section in _PER_TOPIC else "unknown key") + hint,
                               source)
     return flat
+
+
+def _url_password(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        return bool(urlsplit(url).password)
+    except ValueError:  # an unparsable URL is reported when it is used
+        return False
 
 
 def _typed(key: str, value: Any, source: str) -> Any:

@@ -46,7 +46,11 @@ class RecordProducer:
         self._producer = AIOKafkaProducer(**settings.kafka.client_kwargs(), **opts)
 
     async def start(self) -> "RecordProducer":
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except BaseException:  # closed here, not left to the collector's "Unclosed" warning
+            await self._producer.stop()
+            raise
         return self
 
     async def stop(self) -> None:

@@ -75,6 +75,18 @@ def test_secret_in_file_is_an_error_naming_key_and_file(tmp_path, section, key):
     assert "hunter2" not in str(info.value)
 
 
+def test_a_password_inside_the_redis_url_in_the_file_is_refused_like_other_secrets(tmp_path):
+    path = write(tmp_path, '[redis]\nurl = "redis://app:hunter2@r:6379/0"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    assert info.value.key == "redis.url" and info.value.source == str(path)
+    assert "CHUNKSERVE_REDIS_PASSWORD" in str(info.value) and "hunter2" not in str(info.value)
+    # a user name alone is no secret, and the environment may carry the whole URL
+    assert load_settings(write(tmp_path, '[redis]\nurl = "redis://app@r:6379/0"\n'), env={}).redis.url
+    env = {"CHUNKSERVE_REDIS_URL": "redis://app:hunter2@r:6379/0"}
+    assert load_settings(None, env=env).redis.url == env["CHUNKSERVE_REDIS_URL"]
+
+
 @pytest.mark.parametrize("text,key", [
     ('[kafka]\nsecurity_protocol = "SMOKE"\n', "kafka.security_protocol"),
     ('[kafka]\nbootstrap = 9092\n', "kafka.bootstrap"),

@@ -1,0 +1,104 @@
+"""The settings users get wrong fail in one line naming where they came from, exit code 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from infra.embedded import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _run(args: list[str], env: dict[str, str], cwd=None) -> tuple[int, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKSERVE_")}
+    proc = subprocess.run([sys.executable, "-m", "infra", *args], env={**base, **env}, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _one_line(out: str) -> str:
+    assert "Traceback" not in out and "Unclosed" not in out, out
+    (line,) = [x for x in out.splitlines() if x.strip() and "command signing is off" not in x
+               and "and scaling commands" not in x]
+    return line
+
+
+def test_an_unreachable_broker_from_the_environment(redis_url):
+    rc, out = _run(["topics"], {"CHUNKSERVE_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+                                "CHUNKSERVE_REDIS_URL": redis_url})
+    assert rc == 2
+    line = _one_line(out)
+    assert "env CHUNKSERVE_KAFKA_BOOTSTRAP" in line and "no broker answers" in line
+
+
+def test_an_unreachable_broker_from_the_file_names_the_file_and_key(redis_url, tmp_path):
+    conf = tmp_path / "chunkserve.toml"
+    conf.write_text(f'[kafka]\nbootstrap = "127.0.0.1:{free_port()}"\n[redis]\nurl = "{redis_url}"\n')
+    for command in (["topics"], ["up"], ["processor", "control"]):
+        rc, out = _run(["--config", str(conf), *command], {})
+        assert rc == 2, command
+        line = _one_line(out)
+        assert f"{conf}: kafka.bootstrap: no broker answers" in line, command
+
+
+def test_a_missing_bootstrap_is_named_in_the_file_too(tmp_path):
+    conf = tmp_path / "chunkserve.toml"
+    conf.write_text('[redis]\nurl = "redis://127.0.0.1:6379"\n')
+    rc, out = _run(["--config", str(conf), "topics"], {})
+    assert rc == 2
+    line = _one_line(out)
+    assert f"kafka.bootstrap in {conf}" in line and "CHUNKSERVE_KAFKA_BOOTSTRAP" in line
+
+
+def test_an_unreachable_redis(kafka_bootstrap):
+    rc, out = _run(["topics"], {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap,
+                                "CHUNKSERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    assert rc == 2
+    line = _one_line(out)
+    assert "env CHUNKSERVE_REDIS_URL: redis.url: no Redis answers" in line
+
+
+def test_a_missing_tls_file(kafka_bootstrap, redis_url, tmp_path):
+    missing = tmp_path / "nope" / "ca.pem"
+    rc, out = _run(["topics"], {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url,
+                                "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SSL",
+                                "CHUNKSERVE_KAFKA_SSL_CAFILE": str(missing)})
+    assert rc == 2
+    line = _one_line(out)
+    assert "env CHUNKSERVE_KAFKA_SSL_CAFILE: kafka.ssl_cafile: cannot read" in line and str(missing) in line
+
+
+def test_a_file_that_is_no_certificate(kafka_bootstrap, redis_url, tmp_path):
+    bogus = tmp_path / "ca.pem"
+    bogus.write_text("not a certificate\n")
+    conf = tmp_path / "chunkserve.toml"
+    conf.write_text(f'[kafka]\nbootstrap = "{kafka_bootstrap}"\nsecurity_protocol = "SSL"\n'
+                    f'ssl_cafile = "{bogus}"\n[redis]\nurl = "{redis_url}"\n')
+    rc, out = _run(["--config", str(conf), "topics"], {})
+    assert rc == 2
+    assert f"{conf}: kafka.ssl_cafile:" in _one_line(out)
+
+
+def test_wrong_sasl_credentials(sasl_broker, redis_url):
+    user, _ = sasl_broker.users["PLAIN"]
+    rc, out = _run(["topics"], {"CHUNKSERVE_KAFKA_BOOTSTRAP": sasl_broker.bootstrap,
+                                "CHUNKSERVE_REDIS_URL": redis_url, "CHUNKSERVE_KAFKA_IDEMPOTENCE": "off",
+                                "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                                "CHUNKSERVE_KAFKA_SASL_MECHANISM": "PLAIN",
+                                "CHUNKSERVE_KAFKA_SASL_USERNAME": user,
+                                "CHUNKSERVE_KAFKA_SASL_PASSWORD": "wrong"})
+    assert rc == 2
+    line = _one_line(out)
+    assert "env CHUNKSERVE_KAFKA_SASL_USERNAME: kafka.sasl_username:" in line
+    assert "refused the SASL" in line and "CHUNKSERVE_KAFKA_SASL_PASSWORD" in line and "wrong" not in line
+
+
+@pytest.fixture(scope="module")
+def sasl_broker(tmp_path_factory):
+    from tests.streams import test_sasl
+
+    yield from test_sasl.sasl_broker.__wrapped__(tmp_path_factory)  # type: ignore[attr-defined]
