@@ -70,18 +70,36 @@ def _metrics_server(port: Optional[int], host: str) -> None:
         except OSError as exc:
             console.print(f"[red]--metrics-host {host} --metrics-port {port}:[/red] cannot listen ({exc.strerror})")
             raise typer.Exit(2)
-        console.print(f"Prometheus metrics on {host}:{port}/metrics")
+        log.info("Prometheus metrics on %s:%d/metrics", host, port)
 
 
 MetricsPort = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port.")
 MetricsHost = typer.Option("127.0.0.1", "--metrics-host",
                            help="Address the metrics endpoint listens on (0.0.0.0: every interface).")
+LogFormat = typer.Option("text", "--log-format", envvar="CHUNKSERVE_LOG_FORMAT",
+                         help="Log lines as text or json (one object a line); children inherit it.")
+log = logging.getLogger("chunkserve")
+
+
+def _logging(log_format: str, level: str = "INFO") -> dict:
+    """Configure this process's logging (``infra.logs``); children started later log alike."""
+    import logging.config
+
+    from infra.logs import logging_config
+
+    try:
+        config = logging_config(log_format, level)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-format")
+    logging.config.dictConfig(config)
+    os.environ["CHUNKSERVE_LOG_FORMAT"] = log_format
+    return config
 
 
 def _warn_unsigned(settings: Settings) -> None:
     if not settings.command_keys.enabled:
-        console.print("[yellow]command signing is off[/yellow]: set CHUNKSERVE_COMMAND_KEYS to sign "
-                      "and verify worker and scaling commands")
+        log.warning("command signing is off: set CHUNKSERVE_COMMAND_KEYS to sign and verify worker "
+                    "and scaling commands")
 
 
 def _settings(require_endpoints: bool = True) -> Settings:
@@ -147,6 +165,7 @@ def worker(
     gpu_type: str = typer.Option("cpu", help="Device type name, as in the latency profile."),
     metrics_port: Optional[int] = MetricsPort,
     metrics_host: str = MetricsHost,
+    log_format: str = LogFormat,
 ) -> None:
     """Run one worker: claim sessions, run coalesced chunks, release only when current."""
     from workers.model import ReferenceModel
@@ -158,9 +177,9 @@ def worker(
     except ConfigError as exc:
         console.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2)
+    _logging(log_format)
     _warn_unsigned(settings)
     _metrics_server(metrics_port, metrics_host)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     provisioner = os.environ.get(PROVISIONER_ENV)
     if provisioner:  # started by a provisioner, which can stop it: said before its WorkerUp
         asyncio.run(_publish(settings, WorkerProvisioned(worker_id=worker_id, ts=time.time(),
@@ -184,14 +203,15 @@ async def _publish(settings: Settings, rec: Record) -> None:
 
 
 @app.command("provisioner")
-def provisioner(metrics_port: Optional[int] = MetricsPort, metrics_host: str = MetricsHost) -> None:
+def provisioner(metrics_port: Optional[int] = MetricsPort, metrics_host: str = MetricsHost,
+                log_format: str = LogFormat) -> None:
     """Run the local process provisioner: starts, drains and stops workers on scaling commands."""
     from workers.provisioner import run_provisioner
 
     settings = _settings()
+    _logging(log_format)
     _warn_unsigned(settings)
     _metrics_server(metrics_port, metrics_host)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -205,11 +225,13 @@ def provisioner(metrics_port: Optional[int] = MetricsPort, metrics_host: str = M
 
 @app.command("processor")
 def processor(name: str = typer.Argument(..., help="Which processor: dispatch, detector, control, metrics."),
-              metrics_port: Optional[int] = MetricsPort, metrics_host: str = MetricsHost) -> None:
+              metrics_port: Optional[int] = MetricsPort, metrics_host: str = MetricsHost,
+              log_format: str = LogFormat) -> None:
     """Run one control-plane processor (a faust worker) against the configured cluster."""
     import faust
 
     settings = _settings()
+    config = _logging(log_format, "WARNING")
     _warn_unsigned(settings)
     _metrics_server(metrics_port, metrics_host)
     builders = {name: f"processors.agents.{name}" for name in PROCESSORS}
@@ -221,7 +243,11 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
     shorten_gil_switch()
     module = __import__(builders[name], fromlist=["build_app"])
     faust_app = module.build_app(settings)
-    faust.Worker(faust_app, loglevel="warning").execute_from_commandline()
+    terminal = sys.stdout.isatty()  # else no banner, no spinner: a log file holds log lines only
+    runner = faust.Worker(faust_app, loglevel="warning", quiet=not terminal, logging_config=config)
+    if not terminal:
+        runner.spinner = None
+    runner.execute_from_commandline()
 
 
 @app.command("demo")
@@ -411,6 +437,7 @@ def up(
         None, "--metrics-port", help="Serve `up`'s metrics on this port and give each child the next "
         "one (listed in <log-dir>/prometheus-targets.json, a Prometheus file_sd file)."),
     metrics_host: str = MetricsHost,
+    log_format: str = LogFormat,
 ) -> None:
     """Run every processor and the provisioner against the configured cluster until Ctrl-C or
     SIGTERM, which stop them in order (control, the provisioner draining its workers, the rest)."""
@@ -420,6 +447,7 @@ def up(
     from streams.topics import ensure_topics
 
     settings = _settings()
+    _logging(log_format)  # and its children's, through CHUNKSERVE_LOG_FORMAT
     _warn_unsigned(settings)
     asyncio.run(ensure_topics(settings))
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-up-"))
