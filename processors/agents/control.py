@@ -128,16 +128,14 @@ class ControlConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ControlConfig":
         env = os.environ if env is None else env
         base = cls()
-        num = {"tick_s": "CONTROL_TICK_S", "period_s": "CONTROL_PERIOD_S",
-               "heartbeat_timeout_s": "HEARTBEAT_TIMEOUT_S", "boot_s": "BOOT_S",
-               "boot_timeout_s": "BOOT_TIMEOUT_S",
-               "dwell_s": "SCALE_DWELL_S", "min_gpus": "MIN_WORKERS", "max_gpus": "MAX_WORKERS",
-               "burst_memory_s": "BURST_MEMORY_S"}
-        kw: dict[str, Any] = {k: type(getattr(base, k))(env["CHUNKSERVE_" + v])
-                              for k, v in num.items() if env.get("CHUNKSERVE_" + v)}
-        for key in ("policy", "profile", "gpu_type", "pool"):
-            if env.get("CHUNKSERVE_" + key.upper()):
-                kw[key] = env["CHUNKSERVE_" + key.upper()]
+        names = {"tick_s": "CHUNKSERVE_CONTROL_TICK_S", "period_s": "CHUNKSERVE_CONTROL_PERIOD_S",
+                 "heartbeat_timeout_s": "CHUNKSERVE_HEARTBEAT_TIMEOUT_S", "boot_s": "CHUNKSERVE_BOOT_S",
+                 "boot_timeout_s": "CHUNKSERVE_BOOT_TIMEOUT_S", "dwell_s": "CHUNKSERVE_SCALE_DWELL_S",
+                 "min_gpus": "CHUNKSERVE_MIN_WORKERS", "max_gpus": "CHUNKSERVE_MAX_WORKERS",
+                 "burst_memory_s": "CHUNKSERVE_BURST_MEMORY_S", "policy": "CHUNKSERVE_POLICY",
+                 "profile": "CHUNKSERVE_PROFILE", "gpu_type": "CHUNKSERVE_GPU_TYPE",
+                 "pool": "CHUNKSERVE_POOL"}  # spelt out: the README's table is checked against the code
+        kw: dict[str, Any] = {k: type(getattr(base, k))(env[v]) for k, v in names.items() if env.get(v)}
         return replace(base, **kw)
 
 

@@ -77,9 +77,8 @@ def build_app(settings: Any) -> Any:
 
     app = make_app("detector", settings)
     publisher = FaustPublisher(app, TopicCatalogue.from_settings(settings))
-    env = {k: float(os.environ[f"CHUNKSERVE_DETECTOR_{k.upper()}"]) for k in ("window_s", "slot_s")
-           if os.environ.get(f"CHUNKSERVE_DETECTOR_{k.upper()}")}
-    config = DetectorConfig(**env)
+    names = {"window_s": "CHUNKSERVE_DETECTOR_WINDOW_S", "slot_s": "CHUNKSERVE_DETECTOR_SLOT_S"}
+    config = DetectorConfig(**{k: float(os.environ[v]) for k, v in names.items() if os.environ.get(v)})
     shell = DetectorShell(config)
     tick_s = float(os.environ.get("CHUNKSERVE_DETECTOR_TICK_S", 1.0))
 
