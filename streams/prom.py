@@ -62,7 +62,7 @@ class Metrics:
                                     "Device memory in use per worker (heartbeat)", ["worker"], registry=r),
             worker_device_util=Gauge("chunkserve_worker_device_utilization_ratio",
                                      "Device utilization 0..1 per worker (heartbeat)", ["worker"], registry=r),
-        )
+        ).initialize()
 
     def initialize(self) -> "Metrics":
         """Every topic's record counters at 0: exposed before the first record."""
@@ -112,24 +112,24 @@ class FleetMetrics:
         return made
 
 
-_BY_REGISTRY: dict[int, Metrics] = {}
-_FLEET_BY_REGISTRY: dict[int, FleetMetrics] = {}
+_MADE: dict[tuple[type, int], Any] = {}  # (families class, registry id) -> its families
+
+
+def _once(cls: Any, registry: CollectorRegistry | None) -> Any:
+    reg = registry if registry is not None else REGISTRY
+    if (cls, id(reg)) not in _MADE:
+        _MADE[cls, id(reg)] = cls.create(reg)
+    return _MADE[cls, id(reg)]
 
 
 def metrics(registry: CollectorRegistry | None = None) -> Metrics:
     """The metric objects on ``registry`` (default: the global one), created on first use."""
-    reg = registry if registry is not None else REGISTRY
-    if id(reg) not in _BY_REGISTRY:
-        _BY_REGISTRY[id(reg)] = Metrics.create(reg).initialize()
-    return _BY_REGISTRY[id(reg)]
+    return _once(Metrics, registry)  # type: ignore[no-any-return]
 
 
 def fleet_metrics(registry: CollectorRegistry | None = None) -> FleetMetrics:
     """The fleet figures on ``registry`` (default: the global one), created on first use."""
-    reg = registry if registry is not None else REGISTRY
-    if id(reg) not in _FLEET_BY_REGISTRY:
-        _FLEET_BY_REGISTRY[id(reg)] = FleetMetrics.create(reg)
-    return _FLEET_BY_REGISTRY[id(reg)]
+    return _once(FleetMetrics, registry)  # type: ignore[no-any-return]
 
 
 def observe_heartbeat(hb: Any, m: Metrics | None = None) -> None:
