@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._fields import object_schema
-from .codec import DEFAULT_MAX_BYTES, TAG, VERSION
-from .topics import TOPICS
+from ._docs import EXAMPLE_VALUES, HEADERS, TOPIC_NOTES, field_doc
+from ._fields import object_schema, to_fields
+from .codec import DEFAULT_MAX_BYTES, TAG, TYPE_HEADER, VERSION
+from .topics import SCALING_COMMANDS, TOPICS, WORKER_COMMANDS
 
 __all__ = ["asyncapi_document", "asyncapi_json"]
 
@@ -15,6 +16,44 @@ __all__ = ["asyncapi_document", "asyncapi_json"]
 # where a keyed record lands: a worker recovering a session replays its inputs from there
 PARTITIONER = ("Kafka's default partitioner, murmur2 of the key modulo the partition count "
                "(the Java client's default; librdkafka: `partitioner=murmur2_random`)")
+
+
+DELIVERY = ("Delivery is at-least-once: a record may arrive twice (after a retry or a "
+            "consumer restart); generations and per-session sequence numbers make duplicates "
+            "harmless, and consumers must tolerate them.")
+SIGNED = (WORKER_COMMANDS, SCALING_COMMANDS)
+
+
+def _describe(record: str, props: dict[str, Any]) -> None:
+    """Put each field's description (and unit, as ``x-unit``) on its schema."""
+    for name, schema in props.items():
+        text, unit = field_doc(record, name)
+        if unit:
+            text = f"{text} Unit: {unit}."
+        schema["description"] = text
+        if unit:
+            schema["x-unit"] = unit
+
+
+def _headers(tag: str, topic: str) -> dict[str, Any]:
+    props: dict[str, Any] = {TYPE_HEADER: {"type": "string", "const": tag, "description": HEADERS[TYPE_HEADER]}}
+    if topic in SIGNED:
+        props["cs-kid"] = {"type": "string", "description": HEADERS["cs-kid"]}
+        props["cs-mac"] = {"type": "string", "format": "binary", "description": HEADERS["cs-mac"]}
+    return {"type": "object", "properties": props}
+
+
+def _example(cls: Any) -> dict[str, Any]:
+    """A valid record of ``cls`` as its wire map (built, so validated; bytes fields left out)."""
+    from .records import Generation
+
+    fields = cls.__dataclass_fields__
+    kwargs = {k: v for k, v in EXAMPLE_VALUES.items() if k in fields}
+    kwargs.update({k.split(".")[1]: v for k, v in EXAMPLE_VALUES.items() if k.startswith(cls.__name__ + ".")})
+    if "generation" in fields:
+        kwargs["generation"] = Generation("default-0", 1)
+    wire = {TAG: cls.TAG, VERSION: cls.VERSION, **to_fields(cls(**kwargs))}
+    return {k: v for k, v in wire.items() if not isinstance(v, bytes)}
 
 
 def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
@@ -27,6 +66,7 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
         for cls in spec.records:
             name = cls.__name__
             payload = object_schema(cls, schemas)
+            _describe(name, payload["properties"])
             payload["properties"] = {
                 TAG: {"type": "string", "const": cls.TAG, "description": "type tag"},
                 VERSION: {"type": "integer", "minimum": 1, "maximum": cls.VERSION,
@@ -39,17 +79,22 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
                 "title": name,
                 "summary": (cls.__doc__ or "").strip().splitlines()[0],
                 "contentType": "application/msgpack",
+                "headers": _headers(cls.TAG, spec.name),
                 "payload": payload,
+                "examples": [{"name": f"a {name}", "payload": _example(cls)}],
                 "bindings": {"kafka": {"key": {"type": "string", "description": spec.key_name}}},
             }
             refs[name] = {"$ref": f"#/components/messages/{name}"}
         channels[spec.name] = {
             "address": "{prefix}" + spec.name,
             "description": f"{spec.summary} Written by {spec.writers}; read by {spec.readers}. "
-                           f"Keyed by {spec.key_name} (UTF-8) and partitioned by {PARTITIONER}. Records over {spec.max_bytes} bytes are refused "
+                           f"Keyed by {spec.key_name} (UTF-8) and partitioned by {PARTITIONER}. "
+                           f"{TOPIC_NOTES[spec.name]} {DELIVERY} Records over {spec.max_bytes} bytes are refused "
                            f"by default (setting `record_bytes.{spec.name}`).",
             "bindings": {"kafka": {"topicConfiguration": {"max.message.bytes": spec.max_bytes}}},
-            "parameters": {"prefix": {"description": "the configurable topic prefix"}},
+            "parameters": {"prefix": {"description": "the configurable topic prefix (setting "
+                                                     "`topic_prefix`, default `chunkserve.`)",
+                                      "default": "chunkserve."}},
             "messages": refs,
         }
     return {
@@ -64,8 +109,14 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
         },
         "defaultContentType": "application/msgpack",
         "channels": channels,
-        "components": {"messages": messages, "schemas": schemas},
+        "components": {"messages": messages, "schemas": _described_components(schemas)},
     }
+
+
+def _described_components(schemas: dict[str, Any]) -> dict[str, Any]:
+    for name, schema in schemas.items():
+        _describe(name, schema["properties"])
+    return schemas
 
 
 def asyncapi_json() -> str:

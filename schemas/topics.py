@@ -38,26 +38,26 @@ TOPICS: dict[str, TopicSpec] = {
     for spec in (
         TopicSpec(SESSION_EVENTS, (r.SessionOpened, r.SessionActive, r.SessionIdle, r.SessionClosed),
                   "session id", lambda x: x.session_id,  # type: ignore[attr-defined]
-                  "producers (front end)", "detector, dispatch", "Session lifecycle events."),
+                  "producers (front end)", "detector, dispatch, control, metrics", "Session lifecycle events."),
         TopicSpec(SESSION_INPUTS, (r.InputPushed,), "session id", lambda x: x.session_id,  # type: ignore[attr-defined]
                   "producers", "dispatch (input router)", "User inputs with per-session seq.",
                   max_bytes=128 * 1024),
         TopicSpec(WORKER_COMMANDS, (r.Assign, r.Revoke, r.Suspend, r.Resume, r.Terminate, r.Handoff,
                                     r.RoutedInput),
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
-                  "dispatch, rebalancer", "workers", "Commands stamped with a generation.",
+                  "dispatch, control", "workers", "Commands stamped with a generation.",
                   max_bytes=128 * 1024),
         TopicSpec(WORKER_EVENTS, (r.WorkerUp, r.Heartbeat, r.WorkerDown, r.WorkerProvisioned, r.Claimed,
                                   r.Released, r.ChunkDone, r.InputAccepted, r.CommandRejected),
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
-                  "workers, provisioner", "dispatch, rebalancer, autoscaler, metrics",
+                  "workers, provisioner, control", "dispatch, control, metrics",
                   "What workers did.", max_bytes=192 * 1024),
         TopicSpec(SCALING_COMMANDS, (r.ScaleOut, r.Drain, r.Shutdown), "pool",
                   lambda x: x.pool,  # type: ignore[attr-defined]
-                  "autoscaler", "provisioner", "Pool size changes.", max_bytes=16 * 1024),
+                  "control", "provisioner", "Pool size changes.", max_bytes=16 * 1024),
         TopicSpec(METRICS, (r.WorkloadSignal, r.PlacementReport, r.ScalingDecision, r.CostTick),
-                  "metric name", lambda x: x.TAG,
-                  "detector, rebalancer, autoscaler, workers", "any subscriber",
+                  "t", lambda x: x.TAG,
+                  "detector, control, metrics", "any subscriber (the metrics processor, watch)",
                   "Signals, reports and costs.", max_bytes=1024 * 1024),
         TopicSpec(DEAD_LETTERS, (r.DeadLetter,), "source topic",
                   lambda x: x.source_topic,  # type: ignore[attr-defined]

@@ -1,0 +1,201 @@
+"""What each wire field means, in what unit, for the AsyncAPI document (``asyncapi.py``).
+
+``FIELDS`` gives a field name's meaning wherever it appears; ``OVERRIDES`` the meaning of a
+field in one record where it says more there. Units are UCUM-like codes (``s``, ``By``,
+``W``, ``%``, ``USD``, ``1`` for a ratio) and also go to the schema as ``x-unit``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FIELDS", "OVERRIDES", "HEADERS", "TOPIC_NOTES", "EXAMPLE_VALUES", "field_doc"]
+
+Doc = tuple[str, str | None]  # (description, unit)
+
+_TS = ("Event time: Unix seconds (UTC, fractional) when the writer produced the record. "
+       "Consumers window, bill and break ties by it, so writers keep clocks in sync.", "s")
+_GEN = ("The session's generation this record acts under: the worker holding execution "
+        "authority and its epoch (see Generation).", None)
+
+FIELDS: dict[str, Doc] = {
+    "ts": _TS,
+    "session_id": ("The session's id, chosen by the producer that opened it; also the key of "
+                   "session-events and session-inputs. Any non-empty UTF-8 string.", None),
+    "worker_id": ("The worker's id, unique in the fleet (`--worker-id`; the provisioner names "
+                  "its workers `<pool>-<n>`); also the key of worker-commands and worker-events.", None),
+    "generation": _GEN,
+    "epoch": ("The generation's epoch: 1 at the session's first commit, one more at each "
+              "commit (admission, migration, recovery). Authority belongs to the highest.", None),
+    "prompt": ("The session's prompt: free UTF-8 text the model conditions on from the first "
+               "chunk.", None),
+    "state_bytes": ("Expected size of the session's state (the portable snapshot), which "
+                    "placement weighs as migration cost; 0: unknown, the profile's default.", "By"),
+    "reason": ("Why, in words or a short code (see the record).", None),
+    "seq": ("The input's per-session sequence number.", None),
+    "kind": ("What the input is: `text` (PushText, streamed text), `prompt` (a new prompt) "
+             "or `control` (a control input for the model).", None),
+    "payload": ("The input's content, UTF-8; at most `max_input_bytes` (65536 by default) "
+                "bytes, else refused to dead-letters.", "By"),
+    "capacity": ("K: the most sessions the worker executes at once within the chunk deadline.", None),
+    "pool": ("The worker pool: workers of one pool are started and stopped by that pool's "
+             "provisioner.", None),
+    "gpu_type": ("The device type's name in the latency profile (`cpu`, `h20`, `b300`...).", None),
+    "decision_id": ("Id of the control decision that issued the command; a provisioner carries "
+                    "out a scale-out once per id and refuses a replay.", None),
+    "level": ("Workload volatility level, 1 (steady) .. 10 (bursty), from the detector.", None),
+    "sessions": ("Sessions counted (see the record).", None),
+    "chunk_index": ("0-based index of the session's chunk; consecutive over the session's "
+                    "whole life, whichever worker produced it.", None),
+}
+
+OVERRIDES: dict[tuple[str, str], Doc] = {
+    ("SessionClosed", "reason"): ("Why the session ended: `user` (default) or the front end's "
+                                  "word for it.", None),
+    ("Assign", "prompt"): ("The prompt from the session's SessionOpened.", None),
+    ("Assign", "restore"): ("Start from the session's last fenced snapshot rather than from "
+                            "its prompt.", None),
+    ("Assign", "recover"): ("The previous owner died: restore and also replay the inputs after "
+                            "the snapshot from session-inputs.", None),
+    ("Revoke", "reason"): ("Why the generation stopped being current.", None),
+    ("Handoff", "target_worker"): ("The worker the session moves to.", None),
+    ("Handoff", "reason"): ("Why control moves it: `rebalance` (default), `drain` or another "
+                            "word of the policy.", None),
+    ("RoutedInput", "source_partition"): ("Partition of session-inputs holding the original "
+                                          "InputPushed; -1: unknown.", None),
+    ("RoutedInput", "source_offset"): ("Offset of the original InputPushed in that partition; "
+                                       "-1: unknown.", None),
+    ("WorkerUp", "device"): ("The torch device the worker runs on (`cpu`, `cuda`, `cuda:1`...).", None),
+    ("WorkerUp", "pid"): ("The worker's process id on its host; 0: not said.", None),
+    ("Heartbeat", "sessions"): ("Sessions whose state the worker holds (executing or idle "
+                                "and still resident).", None),
+    ("Heartbeat", "executing"): ("Of those, sessions executing (producing chunks).", None),
+    ("Heartbeat", "capacity"): ("K at the time of the heartbeat.", None),
+    ("Heartbeat", "chunk_latency_s"): ("Latency of the worker's last coalesced chunk batch.", "s"),
+    ("Heartbeat", "device_mem_bytes"): ("Device memory in use (GPU: NVML; CPU: 0).", "By"),
+    ("Heartbeat", "device_util"): ("Device utilization, 0..1 (GPU: NVML; CPU: 0).", "1"),
+    ("Heartbeat", "power_w"): ("Device power draw (GPU: NVML; CPU: 0).", "W"),
+    ("Heartbeat", "cpu_percent"): ("CPU use of the worker process, percent of one core (may "
+                                   "exceed 100 on several cores).", "%"),
+    ("Heartbeat", "rss_bytes"): ("Resident memory of the worker process.", "By"),
+    ("WorkerDown", "reason"): ("`shutdown` (a clean stop), `shutdown by provisioner`, `missed "
+                               "heartbeats` (declared dead by control) or `exited rc=N` (the "
+                               "provisioner saw it die).", None),
+    ("WorkerProvisioned", "provisioner"): ("Who started the worker and stops it on Shutdown "
+                                          "(`provisioner-<pool>`, `local-fleet`...).", None),
+    ("Claimed", "generation"): ("The generation claimed: from now on only this worker "
+                                "releases the session's chunks and inputs.", None),
+    ("Released", "reason"): ("`closed`, `suspended` (offloaded, slot freed), `migrated` (then "
+                             "`successor` is set), `revoked: ...` or `fenced: ...`.", None),
+    ("Released", "successor"): ("For `migrated`: the target's new generation; else null.", None),
+    ("Released", "chunk_index"): ("The last chunk index released under this generation; -1: "
+                                  "none.", None),
+    ("ChunkDone", "latency_s"): ("Time to compute the coalesced batch the chunk was part of.", "s"),
+    ("ChunkDone", "batch_size"): ("Sessions coalesced in that batch.", None),
+    ("ChunkDone", "input_seq"): ("The highest input seq applied before this chunk; 0: none.", None),
+    ("ChunkDone", "checksum"): ("SHA-256 (hex) of the chunk's frame bytes.", None),
+    ("InputAccepted", "seq"): ("The input applied, exactly once and in order.", None),
+    ("CommandRejected", "session_id"): ("The session the refused command named; empty for a "
+                                        "pool's command.", None),
+    ("CommandRejected", "command"): ("Type tag of the refused command (`cmd.assign`, "
+                                     "`scale.out`...).", None),
+    ("CommandRejected", "reason"): ("A short code: `stale_epoch`, `not_owner`, `no_capacity`, "
+                                    "`unknown_session`, `over_limit`, `snapshot_corrupt`, "
+                                    "`unsigned`, `unknown_key`, `forged`, `replayed`, "
+                                    "`not-provisioned`...", None),
+    ("CommandRejected", "generation"): ("The generation the refused command carried; null for "
+                                        "a pool's command.", None),
+    ("CommandRejected", "seq"): ("For a refused input: its seq; -1 otherwise.", None),
+    ("CommandRejected", "detail"): ("Prose for operators.", None),
+    ("CommandRejected", "kind"): ("For a refused input: its kind, so it can be re-routed; "
+                                  "empty otherwise.", None),
+    ("CommandRejected", "payload"): ("For a refused input: its payload; empty otherwise.", "By"),
+    ("ScaleOut", "count"): ("Workers to start, 1..32.", None),
+    ("Drain", "worker_id"): ("The worker that gets no new session; its sessions migrate away.", None),
+    ("Shutdown", "worker_id"): ("The worker to stop once it holds no session (never one no "
+                                "provisioner announced).", None),
+    ("WorkloadSignal", "window_s"): ("Length of the sliding window.", "s"),
+    ("WorkloadSignal", "active"): ("Sessions executing at `ts`.", None),
+    ("WorkloadSignal", "arrivals"): ("Sessions opened within the window.", None),
+    ("WorkloadSignal", "departures"): ("Sessions closed within the window.", None),
+    ("WorkloadSignal", "to_idle"): ("Active -> idle flips within the window.", None),
+    ("WorkloadSignal", "to_active"): ("Idle -> active flips within the window.", None),
+    ("WorkloadSignal", "volatility"): ("Standard deviation of newly active sessions per slot "
+                                       "over the window (sessions per slot).", None),
+    ("PlacementReport", "workers"): ("Workers in the placement.", None),
+    ("PlacementReport", "sessions"): ("Executing sessions placed on them.", None),
+    ("PlacementReport", "worst_latency_s"): ("Worst per-chunk latency the latency profile "
+                                             "predicts for this placement.", "s"),
+    ("PlacementReport", "migrations"): ("Migrations (Handoffs) this decision asked for.", None),
+    ("PlacementReport", "source"): ("The process that decided (`control`).", None),
+    ("PlacementReport", "loads"): ("Executing sessions per worker id (at most 256 workers).", None),
+    ("ScalingDecision", "current"): ("Workers in the pool that are not draining.", None),
+    ("ScalingDecision", "target"): ("Workers after this decision.", None),
+    ("ScalingDecision", "u_max"): ("Worst n_j / K_j over the workers, raised to unplaced "
+                                   "demand's share (above 1: short of slots; capped at 1e6).", "1"),
+    ("ScalingDecision", "u_target"): ("Target utilization u* for the volatility level.", "1"),
+    ("ScalingDecision", "delta"): ("Hysteresis band around u*.", "1"),
+    ("ScalingDecision", "reason"): ("`scale-out` or `scale-in`.", None),
+    ("CostTick", "gpus"): ("Workers up at `ts`.", None),
+    ("CostTick", "gpu_seconds"): ("Worker-seconds accrued since the log began (cumulative).", "s"),
+    ("CostTick", "cost"): ("Cost accrued since the log began at the latency profile's prices "
+                           "(cumulative).", "USD"),
+    ("CostTick", "pool"): ("The pool; empty: all pools together.", None),
+    ("DeadLetter", "source_topic"): ("The full name (prefix included) of the topic the record "
+                                     "was read from; also this record's key.", None),
+    ("DeadLetter", "partition"): ("Its partition.", None),
+    ("DeadLetter", "offset"): ("Its offset.", None),
+    ("DeadLetter", "reason"): ("Why it was refused (`schema: ...`, `refused: ...`).", None),
+    ("DeadLetter", "consumer"): ("The process that refused it (`dispatch`, `metrics`...).", None),
+    ("DeadLetter", "raw"): ("The refused bytes, cut to fit the dead-letters bound (at most "
+                            "256 KiB).", "By"),
+    ("DeadLetter", "raw_size"): ("Size of the refused record before any cut.", "By"),
+    ("DeadLetter", "key"): ("The refused record's key (at most 1 KiB), or null.", None),
+}
+
+HEADERS: dict[str, str] = {
+    "cs-t": "The record's type tag (as `t` in the payload), UTF-8: consumers that act on a few "
+            "types skip the others without decoding them. Every chunkserve writer sets it; "
+            "optional for others.",
+    "cs-kid": "With command signing on (worker-commands, scaling-commands): the id of the key "
+              "the record was signed with, UTF-8.",
+    "cs-mac": "With command signing on: HMAC-SHA256, under the key `cs-kid` names, of the "
+              "logical topic name (without the prefix, UTF-8), one zero byte and the record's "
+              "bytes; 32 raw bytes. Unsigned, unknown-key and forged commands are refused.",
+}
+
+TOPIC_NOTES: dict[str, str] = {
+    "session-events": "Per session, records are handled in partition order: send a session's "
+                      "events with one producer, in order, and never an older `ts` after a "
+                      "newer one (control drops it as a stale redelivery).",
+    "session-inputs": "Per session, inputs are handled in partition order.",
+    "worker-commands": "A worker reads the partition its id hashes to and skips other "
+                       "workers' records; commands of one worker arrive in order, and a "
+                       "command whose generation is no longer current is refused "
+                       "(CommandRejected).",
+    "worker-events": "Per worker, in the order the worker wrote them.",
+    "scaling-commands": "One partition: commands arrive in the order control issued them.",
+    "metrics": "One partition, in the order written; keyed by the record's type tag `t`.",
+    "dead-letters": "One partition, in the order consumers refused the records.",
+}
+
+
+def field_doc(record: str, name: str) -> Doc:
+    """The description and unit of field ``name`` of class ``record``."""
+    return OVERRIDES.get((record, name)) or FIELDS.get(name) or ("", None)
+
+
+# example values of the required fields (optional ones keep their defaults unless named here)
+EXAMPLE_VALUES: dict[str, object] = {
+    "ts": 1767225600.25, "session_id": "s-42", "worker_id": "default-0", "prompt": "a paper boat on a river",
+    "seq": 1, "kind": "text", "payload": "turn left", "capacity": 8, "sessions": 3, "executing": 2,
+    "chunk_latency_s": 0.041, "chunk_index": 17, "latency_s": 0.041, "batch_size": 3,
+    "target_worker": "default-1", "provisioner": "provisioner-default", "pool": "default",
+    "command": "cmd.assign", "count": 1, "window_s": 60.0, "active": 40,
+    "arrivals": 12, "departures": 9, "to_idle": 5, "to_active": 4, "volatility": 1.7, "level": 3,
+    "workers": 4, "current": 4, "target": 5, "u_max": 0.93, "u_target": 0.7, "delta": 0.07,
+    "gpus": 4, "gpu_seconds": 5400.0, "cost": 1.25, "source_topic": "chunkserve.session-events",
+    "partition": 3, "offset": 1024, "consumer": "dispatch", "state_bytes": 4194304,
+}
+# and where one record's example says more ("Record.field")
+EXAMPLE_VALUES.update({"Released.reason": "closed", "CommandRejected.reason": "stale_epoch",
+                       "DeadLetter.reason": "schema: t: unknown type tag 'nope'",
+                       "ScalingDecision.reason": "scale-out", "WorkerDown.reason": "shutdown"})
