@@ -79,6 +79,7 @@ def simulate_cmd(
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, help="SLO: slowest chunk allowed, s."),
     cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream)."),
+    jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes the comparisons' runs use (0: one per CPU core; same figures for any number)."),
 ) -> None:
     """Replay a trace through policies; print a table, write JSON and a timeline plot."""
     from processors.autoscaler import AutoscalerConfig, Slo, load_volatility_table
@@ -109,7 +110,7 @@ def simulate_cmd(
             subject_spec = _subject(runner, names, subject)
             if pool is not None and subject_spec is None:
                 runner.peak_pool = pool
-            out = compare(runner, names, subject_spec or subject, slo)
+            out = compare(runner, names, subject_spec or subject, slo, jobs=_jobs(jobs))
     except ChunkserveError as exc:
         _fail(exc)
     out["wall_s"] = time.perf_counter() - start
@@ -121,6 +122,12 @@ def simulate_cmd(
             plot_timeline(timelines(runner, names), cfg.window_s, str(plot))
     except OSError as exc:
         _fail(exc)
+
+
+def _jobs(jobs: int) -> int:
+    import os
+
+    return jobs or os.cpu_count() or 1
 
 
 def _expand(policy: list[str]) -> list[str]:
@@ -191,6 +198,7 @@ def evaluate_cmd(
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated trace names of the split (e.g. flash/s0)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, help="SLO: slowest chunk allowed, s."),
+    jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes each comparison's runs use (0: one per CPU core)."),
 ) -> None:
     """Compare the policies on a split of trace families; print the quality bars per trace."""
     from processors.autoscaler import AutoscalerConfig, Slo, load_volatility_table
@@ -210,7 +218,8 @@ def evaluate_cmd(
         with Progress(console=_err, transient=True) as bar:
             task = bar.add_task("evaluating", total=None)
             out = evaluate(specs, load_profiles("paper"), SimConfig(warm_start=True), _builtin_options(vt, auto),
-                           {"table": vt, "autoscaler": auto, "slo": slo}, slo, on_trace=lambda s: bar.update(task, description=s))
+                           {"table": vt, "autoscaler": auto, "slo": slo}, slo, on_trace=lambda s: bar.update(task, description=s),
+                           jobs=_jobs(jobs))
     except ChunkserveError as exc:
         _fail(exc)
     t = Table(title=f"{split} traces")

@@ -199,11 +199,12 @@ class AutoscalerState:
     measured: tuple[int, int, int, int, int, int] | None = None
 
 
-def utilization(snapshot: Snapshot, model: LatencyModel, reserve: int = 0) -> tuple[float, int]:
+def utilization(snapshot: Snapshot, model: LatencyModel, reserve: int = 0, active: int | None = None) -> tuple[float, int]:
     """(u_max, A): worst n_j / K_j over ready GPUs, raised to the unplaced demand's share
-    (A plus ``reserve`` sessions over the ready capacity)."""
+    (A plus ``reserve`` sessions over the ready capacity); ``active`` is A when known."""
     loads = snapshot.loads()
-    active = snapshot.active_count()
+    if active is None:
+        active = snapshot.active_count()
     ready = [g for g in snapshot.gpus if g.state is GpuState.READY]
     cap = sum(model[g.type].capacity for g in ready)
     u = max((loads[g.id] / model[g.type].capacity for g in ready), default=0.0)
@@ -295,15 +296,16 @@ def autoscale(
         h = state.headroom if state.headroom is not None else config.headroom_start
         u_target, delta = min(0.98, u_target * h), delta * min(1.0, h)
     reserve = 0
+    executing = snapshot.active_count()
     if foresight is not None:  # an oracle: the peak of the next boot time is known
-        reserve = max(0, foresight - snapshot.active_count())
+        reserve = max(0, foresight - executing)
     elif config.burst_memory_s > 0:
-        recent = record_active(state.recent, now, snapshot.active_count(), config)
+        recent = record_active(state.recent, now, executing, config)
         reserve = burst_reserve(recent, config)
         state = replace(state, recent=recent)
     if config.slo is not None:
-        return _slo_scale(snapshot, model, config, state, u_target, reserve)
-    u_max, active = utilization(snapshot, model, reserve)
+        return _slo_scale(snapshot, model, config, state, u_target, reserve, executing)
+    u_max, active = utilization(snapshot, model, reserve, executing)
     demand = active + reserve
     low = u_max < u_target - delta
     if low:
@@ -325,13 +327,13 @@ def autoscale(
 
 
 def _slo_scale(snapshot: Snapshot, model: LatencyModel, config: AutoscalerConfig, state: AutoscalerState, u: float,
-               reserve: int) -> tuple[tuple[Command, ...], AutoscalerState]:
+               reserve: int, active: int) -> tuple[tuple[Command, ...], AutoscalerState]:
     """SLO mode: hold A / u (u from the SLO feedback) plus the burst reserve at full
     capacity: the reserve only has to absorb a burst until the boot that follows it. Grow
     as soon as the pool is short; shrink once it has had a GPU more than it needs for a
     scale-in delay, to the most it needed meanwhile."""
     now = snapshot.now
-    need = snapshot.active_count() / u + reserve  # session slots
+    need = active / u + reserve  # session slots
     have = sum(model[g.type].capacity for g in snapshot.gpus if g.state is not GpuState.DRAINING)
     slots = math.ceil(need - 1e-9)
     if have - model[config.gpu_type].capacity >= need:

@@ -12,7 +12,9 @@ turboserve's, and a resumed session is placed again (fewest sessions / lag / mag
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Callable, ClassVar
 
 from processors.decisions import Command, Decision, Place, Resume
@@ -22,6 +24,8 @@ from processors.lifecycle import SessionState
 from processors.snapshot import GpuState, Snapshot
 
 __all__ = ["greedy_place", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
+
+_GPU_ID, _LIFECYCLE = attrgetter("gpu_id"), attrgetter("lifecycle")
 
 # score(profile, sessions on the GPU, state bytes on the GPU, state bytes of the newcomer)
 Score = Callable[[GpuProfile, int, int, int], float]
@@ -48,37 +52,40 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
     resident memory; the round-robin marker instead takes the next GPU with room after the
     cursor ``start``.
     """
-    if not any(s.gpu_id is None and s.lifecycle is SessionState.EXECUTION for s in snapshot.sessions):
-        return (), start
+    execution = SessionState.EXECUTION
     gpus = {g.id: g for g in snapshot.gpus}
-    n = {g: 0 for g in gpus}
-    held = {g: 0 for g in gpus}
-    mem = {g: 0 for g in gpus}
-    waiting = []
-    for s in snapshot.sessions:
-        if s.gpu_id in gpus:
-            if s.lifecycle is SessionState.EXECUTION:
-                n[s.gpu_id] += 1  # type: ignore[index]
-            if s.lifecycle is SessionState.EXECUTION or pinned:
-                held[s.gpu_id] += 1  # type: ignore[index]
+    sessions = snapshot.sessions
+    # (gpu, lifecycle) counts in C: the sessions loop is the hot path of a large pool
+    count = Counter(zip(map(_GPU_ID, sessions), map(_LIFECYCLE, sessions)))
+    if not any(g not in gpus and life is execution for g, life in count):
+        return (), start
+    n = {g: count[(g, execution)] for g in gpus}
+    held = {g: sum(count[(g, life)] for life in SessionState) for g in gpus} if pinned else dict(n)
+    mem = dict.fromkeys(gpus, 0)
+    if score is not _fewest and score is not _latency and score is not _ROUND_ROBIN:  # the score may read memory
+        for s in sessions:
+            if s.gpu_id in mem and (pinned or s.lifecycle is execution):
                 mem[s.gpu_id] += s.state_bytes  # type: ignore[index]
-        elif s.lifecycle is SessionState.EXECUTION:
-            waiting.append(s)
+    waiting = [s for s in sessions if s.lifecycle is execution and s.gpu_id not in gpus]
     ready = sorted(g for g, x in gpus.items() if x.state is GpuState.READY)
+    profile = {g: model[gpus[g].type] for g in ready}
+    room = [g for g in ready if held[g] < profile[g].capacity]  # by id; shrinks as GPUs fill
     out: list[Command] = []
     for s in waiting:
-        room = [g for g in ready if held[g] < model[gpus[g].type].capacity]
         if not room:
-            continue
+            break
         if score is _ROUND_ROBIN:
-            at = next((i for i in range(len(ready)) if ready[(start + i) % len(ready)] in room))
+            free = set(room)
+            at = next((i for i in range(len(ready)) if ready[(start + i) % len(ready)] in free))
             g = ready[(start + at) % len(ready)]
             start = (start + at + 1) % len(ready)
         else:
-            g = min((score(model[gpus[x].type], n[x], mem[x], s.state_bytes), x) for x in room)[1]
+            g = min((score(profile[x], n[x], mem[x], s.state_bytes), x) for x in room)[1]
         n[g] += 1
         held[g] += 1
         mem[g] += s.state_bytes
+        if held[g] >= profile[g].capacity:
+            room.remove(g)
         out.append(Resume(s.id, g) if s.restore or s.gpu_id is not None else Place(s.id, g))
     return tuple(out), start
 

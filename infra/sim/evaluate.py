@@ -78,13 +78,14 @@ def bars(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate(specs: Sequence[TraceSpec], model: LatencyModel, config: SimConfig, options: dict[str, Any], offer: dict[str, Any],
-             slo: Slo = Slo(), policies: Sequence[str] = EVAL_POLICIES, on_trace: Callable[[str], None] | None = None) -> dict[str, Any]:
+             slo: Slo = Slo(), policies: Sequence[str] = EVAL_POLICIES, on_trace: Callable[[str], None] | None = None,
+             jobs: int = 1) -> dict[str, Any]:
     """Compare ``policies`` on every trace of ``specs``; per trace the comparison and its bars."""
     out: dict[str, Any] = {}
     for spec in specs:
         if on_trace is not None:
             on_trace(spec.name)
         runner = Runner(make_trace(spec), model, replace(config), options, offer=dict(offer))
-        doc = compare(runner, policies, "turboserve", slo)
+        doc = compare(runner, policies, "turboserve", slo, jobs=jobs)
         out[spec.name] = {"comparison": doc, "bars": bars(doc)}
     return out

@@ -17,6 +17,8 @@ the SLO (their knob is that configuration, nothing per trace); plug-ins are offe
 from __future__ import annotations
 
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -27,7 +29,7 @@ from processors.oracles import future_active
 from processors.policy import BUILTIN_POLICIES, FIXED_POOL, load_policy
 from schemas.errors import ConfigError
 
-from infra.sim.simulator import SimConfig, SimResult, Signals, signals_for, simulate
+from infra.sim.simulator import SimConfig, SimResult, Signals, Stop, chunk_bound, signals_for, simulate
 from infra.sim.trace import Trace
 
 __all__ = ["Runner", "ALL_POLICIES", "PAPER_BASELINES", "OFFLOAD_BASELINES", "PEERS", "compare", "plot_timeline", "check_policies"]
@@ -40,6 +42,18 @@ ALL_POLICIES = (*PAPER_BASELINES, *OFFLOAD_BASELINES, "turboserve", *ABLATIONS, 
 ORACLE_WINDOW_S = 30.0
 SLO_CONFIGURED = ("turboserve", "turboserve-no-migration", "oracle")  # take the SLO as configuration
 ORACLE_TARGETS = (1.0, 0.9, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2)
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """What a run must meet: no chunk slower than ``worst_s`` and, when set, at most
+    ``miss_rate`` of chunks past their deadline (:meth:`Slo.met`'s tolerances)."""
+
+    worst_s: float
+    miss_rate: float | None = None
+
+    def ok(self, r: SimResult) -> bool:
+        return r.worst_chunk_latency_s <= self.worst_s + 1e-9 and (self.miss_rate is None or r.deadline_miss_rate <= self.miss_rate + 1e-12)
 
 
 def _pct(worse: float, better: float) -> float:
@@ -75,6 +89,7 @@ class Runner:
     offer: dict[str, Any] = field(default_factory=dict)
     plugin_pool: int | None = None
     cache: dict[tuple[Any, ...], SimResult] = field(default_factory=dict)
+    partial: dict[tuple[Any, ...], SimResult] = field(default_factory=dict)  # runs a Stop ended
 
     def __post_init__(self) -> None:
         if self.signals is None:
@@ -87,21 +102,17 @@ class Runner:
         self.elastic_start = 0 if self.config.warm_start else max(1, math.ceil(first / k))
         self.peak_pool = max(1, math.ceil(max(self.future, default=0) / k))
         self.pinned_pool = max(1, math.ceil(_peak_open(self.trace) / k))
+        self.max_chunks = chunk_bound(self.trace.events, self.model, self.config.epoch_s)
         self.offer = {"model": self.model, "gpu_type": self.config.gpu_type, "boot_s": self.config.boot_s, **self.offer}
 
     def fixed(self, spec: str) -> bool:
         return spec in FIXED_POOL
 
-    def run(self, spec: str, pool: int | None = None, **extra: Any) -> SimResult:
-        """One run; fixed-pool policies default to the peak-provisioned pool, others start elastic."""
-        if pool is None:
-            if self.fixed(spec):
-                pool = self.peak_pool
-            elif spec in BUILTIN_POLICIES or self.plugin_pool is None:
-                pool = self.elastic_start
-            else:
-                pool = self.plugin_pool
-        key = (spec, pool, tuple(sorted(extra.items())))
+    def run(self, spec: str, pool: int | None = None, stop: Stop | None = None, **extra: Any) -> SimResult:
+        """One run; fixed-pool policies default to the peak-provisioned pool, others start elastic.
+        With ``stop`` the run may end early (``complete`` False; not cached as a result)."""
+        key = self._key(spec, pool, extra)
+        pool = key[1]
         if key not in self.cache:
             opts: dict[str, Any] = {**extra}
             if spec in BUILTIN_POLICIES:
@@ -114,7 +125,12 @@ class Runner:
                 policy = load_policy(spec, offer=self.offer, **{**self.options.get(spec, {}), **extra})
             if self.on_run is not None:
                 self.on_run(f"{spec} (pool {pool})")
-            self.cache[key] = simulate(policy, self.trace.events, self.model, replace(self.config, initial_gpus=pool), self.signals)
+            res = simulate(policy, self.trace.events, self.model, replace(self.config, initial_gpus=pool), self.signals, stop=stop)
+            if not res.complete:
+                self.partial[key] = res
+                return res
+            self.partial.pop(key, None)
+            self.cache[key] = res
         return self.cache[key]
 
     @property
@@ -129,46 +145,91 @@ class Runner:
         per_gpu = p.cost_per_hour / 3600.0 * self.trace_end
         return max(1, round(cost / per_gpu)) if per_gpu > 0 else 1
 
-    def smallest_pool(self, spec: str, ok: Callable[[SimResult], bool]) -> int | None:
-        """Smallest fixed pool whose run satisfies ``ok`` (assumed monotone in the pool size);
-        None when even 8x the peak pool does not. Starts from the runs already made, else
-        from a guess (pinned pools need room for idle sessions), and gallops."""
+    def _key(self, spec: str, pool: int | None, extra: dict[str, Any]) -> tuple[Any, ...]:
+        if pool is None:
+            if self.fixed(spec):
+                pool = self.peak_pool
+            elif spec in BUILTIN_POLICIES or self.plugin_pool is None:
+                pool = self.elastic_start
+            else:
+                pool = self.plugin_pool
+        return (spec, pool, tuple(sorted(extra.items())))
+
+    def check(self, spec: str, pool: int | None, bound: Bound, **extra: Any) -> bool:
+        """Whether the run meets ``bound``; a run that breaks it is stopped there (and a
+        stopped run is remembered as failing the bounds it already breaks)."""
+        key = self._key(spec, pool, extra)
+        full = self.cache.get(key)
+        if full is not None:
+            return bound.ok(full)
+        part = self.partial.get(key)
+        if part is not None and self._breaks(part, bound):
+            return False
+        res = self.run(spec, pool, stop=self._stop(bound), **extra)
+        return res.complete and bound.ok(res)
+
+    def _stop(self, bound: Bound) -> Stop:
+        # a run fails the miss rate once its misses exceed the rate of the most chunks any run records
+        cap = self.max_chunks * (bound.miss_rate + 1e-12) if bound.miss_rate is not None else math.inf
+        return Stop(bound.worst_s + 1e-9, cap)
+
+    def _breaks(self, part: SimResult, bound: Bound) -> bool:
+        """Whether a stopped run already breaks ``bound`` (its figures only grow)."""
+        stop = self._stop(bound)
+        return part.worst_chunk_latency_s > stop.worst_s or part.missed_chunks > stop.missed
+
+    def smallest_pool(self, spec: str, bound: Bound, hint: int | None = None) -> int | None:
+        """Smallest fixed pool whose run meets ``bound`` (assumed monotone in the pool size);
+        None when even 8x the peak pool does not. Starts from the runs already made and
+        ``hint`` (another policy's answer), else from a guess (pinned pools need room for
+        idle sessions); gallops up from the largest failing pool, then bisects. Failing
+        runs stop at their first breach, so probing from below is the cheap direction."""
         guess = self.pinned_pool if spec in PAPER_BASELINES else self.peak_pool
         cap = 8 * max(guess, self.peak_pool) + 8
-        known = {k[1]: ok(r) for k, r in self.cache.items() if k[0] == spec and not k[2] and k[1] is not None}
+        known: dict[int, bool] = {}
+        for key, r in self.cache.items():
+            if key[0] == spec and not key[2] and key[1] is not None:
+                known[key[1]] = bound.ok(r)
+        for key, r in self.partial.items():
+            if key[0] == spec and not key[2] and key[1] is not None and key[1] not in known and self._breaks(r, bound):
+                known[key[1]] = False
         passing = [p for p, v in known.items() if v]
         hi = min(passing) if passing else None
         lo = max([p + 1 for p, v in known.items() if not v and (hi is None or p < hi)], default=1)
-        step = 1
-        if hi is None:  # gallop up to a passing pool: the answer is above the last failure
-            hi = max(lo, guess)
-            while not ok(self.run(spec, hi)):
-                if hi >= cap:
+        if hint is not None and lo <= hint and (hi is None or hint < hi):
+            if self.check(spec, hint, bound):
+                hi = hint
+                if hint - 1 >= lo and not self.check(spec, hint - 1, bound):
+                    return hint
+            else:
+                lo = hint + 1
+        if hi is None:  # gallop up from the last failure to a passing pool
+            probe, step = max(lo, guess if not known else lo), 1
+            while not self.check(spec, probe, bound):
+                if probe >= cap:
                     return None
-                lo, hi, step = hi + 1, min(cap, hi + step), step * 2
-            step = 1 if lo == 1 else hi  # no failure seen below: gallop down first
-        while lo < hi and step < hi:  # gallop down to a failing pool, then bisect
-            probe = max(lo, hi - step)
-            if not ok(self.run(spec, probe)):
-                lo = probe + 1
-                break
-            hi, step = probe, step * 2
+                lo, probe, step = probe + 1, min(cap, probe + step), step * 2
+            hi = probe
         while lo < hi:
             mid = (lo + hi) // 2
-            if ok(self.run(spec, mid)):
+            if self.check(spec, mid, bound):
                 hi = mid
             else:
                 lo = mid + 1
         return hi
 
-    def latency_matched_pool(self, spec: str, worst: float) -> int:
+    def latency_matched_pool(self, spec: str, worst: float, hint: int | None = None) -> int:
         """Smallest fixed pool whose worst chunk latency is no worse than ``worst``."""
-        pool = self.smallest_pool(spec, lambda r: r.worst_chunk_latency_s <= worst + 1e-9)
+        pool = self.smallest_pool(spec, Bound(worst), hint)
         return pool if pool is not None else 8 * max(self.pinned_pool, self.peak_pool) + 8
 
 
-def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str = "turboserve", slo: Slo = Slo()) -> dict[str, Any]:
-    """Run ``policies``; when ``subject`` is among them, the comparisons against it."""
+def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str = "turboserve", slo: Slo = Slo(),
+            jobs: int = 1) -> dict[str, Any]:
+    """Run ``policies``; when ``subject`` is among them, the comparisons against it.
+    ``jobs`` > 1 makes the runs in that many processes first (same runs, same figures)."""
+    if jobs > 1 and subject in policies:
+        _prefetch(runner, policies, subject, slo, jobs)
     tr = runner.trace
     fut = runner.future[:-1] or runner.future
     load = {"active_peak": max(fut, default=0), "active_mean": sum(fut) / len(fut) if fut else 0.0}  # per 30 s window
@@ -180,7 +241,9 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
         out["subject"] = sub.policy
         mc_pool = {b: runner.cost_matched_pool(sub.cost) for b in fixed}
         mc = {b: _pct(runner.run(b, p).worst_chunk_latency_s, sub.worst_chunk_latency_s) for b, p in mc_pool.items()}
-        ml_pool = {b: runner.latency_matched_pool(b, sub.worst_chunk_latency_s) for b in fixed}
+        ml_pool: dict[str, int] = {}
+        for b in fixed:
+            ml_pool[b] = runner.latency_matched_pool(b, sub.worst_chunk_latency_s, _hint(b, ml_pool))
         ml = {b: _pct(runner.run(b, ml_pool[b]).cost, sub.cost) for b in fixed}
         out["matched_cost"] = {"pool_size": mc_pool, "worst_latency_reduction_pct": mc}
         out["matched_latency"] = {"pool_size": ml_pool, "cost_reduction_pct": ml}
@@ -216,9 +279,61 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
     return out
 
 
+_SHARED: Runner | None = None  # the runner forked workers inherit
+
+
+def _groups(runner: Runner, policies: Sequence[str], subject: str) -> list[list[str]]:
+    """Policies whose runs do not depend on each other's, biggest first: the pinned fixed
+    pools (their searches share hints), the offload ones, then each other policy."""
+    pinned = [p for p in policies if runner.fixed(p) and p in PAPER_BASELINES and p != subject]
+    offload = [p for p in policies if runner.fixed(p) and p not in PAPER_BASELINES and p != subject]
+    rest = sorted((p for p in policies if not runner.fixed(p) and p != subject),
+                  key=lambda p: (p != "turboserve-no-autoscale", p != "oracle-autoscale"))
+    return [g for g in (pinned, offload) if g] + [[p] for p in rest]
+
+
+def _part(args: tuple[list[str], str, Slo]) -> tuple[dict[tuple[Any, ...], SimResult], dict[tuple[Any, ...], SimResult]]:
+    names, subject, slo = args
+    runner = _SHARED
+    assert runner is not None
+    runner.on_run = None
+    cache, partial = set(runner.cache), set(runner.partial)
+    compare(runner, [subject, *names], subject, slo)
+    return ({k: v for k, v in runner.cache.items() if k not in cache}, {k: v for k, v in runner.partial.items() if k not in partial})
+
+
+def _prefetch(runner: Runner, policies: Sequence[str], subject: str, slo: Slo, jobs: int) -> None:
+    """Make the runs ``compare`` needs in ``jobs`` forked processes, one group of policies
+    per task (each task makes exactly the runs the sequential comparison makes for it)."""
+    global _SHARED
+    runner.run(subject)
+    if subject in SLO_CONFIGURED:
+        runner.run(subject, None, slo=slo)
+    groups = _groups(runner, policies, subject)
+    if runner.on_run is not None:
+        runner.on_run(f"{len(groups)} groups of policies in {jobs} processes")
+    _SHARED = runner
+    try:
+        with ProcessPoolExecutor(min(jobs, len(groups)) or 1, mp_context=multiprocessing.get_context("fork")) as pool:
+            for cache, partial in pool.map(_part, [(g, subject, slo) for g in groups]):
+                runner.cache.update(cache)
+                runner.partial.update((k, v) for k, v in partial.items() if k not in runner.cache)
+    finally:
+        _SHARED = None
+
+
+def _hint(spec: str, found: dict[str, int | None]) -> int | None:
+    """A first probe for ``spec``'s search: the answer of the last policy searched of its
+    kind (pinned paper baselines alike, offload ones alike)."""
+    pinned = spec in PAPER_BASELINES
+    return next((p for b, p in reversed(found.items()) if p is not None and (b in PAPER_BASELINES) == pinned), None)
+
+
 def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
     """Each policy's cost at the SLO: fixed pools sized with hindsight, elastic ones as run."""
-    ok = lambda r: slo.met(r.deadline_miss_rate, r.worst_chunk_latency_s)  # noqa: E731
+    bound = Bound(slo.worst_s, slo.miss_rate)
+    ok = bound.ok
+    found: dict[str, int | None] = {}
     met: dict[str, bool] = {}
     cost: dict[str, float] = {}
     pool_size: dict[str, int | None] = {}
@@ -226,7 +341,9 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
         if name == "oracle-autoscale":
             continue  # reported at the subject's latency, not at the SLO
         if runner.fixed(name) or name == "turboserve-no-autoscale":
-            pool = runner.smallest_pool(name, ok)
+            pool = runner.smallest_pool(name, bound, _hint(name, found) if runner.fixed(name) else None)
+            if runner.fixed(name):
+                found[name] = pool
             res = runner.run(name, pool if pool is not None else 8 * max(runner.pinned_pool, runner.peak_pool) + 8)
             pool_size[res.policy] = pool
         elif name in SLO_CONFIGURED:
@@ -259,9 +376,11 @@ def _matched_oracle(runner: Runner, ts: SimResult) -> tuple[float, SimResult]:
     grid whose worst chunk is no worse than the subject's is found by bisection; when none
     matches, the one with the lowest worst latency tried is returned (marked unmatched).
     """
-    ok = lambda u: runner.run("oracle-autoscale", None, u_target=u).worst_chunk_latency_s <= ts.worst_chunk_latency_s + 1e-9  # noqa: E731
+    bound = Bound(ts.worst_chunk_latency_s)
+    ok = lambda u: runner.check("oracle-autoscale", None, bound, u_target=u)  # noqa: E731
     lo, hi = 0, len(ORACLE_TARGETS) - 1
-    if not ok(ORACLE_TARGETS[hi]):
+    low = runner.run("oracle-autoscale", None, u_target=ORACLE_TARGETS[hi])
+    if not bound.ok(low):
         tried = [r for k, r in runner.cache.items() if k[0] == "oracle-autoscale"]
         best = min(tried, key=lambda r: r.worst_chunk_latency_s)
         u = next(dict(k[2])["u_target"] for k, r in runner.cache.items() if r is best)

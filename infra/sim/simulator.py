@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -39,10 +39,21 @@ from processors.policy import Policy, keeps_idle_resident
 from processors.snapshot import ChunkStats, Gpu, GpuState, Session, Snapshot
 from schemas.errors import ConfigError
 
-__all__ = ["SimConfig", "SimResult", "Signals", "signals_for", "simulate"]
+__all__ = ["SimConfig", "SimResult", "Signals", "Stop", "signals_for", "chunk_bound", "simulate"]
 
 _BOOT, _CHUNK, _ARRIVE, _START, _EVENT, _DECIDE = range(6)
 _EXEC = SessionState.EXECUTION
+
+
+def _with(s: Session, gpu_id: str | None, restore: bool, since: float) -> Session:
+    """``replace(s, gpu_id=..., restore=..., since=...)`` at a fraction of its cost (the
+    simulator's hottest record update)."""
+    return Session(s.id, s.state_bytes, s.lifecycle, gpu_id, restore, since)
+
+
+if tuple(f.name for f in fields(Session)) != ("id", "state_bytes", "lifecycle", "gpu_id", "restore", "since"):
+    def _with(s: Session, gpu_id: str | None, restore: bool, since: float) -> Session:  # noqa: F811  (fields changed)
+        return replace(s, gpu_id=gpu_id, restore=restore, since=since)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +80,41 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.initial_gpus < 0 or self.boot_s < 0 or self.deadline_s <= 0 or self.tick_s <= 0 or self.window_s <= 0:
             raise ConfigError("sim", "need initial_gpus >= 0, boot_s >= 0, deadline_s, tick_s, window_s > 0", "simulator")
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Abort a run as soon as it is known to fail a bound: a chunk slower than ``worst_s``
+    or more than ``missed`` chunks past their deadline (a search for the smallest pool
+    that meets a bound needs no more of a failing run)."""
+
+    worst_s: float = math.inf
+    missed: float = math.inf
+
+
+class _Abort(Exception):
+    pass
+
+
+def chunk_bound(events: Sequence[SessionEvent], model: LatencyModel, epoch_s: float) -> int:
+    """Most chunk latencies any policy's run of ``events`` can record: a session's chunks
+    end at least l(1) apart (the fastest GPU's single-session chunk) while it executes,
+    plus one per executing spell (the wait a session may leave with)."""
+    fastest = min(p.latency(1) for p in model.values())
+    start: dict[str, float] = {}
+    secs = 0.0
+    spells = 0
+    for ev in events:
+        run = ev.kind.value in ("open", "active")
+        if run and ev.session_id not in start:
+            start[ev.session_id] = ev.t
+        elif not run and ev.session_id in start:
+            secs += ev.t - start.pop(ev.session_id) + epoch_s
+            spells += 1
+    end = events[-1].t + epoch_s if events else 0.0
+    secs += sum(end - t + epoch_s for t in start.values())
+    spells += len(start)
+    return math.floor(secs / fastest) + 2 * spells
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +164,8 @@ class SimResult:
     worst_resume_latency_s: float = 0.0
     p99_resume_latency_s: float = 0.0
     timeline: dict[str, list[float]] = field(default_factory=dict)
+    missed_chunks: int = 0
+    complete: bool = True  # False: aborted by a Stop (the figures are those up to then)
 
     def metrics(self) -> dict[str, Any]:
         keys = ("worst_chunk_latency_s", "p99_chunk_latency_s", "deadline_miss_rate", "gpu_seconds", "cost", "migrations", "scale_events",
@@ -139,8 +187,11 @@ class _Gpu:
 
 
 class _Sim:
-    def __init__(self, policy: Policy, events: Sequence[SessionEvent], model: LatencyModel, cfg: SimConfig, signals: Signals) -> None:
+    def __init__(self, policy: Policy, events: Sequence[SessionEvent], model: LatencyModel, cfg: SimConfig, signals: Signals,
+                 stop: Stop | None = None) -> None:
         self.policy, self.events, self.model, self.cfg, self.signals = policy, events, model, cfg, signals
+        self.stop = stop or Stop()
+        self.missed = 0  # chunk latencies past the deadline so far
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.gpus: dict[str, _Gpu] = {}
@@ -210,6 +261,7 @@ class _Sim:
         g.busy = False
         worst = 0.0
         req, lat, lat_n, deadline, seen = self.req, self.lat, self.lat_n, self.cfg.deadline_s + 1e-9, self.seen
+        missed0 = seen[1]
         present = g.batch & g.roster
         if g.leaving:
             present |= g.batch & g.leaving.keys()
@@ -238,6 +290,9 @@ class _Sim:
                 seen[1] += 1
         if worst > seen[2]:
             seen[2] = worst
+        self.missed += seen[1] - missed0
+        if worst > self.stop.worst_s or self.missed > self.stop.missed:
+            raise _Abort
         w = self.win(now)
         self.tl["worst_latency_s"][w] = max(self.tl["worst_latency_s"][w], worst)
         g.batch = set()
@@ -265,7 +320,8 @@ class _Sim:
     def orphan(self, sid: str, now: float) -> None:
         self.where.pop(sid, None)
         if sid in self.sessions:
-            self.sessions[sid] = replace(self.sessions[sid], gpu_id=None, restore=True)
+            s = self.sessions[sid]
+            self.sessions[sid] = _with(s, None, True, s.since)
 
     def leave(self, sid: str, now: float) -> None:
         """A session stops running (suspend, close): its chunk in flight is dropped."""
@@ -277,6 +333,9 @@ class _Sim:
         if (gid is None or gid not in self.gpus) and waited > self.cfg.deadline_s:
             self.lat.append(waited)  # waited past its deadline without a GPU
             self.lat_n.append(1)
+            self.missed += waited > self.cfg.deadline_s + 1e-9
+            if waited > self.stop.worst_s or self.missed > self.stop.missed:
+                raise _Abort
         self.req.pop(sid, None)
         self.transfer.pop(sid, None)
         self.waking.discard(sid)
@@ -290,7 +349,7 @@ class _Sim:
             if s is None or s.gpu_id is not None or g is None or g.state is not GpuState.READY:
                 self.invalid += 1
                 return
-            self.sessions[s.id] = replace(s, gpu_id=g.id, restore=False)
+            self.sessions[s.id] = _with(s, g.id, False, s.since)
             self.where[s.id] = g.id
             pause = 0.0
             if s.restore:  # its state is elsewhere: restored, whichever command placed it
@@ -303,7 +362,7 @@ class _Sim:
             if i.gpu_id != cmd.src or dst is None or dst.state is not GpuState.READY or cmd.src == cmd.dst:
                 self.invalid += 1
                 return
-            self.idle[sid] = replace(i, gpu_id=dst.id)  # an idle resident state moves; nobody waits
+            self.idle[sid] = _with(i, dst.id, i.restore, i.since)  # an idle resident state moves; nobody waits
             self.where[sid] = dst.id
             self.migrations += 1
             self.tl["migrations"][self.win(now)] += 1
@@ -312,14 +371,14 @@ class _Sim:
             if i is None or i.gpu_id is None:
                 self.invalid += 1
                 return
-            self.idle[sid] = replace(i, gpu_id=None)  # offloaded: a later activation restores
+            self.idle[sid] = _with(i, None, i.restore, i.since)  # offloaded: a later activation restores
             self.where.pop(sid, None)
         elif isinstance(cmd, Migrate):
             src, dst = self.gpus.get(cmd.src), self.gpus.get(cmd.dst)
             if s is None or s.gpu_id != cmd.src or dst is None or dst.state is not GpuState.READY or cmd.src == cmd.dst:
                 self.invalid += 1
                 return
-            self.sessions[s.id] = replace(s, gpu_id=dst.id)
+            self.sessions[s.id] = _with(s, dst.id, s.restore, s.since)
             self.where[s.id] = dst.id
             self.migrations += 1
             self.tl["migrations"][self.win(now)] += 1
@@ -369,7 +428,7 @@ class _Sim:
         self.bill(g, now)
         for sid, i in list(self.idle.items()):  # idle residents lose their GPU: offloaded
             if i.gpu_id == g.id:
-                self.idle[sid] = replace(i, gpu_id=None)
+                self.idle[sid] = _with(i, None, i.restore, i.since)
                 self.where.pop(sid, None)
         for sid in list(g.roster):  # the policy shut it down under these: restore elsewhere
             self.orphan(sid, now)
@@ -412,12 +471,12 @@ class _Sim:
                     self.waking.add(sid)
                 home = self.gpus.get(old.gpu_id) if old is not None and old.gpu_id is not None else None
                 if home is not None and self.where.get(sid) == home.id:  # resident: runs where it is
-                    new = replace(new, gpu_id=home.id, restore=False)
+                    new = _with(new, home.id, False, new.since)
                     home.roster.add(sid)
                     if not home.busy:
                         self.push(now, _START, home.id)
                 self.idle.pop(sid, None)
-                self.sessions[sid] = replace(new, since=now)
+                self.sessions[sid] = _with(new, new.gpu_id, new.restore, now)
         else:
             was_exec = old is not None and old.lifecycle is _EXEC
             self.sessions.pop(sid, None)
@@ -451,43 +510,55 @@ class _Sim:
         while t < self.end:
             self.push(t, _DECIDE, None)
             t += self.cfg.tick_s
-        heap = self.heap
-        last_win = -1
+        try:
+            self.loop(progress)
+        except _Abort:
+            return self.result(complete=False)
+        for g in list(self.gpus.values()):
+            self.bill(g, self.end)
+        return self.result()
+
+    def loop(self, progress: Callable[[float], None] | None) -> None:
+        heap, gpus, sessions, end, tl_gpus, tl_active = self.heap, self.gpus, self.sessions, self.end, self.tl["gpus"], self.tl["active"]
+        w, edge, last = -1, -math.inf, len(tl_gpus) - 1
         while heap:
             now, kind, _, item = heapq.heappop(heap)
-            if now > self.end and kind != _EVENT:
+            if now > end and kind != _EVENT:
                 break
-            w = self.win(now)
-            if w != last_win:
-                last_win = w
+            crossed = now >= edge  # heap times never fall: windows change only at an edge
+            if crossed:
+                w = self.win(now)
+                edge = (w + 1) * self.cfg.window_s if w < last else math.inf
                 if progress is not None:
                     progress(now)
             if kind == _CHUNK:
-                g = self.gpus.get(item)
+                g = gpus.get(item)
                 if g is not None and g.busy:
                     self.chunk_done(g, now)
             elif kind == _ARRIVE:
                 self.arrive(item[0], item[1], now)
             elif kind == _START:
-                g = self.gpus.get(item)
+                g = gpus.get(item)
                 if g is not None:
                     self.kick(g, now)
             elif kind == _EVENT:
                 self.on_trace(self.events[item], now)
             elif kind == _BOOT:
-                g = self.gpus.get(item)
+                g = gpus.get(item)
                 if g is not None and g.state is GpuState.BOOTING:
                     g.state = GpuState.READY
                     self.schedule_decide(now)
             elif item is None or item == self.decide_at:
                 self.decide(now)
-            self.tl["gpus"][w] = max(self.tl["gpus"][w], len(self.gpus))
-            self.tl["active"][w] = max(self.tl["active"][w], len(self.sessions))
-        for g in list(self.gpus.values()):
-            self.bill(g, self.end)
-        return self.result()
+            # the window's most GPUs and executing sessions (they change on decisions,
+            # chunk ends that release a GPU and trace events)
+            if crossed or kind != _ARRIVE and kind != _START:
+                if len(gpus) > tl_gpus[w]:
+                    tl_gpus[w] = len(gpus)
+                if len(sessions) > tl_active[w]:
+                    tl_active[w] = len(sessions)
 
-    def result(self) -> SimResult:
+    def result(self, complete: bool = True) -> SimResult:
         lat = np.asarray(self.lat) if self.lat else np.zeros(1)
         n = np.asarray(self.lat_n) if self.lat else np.ones(1, dtype=np.int64)
         res = np.asarray(self.resume_lat) if self.resume_lat else np.zeros(1)
@@ -505,6 +576,8 @@ class _Sim:
             worst_resume_latency_s=float(res.max()),
             p99_resume_latency_s=float(np.percentile(res, 99)),
             timeline=self.tl,
+            missed_chunks=int(n[lat > self.cfg.deadline_s + 1e-9].sum()),
+            complete=complete,
         )
 
 
@@ -525,8 +598,10 @@ def simulate(
     config: SimConfig = SimConfig(),
     signals: Signals | None = None,
     progress: Callable[[float], None] | None = None,
+    stop: Stop | None = None,
 ) -> SimResult:
-    """Replay ``events`` through ``policy`` (pass ``signals`` to share one detector pass)."""
+    """Replay ``events`` through ``policy`` (pass ``signals`` to share one detector pass);
+    with ``stop``, a run that breaks it ends there (``complete`` False)."""
     if signals is None:
         signals = signals_for(events, config.tick_s, config.detector)
-    return _Sim(policy, events, model, config, signals).run(progress)
+    return _Sim(policy, events, model, config, signals, stop).run(progress)

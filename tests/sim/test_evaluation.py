@@ -125,3 +125,27 @@ def test_all_runs_plugins_beside_the_builtins():
     names = _expand(["all", "tests.sim.plugin:Optioned", "rr"])
     assert names[: len(ALL_POLICIES)] == list(ALL_POLICIES) and names[-1] == "tests.sim.plugin:Optioned"
     assert "infra.sim.peers:TeleFuser" in ALL_POLICIES and len(names) == len(set(names))
+
+
+def test_a_stopped_run_fails_only_bounds_it_breaks_and_the_chunk_bound_holds():
+    from infra.sim.report import Bound
+    from infra.sim.simulator import Stop, chunk_bound
+
+    events = tuple(generate(GenConfig(level=5, duration_s=300.0, sessions=250, seed=3)))
+    runner = Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True))
+    full = runner.run("rr", 2)
+    assert full.complete and full.chunks <= chunk_bound(events, MODEL, 0.5) == runner.max_chunks
+    part = simulate(load_policy("rr", model=MODEL), events, MODEL, SimConfig(warm_start=True, initial_gpus=2), stop=Stop(worst_s=1.2))
+    assert not part.complete and 1.2 < part.worst_chunk_latency_s <= full.worst_chunk_latency_s and part.chunks < full.chunks
+    # a search's probes stop at their first breach; the answer is the same as from full runs
+    bound = Bound(full.worst_chunk_latency_s * 0.5)
+    pool = runner.smallest_pool("lag", bound)
+    assert any(not r.complete for r in runner.partial.values())
+    assert pool is not None and bound.ok(runner.run("lag", pool)) and not bound.ok(Runner(runner.trace, MODEL, runner.config).run("lag", pool - 1))
+
+
+def test_parallel_comparison_makes_the_same_figures():
+    events = tuple(generate(GenConfig(level=5, duration_s=240.0, sessions=200, seed=4)))
+    names = ["rr", "lag", "least-loaded-offload", "turboserve", "turboserve-no-autoscale", "oracle", "oracle-autoscale"]
+    docs = [compare(Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True)), names, "turboserve", Slo(), jobs=j) for j in (1, 2)]
+    assert json.dumps(docs[0], sort_keys=True, default=str) == json.dumps(docs[1], sort_keys=True, default=str)
