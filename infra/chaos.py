@@ -20,11 +20,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from aiokafka.errors import KafkaError
 
-from schemas.errors import InfraError
+from schemas.errors import ConfigError, InfraError
 from schemas.records import (ChunkDone, Claimed, DeadLetter, InputAccepted, InputPushed, Record,
                              Released, SessionClosed, SessionOpened, WorkerDown, WorkerUp)
 from schemas.topics import WORKER_COMMANDS
@@ -75,6 +75,13 @@ class ChaosConfig:
     broker_faults: tuple[str, ...] = ()  # of broker_faults.KINDS: leader_kill (3+ brokers), full_restart
     outage_s: float = 0.0  # how long every broker stays down in the full restart
 
+    def __post_init__(self) -> None:
+        slots = self.workers * self.capacity
+        if self.sessions > slots:  # the run would audit a fleet too small, not the faults
+            need = -(-self.sessions // self.capacity)
+            raise ConfigError("--sessions", f"{self.sessions} sessions do not fit {self.workers} workers "
+                              f"of {self.capacity} slots ({slots}); start --workers {need} or more", "chaos")
+
 
 def audit_chunks(chunks: list[ChunkDone]) -> dict[str, Any]:
     """Dual-owner releases (one session and chunk index released by two generations) and stale
@@ -118,17 +125,24 @@ def audit_inputs(pushed: dict[str, int], accepted: list[InputAccepted],
     return {"inputs_lost": lost, "inputs_duplicated": dup, "inputs_out_of_order": disorder}
 
 
-def max_gap_s(chunks: list[ChunkDone], start: float, end: float) -> float:
-    """Longest time any session went without a released chunk between ``start`` and ``end``."""
-    times: dict[str, list[float]] = defaultdict(list)
+def unserved_until(chunks: list[ChunkDone], start: float, end: float, ids: Iterable[str] = (),
+                   settle_s: float = 5.0) -> tuple[float, list[str]]:
+    """The longest time any session went without a released chunk between ``start`` and
+    ``end``, until it was served again or ``end`` came, and the sessions not served in the
+    last ``settle_s`` before ``end`` (never recovered)."""
+    wanted = set(ids)
+    times: dict[str, list[float]] = {sid: [] for sid in wanted}
     for c in chunks:
-        times[c.session_id].append(c.ts)
-    worst = 0.0
-    for ts in times.values():
-        ts = sorted(t for t in ts if start <= t <= end) or [start]
+        if not wanted or c.session_id in wanted:
+            times.setdefault(c.session_id, []).append(c.ts)
+    worst, never = 0.0, []
+    for sid, ts in sorted(times.items()):
+        ts = sorted(t for t in ts if start <= t <= end)
         edges = [start, *ts, end]
         worst = max(worst, max(b - a for a, b in zip(edges, edges[1:])))
-    return worst
+        if end - max(ts, default=start) > settle_s:
+            never.append(sid)
+    return worst, never
 
 
 async def _duplicator(settings: Settings, producer: RecordProducer, fraction: float,
@@ -169,12 +183,13 @@ async def _sample_overshoots(store: GenerationStore, stop: asyncio.Event, counts
 
 
 async def _push_inputs(producer: RecordProducer, ids: list[str], every_s: float, stop: asyncio.Event,
-                       pushed: dict[str, int], acked: set[tuple[str, int]]) -> None:
-    """One input per session every ``every_s``. An input counts as acknowledged when the send
-    returned; a failed send is retried with the same seq (a gap would stall the session)."""
+                       pushed: dict[str, int], acked: set[tuple[str, int]],
+                       closed: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    """One input per open session every ``every_s``. An input counts as acknowledged when the
+    send returned; a failed send is retried with the same seq (a gap would stall the session)."""
     next_at = time.monotonic()
     while not stop.is_set():
-        for sid in ids:
+        for sid in [i for i in ids if i not in closed]:
             rec = InputPushed(session_id=sid, seq=pushed[sid] + 1, kind="text",
                               payload=f"steer {pushed[sid] + 1}", ts=time.time())
             await _send_until_acked(producer, rec)
@@ -193,8 +208,15 @@ async def _send_until_acked(producer: RecordProducer, rec: Record) -> None:
             await asyncio.sleep(0.5)
 
 
-def _process_plan(enabled: bool) -> list[tuple[float, str]]:
-    return [(0.15, "pause"), (0.45, "kill_worker"), (0.6, "kill_dispatch")] if enabled else []
+def _process_plan(config: ChaosConfig) -> list[tuple[float, str]]:
+    """Pause a worker, kill another, kill a dispatch replica; when the sessions outnumber the
+    slots left after the kill, close the excess late in the run (the closes make room)."""
+    if not config.process_faults:
+        return []
+    plan = [(0.15, "pause"), (0.45, "kill_worker"), (0.6, "kill_dispatch")]
+    if config.sessions > (config.workers - 1) * config.capacity:
+        plan.append((0.75, "make_room"))
+    return plan
 
 
 async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
@@ -241,15 +263,16 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
             helpers = [asyncio.create_task(_duplicator(settings, producer, config.duplicate_fraction,
                                                         rng, stop, counts)),
                        asyncio.create_task(_sample_overshoots(store, stop, counts))]
+            closed_early: set[str] = set()
             inputs = asyncio.create_task(_push_inputs(producer, ids, config.input_every_s, stop_inputs,
-                                                      pushed, acked))
+                                                      pushed, acked, closed_early))
             t0 = time.time()
             run_start = time.monotonic()
             breaking = (asyncio.create_task(run_broker_faults(
                 settings, broker, config.duration_s, run_start, broker_faults, config.broker_faults,
                 outage_s=config.outage_s, progress=progress))
                 if config.broker_faults else None)
-            plan = _process_plan(config.process_faults)
+            plan = _process_plan(config)
             run_end = run_start + config.duration_s
             paused: tuple[str, float] | None = None
             while time.monotonic() < run_end or (breaking is not None and not breaking.done()):
@@ -268,6 +291,14 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                         fleet.kill(victim)
                         faults["killed_worker"] = victim
                         progress(f"SIGKILL {victim}")
+                    elif kind == "make_room":
+                        excess = config.sessions - (config.workers - 1) * config.capacity
+                        closed_early |= set(ids[-excess:])
+                        faults["room_made_at_s"] = round(time.time() - t0, 1)
+                        for sid in ids[-excess:]:
+                            session_events.append(SessionClosed(session_id=sid, ts=time.time()))
+                            await _send_until_acked(producer, session_events[-1])
+                        progress(f"closed {excess} sessions to make room")
                     else:
                         fleet.kill("dispatch-0")
                         faults["killed_dispatch"] = "dispatch-0"
@@ -287,15 +318,19 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                 await log.until(lambda rs: _unresolved(acked, rs) == 0, 60, "inputs to be applied")
             stop.set()
             await asyncio.gather(*helpers, return_exceptions=True)
-            for sid in ids:
+            t_close = time.time()
+            for sid in [i for i in ids if i not in closed_early]:
                 session_events.append(SessionClosed(session_id=sid, ts=time.time()))
                 await _send_until_acked(producer, session_events[-1])
-            with contextlib.suppress(InfraError):
-                await log.until(lambda rs: _closed(rs) >= set(ids), 60, "sessions to be released")
-            await log.pump(timeout_ms=500)
+            closed_but_active = await _until_closed(store, log, ids, 60.0)
             views = await _compare_replay(settings, session_events, log.records, ids)
             await log.stop()
         chunks = [c for c in log.of(ChunkDone) if c.session_id in ids]
+        unaccounted = _unresolved_inputs({(sid, q) for sid, n in pushed.items() for q in range(1, n + 1)},
+                                         log.records)
+        still_open = [sid for sid in ids if sid not in closed_early]
+        longest, never = unserved_until([c for c in chunks if c.session_id in still_open], t0, t_close, still_open)
+        room_at = t0 + faults["room_made_at_s"] if "room_made_at_s" in faults else None
         times: dict[str, list[float]] = defaultdict(list)
         for c in chunks:
             times[c.session_id].append(c.ts)
@@ -313,10 +348,19 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
             **audit_inputs(pushed, log.of(InputAccepted), refused_inputs(log.of(DeadLetter))),
             "inputs_pushed": sum(pushed.values()),
             "acked_inputs_lost": _unresolved(acked, log.records),
-            "replay_mismatches": views,
+            "inputs_unaccounted": len(unaccounted),
+            "inputs_unaccounted_sample": [f"{sid}#{seq}" for sid, seq in sorted(unaccounted)[:20]],
+            "never_recovered": len(never),
+            "never_recovered_sessions": never[:20],
+            "closed_but_active": len(closed_but_active),
+            "replay_mismatches": len(views),
+            "replay_mismatch_sample": views[:10],
             "fenced_releases": sum(1 for r in log.of(Released) if r.reason.startswith("fenced")),
             "recovered_sessions": len({c.session_id for c in log.of(Claimed) if c.generation.epoch > 1}),
-            "max_recovery_s": round(max_gap_s(chunks, t0, t1), 3),
+            "max_recovery_s": round(longest, 3),
+            "push_phase_s": round(t1 - t0, 1),
+            "served_after_room_s": (None if room_at is None
+                                    else round(served_after(chunks, still_open, room_at), 3)),
             "wall_s": round(time.monotonic() - started, 1),
         }
         return result
@@ -328,18 +372,54 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
 
 
 AUDIT_KEYS = ("dual_owner", "stale_releases", "overshoots", "inputs_lost", "inputs_duplicated",
-              "inputs_out_of_order", "acked_inputs_lost", "replay_mismatches")
+              "inputs_out_of_order", "acked_inputs_lost", "inputs_unaccounted", "never_recovered",
+              "closed_but_active", "replay_mismatches")
 
 
 def _unresolved(acked: set[tuple[str, int]], records: list[Record]) -> int:
     """Acknowledged inputs that no owner accepted and no consumer refused with a reason."""
+    return len(_unresolved_inputs(acked, records))
+
+
+def _unresolved_inputs(acked: set[tuple[str, int]], records: list[Record]) -> set[tuple[str, int]]:
     done = {(r.session_id, r.seq) for r in records if isinstance(r, InputAccepted)}
     done |= refused_inputs([r for r in records if isinstance(r, DeadLetter)])
-    return len(acked - done)
+    return acked - done
 
 
-def _closed(records: list[Record]) -> set[str]:
-    return {r.session_id for r in records if isinstance(r, Released) and r.reason == "closed"}
+def served_after(chunks: list[ChunkDone], ids: list[str], at: float, quiet_s: float = 1.0) -> float:
+    """For the sessions unserved for ``quiet_s`` before ``at`` (waiting for a slot), the
+    longest time from ``at`` to their next chunk (until the last chunk seen if never)."""
+    end = max((c.ts for c in chunks), default=at)
+    worst = 0.0
+    for sid in ids:
+        ts = sorted(c.ts for c in chunks if c.session_id == sid)
+        if any(at - quiet_s <= t <= at for t in ts):
+            continue
+        worst = max(worst, next((t for t in ts if t > at), end) - at)
+    return worst
+
+
+async def _until_closed(store: GenerationStore, log: EventLog, ids: list[str], timeout_s: float) -> list[str]:
+    """Wait until the store shows every session closed (by its owner, or by recovery when its
+    owner was lost); the ones still not closed at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        await log.pump(timeout_ms=200)
+        left = [sid for sid in ids if (v := await store.session(sid)) is not None and v.state != "closed"]
+        if not left or time.monotonic() > deadline:
+            break
+    # an owner's Released follows its store write: read on until the log has one for every
+    # session its owner closed (not the ones recovery closed: their owner was lost)
+    owned = {sid: v.generation for sid in ids if (v := await store.session(sid)) is not None
+             and v.claimed and v.stranded_epoch != v.generation.epoch}
+    stop_at = time.monotonic() + 10.0
+    while time.monotonic() < stop_at:
+        released = {(r.session_id, r.generation) for r in log.of(Released) if r.reason == "closed"}
+        if all((sid, gen) in released for sid, gen in owned.items()):
+            break
+        await log.pump(timeout_ms=200)
+    return left
 
 
 def _broker_fault_summary(faults: list[BrokerFault], times: dict[str, list[float]],
@@ -357,19 +437,23 @@ def _broker_fault_summary(faults: list[BrokerFault], times: dict[str, list[float
 
 
 async def _compare_replay(settings: Settings, session_events: list[Record], observed: list[Record],
-                          ids: list[str]) -> int:
-    """Replay control, dispatch and detector from the topics and count where they differ from
+                          ids: list[str]) -> list[str]:
+    """Replay control, dispatch and detector from the topics and list where they differ from
     what this run observed: the sessions' states and owners and the workers as the worker
     events it read live (with the session events it had acknowledged), and the detector's
     signal over those acknowledged events."""
     seen = cluster_summary(cluster_view(session_events + [r for r in observed if r.TAG.startswith("worker.")]))
-    mismatches = 0
+    mismatches = []
     for processor in ("control", "dispatch"):
         got = await replay(settings, processor)
-        mismatches += sum(got["sessions"].get(sid) != seen["sessions"].get(sid) for sid in ids)
-        mismatches += sum(got["workers"].get(w) != v for w, v in seen["workers"].items())
+        mismatches += [f"{processor}: session {sid}: replayed {got['sessions'].get(sid)}, "
+                       f"observed {seen['sessions'].get(sid)}"
+                       for sid in ids if got["sessions"].get(sid) != seen["sessions"].get(sid)]
+        mismatches += [f"{processor}: worker {w}: replayed {got['workers'].get(w)}, observed {v}"
+                       for w, v in seen["workers"].items() if got["workers"].get(w) != v]
     got = await replay(settings, "detector")
-    mismatches += got["signal"] != detector_signal(session_events)
+    if got["signal"] != detector_signal(session_events):
+        mismatches.append("detector: signal differs")
     return mismatches
 
 

@@ -19,6 +19,7 @@ class WorkerLoad:
     used: int
     capacity: int
     draining: bool = False
+    down: bool = False  # declared dead, not heard from since
 
     @property
     def free(self) -> int:
@@ -26,9 +27,9 @@ class WorkerLoad:
 
 
 def rank_candidates(view: Mapping[str, WorkerLoad], exclude: frozenset[str] = frozenset()) -> list[str]:
-    """Feasible workers, least loaded (by utilization, then used slots) first; ties by id."""
+    """Feasible workers (registered, not draining, not down, a free slot), least loaded (by utilization, then used slots) first; ties by id."""
     feasible = [(w.used / w.capacity, w.used, wid) for wid, w in view.items()
-                if wid not in exclude and not w.draining and w.capacity > 0 and w.free > 0]
+                if wid not in exclude and not w.draining and not w.down and w.capacity > 0 and w.free > 0]
     return [wid for _, _, wid in sorted(feasible)]
 
 

@@ -9,7 +9,9 @@ open bugs): agents are at-least-once and rely on generations.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import tempfile
 from typing import Any
 
 import faust
@@ -96,6 +98,12 @@ def cluster_replication(settings: Settings) -> int:
         return 1
 
 
+def _faust_dir() -> str:
+    path = os.path.join(tempfile.gettempdir(), "chunkserve-faust")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
     """A faust app on the configured broker, at-least-once, with no web server by default.
     faust's own topics are replicated as the cluster allows (``cluster_replication``)."""
@@ -104,13 +112,18 @@ def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
         broker=f"kafka://{settings.kafka.bootstrap}",
         broker_credentials=settings.kafka.faust_credentials(),
         store="memory://",
+        # faust keeps nothing there with the memory store, but makes the folder: not in the
+        # caller's working directory
+        datadir=os.path.join(_faust_dir(), "{conf.name}"),
         web_enabled=False,
         producer_acks=-1,
         topic_allow_declare=True,
         topic_disable_leader=False,
         broker_commit_every=100,
         broker_commit_interval=0.5,
-        broker_session_timeout=10.0,
+        # a replica that dies hands its partitions over after this long (Kafka's smallest
+        # default group.min.session.timeout.ms): its worker deaths wait no longer for recovery
+        broker_session_timeout=6.0,
         broker_heartbeat_interval=1.0,
         broker_rebalance_timeout=10.0,
         producer_max_request_size=max(settings.max_record_bytes * 2, 1 << 20),

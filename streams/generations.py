@@ -7,10 +7,13 @@ happen in one atomic step.
 Key layout, all under one hash tag per namespace so each script touches one cluster slot::
 
     {ns}:s:<session>    hash: w, e (epoch), st (active|suspended|closed), cl (claimed),
-                        ci (chunk index), sq (input seq), sn_* (snapshot manifest)
+                        ci (chunk index), sq (input seq), sn_* (snapshot manifest),
+                        cr (close requested), rv (the epoch that owes a recovery)
     {ns}:sd:<session>   hash: snapshot parts, field "<snap id>:<i>"
-    {ns}:workers        hash: c:<w> capacity, d:<w> draining, u:<w> slots used
+    {ns}:workers        hash: c:<w> capacity, d:<w> draining, u:<w> slots used,
+                        x:<w> declared down at (Unix seconds)
     {ns}:ws:<worker>    set: sessions holding a slot on the worker
+    {ns}:recover        sorted set: sessions owing a recovery, scored by when to look next
 
 Cluster story: a commit must change a session's generation *and* two workers' slot counts
 atomically, and on Redis Cluster one script reaches one slot. Any (session, worker) pair may
@@ -88,6 +91,7 @@ class WorkerLoad(NamedTuple):
     used: int
     capacity: int
     draining: bool
+    down: bool = False  # declared dead and not heard from since
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,13 @@ class SessionView:
     chunk_index: int | None
     input_seq: int | None
     snapshot: SnapshotManifest | None
+    close_requested: bool = False  # the user closed it: it is never moved again
+    stranded_epoch: int | None = None  # this epoch's owner was lost: a recovery is owed
+
+    @property
+    def stranded(self) -> bool:
+        """The current generation's owner was lost and no new owner holds it yet."""
+        return self.state == "active" and self.stranded_epoch == self.generation.epoch
 
 
 class Keys:
@@ -132,6 +143,10 @@ class Keys:
 
     def slots(self, worker: str) -> str:
         return f"{self.tag}:ws:{worker}"
+
+    @property
+    def recovery(self) -> str:
+        return f"{self.tag}:recover"
 
 
 def _s(v: Any) -> str:
@@ -222,8 +237,36 @@ class _Ops:
             if field.startswith("c:"):
                 w = field[2:]
                 used, draining = int(_s(flat.get("u:" + w, 0))), _s(flat.get("d:" + w, "0")) == "1"
-                out[w] = WorkerLoad(used, int(_s(cap)), draining)
+                out[w] = WorkerLoad(used, int(_s(cap)), draining, "x:" + w in flat)
         return out
+
+    def set_down(self, worker_id: str, ts: float) -> Op:
+        reply = _check((yield "set_down", [self.keys.workers], [_worker(worker_id), repr(float(ts))]))
+        return _s(reply[1]) == "1"
+
+    def set_up(self, worker_id: str, ts: float) -> Op:
+        reply = _check((yield "set_up", [self.keys.workers], [_worker(worker_id), repr(float(ts))]))
+        return _s(reply[1]) == "1"
+
+    def strand(self, worker_id: str, now: float) -> Op:
+        sids = yield from self.sessions_of(worker_id)
+        if not sids:
+            return 0
+        keys = [self.keys.recovery] + [self.keys.session(sid) for sid in sids]
+        reply = _check((yield "strand", keys, [worker_id, repr(float(now)), *sids]))
+        return int(_s(reply[1]))
+
+    def recovery_due(self, now: float, limit: int) -> Op:
+        reply = yield "recovery_due", [self.keys.recovery], [repr(float(now)), int(limit)]
+        due = [(_s(reply[i]), float(_s(reply[i + 1]))) for i in range(1, len(reply), 2)]
+        return int(_s(reply[0])), due
+
+    def recovery_mark(self, session_id: str, at: float | None) -> Op:
+        _check((yield "recovery_mark", [self.keys.recovery],
+                [session_id, "" if at is None else repr(float(at))]))
+
+    def request_close(self, session_id: str) -> Op:
+        _check((yield "request_close", [self.keys.session(session_id)], [session_id]))
 
     def sessions_of(self, worker_id: str) -> Op:
         return sorted(_s(x) for x in (yield "sessions_of", [self.keys.slots(_worker(worker_id))], []))
@@ -304,7 +347,7 @@ class _Ops:
             snap = SnapshotManifest(_s(f["sn_id"]), int(_s(f["sn_n"])), int(_s(f["sn_size"])), _s(f["sn_sha"]),
                                     int(_s(f["sn_e"])), _opt_int(f.get("sn_ci")), _opt_int(f.get("sn_sq")))
         return SessionView(gen, _s(f["st"]), _s(f.get("cl", "0")) == "1", _opt_int(f.get("ci")),
-                           _opt_int(f.get("sq")), snap)
+                           _opt_int(f.get("sq")), snap, _s(f.get("cr", "0")) == "1", _opt_int(f.get("rv")))
 
     def put_snapshot(self, session_id: str, gen: Generation, data: bytes, chunk_index: int | None = None,
                      input_seq: int | None = None) -> Op:
@@ -366,21 +409,37 @@ class _RedisScripts:
         self.loaded: set[str] = set()
 
 
+# waits before each retry of a script call that timed out or lost its connection (a process
+# resumed after a pause finds its in-flight call timed out); every script is safe to repeat:
+# each is a fenced check-and-set that answers a repeat with a refusal or the same result
+RETRY_WAITS_S = (0.2, 0.5)
+
+
 class _AsyncBackend(_RedisScripts):
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        from redis.exceptions import NoScriptError
+        import asyncio
 
-        try:
-            if name not in self.loaded:
-                await self.client.script_load(self.sources[name])
-                self.loaded.add(name)
+        for wait in RETRY_WAITS_S:
             try:
-                return await self.client.evalsha(self.shas[name], len(keys), *keys, *args)
-            except NoScriptError:
-                await self.client.script_load(self.sources[name])
-                return await self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+                return await self._call(name, keys, args)
+            except _redis_errors():
+                await asyncio.sleep(wait)
+        try:
+            return await self._call(name, keys, args)
         except _redis_errors() as exc:
             raise InfraError(f"generation store: Redis unreachable: {exc}") from exc
+
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        from redis.exceptions import NoScriptError
+
+        if name not in self.loaded:
+            await self.client.script_load(self.sources[name])
+            self.loaded.add(name)
+        try:
+            return await self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+        except NoScriptError:
+            await self.client.script_load(self.sources[name])
+            return await self.client.evalsha(self.shas[name], len(keys), *keys, *args)
 
 
 class _SyncBackend(_RedisScripts):
@@ -466,6 +525,33 @@ class GenerationStore:
     async def set_draining(self, worker_id: str, draining: bool) -> None:
         """A draining worker keeps its sessions but admits no new commit."""
         await _drive_async(self._backend, self._ops.set_draining(worker_id, draining))
+
+    async def set_down(self, worker_id: str, ts: float) -> bool:
+        """Declare a worker dead at ``ts``: no commit targets it until ``set_up`` with a later
+        time. False when it is not registered (a clean shutdown deregistered it)."""
+        return await _drive_async(self._backend, self._ops.set_down(worker_id, ts))
+
+    async def set_up(self, worker_id: str, ts: float) -> bool:
+        """A sign of life at ``ts``: clears a down mark set before it (True when cleared)."""
+        return await _drive_async(self._backend, self._ops.set_up(worker_id, ts))
+
+    async def strand(self, worker_id: str, now: float) -> int:
+        """Queue every session still active on the worker for recovery of its current epoch;
+        returns how many were newly queued (one already owing that epoch keeps its place)."""
+        return await _drive_async(self._backend, self._ops.strand(worker_id, now))
+
+    async def recovery_due(self, now: float, limit: int = 64) -> tuple[int, list[tuple[str, float]]]:
+        """The recovery queue's size and its entries due by ``now``, earliest first."""
+        return await _drive_async(self._backend, self._ops.recovery_due(now, limit))
+
+    async def recovery_mark(self, session_id: str, at: float | None) -> None:
+        """Look at a queued session again at ``at``; None drops it from the queue."""
+        await _drive_async(self._backend, self._ops.recovery_mark(session_id, at))
+
+    async def request_close(self, session_id: str) -> None:
+        """The user closed the session: commits refuse it from now on (UnknownSessionError
+        when the session was never opened)."""
+        await _drive_async(self._backend, self._ops.request_close(session_id))
 
     async def deregister_worker(self, worker_id: str, force: bool = False) -> list[str]:
         """Remove a worker; only when it holds no slot unless ``force``. Returns dropped sessions."""

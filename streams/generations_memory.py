@@ -108,8 +108,57 @@ class MemoryScripts:
         if held and a[1] != "1":
             return ["err", "no_capacity", w, f"deregister refused: {len(held)} sessions hold slots (drain or force)"]
         self.data.pop(k[1], None)
-        self._hdel(k[0], "c:" + w, "d:" + w, "u:" + w)
+        self._hdel(k[0], "c:" + w, "d:" + w, "u:" + w, "x:" + w)
         return ["ok", *held]
+
+    def _set_down(self, k: list[str], a: list[Any]) -> Reply:
+        h = self._h(k[0])
+        if "c:" + a[0] not in h:
+            return ["ok", "0"]
+        if float(a[1]) > float(h.get("x:" + a[0], "0")):
+            self._hset(k[0], **{"x:" + a[0]: a[1]})
+        return ["ok", "1"]
+
+    def _set_up(self, k: list[str], a: list[Any]) -> Reply:
+        since = self._h(k[0]).get("x:" + a[0])
+        if since is not None and float(a[1]) > float(since):
+            self._hdel(k[0], "x:" + a[0])
+            return ["ok", "1"]
+        return ["ok", "0"]
+
+    def _strand(self, k: list[str], a: list[Any]) -> Reply:
+        worker, now, n = a[0], float(a[1]), 0
+        for key, sid in zip(k[1:], a[2:]):
+            cur = self._h(key)
+            if cur.get("w") == worker and cur.get("st") == "active" and cur.get("rv") != cur.get("e"):
+                self._hset(key, rv=cur["e"])
+                self.data.setdefault(k[0], {})[sid] = now
+                n += 1
+        return ["ok", str(n)]
+
+    def _recovery_due(self, k: list[str], a: list[Any]) -> Reply:
+        queue = self.data.get(k[0]) or {}
+        due = sorted((score, sid) for sid, score in queue.items() if score <= float(a[0]))[:int(a[1])]
+        return [str(len(queue))] + [x for score, sid in due for x in (sid, repr(score))]
+
+    def _recovery_mark(self, k: list[str], a: list[Any]) -> Reply:
+        queue = self.data.get(k[0])
+        if queue is not None and a[0] in queue:
+            if a[1] == "":
+                del queue[a[0]]
+                if not queue:
+                    del self.data[k[0]]
+            else:
+                queue[a[0]] = float(a[1])
+        return ["ok"]
+
+    def _request_close(self, k: list[str], a: list[Any]) -> Reply:
+        cur = self._h(k[0])
+        if "e" not in cur:
+            return ["err", "unknown_session", a[0]]
+        if cur.get("st") != "closed":
+            self._hset(k[0], cr="1")
+        return ["ok"]
 
     def _load_view(self, k: list[str], a: list[Any]) -> Reply:
         return [x for kv in self._h(k[0]).items() for x in kv]
@@ -117,7 +166,7 @@ class MemoryScripts:
     def _commit(self, k: list[str], a: list[Any]) -> Reply:
         sid, exp, target, src, guess = a[0], int(a[1]), a[2], a[3], a[4]
         cur = self._h(k[0])
-        if cur.get("st") == "closed":
+        if cur.get("st") == "closed" or cur.get("cr") == "1":
             return ["err", "closed", sid]
         e = int(cur.get("e", "0"))
         if e == 0 and exp != 0:
@@ -135,6 +184,8 @@ class MemoryScripts:
             return ["err", "no_capacity", target, "not registered"]
         if wh.get("d:" + target) == "1":
             return ["err", "no_capacity", target, "draining"]
+        if "x:" + target in wh:
+            return ["err", "no_capacity", target, "declared down"]
         used = int(wh.get("u:" + target, "0"))
         already = self._sismember(k[2], sid)
         if not already and used >= int(cap):

@@ -25,9 +25,10 @@ from schemas.errors import ChunkserveError, LimitError, OwnershipError, Snapshot
 from schemas.records import (Assign, ChunkDone, Claimed, CommandRejected, Generation, Handoff,
                              Heartbeat, InputAccepted, Record, Released, Resume, Revoke,
                              RoutedInput, Suspend, Terminate, WorkerDown, WorkerUp)
-from schemas.topics import SESSION_INPUTS, WORKER_COMMANDS
+from schemas.topics import WORKER_COMMANDS
 from streams.config import Settings
 from streams.generations import GenerationStore
+from streams.input_log import read_session_inputs
 from streams.kafka import RecordConsumer, RecordProducer
 from streams.prom import metrics, observe_heartbeat
 from streams.topics import TopicCatalogue, partition_for_key
@@ -146,6 +147,12 @@ class Worker:
         await self._consumer.assign(WORKER_COMMANDS, [mine], from_end=True)
         await self.store.register_worker(cfg.worker_id, cfg.capacity)
         await self.store.set_draining(cfg.worker_id, False)  # a restarted worker admits again
+        # sessions a previous run of this worker held are not here: they owe a recovery
+        # (queued before this worker counts as up again, so no replica can miss them)
+        stranded = await self.store.strand(cfg.worker_id, self.clock())
+        if stranded:
+            log.warning("%s: %d sessions of a previous run queued for recovery", cfg.worker_id, stranded)
+        await self.store.set_up(cfg.worker_id, self.clock())
         self._telemetry = Telemetry(0 if cfg.device.startswith("cuda") else None)
         await self._send(WorkerUp(worker_id=cfg.worker_id, ts=self.clock(), capacity=cfg.capacity,
                                   device=cfg.device, gpu_type=cfg.gpu_type, pool=cfg.pool))
@@ -285,37 +292,17 @@ class Worker:
     async def _replay_inputs(self, sid: str, sess: _Session) -> int:
         """Recovery: queue the session's inputs after the snapshot, read from ``session-inputs``
         (from the snapshot's position, or the partition's start when it has none)."""
-        from aiokafka import TopicPartition
-
-        from schemas.records import InputPushed
-
         assert self._producer is not None
-        reader = RecordConsumer(self.settings, [SESSION_INPUTS], self._producer,
-                                name=f"worker-{self.config.worker_id}-replay")
-        await reader.start(subscribe=False)
-        try:
-            partitions = await reader.partitions(SESSION_INPUTS)
-            part = partition_for_key(sid.encode(), len(partitions))
-            tp = TopicPartition(reader.catalogue.name(SESSION_INPUTS), part)
-            reader.raw.assign([tp])
-            end = (await reader.raw.end_offsets([tp]))[tp]
-            start = sess.input_pos[1] + 1 if sess.input_pos[0] == part else 0
-            reader.raw.seek(tp, start)
-            queued = 0
-            while await reader.raw.position(tp) < end:
-                for d in await reader.poll(timeout_ms=200):
-                    rec = d.record
-                    if (isinstance(rec, InputPushed) and rec.session_id == sid
-                            and rec.seq > sess.state.input_seq and d.offset < end):
-                        sess.pending[rec.seq] = RoutedInput(
-                            worker_id=self.config.worker_id, session_id=sid,
-                            generation=sess.generation, seq=rec.seq, kind=rec.kind,
-                            payload=rec.payload, ts=self.clock(), source_partition=part,
-                            source_offset=d.offset)
-                        queued += 1
-            return queued
-        finally:
-            await reader.stop()
+        start = sess.input_pos if sess.input_pos[0] >= 0 else None
+        logged = await read_session_inputs(self.settings, sid, sess.state.input_seq, start, self._producer,
+                                           name=f"worker-{self.config.worker_id}-replay")
+        for got in logged:
+            rec = got.record
+            sess.pending[rec.seq] = RoutedInput(
+                worker_id=self.config.worker_id, session_id=sid, generation=sess.generation,
+                seq=rec.seq, kind=rec.kind, payload=rec.payload, ts=self.clock(),
+                source_partition=got.partition, source_offset=got.offset)
+        return len(logged)
 
     async def _snapshot(self, sid: str, sess: _Session) -> Any:
         """Fenced snapshot of the compact state at a chunk boundary; returns the manifest.

@@ -9,27 +9,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Any, Awaitable, Callable, Protocol
 
 from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
-from schemas.records import (Assign, CommandRejected, Generation, InputPushed, PlacementReport,
-                             Record, Released, Resume, RoutedInput, SessionActive, SessionClosed,
-                             SessionIdle, SessionOpened, Suspend, Terminate, WorkerDown)
+from schemas.records import (Assign, CommandRejected, Generation, Heartbeat, InputPushed,
+                             PlacementReport, Record, Released, Resume, RoutedInput, SessionActive,
+                             SessionClosed, SessionIdle, SessionOpened, Suspend, Terminate,
+                             WorkerDown, WorkerUp)
 
 from schemas.codec import encode
 from schemas.topics import SESSION_INPUTS
 from streams.kafka import dead_letter_record
 
 from ..dispatch import Bucket, WorkerLoad, rank_candidates, take
+from ..recovery import CLAIM_GRACE_S, Step, next_step
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
 
 log = logging.getLogger(__name__)
 
 
-# the worker events dispatch acts on (``on_worker_event``); chunks, heartbeats, claims and
-# accepted inputs pass by undecoded
-WORKER_EVENTS_ACTED_ON = frozenset({WorkerDown.TAG, Released.TAG, CommandRejected.TAG})
+# the worker events dispatch acts on (``on_worker_event``; heartbeats and starts as signs of
+# life of a worker declared down); chunks, claims and accepted inputs pass by undecoded
+WORKER_EVENTS_ACTED_ON = frozenset({WorkerDown.TAG, Released.TAG, CommandRejected.TAG,
+                                    Heartbeat.TAG, WorkerUp.TAG})
+
+
+# every replica looks at the recovery queue this often (a slot freed is used within it)
+RECOVERY_SWEEP_S = 0.25
 
 
 class Publisher(Protocol):
@@ -44,7 +52,8 @@ class DispatchShell:
                  owner_wait_s: float = 10.0, name: str = "dispatch",
                  max_in_flight: int = 1024, report_every_s: float = 0.1,
                  max_input_bytes: int = 64 * 1024, input_rate: float = 50.0,
-                 input_burst: float = 100.0) -> None:
+                 input_burst: float = 100.0,
+                 read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None = None) -> None:
         self.store = store
         self.publisher = publisher
         self.clock = clock
@@ -62,6 +71,9 @@ class DispatchShell:
         self._reported_at = -1e18
         self.report_every_s = report_every_s
         self._slots = asyncio.Semaphore(max_in_flight)
+        # the session's inputs after a seq, read back from ``session-inputs`` (LoggedInput)
+        self.read_inputs = read_inputs
+        self.recovery_queue = 0  # sessions owing a recovery (or its claim) at the last sweep
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]]) -> None:
         """Run ``work`` after every earlier submission under the same key (a session's events,
@@ -90,7 +102,8 @@ class DispatchShell:
         now = time.monotonic()
         if force or now - self._view_at > self.view_ttl_s:
             raw = await self.store.load_view()
-            self._view = {w: WorkerLoad(used=u, capacity=c, draining=d) for w, (u, c, d) in raw.items()}
+            self._view = {w: WorkerLoad(used=x.used, capacity=x.capacity, draining=x.draining, down=x.down)
+                          for w, x in raw.items()}
             self._view_at = now
         return self._view
 
@@ -107,9 +120,14 @@ class DispatchShell:
         if isinstance(rec, SessionClosed):
             if view.state == "suspended":  # nobody holds it: close it in the store directly
                 await self.store.release(sid, gen, close=True)
-            else:
-                await self.publisher.send(Terminate(worker_id=gen.worker_id, session_id=sid,
-                                                    generation=gen, ts=ts))
+                return
+            # a close wins over any move still to come (recovery, migration); a session whose
+            # owner is down is released by the recovery sweep, the others by their owner
+            await self.store.request_close(sid)
+            if view.stranded or await self._is_down(gen.worker_id):
+                return
+            await self.publisher.send(Terminate(worker_id=gen.worker_id, session_id=sid,
+                                                generation=gen, ts=ts))
         elif isinstance(rec, SessionIdle) and view.state == "active":
             await self.publisher.send(Suspend(worker_id=gen.worker_id, session_id=sid,
                                               generation=gen, ts=ts))
@@ -124,7 +142,9 @@ class DispatchShell:
         """Complete migrations (assign the successor), recover a dead worker's sessions and
         re-route inputs a stale owner refused."""
         if isinstance(rec, WorkerDown):
-            await self.recover(rec.worker_id)
+            await self.worker_down(rec.worker_id, rec.ts)
+        elif isinstance(rec, (Heartbeat, WorkerUp)):
+            await self.worker_alive(rec.worker_id, rec.ts)
         elif isinstance(rec, Released) and rec.successor is not None:
             await self.publisher.send(Assign(worker_id=rec.successor.worker_id,
                                              session_id=rec.session_id, generation=rec.successor,
@@ -144,62 +164,140 @@ class DispatchShell:
         ``dead-letters`` with the reason. An input is applied or refused, never dropped."""
         view = await self.store.session(rec.session_id)
         if rec.reason in ("stale_epoch", "not_owner") and view is not None and view.state != "closed":
-            if await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload):
+            if await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload) is None:
                 return
             view = await self.store.session(rec.session_id)  # it may have closed meanwhile
         if view is None or view.state == "closed":
             why = f"session closed before input {rec.seq} was applied"
         else:
             why = f"input {rec.seq} refused by its owner"
-        raw = encode(InputPushed(session_id=rec.session_id, seq=rec.seq,
-                                 kind=rec.kind if rec.kind in ("text", "prompt", "control") else "text",  # type: ignore[arg-type]
-                                 payload=rec.payload, ts=rec.ts))
-        await self.publisher.send(dead_letter_record(
-            SESSION_INPUTS, 0, 0, raw, rec.session_id.encode(),
-            f"{why} ({rec.reason} at {rec.worker_id}: {rec.detail})"[:1000], self.name))
+        await self._refuse_input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts,
+                                 f"{why} ({rec.reason} at {rec.worker_id}: {rec.detail})")
 
-    async def recover(self, worker: str) -> int:
-        """Source-independent recovery: every session the dead worker still owns gets a new
-        generation elsewhere, restored from its last fenced snapshot plus the inputs after it."""
-        try:
-            await self.store.set_draining(worker, True)  # admit nothing more there
-        except OwnershipError:  # deregistered already (a clean shutdown): nothing to recover
-            return 0
+    async def _refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
+                            why: str, partition: int = 0, offset: int = 0) -> None:
+        raw = encode(InputPushed(session_id=sid, seq=seq,
+                                 kind=kind if kind in ("text", "prompt", "control") else "text",  # type: ignore[arg-type]
+                                 payload=payload, ts=ts))
+        await self.publisher.send(dead_letter_record(
+            SESSION_INPUTS, partition, offset, raw, sid.encode(), why[:1000], self.name))
+
+    # --- recovery: a durable obligation, carried out by whichever replica sweeps first ------
+
+    async def _is_down(self, worker: str) -> bool:
+        load = (await self.load_view()).get(worker)
+        return load is not None and load.down
+
+    async def worker_down(self, worker: str, ts: float) -> int:
+        """A worker was declared dead (or stopped): mark it down and queue every session it
+        still holds for recovery. Done in the store before this returns, so the event may be
+        marked read: any replica's sweep carries the recoveries out."""
+        if not await self.store.set_down(worker, ts):
+            return 0  # deregistered already (a clean shutdown): nothing to recover
         self._view_at = -1e18
-        recovered = 0
-        for sid in await self.store.sessions_of(worker):
-            view = await self.store.session(sid)
-            if view is None or view.state != "active" or view.generation.worker_id != worker:
+        queued = await self.store.strand(worker, self.clock())
+        log.info("%s: %s declared down; %d sessions queued for recovery", self.name, worker, queued)
+        return queued
+
+    async def worker_alive(self, worker: str, ts: float) -> None:
+        """A sign of life from a worker marked down, later than the declaration: its slots
+        count again (its stale generations were fenced by the recoveries)."""
+        if await self._is_down(worker) and await self.store.set_up(worker, ts):
+            self._view_at = -1e18
+            log.info("%s: %s is back; its slots count again", self.name, worker)
+
+    async def sweep(self, limit: int = 64) -> Counter[str]:
+        """One pass over the recovery queue, run periodically by every replica: queue the
+        sessions still on workers marked down, then take each due entry one step, earliest
+        first. A session that finds no free slot waits, and every later one with it."""
+        now = self.clock()
+        view = await self.load_view(force=True)
+        for worker, load in view.items():
+            if load.down and load.used:
+                await self.store.strand(worker, now)
+        self.recovery_queue, due = await self.store.recovery_due(now, limit)
+        steps: Counter[str] = Counter()
+        waiting = False
+        for sid, _at in due:
+            sv = await self.store.session(sid)
+            owner = view.get(sv.generation.worker_id) if sv is not None else None
+            owner_down = owner is None or owner.down
+            step = next_step(sv, owner_down)
+            if step is Step.RECOVER and waiting:
                 continue
-            gen = await self.admit(sid, "", expected_epoch=view.generation.epoch, restore=True,
-                                   recover=True, exclude=frozenset({worker}))
-            recovered += gen is not None
-        log.info("%s: recovered %d sessions of %s", self.name, recovered, worker)
-        return recovered
+            done = await self._carry_out(step, sid, sv, now, owner_down)
+            waiting = waiting or (step is Step.RECOVER and not done)
+            steps[step.value if done else "waiting"] += 1
+        return steps
+
+    async def _carry_out(self, step: Step, sid: str, sv: Any, now: float, owner_down: bool) -> bool:
+        store = self.store
+        if step is Step.DROP:
+            await store.recovery_mark(sid, None)
+            return True
+        if step is Step.CLOSE:
+            if sv.state != "closed":
+                try:
+                    await store.release(sid, sv.generation, close=True)
+                except OwnershipError:
+                    return False  # moved meanwhile: the next sweep reads it again
+            await store.recovery_mark(sid, None)
+            await self._refuse_unapplied(sid, sv.input_seq or 0)
+            return True
+        if step is Step.RECOVER:
+            try:  # an owner that is up again (restarted) takes it back in its own slot
+                gen = None if owner_down else await self._commit_in_place(sid, sv.generation)
+                gen = gen or await self._commit_on_best(sid, sv.generation.epoch, frozenset())
+            except OwnershipError:  # another replica moved it, or its user closed it
+                return True
+            if gen is None:
+                return False
+            await store.recovery_mark(sid, now + CLAIM_GRACE_S)
+            await self._assign_recovered(sid, gen)
+            log.info("%s: session %s recovered on %s", self.name, sid, gen)
+            return True
+        await store.recovery_mark(sid, now + CLAIM_GRACE_S)  # RESEND
+        await self._assign_recovered(sid, sv.generation)
+        return True
+
+    async def _commit_in_place(self, sid: str, gen: Generation) -> Generation | None:
+        try:
+            return await self.store.commit(sid, gen.epoch, gen.worker_id)
+        except NoCapacityError:  # draining, or its slot is gone
+            return None
+
+    async def _assign_recovered(self, sid: str, gen: Generation) -> None:
+        await self.publisher.send(Assign(worker_id=gen.worker_id, session_id=sid, generation=gen,
+                                         ts=self.clock(), restore=True, recover=True))
+        await self._report(gen.worker_id)
+
+    async def _refuse_unapplied(self, sid: str, applied_seq: int) -> None:
+        """A session closed while its owner was lost: every input after the last one applied
+        is still in the log (none was routed to a live owner); refuse each with the reason."""
+        if self.read_inputs is None:
+            return
+        for got in await self.read_inputs(sid, applied_seq):
+            rec = got.record
+            await self._refuse_input(sid, rec.seq, rec.kind, rec.payload, rec.ts,
+                                     f"session closed before input {rec.seq} was applied "
+                                     "(its worker was lost and no new owner took it)",
+                                     got.partition, got.offset)
 
     async def admit(self, session_id: str, prompt: str, expected_epoch: int = 0,
                     restore: bool = False, recover: bool = False,
                     exclude: frozenset[str] = frozenset()) -> Generation | None:
         """Commit the session's next generation on the best worker that admits it."""
         deadline = time.monotonic() + self.admission_timeout_s
-        tried: set[str] = set(exclude)
         while True:
-            view = await self.load_view(force=bool(tried))
-            candidates = rank_candidates(view, frozenset(tried))
-            if not candidates:
-                if time.monotonic() > deadline:
-                    log.error("%s: no worker admitted session %s", self.name, session_id)
-                    return None
-                tried = set(exclude)
-                await asyncio.sleep(0.2)
-                self._view_at = -1e18
-                continue
-            worker = candidates[0]
             try:
-                gen = await self.store.commit(session_id, expected_epoch, worker)
-            except NoCapacityError:
-                tried.add(worker)
-                continue
+                gen = await self._commit_on_best(session_id, expected_epoch, exclude)
+                if gen is None:
+                    if time.monotonic() > deadline:
+                        log.error("%s: no worker admitted session %s", self.name, session_id)
+                        return None
+                    await asyncio.sleep(0.2)
+                    self._view_at = -1e18
+                    continue
             except StaleGenerationError:
                 # redelivered event: the session already has a generation; re-send its Assign
                 gen = await self.store.current(session_id)
@@ -214,11 +312,26 @@ class DispatchShell:
             await self._report(gen.worker_id)
             return gen
 
+    async def _commit_on_best(self, sid: str, expected_epoch: int,
+                              exclude: frozenset[str]) -> Generation | None:
+        """One pass over the candidates, best first: the generation committed on the first
+        that admits it, or None when none has a free slot. Refusals other than capacity raise."""
+        tried: set[str] = set(exclude)
+        while True:
+            view = await self.load_view(force=len(tried) > len(exclude))
+            candidates = rank_candidates(view, frozenset(tried))
+            if not candidates:
+                return None
+            try:
+                return await self.store.commit(sid, expected_epoch, candidates[0])
+            except NoCapacityError:
+                tried.add(candidates[0])
+
     async def _report(self, worker: str) -> None:
         view = self._view
         if worker in view:  # keep the cached view close to the truth between refreshes
             w = view[worker]
-            view[worker] = WorkerLoad(w.used + 1, w.capacity, w.draining)
+            view[worker] = WorkerLoad(w.used + 1, w.capacity, w.draining, w.down)
         now = time.monotonic()
         if now - self._reported_at < self.report_every_s:
             return
@@ -242,40 +355,47 @@ class DispatchShell:
             return f"input rate over {self.input_rate:g}/s (burst {self.input_burst:g}) for this session"
         return None
 
-    async def on_input(self, rec: InputPushed, partition: int = -1, offset: int = -1) -> bool:
-        """Forward an input to the current owner, stamped with its generation."""
+    async def on_input(self, rec: InputPushed, partition: int = -1, offset: int = -1) -> str | None:
+        """Forward an input to the current owner, stamped with its generation; None when it
+        was routed (or held for a lost owner's successor), else why it is refused."""
         return await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload,
-                                      partition, offset)
+                                      partition, offset, rec.ts)
 
     async def route_input(self, sid: str, seq: int, kind: str, payload: str,
-                          partition: int = -1, offset: int = -1) -> bool:
-        """Route to the owner; an input for a suspended session wakes it (restored first)."""
+                          partition: int = -1, offset: int = -1, ts: float = 0.0) -> str | None:
+        """Route to the owner; an input for a suspended session wakes it (restored first); one
+        for a session whose owner is down is never sent there: the log keeps it for the
+        recovery's replay, or for the close's refusal. None when routed or left to recovery,
+        else the reason it is refused."""
         deadline = time.monotonic() + self.owner_wait_s
         view = await self.store.session(sid)
         while view is None and time.monotonic() < deadline:  # the open may still be in flight
             await asyncio.sleep(0.05)
             view = await self.store.session(sid)
         if view is None or view.state == "closed":
-            return False
+            return "no owner for session (unknown or closed)"
         gen: Generation | None = view.generation
         if view.state == "suspended":
             gen = await self.admit(sid, "", expected_epoch=view.generation.epoch, restore=True)
             if gen is None:
                 gen = await self.store.current(sid)
+        elif view.stranded or await self._is_down(view.generation.worker_id):
+            # held in the log: the recovery replays it from there, a close refuses it from there
+            return None
         if gen is None:
-            return False
+            return "no owner for session (unknown or closed)"
         await self.publisher.send(RoutedInput(worker_id=gen.worker_id, session_id=sid,
                                               generation=gen, seq=seq, kind=kind,  # type: ignore[arg-type]
                                               payload=payload, ts=self.clock(),
                                               source_partition=partition, source_offset=offset))
-        return True
-
+        return None
 
 def build_app(settings: Any) -> Any:
     """The faust app running the dispatch agents (session events and inputs)."""
     from schemas.topics import SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS
     from streams.faust_app import FaustPublisher, decode_event, make_app
     from streams.generations import GenerationStore
+    from streams.input_log import read_session_inputs
     from streams.topics import TopicCatalogue
 
     import redis.asyncio  # noqa: F401  (imported now: the first session would wait for it)
@@ -288,9 +408,12 @@ def build_app(settings: Any) -> Any:
     async def shell() -> DispatchShell:
         if "shell" not in state:
             store = GenerationStore.from_settings(settings)
+            async def read_inputs(sid: str, after_seq: int) -> list[Any]:
+                return await read_session_inputs(settings, sid, after_seq, name="dispatch-close")
+
             state["shell"] = DispatchShell(store, publisher, max_input_bytes=settings.max_input_bytes,
                                            input_rate=settings.input_rate_per_s,
-                                           input_burst=settings.input_burst)
+                                           input_burst=settings.input_burst, read_inputs=read_inputs)
         return state["shell"]
 
     @app.agent(publisher.topic(SESSION_EVENTS), name="dispatch-session-events")
@@ -316,8 +439,9 @@ def build_app(settings: Any) -> Any:
                 continue
 
             async def route(rec: Any = rec, msg: Any = msg, sh: DispatchShell = sh) -> None:
-                if not await sh.on_input(rec, msg.partition, msg.offset):
-                    await publisher.dead_letter(msg, "no owner for session (unknown or closed)", "dispatch")
+                refused = await sh.on_input(rec, msg.partition, msg.offset)
+                if refused is not None:
+                    await publisher.dead_letter(msg, refused, "dispatch")
 
             await sh.submit(f"inputs:{rec.session_id}", route)  # type: ignore[attr-defined]
 
@@ -325,9 +449,24 @@ def build_app(settings: Any) -> Any:
     async def worker_events(stream: Any) -> None:
         async for event in stream.events():
             rec = await decode_event(event, WORKER_EVENTS, publisher, "dispatch", WORKER_EVENTS_ACTED_ON)
-            if rec is not None:
-                sh = await shell()
+            if rec is None:
+                continue
+            sh = await shell()
+            if isinstance(rec, (WorkerDown, Heartbeat, WorkerUp)):
+                # in the store before the event is marked read: the sweep does the rest
+                await sh.on_worker_event(rec)
+            else:
                 key = f"workers:{getattr(rec, 'session_id', '') or rec.worker_id}"  # type: ignore[attr-defined]
                 await sh.submit(key, lambda rec=rec, sh=sh: sh.on_worker_event(rec))
+
+    @app.timer(interval=RECOVERY_SWEEP_S)
+    async def recovery_sweep() -> None:
+        try:
+            steps = await (await shell()).sweep()
+        except Exception:  # Redis away for a moment: the next sweep tries again
+            log.exception("dispatch: recovery sweep failed")
+            return
+        if steps:
+            log.info("dispatch: recovery sweep %s", dict(steps))
 
     return app

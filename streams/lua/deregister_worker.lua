@@ -7,7 +7,7 @@ if #held > 0 and ARGV[2] ~= '1' then
   return {'err', 'no_capacity', w, 'deregister refused: ' .. tostring(#held) .. ' sessions hold slots (drain or force)'}
 end
 redis.call('DEL', KEYS[2])
-redis.call('HDEL', KEYS[1], 'c:' .. w, 'd:' .. w, 'u:' .. w)
+redis.call('HDEL', KEYS[1], 'c:' .. w, 'd:' .. w, 'u:' .. w, 'x:' .. w)
 local out = {'ok'}
 for i = 1, #held do out[#out + 1] = held[i] end
 return out

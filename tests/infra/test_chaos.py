@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
-from infra.chaos import AUDIT_KEYS, ChaosConfig, audit_chunks, audit_inputs, run_chaos
+from infra.chaos import (AUDIT_KEYS, ChaosConfig, audit_chunks, audit_inputs, run_chaos, served_after,
+                         unserved_until)
+from schemas.errors import ConfigError
 from schemas.records import ChunkDone, Generation, InputAccepted
 from streams.config import Settings
 
@@ -31,6 +33,27 @@ def test_the_audit_finds_what_it_claims_to_find():
                                              "inputs_out_of_order": 1}
 
 
+def _at(sid: str, ts: float) -> ChunkDone:
+    return ChunkDone(worker_id="w", session_id=sid, generation=Generation("w", 1), chunk_index=int(ts * 10), ts=ts)
+
+
+def test_unserved_counts_until_served_again_or_the_end():
+    chunks = [_at("a", t) for t in (1, 2, 3, 20, 21)] + [_at("b", t) for t in (1, 2, 3)]
+    longest, never = unserved_until(chunks, 0.0, 22.0, ["a", "b", "c"])
+    assert longest == 22.0  # "c" was never served at all
+    assert never == ["b", "c"]  # "a" came back; "b" stopped at 3 s and "c" never started
+    assert unserved_until(chunks, 0.0, 22.0, ["a"]) == (17.0, [])
+    # waiting for a slot at 10 s: "a" is served 10 s later; "b" never (counted to the last chunk)
+    assert served_after(chunks, ["a", "b"], 10.0) == 11.0
+    assert served_after(chunks, ["a"], 2.5) == 0.0  # served just before: not waiting
+
+
+def test_a_fleet_too_small_is_refused_up_front():
+    with pytest.raises(ConfigError, match="40 sessions do not fit 4 workers of 8 slots .32.; start --workers 5"):
+        ChaosConfig(sessions=40, workers=4)
+    ChaosConfig(sessions=40, workers=6)
+
+
 def test_chaos_run_audits_clean(kafka_bootstrap, redis_url, namespace, tmp_path):
     settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
         kafka_bootstrap, redis_url)
@@ -44,3 +67,18 @@ def test_chaos_run_audits_clean(kafka_bootstrap, redis_url, namespace, tmp_path)
         assert result[key] == 0, (key, result)
     assert set(result["broker"]) == {"kind", "version", "brokers"}
     assert result["broker_faults"] == {"leader_kills": 0, "full_restarts": 0}
+
+
+def test_chaos_with_more_sessions_than_the_survivors_hold(kafka_bootstrap, redis_url, namespace, tmp_path):
+    """After the pause and after the kill the sessions outnumber the live slots: they wait for
+    recovery, their inputs held, until a worker comes back or closes make room; nothing is
+    lost, nothing stays stranded, no closed session stays active."""
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
+        kafka_bootstrap, redis_url)
+    cfg = ChaosConfig(sessions=8, duration_s=30.0, workers=3, capacity=3)
+    result = asyncio.run(run_chaos(settings, cfg, tmp_path / "logs"))
+    assert "room_made_at_s" in result["faults"], result["faults"]
+    for key in AUDIT_KEYS:
+        assert result[key] == 0, (key, result)
+    assert result["served_after_room_s"] is not None and result["served_after_room_s"] < 5.0, result
+    assert result["recovered_sessions"] >= 3

@@ -41,6 +41,12 @@ OPS = st.one_of(
     st.tuples(st.just("current"), S),
     st.tuples(st.just("load_view")),
     st.tuples(st.just("sessions_of"), W),
+    st.tuples(st.just("set_down"), W, st.sampled_from([1.0, 2.5, 4.0])),
+    st.tuples(st.just("set_up"), W, st.sampled_from([1.0, 2.5, 4.0])),
+    st.tuples(st.just("strand"), W, st.sampled_from([1.0, 2.5, 4.0])),
+    st.tuples(st.just("recovery_due"), st.sampled_from([0.5, 2.5, 9.0]), st.integers(1, 3)),
+    st.tuples(st.just("recovery_mark"), S, st.none() | st.sampled_from([3.0, 5.0])),
+    st.tuples(st.just("request_close"), S),
 )
 
 

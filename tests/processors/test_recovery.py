@@ -1,0 +1,235 @@
+"""Recovery never strands a session: the dispatch core on the in-memory store twin, no broker.
+
+The store twin runs the same operations as the Redis store (held to it by
+tests/streams/test_generations_equivalence.py); the publisher records what dispatch sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from infra.chaos import refused_inputs
+from processors.agents.dispatch import DispatchShell
+from processors.recovery import CLAIM_GRACE_S, Step, next_step
+from schemas.records import (Assign, DeadLetter, Generation, Heartbeat, InputPushed, Record,
+                             RoutedInput, SessionClosed, SessionOpened, Terminate, WorkerDown)
+from streams.generations import SessionView
+from streams.generations_memory import MemoryGenerationStore
+from streams.input_log import LoggedInput
+
+
+class Sent:
+    """The publisher: keeps every record dispatch sends."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    async def send(self, rec: Record, wait: bool = False) -> None:
+        self.records.append(rec)
+
+    def of(self, kind: type) -> list[Any]:
+        return [r for r in self.records if isinstance(r, kind)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _fleet(workers: dict[str, int], sessions: list[str]) -> tuple[MemoryGenerationStore, DispatchShell, Sent, Clock]:
+    store, sent, clock = MemoryGenerationStore("t"), Sent(), Clock()
+    for w, cap in workers.items():
+        await store.register_worker(w, cap)
+    shell = DispatchShell(store, sent, clock=clock, view_ttl_s=0.0, admission_timeout_s=0.0,
+                          owner_wait_s=0.0)
+    for sid in sessions:
+        await shell.on_session_event(SessionOpened(session_id=sid, ts=clock(), prompt="p"))
+    for a in sent.of(Assign):  # every owner claims what it was given
+        await store.claim(a.session_id, a.generation)
+    return store, shell, sent, clock
+
+
+async def _owner(store: MemoryGenerationStore, sid: str) -> str:
+    view = await store.session(sid)
+    assert view is not None
+    return view.generation.worker_id
+
+
+async def _claim_assigned(store: MemoryGenerationStore, sent: Sent, since: int) -> None:
+    for a in sent.records[since:]:
+        if isinstance(a, Assign):
+            view = await store.session(a.session_id)
+            if view is not None and view.generation == a.generation:
+                await store.claim(a.session_id, a.generation)
+
+
+def test_second_death_with_survivors_full_waits_then_recovers_when_the_first_returns() -> None:
+    """The issue's reproduction: three workers of capacity 2, four sessions; w1 dies (its
+    sessions recovered), then w2 dies while w3 is full: its sessions wait, their inputs are
+    held (never sent to w2), and when w1 heartbeats again they move there, inputs and all."""
+
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 2, "w2": 2, "w3": 2}, ["a", "b", "c", "d"])
+        on_w1 = [s for s in "abcd" if await _owner(store, s) == "w1"]
+        assert on_w1, "the least-loaded ranking spreads the four sessions"
+        await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats"))
+        n = len(sent.records)
+        await shell.sweep()
+        await _claim_assigned(store, sent, n)
+        for s in on_w1:
+            assert await _owner(store, s) != "w1"
+        assert (await store.load_view())["w1"].down
+
+        on_w2 = [s for s in "abcd" if await _owner(store, s) == "w2"]
+        assert len(on_w2) == 2 and (await store.load_view())["w3"].used == 2
+        clock.now += 5
+        await shell.on_worker_event(WorkerDown(worker_id="w2", ts=clock(), reason="missed heartbeats"))
+        steps = await shell.sweep()
+        assert steps == {"waiting": 1}, steps  # the first waits, the second behind it
+        for s in on_w2:
+            assert await _owner(store, s) == "w2"
+        n = len(sent.records)
+        assert await shell.route_input(on_w2[0], 1, "text", "steer", ts=clock()) is None
+        assert not [r for r in sent.records[n:] if isinstance(r, RoutedInput)], "never sent to a dead owner"
+
+        # a heartbeat sent before w1 was declared dead proves nothing
+        await shell.on_worker_event(Heartbeat(worker_id="w1", ts=clock() - 10, sessions=0, executing=0, capacity=2))
+        assert (await store.load_view())["w1"].down
+        clock.now += 1
+        await shell.on_worker_event(Heartbeat(worker_id="w1", ts=clock(), sessions=0, executing=0, capacity=2))
+        assert not (await store.load_view())["w1"].down
+        n = len(sent.records)
+        await shell.sweep()
+        for s in on_w2:
+            assert await _owner(store, s) == "w1"
+        assigns = [r for r in sent.records[n:] if isinstance(r, Assign)]
+        assert {a.session_id for a in assigns} == set(on_w2) and all(a.recover and a.restore for a in assigns)
+        await _claim_assigned(store, sent, n)
+        clock.now += CLAIM_GRACE_S + 1
+        await shell.sweep()
+        assert (await shell.sweep()) == {} and shell.recovery_queue == 0  # every obligation met
+        # the input left in the log reaches w1 by the recovery's replay; routed from now on
+        n = len(sent.records)
+        assert await shell.route_input(on_w2[0], 2, "text", "steer", ts=clock()) is None
+        assert [(r.seq, r.worker_id) for r in sent.records[n:] if isinstance(r, RoutedInput)] == [(2, "w1")]
+
+    asyncio.run(run())
+
+
+def test_a_close_wins_over_a_recovery_still_to_come() -> None:
+    """A session closed while its worker is dead (declared or not yet) is released for good,
+    its held inputs refused with the reason, and never resurrected when capacity frees up."""
+
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 1, "w2": 1}, ["a", "b"])
+        victim = await _owner(store, "a")
+        other = "w2" if victim == "w1" else "w1"
+        # closed before the death is declared: the Terminate goes to the dead owner
+        await shell.on_session_event(SessionClosed(session_id="a", ts=clock()))
+        assert [t.worker_id for t in sent.of(Terminate)] == [victim]
+        await shell.on_worker_event(WorkerDown(worker_id=victim, ts=clock(), reason="missed heartbeats"))
+        await store.release("b", (await store.session("b")).generation, close=True)  # a slot frees up
+        await shell.sweep()
+        view = await store.session("a")
+        assert view is not None and view.state == "closed", view
+        assert not [a for a in sent.of(Assign) if a.session_id == "a" and a.recover]
+        assert (await store.load_view())[other].used == 0
+
+    asyncio.run(run())
+
+
+def test_inputs_of_a_session_closed_while_stranded_are_refused_from_the_log() -> None:
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 1}, ["a"])
+        log = [LoggedInput(0, i, InputPushed(session_id="a", seq=i, kind="text", payload=f"in {i}", ts=1.0))
+               for i in (1, 2)]
+
+        async def read_inputs(sid: str, after_seq: int) -> list[LoggedInput]:
+            return [x for x in log if x.record.session_id == sid and x.record.seq > after_seq]
+
+        shell.read_inputs = read_inputs
+        await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats"))
+        await shell.sweep()
+        for seq in (1, 2):
+            assert await shell.route_input("a", seq, "text", f"in {seq}", ts=clock()) is None
+        await shell.on_session_event(SessionClosed(session_id="a", ts=clock()))
+        assert not sent.of(Terminate), "nothing is sent to a dead owner"
+        await shell.sweep()
+        assert (await store.session("a")).state == "closed"
+        assert refused_inputs(sent.of(DeadLetter)) == {("a", 1), ("a", 2)}
+        assert all("closed before input" in d.reason for d in sent.of(DeadLetter))
+
+    asyncio.run(run())
+
+
+def test_a_lost_assign_is_sent_again_after_the_grace() -> None:
+    """The replica that committed a recovery died before its Assign went out (or the Assign
+    was lost): once the grace passes, any replica sends it again."""
+
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 1, "w2": 1}, ["a"])
+        victim = await _owner(store, "a")
+        await shell.on_worker_event(WorkerDown(worker_id=victim, ts=clock(), reason="missed heartbeats"))
+        await shell.sweep()
+        first = [a for a in sent.of(Assign) if a.recover]
+        assert len(first) == 1
+        other = DispatchShell(store, Sent(), clock=clock, view_ttl_s=0.0)  # a second replica
+        assert await other.sweep() == {}  # not due yet
+        clock.now += CLAIM_GRACE_S + 0.1
+        await other.sweep()
+        again = [a for a in other.publisher.records if isinstance(a, Assign)]
+        assert [a.generation for a in again] == [first[0].generation]
+
+    asyncio.run(run())
+
+
+def test_a_restarted_worker_queues_what_its_previous_run_held() -> None:
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 2}, ["a", "b"])
+        # the process restarts under the same id before anyone declared it dead
+        assert await store.strand("w1", clock()) == 2
+        await store.set_up("w1", clock())
+        n = len(sent.records)
+        await shell.sweep()
+        assigns = [a for a in sent.records[n:] if isinstance(a, Assign)]
+        assert sorted(a.session_id for a in assigns) == ["a", "b"]
+        assert all(a.generation.epoch == 2 and a.worker_id == "w1" for a in assigns)
+
+    asyncio.run(run())
+
+
+def _view(epoch: int, state: str = "active", claimed: bool = True, stranded: int | None = 1,
+          close: bool = False) -> SessionView:
+    return SessionView(Generation("w", epoch), state, claimed, None, None, None, close, stranded)
+
+
+@pytest.mark.parametrize("view, owner_down, step", [
+    (None, False, Step.DROP),
+    (_view(1, "closed"), True, Step.CLOSE),  # closed mid-recovery: its unapplied inputs refused
+    (_view(1, close=True), True, Step.CLOSE),
+    (_view(1, "suspended", close=True), False, Step.CLOSE),
+    (_view(1, "suspended"), True, Step.DROP),
+    (_view(1), True, Step.RECOVER),
+    (_view(1), False, Step.RECOVER),  # restarted under the same id: it does not hold it
+    (_view(2, claimed=False), False, Step.RESEND),
+    (_view(2, claimed=False), True, Step.RECOVER),
+    (_view(2), False, Step.DROP),
+    (_view(2, stranded=None), True, Step.DROP),
+])
+def test_next_step(view: SessionView | None, owner_down: bool, step: Step) -> None:
+    assert next_step(view, owner_down) is step
+
+
+def test_input_accounting_reason_for_unknown_session() -> None:
+    async def run() -> None:
+        _store, shell, _sent, _clock = await _fleet({"w1": 1}, [])
+        why = await shell.on_input(InputPushed(session_id="nope", seq=1, kind="text", payload="x", ts=1.0))
+        assert why is not None and "unknown or closed" in why
+
+    asyncio.run(run())

@@ -1,0 +1,232 @@
+"""Model-based test of recovery: capacity shortage, worker pause and resume, worker death,
+restarts and a dispatch replica dying between its commit and its Assign, interleaved.
+
+Two dispatch replicas share the in-memory store twin; workers claim what they are assigned
+while they are alive. Invariants after every step: no input is routed to a worker marked
+down, no session closed by its user is active or moved again, slots never exceed capacity.
+At the end, with every worker back, every open session has a live owner that claimed it,
+no recovery is owed, and every input was applied or refused with a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from infra.chaos import refused_inputs
+from processors.agents.dispatch import DispatchShell
+from processors.recovery import CLAIM_GRACE_S
+from schemas.records import (Assign, DeadLetter, Heartbeat, InputPushed, Record, RoutedInput,
+                             SessionClosed, SessionOpened, Terminate, WorkerDown)
+from streams.generations_memory import MemoryGenerationStore
+from streams.input_log import LoggedInput
+
+WORKERS = ("w1", "w2", "w3")
+CAPACITY = 1
+SESSIONS = ("s0", "s1", "s2", "s3")  # more than the fleet holds: a shortage is possible
+
+
+class Bus:
+    """What replicas publish; ``lose`` drops the next record a replica publishes (it died
+    after its commit, before its send)."""
+
+    def __init__(self, model: "RecoveryMachine") -> None:
+        self.model = model
+        self.lose = False
+
+    async def send(self, rec: Record, wait: bool = False) -> None:
+        if self.lose and isinstance(rec, Assign):
+            self.lose = False
+            return
+        self.model.on_sent(rec)
+
+
+class RecoveryMachine(RuleBasedStateMachine):
+    @initialize()
+    def start(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.store = MemoryGenerationStore("m")
+        self.now = 1000.0
+        self.bus = Bus(self)
+        self.replicas = [DispatchShell(self.store, self.bus, clock=lambda: self.now, view_ttl_s=0.0,
+                                       admission_timeout_s=0.0, owner_wait_s=0.0, name=f"d{i}",
+                                       read_inputs=self.read_inputs)
+                         for i in range(2)]
+        self.alive = {w: True for w in WORKERS}  # the process runs (not killed, not paused)
+        self.opened: set[str] = set()
+        self.closed: set[str] = set()
+        self.pending: list[Assign | Terminate] = []  # commands not yet taken by their worker
+        self.seq: dict[str, int] = {}
+        self.pushed: set[tuple[str, int]] = set()
+        self.refused: set[tuple[str, int]] = set()
+        self.accepted: set[tuple[str, int]] = set()
+        self.bad_routes: list[str] = []
+        for w in WORKERS:
+            self.run(self.store.register_worker(w, CAPACITY))
+
+    def teardown(self) -> None:
+        if hasattr(self, "loop"):
+            self.loop.close()
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    async def read_inputs(self, sid: str, after_seq: int) -> list[LoggedInput]:
+        return [LoggedInput(0, q, InputPushed(session_id=s, seq=q, kind="text", payload="x", ts=0.0))
+                for s, q in sorted(self.pushed) if s == sid and q > after_seq]
+
+    def on_sent(self, rec: Record) -> None:
+        if isinstance(rec, (Assign, Terminate, RoutedInput)):
+            self.pending.append(rec)
+        if isinstance(rec, RoutedInput):
+            if self.run_view()[rec.worker_id].down:
+                self.bad_routes.append(f"{rec.session_id}#{rec.seq} to down {rec.worker_id}")
+        elif isinstance(rec, DeadLetter):
+            self.refused |= refused_inputs([rec])
+
+    def run_view(self) -> Any:
+        return _sync_view(self.store)
+
+    # --- the world ------------------------------------------------------------------
+
+    @rule(sid=st.sampled_from(SESSIONS), r=st.integers(0, 1))
+    def open(self, sid: str, r: int) -> None:
+        if sid in self.opened:
+            return
+        self.opened.add(sid)
+        self.run(self.replicas[r].on_session_event(SessionOpened(session_id=sid, ts=self.now, prompt="p")))
+
+    @rule(sid=st.sampled_from(SESSIONS), r=st.integers(0, 1))
+    def close(self, sid: str, r: int) -> None:
+        if sid not in self.opened or sid in self.closed:
+            return
+        self.closed.add(sid)
+        self.run(self.replicas[r].on_session_event(SessionClosed(session_id=sid, ts=self.now)))
+
+    @precondition(lambda self: bool(self.opened - self.closed))
+    @rule(data=st.data(), r=st.integers(0, 1))
+    def push(self, data: st.DataObject, r: int) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.opened - self.closed)))
+        self.seq[sid] = self.seq.get(sid, 0) + 1
+        self.pushed.add((sid, self.seq[sid]))
+        why = self.run(self.replicas[r].route_input(sid, self.seq[sid], "text", "x", ts=self.now))
+        if why is not None:
+            self.refused.add((sid, self.seq[sid]))
+
+    @precondition(lambda self: any(self.alive.values()))
+    @rule(data=st.data(), r=st.integers(0, 1))
+    def worker_dies(self, data: st.DataObject, r: int) -> None:
+        """Killed or paused past detection: control declares it down."""
+        w = data.draw(st.sampled_from([w for w in WORKERS if self.alive[w]]))
+        self.alive[w] = False
+        self.now += 1
+        self.run(self.replicas[r].on_worker_event(WorkerDown(worker_id=w, ts=self.now, reason="missed heartbeats")))
+
+    @precondition(lambda self: not all(self.alive.values()))
+    @rule(data=st.data(), r=st.integers(0, 1), restarted=st.booleans())
+    def worker_returns(self, data: st.DataObject, r: int, restarted: bool) -> None:
+        """Resumed (it heartbeats again) or restarted under the same id (it queues what its
+        previous run held, then heartbeats)."""
+        w = data.draw(st.sampled_from([w for w in WORKERS if not self.alive[w]]))
+        self._returns(w, r, restarted)
+
+    def _returns(self, w: str, r: int, restarted: bool) -> None:
+        self.alive[w] = True
+        self.now += 1
+        if restarted:
+            self.run(self.store.strand(w, self.now))
+            self.run(self.store.set_up(w, self.now))
+        self.run(self.replicas[r].on_worker_event(
+            Heartbeat(worker_id=w, ts=self.now, sessions=0, executing=0, capacity=CAPACITY)))
+
+    @rule()
+    def workers_poll(self) -> None:
+        self.deliver()
+
+    @rule(r=st.integers(0, 1), lose=st.booleans(), dt=st.sampled_from([0.3, 2.0, CLAIM_GRACE_S + 1]))
+    def sweep(self, r: int, lose: bool, dt: float) -> None:
+        self.now += dt
+        self.bus.lose = lose  # the replica dies after one commit, before its Assign
+        self.run(self.replicas[r].sweep())
+        self.bus.lose = False
+        self.deliver()
+
+    def deliver(self) -> None:
+        """Live workers take their commands, each only while its generation is current: an
+        Assign is claimed (a recovering one replays the session's inputs after the last one
+        applied, from the log), an input is applied once its generation is claimed (kept until
+        then), a Terminate releases the session for good. A dead process loses them."""
+        pending, self.pending = self.pending, []
+        for c in pending:
+            if not self.alive[c.worker_id]:
+                continue
+            view = self.run(self.store.session(c.session_id))
+            if view is None or view.generation != c.generation or view.state != "active":
+                continue
+            if isinstance(c, Assign):
+                self.run(self.store.claim(c.session_id, c.generation))
+                if c.recover:
+                    for got in self.run(self.read_inputs(c.session_id, view.input_seq or 0)):
+                        self.apply(c.session_id, c.generation, got.record.seq)
+            elif isinstance(c, RoutedInput):
+                if not view.claimed:  # ahead of its Assign: the worker keeps it until the claim
+                    self.pending.append(c)
+                    continue
+                self.apply(c.session_id, c.generation, c.seq)
+            elif view.claimed:  # a Terminate for a generation the worker never claimed is ignored
+                self.run(self.store.release(c.session_id, c.generation, close=True))
+
+    def apply(self, sid: str, gen: Any, seq: int) -> None:
+        view = self.run(self.store.session(sid))
+        if seq > (view.input_seq or 0):
+            self.run(self.store.write_progress(sid, gen, input_seq=seq))
+        self.accepted.add((sid, seq))
+
+    # --- invariants -------------------------------------------------------------------
+
+    @invariant()
+    def never_routed_to_a_dead_owner(self) -> None:
+        if hasattr(self, "bad_routes"):
+            assert not self.bad_routes, self.bad_routes
+
+    @invariant()
+    def slots_within_capacity(self) -> None:
+        if hasattr(self, "store"):
+            for w, load in _sync_view(self.store).items():
+                assert load.used <= load.capacity, (w, load)
+
+    @precondition(lambda self: hasattr(self, "store"))
+    @rule()
+    def settle(self) -> None:
+        """Every worker back, time passes: every obligation is met."""
+        for w in WORKERS:
+            if not self.alive[w]:
+                self._returns(w, 0, restarted=True)
+        for _ in range(6):
+            self.sweep(0, False, CLAIM_GRACE_S + 1)
+            self.sweep(1, False, 0.3)
+        _, due = self.run(self.store.recovery_due(self.now + 1e6, 1000))
+        assert due == [], due
+        for sid in self.opened:
+            view = self.run(self.store.session(sid))
+            if sid in self.closed:
+                assert view is None or view.state == "closed", (sid, view)
+            elif view is not None and view.state == "active":
+                assert view.claimed and self.alive[view.generation.worker_id], (sid, view)
+        unaccounted = self.pushed - self.accepted - self.refused
+        assert not unaccounted, sorted(unaccounted)
+
+
+def _sync_view(store: MemoryGenerationStore) -> Any:
+    from streams.generations import _drive_sync
+
+    return _drive_sync(store.scripts, store._ops.load_view())
+
+
+TestRecovery = RecoveryMachine.TestCase
+TestRecovery.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+                                 suppress_health_check=[HealthCheck.too_slow])
