@@ -102,7 +102,7 @@ class Runner:
         self.elastic_start = 0 if self.config.warm_start else max(1, math.ceil(first / k))
         self.peak_pool = max(1, math.ceil(max(self.future, default=0) / k))
         self.pinned_pool = max(1, math.ceil(_peak_open(self.trace) / k))
-        self.max_chunks = chunk_bound(self.trace.events, self.model, self.config.epoch_s)
+        self.chunk_bound = chunk_bound(self.trace.events, self.model, self.config.epoch_s)
         self.offer = {"model": self.model, "gpu_type": self.config.gpu_type, "boot_s": self.config.boot_s, **self.offer}
 
     def fixed(self, spec: str) -> bool:
@@ -169,14 +169,13 @@ class Runner:
         return res.complete and bound.ok(res)
 
     def _stop(self, bound: Bound) -> Stop:
-        # a run fails the miss rate once its misses exceed the rate of the most chunks any run records
-        cap = self.max_chunks * (bound.miss_rate + 1e-12) if bound.miss_rate is not None else math.inf
-        return Stop(bound.worst_s + 1e-9, cap)
+        rate = bound.miss_rate + 1e-12 if bound.miss_rate is not None else math.inf
+        return Stop(bound.worst_s + 1e-9, rate, self.chunk_bound if bound.miss_rate is not None else None)
 
     def _breaks(self, part: SimResult, bound: Bound) -> bool:
         """Whether a stopped run already breaks ``bound`` (its figures only grow)."""
         stop = self._stop(bound)
-        return part.worst_chunk_latency_s > stop.worst_s or part.missed_chunks > stop.missed
+        return stop.broken(part.worst_chunk_latency_s, part.missed_chunks, part.chunks, part.stopped_at)
 
     def smallest_pool(self, spec: str, bound: Bound, hint: int | None = None) -> int | None:
         """Smallest fixed pool whose run meets ``bound`` (assumed monotone in the pool size);
@@ -379,18 +378,17 @@ def _matched_oracle(runner: Runner, ts: SimResult) -> tuple[float, SimResult]:
     bound = Bound(ts.worst_chunk_latency_s)
     ok = lambda u: runner.check("oracle-autoscale", None, bound, u_target=u)  # noqa: E731
     lo, hi = 0, len(ORACLE_TARGETS) - 1
-    low = runner.run("oracle-autoscale", None, u_target=ORACLE_TARGETS[hi])
-    if not bound.ok(low):
-        tried = [r for k, r in runner.cache.items() if k[0] == "oracle-autoscale"]
-        best = min(tried, key=lambda r: r.worst_chunk_latency_s)
-        u = next(dict(k[2])["u_target"] for k, r in runner.cache.items() if r is best)
-        return u, best
     while lo < hi:
         mid = (lo + hi) // 2
         if ok(ORACLE_TARGETS[mid]):
             hi = mid
         else:
             lo = mid + 1
+    if not ok(ORACLE_TARGETS[lo]):  # even the lowest target does not match: the best run tried
+        runner.run("oracle-autoscale", None, u_target=ORACLE_TARGETS[-1])
+        tried = [(k, r) for k, r in runner.cache.items() if k[0] == "oracle-autoscale"]
+        key, best = min(tried, key=lambda kr: kr[1].worst_chunk_latency_s)
+        return dict(key[2])["u_target"], best
     u = ORACLE_TARGETS[lo]
     return u, runner.run("oracle-autoscale", None, u_target=u)
 

@@ -39,7 +39,7 @@ from processors.policy import Policy, keeps_idle_resident
 from processors.snapshot import ChunkStats, Gpu, GpuState, Session, Snapshot
 from schemas.errors import ConfigError
 
-__all__ = ["SimConfig", "SimResult", "Signals", "Stop", "signals_for", "chunk_bound", "simulate"]
+__all__ = ["SimConfig", "SimResult", "Signals", "Stop", "ChunkBound", "signals_for", "chunk_bound", "simulate"]
 
 _BOOT, _CHUNK, _ARRIVE, _START, _EVENT, _DECIDE = range(6)
 _EXEC = SessionState.EXECUTION
@@ -83,38 +83,60 @@ class SimConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class Stop:
-    """Abort a run as soon as it is known to fail a bound: a chunk slower than ``worst_s``
-    or more than ``missed`` chunks past their deadline (a search for the smallest pool
-    that meets a bound needs no more of a failing run)."""
+class ChunkBound:
+    """The most chunk latencies any policy's run of a trace can record from ``i * step_s``
+    on (``left[i]``): a session's chunks end at least l(1) apart (the fastest GPU's
+    single-session chunk) while it executes, plus what a spell's end may add."""
 
-    worst_s: float = math.inf
-    missed: float = math.inf
+    step_s: float
+    left: tuple[int, ...]
+
+    def after(self, t: float) -> int:
+        return self.left[min(max(0, int(t // self.step_s)), len(self.left) - 1)]
 
 
-class _Abort(Exception):
-    pass
-
-
-def chunk_bound(events: Sequence[SessionEvent], model: LatencyModel, epoch_s: float) -> int:
-    """Most chunk latencies any policy's run of ``events`` can record: a session's chunks
-    end at least l(1) apart (the fastest GPU's single-session chunk) while it executes,
-    plus one per executing spell (the wait a session may leave with)."""
+def chunk_bound(events: Sequence[SessionEvent], model: LatencyModel, epoch_s: float, step_s: float = 10.0) -> ChunkBound:
+    """:class:`ChunkBound` of ``events`` (events quantized up to ``epoch_s``)."""
     fastest = min(p.latency(1) for p in model.values())
     start: dict[str, float] = {}
-    secs = 0.0
-    spells = 0
+    spells: list[tuple[float, float]] = []
     for ev in events:
         run = ev.kind.value in ("open", "active")
         if run and ev.session_id not in start:
             start[ev.session_id] = ev.t
         elif not run and ev.session_id in start:
-            secs += ev.t - start.pop(ev.session_id) + epoch_s
-            spells += 1
+            spells.append((start.pop(ev.session_id), ev.t + epoch_s))
     end = events[-1].t + epoch_s if events else 0.0
-    secs += sum(end - t + epoch_s for t in start.values())
-    spells += len(start)
-    return math.floor(secs / fastest) + 2 * spells
+    spells.extend((t, end) for t in start.values())
+    a = np.array([x for x, _ in spells] or [0.0])
+    b = np.array([y for _, y in spells] or [0.0])
+    left = []
+    for i in range(int(end // step_s) + 1):
+        t = i * step_s
+        on = b >= t
+        left.append(math.floor(float((b[on] - np.maximum(a[on], t)).sum()) / fastest) + 2 * int(on.sum()))
+    return ChunkBound(step_s, tuple(left))
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Abort a run as soon as it is known to fail a bound: a chunk slower than ``worst_s``,
+    or more chunks past their deadline than ``miss_rate`` of the most the run can record
+    (those so far plus ``bound.after(now)``). A search for the smallest pool that meets a
+    bound needs no more of a failing run."""
+
+    worst_s: float = math.inf
+    miss_rate: float = math.inf
+    bound: ChunkBound | None = None
+
+    def broken(self, worst: float, missed: int, recorded: int, now: float) -> bool:
+        if worst > self.worst_s:
+            return True
+        return missed > 0 and self.bound is not None and missed > self.miss_rate * (recorded + self.bound.after(now))
+
+
+class _Abort(Exception):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +188,7 @@ class SimResult:
     timeline: dict[str, list[float]] = field(default_factory=dict)
     missed_chunks: int = 0
     complete: bool = True  # False: aborted by a Stop (the figures are those up to then)
+    stopped_at: float | None = None  # when a Stop aborted it
 
     def metrics(self) -> dict[str, Any]:
         keys = ("worst_chunk_latency_s", "p99_chunk_latency_s", "deadline_miss_rate", "gpu_seconds", "cost", "migrations", "scale_events",
@@ -191,7 +214,7 @@ class _Sim:
                  stop: Stop | None = None) -> None:
         self.policy, self.events, self.model, self.cfg, self.signals = policy, events, model, cfg, signals
         self.stop = stop or Stop()
-        self.missed = 0  # chunk latencies past the deadline so far
+        self.missed = self.recorded = 0  # chunk latencies past the deadline so far, and all of them
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.gpus: dict[str, _Gpu] = {}
@@ -261,7 +284,7 @@ class _Sim:
         g.busy = False
         worst = 0.0
         req, lat, lat_n, deadline, seen = self.req, self.lat, self.lat_n, self.cfg.deadline_s + 1e-9, self.seen
-        missed0 = seen[1]
+        missed0, count0 = seen[1], seen[0]
         present = g.batch & g.roster
         if g.leaving:
             present |= g.batch & g.leaving.keys()
@@ -290,9 +313,11 @@ class _Sim:
                 seen[1] += 1
         if worst > seen[2]:
             seen[2] = worst
-        self.missed += seen[1] - missed0
-        if worst > self.stop.worst_s or self.missed > self.stop.missed:
-            raise _Abort
+        self.recorded += seen[0] - count0
+        if seen[1] > missed0 or worst > self.stop.worst_s:
+            self.missed += seen[1] - missed0
+            if self.stop.broken(worst, self.missed, self.recorded, now):
+                raise _Abort(now)
         w = self.win(now)
         self.tl["worst_latency_s"][w] = max(self.tl["worst_latency_s"][w], worst)
         g.batch = set()
@@ -334,8 +359,9 @@ class _Sim:
             self.lat.append(waited)  # waited past its deadline without a GPU
             self.lat_n.append(1)
             self.missed += waited > self.cfg.deadline_s + 1e-9
-            if waited > self.stop.worst_s or self.missed > self.stop.missed:
-                raise _Abort
+            self.recorded += 1
+            if self.stop.broken(waited, self.missed, self.recorded, now):
+                raise _Abort(now)
         self.req.pop(sid, None)
         self.transfer.pop(sid, None)
         self.waking.discard(sid)
@@ -512,8 +538,8 @@ class _Sim:
             t += self.cfg.tick_s
         try:
             self.loop(progress)
-        except _Abort:
-            return self.result(complete=False)
+        except _Abort as stop:
+            return self.result(stopped_at=stop.args[0])
         for g in list(self.gpus.values()):
             self.bill(g, self.end)
         return self.result()
@@ -558,7 +584,7 @@ class _Sim:
                 if len(sessions) > tl_active[w]:
                     tl_active[w] = len(sessions)
 
-    def result(self, complete: bool = True) -> SimResult:
+    def result(self, stopped_at: float | None = None) -> SimResult:
         lat = np.asarray(self.lat) if self.lat else np.zeros(1)
         n = np.asarray(self.lat_n) if self.lat else np.ones(1, dtype=np.int64)
         res = np.asarray(self.resume_lat) if self.resume_lat else np.zeros(1)
@@ -577,7 +603,8 @@ class _Sim:
             p99_resume_latency_s=float(np.percentile(res, 99)),
             timeline=self.tl,
             missed_chunks=int(n[lat > self.cfg.deadline_s + 1e-9].sum()),
-            complete=complete,
+            complete=stopped_at is None,
+            stopped_at=stopped_at,
         )
 
 

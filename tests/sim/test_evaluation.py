@@ -134,9 +134,17 @@ def test_a_stopped_run_fails_only_bounds_it_breaks_and_the_chunk_bound_holds():
     events = tuple(generate(GenConfig(level=5, duration_s=300.0, sessions=250, seed=3)))
     runner = Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True))
     full = runner.run("rr", 2)
-    assert full.complete and full.chunks <= chunk_bound(events, MODEL, 0.5) == runner.max_chunks
+    assert full.complete and full.chunks <= chunk_bound(events, MODEL, 0.5).after(0.0) == runner.chunk_bound.after(0.0)
     part = simulate(load_policy("rr", model=MODEL), events, MODEL, SimConfig(warm_start=True, initial_gpus=2), stop=Stop(worst_s=1.2))
     assert not part.complete and 1.2 < part.worst_chunk_latency_s <= full.worst_chunk_latency_s and part.chunks < full.chunks
+    rate = full.deadline_miss_rate
+    assert rate > 0
+    for frac in (0.3, 0.9, 1.0):  # stopped only when the full run breaks the rate, never at its own rate
+        cut = simulate(load_policy("rr", model=MODEL), events, MODEL, SimConfig(warm_start=True, initial_gpus=2),
+                       stop=Stop(miss_rate=rate * frac, bound=runner.chunk_bound))
+        assert cut.complete or frac < 1.0
+        if not cut.complete:
+            assert cut.missed_chunks > rate * frac * (cut.chunks + runner.chunk_bound.after(cut.stopped_at))
     # a search's probes stop at their first breach; the answer is the same as from full runs
     bound = Bound(full.worst_chunk_latency_s * 0.5)
     pool = runner.smallest_pool("lag", bound)
