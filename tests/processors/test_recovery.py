@@ -233,3 +233,18 @@ def test_input_accounting_reason_for_unknown_session() -> None:
         assert why is not None and "unknown or closed" in why
 
     asyncio.run(run())
+
+
+def test_sessions_of_a_dead_worker_count_as_unplaced_demand() -> None:
+    """The autoscaler is told: a stranded session is an executing session on no GPU."""
+    from processors.cluster import ClusterView, apply_all, to_snapshot
+    from schemas.records import Claimed, WorkerUp
+
+    view = apply_all(ClusterView(), [
+        WorkerUp(worker_id="w1", ts=1.0, capacity=2), WorkerUp(worker_id="w2", ts=1.0, capacity=1),
+        SessionOpened(session_id="a", ts=2.0, prompt="p"), Claimed(worker_id="w1", session_id="a",
+                                                                   generation=Generation("w1", 1), ts=2.1),
+        WorkerDown(worker_id="w1", ts=5.0, reason="missed heartbeats")])
+    snap = to_snapshot(view, 5.5, heartbeat_timeout_s=10.0)
+    assert [g.id for g in snap.gpus] == ["w2"]
+    assert [(s.id, s.gpu_id) for s in snap.sessions] == [("a", None)]
