@@ -7,7 +7,8 @@ order), ``PR_SET_PDEATHSIG`` on Linux (SIGTERM when the parent dies, even by SIG
 :func:`watch_parent` at start: a daemon thread that stops it when its parent is gone, on
 any platform and whichever thread of the parent started it (the death signal follows the
 starting thread). :func:`stop_in_order` stops children group by group: SIGTERM (their
-own graceful stop), then SIGKILL for those still running after a grace period.
+own graceful stop), then SIGKILL for those, and for the processes they started, still
+running after a grace period.
 """
 
 from __future__ import annotations
@@ -76,12 +77,28 @@ def terminate(proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGTERM)
 
 
+def _descendants(procs: Iterable[subprocess.Popen[bytes]]) -> list[Any]:
+    import psutil
+
+    found = []
+    for proc in procs:
+        try:
+            found += psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:  # gone already
+            pass
+    return found
+
+
 def stop_in_order(groups: Iterable[Iterable[subprocess.Popen[bytes]]], grace_s: float = 8.0,
                   clock: Callable[[], float] = time.monotonic) -> None:
     """Stop each group of children in turn: SIGTERM to the whole group, wait up to
-    ``grace_s`` for it, SIGKILL what still runs; the next group starts when this one is gone."""
+    ``grace_s`` for it and for the processes its members started (they stop their own),
+    SIGKILL what still runs; the next group starts when this one is gone."""
+    import psutil
+
     for group in groups:
         procs = list(group)
+        tree = _descendants(procs)
         for proc in procs:
             terminate(proc)
         deadline = clock() + grace_s
@@ -91,3 +108,9 @@ def stop_in_order(groups: Iterable[Iterable[subprocess.Popen[bytes]]], grace_s: 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
+        _, left = psutil.wait_procs(tree, timeout=max(0.0, deadline - clock()))
+        for orphan in left:  # its parent could not stop it in time
+            try:
+                orphan.kill()
+            except psutil.Error:
+                pass

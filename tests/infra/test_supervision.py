@@ -62,7 +62,7 @@ def settings(kafka_bootstrap, redis_url, namespace) -> Settings:
     return Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
 
 
-def _scrape(port: int, wanted: str, timeout_s: float = 60.0) -> str:
+def _scrape(port: int, wanted: str, timeout_s: float = 120.0) -> str:
     """The body of ``127.0.0.1:port/metrics`` once it holds ``wanted``."""
     deadline = time.monotonic() + timeout_s
     body = ""
