@@ -30,7 +30,14 @@ FIELDS: dict[str, Doc] = {
     "state_bytes": ("Expected size of the session's state (the portable snapshot), which "
                     "placement weighs as migration cost; 0: unknown, the profile's default.", "By"),
     "reason": ("Why, in words or a short code (see the record).", None),
-    "seq": ("The input's per-session sequence number.", None),
+    "seq": ("The input's per-session sequence number: 1 for a session's first input, then one "
+            "more for each (a seq below 1 is refused to dead-letters). The owner applies inputs in "
+            "seq order, each once: a repeated seq already applied is ignored (at-least-once "
+            "redelivery). After a gap (3 arrives, 2 has not) later inputs wait up to 5 s for the "
+            "missing one, then are applied without it; the missing one, if it comes later, is "
+            "refused as `late`. Inputs still waiting when the session closes are refused as "
+            "`closed`. Every input ends applied (worker-events `worker.input_accepted`) or "
+            "refused with a reason (dead-letters).", None),
     "kind": ("What the input is: `text` (PushText, streamed text), `prompt` (a new prompt) "
              "or `control` (a control input for the model).", None),
     "payload": ("The input's content, UTF-8; at most `max_input_bytes` (65536 by default) "
@@ -100,7 +107,9 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("CommandRejected", "reason"): ("A short code: `stale_epoch`, `not_owner`, `no_capacity`, "
                                     "`unknown_session`, `over_limit`, `snapshot_corrupt`, "
                                     "`unsigned`, `unknown_key`, `forged`, `replayed`, "
-                                    "`not-provisioned`...", None),
+                                    "`not-provisioned`; for an input: `late` (after its gap was "
+                                    "given up on), `closed` (still waiting at the close), "
+                                    "`too_many_pending`...", None),
     ("CommandRejected", "generation"): ("The generation the refused command carried; null for "
                                         "a pool's command.", None),
     ("CommandRejected", "seq"): ("For a refused input: its seq; -1 otherwise.", None),

@@ -58,6 +58,7 @@ class WorkerConfig:
     device: str = "cpu"
     snapshot_every: int = 16
     host_cache_sessions: int = 64
+    input_gap_wait_s: float = 5.0  # an input waits this long for a missing earlier seq
 
 
 @dataclass
@@ -68,6 +69,8 @@ class _Session:
     next_due: float = 0.0
     pending: dict[int, RoutedInput] = field(default_factory=dict)
     input_pos: tuple[int, int] = (-1, -1)  # session-inputs (partition, offset) of the last applied input
+    gap_since: float | None = None  # since when the next seq is missing while later ones wait
+    skipped: set[int] = field(default_factory=set)  # seqs given up on after the gap wait
 
 
 class _Schedule:
@@ -179,6 +182,7 @@ class Worker:
                 await self.poll_commands(timeout_ms=int(wait_s * 1000))
                 await self.tick()
                 if self.monotonic() >= next_beat:
+                    await self.expire_gaps()
                     await self.heartbeat()
                     next_beat = self.monotonic() + self.config.heartbeat_s
         finally:
@@ -322,6 +326,10 @@ class Worker:
         sess = await self._current_session(rec)
         if sess is None:
             return
+        if sess.pending:  # the snapshot keeps no waiting inputs: apply them now
+            await self._apply_pending(rec.session_id, sess, skip_gaps=True)
+            if self.sessions.get(rec.session_id) is not sess:
+                return  # fenced meanwhile
         try:
             sess.state.to("cpu")
             manifest = await self._snapshot(rec.session_id, sess)
@@ -415,15 +423,33 @@ class Worker:
         if sess.generation != rec.generation:
             await self._reject(rec, "stale_epoch", f"held: {sess.generation}")
             return
+        if rec.seq in sess.skipped:
+            await self._reject(rec, "late", f"input {rec.seq} arrived after the session gave up waiting "
+                               f"for it ({self.config.input_gap_wait_s:g} s) and applied later inputs")
+            return
         if rec.seq <= sess.state.input_seq:
             return  # already applied (duplicate delivery)
+        if len(sess.pending) >= MAX_PENDING_INPUTS:
+            await self._reject(rec, "too_many_pending", "pending input buffer full")
+            return
         sess.pending[rec.seq] = rec
         await self._apply_pending(rec.session_id, sess)
 
-    async def _apply_pending(self, sid: str, sess: _Session) -> None:
-        """Apply buffered inputs in order, each after revalidating the generation."""
-        while sess.state.input_seq + 1 in sess.pending:
-            rec = sess.pending.pop(sess.state.input_seq + 1)
+    async def _apply_pending(self, sid: str, sess: _Session, skip_gaps: bool = False) -> None:
+        """Apply buffered inputs in order, each after revalidating the generation. A missing
+        seq is waited for (``gap_since``); ``skip_gaps`` gives up on it and applies the rest."""
+        while sess.pending:
+            nxt = sess.state.input_seq + 1
+            if nxt not in sess.pending:
+                if not skip_gaps:
+                    sess.gap_since = sess.gap_since if sess.gap_since is not None else self.monotonic()
+                    return
+                first = min(sess.pending)
+                sess.skipped.update(range(nxt, first))
+                if len(sess.skipped) > MAX_PENDING_INPUTS:
+                    sess.skipped = set(sorted(sess.skipped)[-MAX_PENDING_INPUTS:])
+                nxt = first
+            rec = sess.pending.pop(nxt)
             try:
                 await self.store.set_input_seq(sid, sess.generation, rec.seq)
             except OwnershipError as exc:
@@ -434,12 +460,30 @@ class Worker:
                 sess.input_pos = (rec.source_partition, rec.source_offset)
             await self._send(InputAccepted(worker_id=self.config.worker_id, session_id=sid,
                                            generation=sess.generation, seq=rec.seq, ts=self.clock()))
+        sess.gap_since = None
+
+    async def expire_gaps(self) -> int:
+        """Sessions whose missing input was waited for ``input_gap_wait_s``: apply the inputs
+        after it (a missing one that arrives later is refused as late). Returns how many."""
+        limit = self.monotonic() - self.config.input_gap_wait_s
+        due = [(sid, s) for sid, s in self.sessions.items() if s.gap_since is not None and s.gap_since <= limit]
+        for sid, sess in due:
+            await self._apply_pending(sid, sess, skip_gaps=True)
+        return len(due)
+
+    async def _refuse_pending(self, sess: _Session, reason: str, detail: str) -> None:
+        pending, sess.pending = sess.pending, {}
+        for rec in sorted(pending.values(), key=lambda r: r.seq):
+            await self._reject(rec, reason, detail)
 
     async def _on_stop(self, rec: Terminate | Revoke) -> None:
         sess = await self._current_session(rec)
         if sess is None:
             return
         close = isinstance(rec, Terminate)
+        if close:  # inputs still waiting for an earlier one are not applied: refused
+            await self._refuse_pending(sess, "closed", "the session closed while this input waited "
+                                       "for an earlier one")
         try:
             await self.store.release(rec.session_id, rec.generation, close=close)
         except OwnershipError as exc:

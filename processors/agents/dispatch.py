@@ -341,7 +341,10 @@ class DispatchShell:
             source=self.name, loads={k: v.used for k, v in sorted(view.items())[:256]}))
 
     def admit_input(self, rec: InputPushed) -> str | None:
-        """None if the input may be routed; else why not (payload too large, rate exceeded)."""
+        """None if the input may be routed; else why not (seq below 1, payload too large, rate
+        exceeded)."""
+        if rec.seq < 1:
+            return f"seq {rec.seq}: a session's inputs are numbered from 1, one by one"
         size = len(rec.payload.encode())
         if size > self.max_input_bytes:
             return f"input payload is {size} bytes, over the {self.max_input_bytes}-byte limit"

@@ -32,3 +32,9 @@ def test_router_refuses_oversized_and_too_frequent_inputs_with_a_reason() -> Non
     assert "input rate" in push(3, "ok")
     assert shell.admit_input(InputPushed(session_id="other", seq=1, kind="text", payload="ok",
                                          ts=0.0)) is None  # buckets are per session
+
+
+def test_router_refuses_a_seq_below_one() -> None:
+    shell = DispatchShell(store=None, publisher=None)
+    why = shell.admit_input(InputPushed(session_id="s", seq=0, kind="text", payload="hi", ts=0.0))
+    assert why is not None and "numbered from 1" in why

@@ -1,0 +1,108 @@
+"""A worker applies a session's inputs in seq order, waits a bounded time for a missing one,
+then applies the rest; a missing input arriving after that, and inputs still waiting when the
+session closes, are refused with the reason. Every input ends accepted or refused.
+
+Real model (torch, on the CPU) and the store's in-memory twin; the producer records what
+the worker publishes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import torch
+
+from schemas.records import (Assign, CommandRejected, Generation, InputAccepted, Record, RoutedInput,
+                             Suspend, Terminate)
+from streams.config import Settings
+from streams.generations_memory import MemoryGenerationStore
+from workers.model import ModelConfig, ReferenceModel
+from workers.runtime import Worker, WorkerConfig
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    async def send(self, rec: Record, wait: bool = False) -> Any:
+        self.records.append(rec)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    def accepted(self) -> list[int]:
+        return [r.seq for r in self.records if isinstance(r, InputAccepted)]
+
+    def refused(self) -> dict[int, str]:
+        return {r.seq: r.reason for r in self.records if isinstance(r, CommandRejected)}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _input(gen: Generation, seq: int) -> RoutedInput:
+    return RoutedInput(worker_id="w", session_id="s", generation=gen, seq=seq, kind="text",
+                       payload=f"steer {seq}", ts=1.0)
+
+
+async def _worker() -> tuple[Worker, Recorder, Clock, Generation, MemoryGenerationStore]:
+    torch.set_num_threads(1)
+    store, out, mono = MemoryGenerationStore("w"), Recorder(), Clock()
+    await store.register_worker("w", 2)
+    gen = await store.commit("s", 0, "w")
+    worker = Worker(Settings(), WorkerConfig(worker_id="w", capacity=2, input_gap_wait_s=5.0),
+                    ReferenceModel(ModelConfig(), seed=1), store, clock=lambda: 1.0, monotonic=mono)
+    worker._producer = out  # type: ignore[assignment]
+    await worker.handle(Assign(worker_id="w", session_id="s", generation=gen, ts=1.0, prompt="p"))
+    return worker, out, mono, gen, store
+
+
+def test_a_gap_is_waited_for_then_skipped_and_the_late_input_refused() -> None:
+    async def run() -> None:
+        worker, out, mono, gen, store = await _worker()
+        for seq in (1, 3, 4):
+            await worker.handle(_input(gen, seq))
+        assert out.accepted() == [1]
+        mono.now += 4.9
+        assert await worker.expire_gaps() == 0 and out.accepted() == [1]
+        mono.now += 0.2
+        assert await worker.expire_gaps() == 1
+        assert out.accepted() == [1, 3, 4]
+        assert (await store.session("s")).input_seq == 4
+        await worker.handle(_input(gen, 2))  # the missing one, late
+        assert out.refused() == {2: "late"}
+        await worker.handle(_input(gen, 4))  # a redelivery of an applied one: nothing new
+        await worker.handle(_input(gen, 5))
+        assert out.accepted() == [1, 3, 4, 5] and out.refused() == {2: "late"}
+
+    asyncio.run(run())
+
+
+def test_inputs_waiting_when_the_session_closes_are_refused() -> None:
+    async def run() -> None:
+        worker, out, _mono, gen, _store = await _worker()
+        for seq in (1, 3, 4):
+            await worker.handle(_input(gen, seq))
+        await worker.handle(Terminate(worker_id="w", session_id="s", generation=gen, ts=2.0))
+        assert out.accepted() == [1]
+        assert out.refused() == {3: "closed", 4: "closed"}
+
+    asyncio.run(run())
+
+
+def test_waiting_inputs_are_applied_before_an_offload() -> None:
+    async def run() -> None:
+        worker, out, _mono, gen, store = await _worker()
+        for seq in (2, 3):
+            await worker.handle(_input(gen, seq))
+        await worker.handle(Suspend(worker_id="w", session_id="s", generation=gen, ts=2.0))
+        assert out.accepted() == [2, 3]
+        view = await store.session("s")
+        assert view.state == "suspended" and view.snapshot is not None and view.snapshot.input_seq == 3
+
+    asyncio.run(run())
