@@ -22,8 +22,8 @@ from schemas.codec import encode
 from schemas.topics import SESSION_INPUTS
 from streams.kafka import dead_letter_record
 
-from ..dispatch import Bucket, WorkerLoad, rank_candidates, take
-from ..recovery import CLAIM_GRACE_S, Step, next_step
+from ..dispatch import InputGate, WorkerLoad, rank_candidates
+from .recovery import Recovery
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
 
@@ -64,16 +64,13 @@ class DispatchShell:
         self._view: dict[str, WorkerLoad] = {}
         self._view_at = -1e18
         self._chains: dict[str, asyncio.Task[Any]] = {}
-        self.max_input_bytes = max_input_bytes
-        self.input_rate = input_rate
-        self.input_burst = input_burst
-        self._buckets: dict[str, Bucket] = {}
-        self._reported_at = -1e18
+        self.gate = InputGate(max_input_bytes, input_rate, input_burst)
+        self.reported_at = -1e18
         self.report_every_s = report_every_s
         self._slots = asyncio.Semaphore(max_in_flight)
         # the session's inputs after a seq, read back from ``session-inputs`` (LoggedInput)
         self.read_inputs = read_inputs
-        self.recovery_queue = 0  # sessions owing a recovery (or its claim) at the last sweep
+        self.recovery = Recovery(self)
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]]) -> None:
         """Run ``work`` after every earlier submission under the same key (a session's events,
@@ -124,7 +121,7 @@ class DispatchShell:
             # a close wins over any move still to come (recovery, migration); a session whose
             # owner is down is released by the recovery sweep, the others by their owner
             await self.store.request_close(sid)
-            if view.stranded or await self._is_down(gen.worker_id):
+            if view.stranded or await self.is_down(gen.worker_id):
                 return
             await self.publisher.send(Terminate(worker_id=gen.worker_id, session_id=sid,
                                                 generation=gen, ts=ts))
@@ -171,10 +168,10 @@ class DispatchShell:
             why = f"session closed before input {rec.seq} was applied"
         else:
             why = f"input {rec.seq} refused by its owner"
-        await self._refuse_input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts,
+        await self.refuse_input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts,
                                  f"{why} ({rec.reason} at {rec.worker_id}: {rec.detail})")
 
-    async def _refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
+    async def refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
                             why: str, partition: int = 0, offset: int = 0) -> None:
         raw = encode(InputPushed(session_id=sid, seq=seq,
                                  kind=kind if kind in ("text", "prompt", "control") else "text",  # type: ignore[arg-type]
@@ -182,106 +179,25 @@ class DispatchShell:
         await self.publisher.send(dead_letter_record(
             SESSION_INPUTS, partition, offset, raw, sid.encode(), why[:1000], self.name))
 
-    # --- recovery: a durable obligation, carried out by whichever replica sweeps first ------
+    def invalidate_view(self) -> None:  # recovery: processors/agents/recovery.py
+        self._view_at = -1e18
 
-    async def _is_down(self, worker: str) -> bool:
+    @property
+    def recovery_queue(self) -> int:
+        return self.recovery.queued
+
+    async def is_down(self, worker: str) -> bool:
         load = (await self.load_view()).get(worker)
         return load is not None and load.down
 
     async def worker_down(self, worker: str, ts: float) -> int:
-        """A worker was declared dead (or stopped): mark it down and queue every session it
-        still holds for recovery. Done in the store before this returns, so the event may be
-        marked read: any replica's sweep carries the recoveries out."""
-        if not await self.store.set_down(worker, ts):
-            return 0  # deregistered already (a clean shutdown): nothing to recover
-        self._view_at = -1e18
-        queued = await self.store.strand(worker, self.clock())
-        log.info("%s: %s declared down; %d sessions queued for recovery", self.name, worker, queued)
-        return queued
+        return await self.recovery.worker_down(worker, ts)
 
     async def worker_alive(self, worker: str, ts: float) -> None:
-        """A sign of life from a worker marked down, later than the declaration: its slots
-        count again (its stale generations were fenced by the recoveries)."""
-        if await self._is_down(worker) and await self.store.set_up(worker, ts):
-            self._view_at = -1e18
-            log.info("%s: %s is back; its slots count again", self.name, worker)
+        await self.recovery.worker_alive(worker, ts)
 
     async def sweep(self, limit: int = 64) -> Counter[str]:
-        """One pass over the recovery queue, run periodically by every replica: queue the
-        sessions still on workers marked down, then take each due entry one step, earliest
-        first. A session that finds no free slot waits, and every later one with it."""
-        now = self.clock()
-        view = await self.load_view(force=True)
-        for worker, load in view.items():
-            if load.down and load.used:
-                await self.store.strand(worker, now)
-        self.recovery_queue, due = await self.store.recovery_due(now, limit)
-        steps: Counter[str] = Counter()
-        waiting = False
-        for sid, _at in due:
-            sv = await self.store.session(sid)
-            owner = view.get(sv.generation.worker_id) if sv is not None else None
-            owner_down = owner is None or owner.down
-            step = next_step(sv, owner_down)
-            if step is Step.RECOVER and waiting:
-                continue
-            done = await self._carry_out(step, sid, sv, now, owner_down)
-            waiting = waiting or (step is Step.RECOVER and not done)
-            steps[step.value if done else "waiting"] += 1
-        return steps
-
-    async def _carry_out(self, step: Step, sid: str, sv: Any, now: float, owner_down: bool) -> bool:
-        store = self.store
-        if step is Step.DROP:
-            await store.recovery_mark(sid, None)
-            return True
-        if step is Step.CLOSE:
-            if sv.state != "closed":
-                try:
-                    await store.release(sid, sv.generation, close=True)
-                except OwnershipError:
-                    return False  # moved meanwhile: the next sweep reads it again
-            await store.recovery_mark(sid, None)
-            await self._refuse_unapplied(sid, sv.input_seq or 0)
-            return True
-        if step is Step.RECOVER:
-            try:  # an owner that is up again (restarted) takes it back in its own slot
-                gen = None if owner_down else await self._commit_in_place(sid, sv.generation)
-                gen = gen or await self._commit_on_best(sid, sv.generation.epoch, frozenset())
-            except OwnershipError:  # another replica moved it, or its user closed it
-                return True
-            if gen is None:
-                return False
-            await store.recovery_mark(sid, now + CLAIM_GRACE_S)
-            await self._assign_recovered(sid, gen)
-            log.info("%s: session %s recovered on %s", self.name, sid, gen)
-            return True
-        await store.recovery_mark(sid, now + CLAIM_GRACE_S)  # RESEND
-        await self._assign_recovered(sid, sv.generation)
-        return True
-
-    async def _commit_in_place(self, sid: str, gen: Generation) -> Generation | None:
-        try:
-            return await self.store.commit(sid, gen.epoch, gen.worker_id)
-        except NoCapacityError:  # draining, or its slot is gone
-            return None
-
-    async def _assign_recovered(self, sid: str, gen: Generation) -> None:
-        await self.publisher.send(Assign(worker_id=gen.worker_id, session_id=sid, generation=gen,
-                                         ts=self.clock(), restore=True, recover=True))
-        await self._report(gen.worker_id)
-
-    async def _refuse_unapplied(self, sid: str, applied_seq: int) -> None:
-        """A session closed while its owner was lost: every input after the last one applied
-        is still in the log (none was routed to a live owner); refuse each with the reason."""
-        if self.read_inputs is None:
-            return
-        for got in await self.read_inputs(sid, applied_seq):
-            rec = got.record
-            await self._refuse_input(sid, rec.seq, rec.kind, rec.payload, rec.ts,
-                                     f"session closed before input {rec.seq} was applied "
-                                     "(its worker was lost and no new owner took it)",
-                                     got.partition, got.offset)
+        return await self.recovery.sweep(limit)
 
     async def admit(self, session_id: str, prompt: str, expected_epoch: int = 0,
                     restore: bool = False, recover: bool = False,
@@ -290,7 +206,7 @@ class DispatchShell:
         deadline = time.monotonic() + self.admission_timeout_s
         while True:
             try:
-                gen = await self._commit_on_best(session_id, expected_epoch, exclude)
+                gen = await self.commit_on_best(session_id, expected_epoch, exclude)
                 if gen is None:
                     if time.monotonic() > deadline:
                         log.error("%s: no worker admitted session %s", self.name, session_id)
@@ -309,10 +225,10 @@ class DispatchShell:
             await self.publisher.send(Assign(worker_id=gen.worker_id, session_id=session_id,
                                              generation=gen, ts=self.clock(), prompt=prompt,
                                              restore=restore, recover=recover))
-            await self._report(gen.worker_id)
+            await self.report(gen.worker_id)
             return gen
 
-    async def _commit_on_best(self, sid: str, expected_epoch: int,
+    async def commit_on_best(self, sid: str, expected_epoch: int,
                               exclude: frozenset[str]) -> Generation | None:
         """One pass over the candidates, best first: the generation committed on the first
         that admits it, or None when none has a free slot. Refusals other than capacity raise."""
@@ -327,36 +243,22 @@ class DispatchShell:
             except NoCapacityError:
                 tried.add(candidates[0])
 
-    async def _report(self, worker: str) -> None:
+    async def report(self, worker: str) -> None:
         view = self._view
         if worker in view:  # keep the cached view close to the truth between refreshes
             w = view[worker]
             view[worker] = WorkerLoad(w.used + 1, w.capacity, w.draining, w.down)
         now = time.monotonic()
-        if now - self._reported_at < self.report_every_s:
+        if now - self.reported_at < self.report_every_s:
             return
-        self._reported_at = now
+        self.reported_at = now
         await self.publisher.send(PlacementReport(
             ts=self.clock(), workers=len(view), sessions=sum(w.used for w in view.values()),
             source=self.name, loads={k: v.used for k, v in sorted(view.items())[:256]}))
 
     def admit_input(self, rec: InputPushed) -> str | None:
-        """None if the input may be routed; else why not (seq below 1, payload too large, rate
-        exceeded)."""
-        if rec.seq < 1:
-            return f"seq {rec.seq}: a session's inputs are numbered from 1, one by one"
-        size = len(rec.payload.encode())
-        if size > self.max_input_bytes:
-            return f"input payload is {size} bytes, over the {self.max_input_bytes}-byte limit"
-        bucket, ok = take(self._buckets.get(rec.session_id), time.monotonic(),
-                          self.input_rate, self.input_burst)
-        self._buckets[rec.session_id] = bucket
-        if len(self._buckets) > 100_000:  # forget the oldest sessions' buckets
-            for sid in list(self._buckets)[:10_000]:
-                del self._buckets[sid]
-        if not ok:
-            return f"input rate over {self.input_rate:g}/s (burst {self.input_burst:g}) for this session"
-        return None
+        """None if the input may be routed; else why not (``InputGate``)."""
+        return self.gate.refuse(rec.session_id, rec.seq, len(rec.payload.encode()), time.monotonic())
 
     async def on_input(self, rec: InputPushed, partition: int = -1, offset: int = -1) -> str | None:
         """Forward an input to the current owner, stamped with its generation; None when it
@@ -382,7 +284,7 @@ class DispatchShell:
             gen = await self.admit(sid, "", expected_epoch=view.generation.epoch, restore=True)
             if gen is None:
                 gen = await self.store.current(sid)
-        elif view.stranded or await self._is_down(view.generation.worker_id):
+        elif view.stranded or await self.is_down(view.generation.worker_id):
             # held in the log: the recovery replays it from there, a close refuses it from there
             return None
         if gen is None:

@@ -1,0 +1,130 @@
+"""Recovery, carried out by dispatch: a durable obligation, not a call.
+
+A worker declared dead is marked down in the store and every session it held is queued
+(``strand``); every dispatch replica sweeps the queue, earliest first, until each session has
+a new owner that claimed it or its user closed it (``processors.recovery.next_step`` decides
+each step). Nothing is kept in a replica's memory: a replica that dies mid-recovery leaves the
+queue to the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from schemas.errors import NoCapacityError, OwnershipError
+from schemas.records import Assign, Generation
+
+from ..recovery import CLAIM_GRACE_S, Step, next_step
+
+if TYPE_CHECKING:
+    from .dispatch import DispatchShell
+
+__all__ = ["Recovery"]
+
+log = logging.getLogger(__name__)
+
+
+class Recovery:
+    """The recovery side of one dispatch replica (``DispatchShell.recovery``)."""
+
+    def __init__(self, shell: "DispatchShell") -> None:
+        self.shell = shell
+        self.queued = 0  # sessions owing a recovery (or its claim) at the last sweep
+
+    async def worker_down(self, worker: str, ts: float) -> int:
+        """A worker was declared dead (or stopped): mark it down and queue every session it
+        still holds for recovery. Done in the store before this returns, so the event may be
+        marked read: any replica's sweep carries the recoveries out."""
+        if not await self.shell.store.set_down(worker, ts):
+            return 0  # deregistered already (a clean shutdown): nothing to recover
+        self.shell.invalidate_view()
+        queued = await self.shell.store.strand(worker, self.shell.clock())
+        log.info("%s: %s declared down; %d sessions queued for recovery", self.shell.name, worker, queued)
+        return queued
+
+    async def worker_alive(self, worker: str, ts: float) -> None:
+        """A sign of life from a worker marked down, later than the declaration: its slots
+        count again (its stale generations were fenced by the recoveries)."""
+        if await self.shell.is_down(worker) and await self.shell.store.set_up(worker, ts):
+            self.shell.invalidate_view()
+            log.info("%s: %s is back; its slots count again", self.shell.name, worker)
+
+    async def sweep(self, limit: int = 64) -> Counter[str]:
+        """One pass over the recovery queue, run periodically by every replica: queue the
+        sessions still on workers marked down, then take each due entry one step, earliest
+        first. A session that finds no free slot waits, and every later one with it."""
+        now = self.shell.clock()
+        view = await self.shell.load_view(force=True)
+        for worker, load in view.items():
+            if load.down and load.used:
+                await self.shell.store.strand(worker, now)
+        self.queued, due = await self.shell.store.recovery_due(now, limit)
+        steps: Counter[str] = Counter()
+        waiting = False
+        for sid, _at in due:
+            sv = await self.shell.store.session(sid)
+            owner = view.get(sv.generation.worker_id) if sv is not None else None
+            owner_down = owner is None or owner.down
+            step = next_step(sv, owner_down)
+            if step is Step.RECOVER and waiting:
+                continue
+            done = await self._carry_out(step, sid, sv, now, owner_down)
+            waiting = waiting or (step is Step.RECOVER and not done)
+            steps[step.value if done else "waiting"] += 1
+        return steps
+
+    async def _carry_out(self, step: Step, sid: str, sv: Any, now: float, owner_down: bool) -> bool:
+        store = self.shell.store
+        if step is Step.DROP:
+            await store.recovery_mark(sid, None)
+            return True
+        if step is Step.CLOSE:
+            if sv.state != "closed":
+                try:
+                    await store.release(sid, sv.generation, close=True)
+                except OwnershipError:
+                    return False  # moved meanwhile: the next sweep reads it again
+            await store.recovery_mark(sid, None)
+            await self._refuse_unapplied(sid, sv.input_seq or 0)
+            return True
+        if step is Step.RECOVER:
+            try:  # an owner that is up again (restarted) takes it back in its own slot
+                gen = None if owner_down else await self._commit_in_place(sid, sv.generation)
+                gen = gen or await self.shell.commit_on_best(sid, sv.generation.epoch, frozenset())
+            except OwnershipError:  # another replica moved it, or its user closed it
+                return True
+            if gen is None:
+                return False
+            await store.recovery_mark(sid, now + CLAIM_GRACE_S)
+            await self._assign_recovered(sid, gen)
+            log.info("%s: session %s recovered on %s", self.shell.name, sid, gen)
+            return True
+        await store.recovery_mark(sid, now + CLAIM_GRACE_S)  # RESEND
+        await self._assign_recovered(sid, sv.generation)
+        return True
+
+    async def _commit_in_place(self, sid: str, gen: Generation) -> Generation | None:
+        try:
+            return await self.shell.store.commit(sid, gen.epoch, gen.worker_id)
+        except NoCapacityError:  # draining, or its slot is gone
+            return None
+
+    async def _assign_recovered(self, sid: str, gen: Generation) -> None:
+        await self.shell.publisher.send(Assign(worker_id=gen.worker_id, session_id=sid, generation=gen,
+                                         ts=self.shell.clock(), restore=True, recover=True))
+        await self.shell.report(gen.worker_id)
+
+    async def _refuse_unapplied(self, sid: str, applied_seq: int) -> None:
+        """A session closed while its owner was lost: every input after the last one applied
+        is still in the log (none was routed to a live owner); refuse each with the reason."""
+        if self.shell.read_inputs is None:
+            return
+        for got in await self.shell.read_inputs(sid, applied_seq):
+            rec = got.record
+            await self.shell.refuse_input(sid, rec.seq, rec.kind, rec.payload, rec.ts,
+                                     f"session closed before input {rec.seq} was applied "
+                                     "(its worker was lost and no new owner took it)",
+                                     got.partition, got.offset)
+
