@@ -12,7 +12,10 @@ __all__ = ["FIELDS", "OVERRIDES", "HEADERS", "TOPIC_NOTES", "EXAMPLE_VALUES", "f
 Doc = tuple[str, str | None]  # (description, unit)
 
 _TS = ("Event time: Unix seconds (UTC, fractional) when the writer produced the record. "
-       "Consumers window, bill and break ties by it, so writers keep clocks in sync.", "s")
+       "Consumers window, bill and break ties by it, so writers keep clocks in sync. On "
+       "session-events and session-inputs a ts more than 300 s from the Kafka record's own "
+       "timestamp (milliseconds sent as seconds, a clock far off, an old event re-sent) is "
+       "replaced by that timestamp, counted in chunkserve_event_time_replaced_total and logged.", "s")
 _GEN = ("The session's generation this record acts under: the worker holding execution "
         "authority and its epoch (see Generation).", None)
 

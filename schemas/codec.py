@@ -7,6 +7,8 @@ negative epochs or seqs, non-finite numbers, and payloads over the size limit.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import functools
 from typing import Any
 
@@ -15,9 +17,10 @@ import msgpack
 from ._fields import from_fields, to_fields
 from .errors import SchemaError
 from .records import Record
-from .topics import TOPICS, topic_of
+from .topics import SESSION_EVENTS, SESSION_INPUTS, TOPICS, topic_of
 
 __all__ = ["DEFAULT_MAX_BYTES", "encode", "decode", "Decoder", "decoder_for", "key_for",
+           "bound_event_time", "EVENT_TIME_TOPICS", "MAX_EVENT_SKEW_S",
            "TYPE_HEADER", "header_tag"]
 
 DEFAULT_MAX_BYTES = 1024 * 1024
@@ -114,3 +117,29 @@ def decoder_for(topic: str, max_bytes: int | None = None) -> Decoder:
 def decode(topic: str, data: bytes, max_bytes: int | None = None) -> Record:
     """Decode one record of ``topic``; raises ``SchemaError`` only."""
     return decoder_for(topic, max_bytes).decode(data)
+
+
+# topics whose records' ts is a producer's event time that processors fold into windows
+EVENT_TIME_TOPICS = frozenset({SESSION_EVENTS, SESSION_INPUTS})
+# how far a record's ts may sit from the broker's timestamp of the record
+MAX_EVENT_SKEW_S = 300.0
+
+
+def bound_event_time(logical: str, rec: Record, broker_ms: int | float | None,
+                     max_skew_s: float = MAX_EVENT_SKEW_S) -> tuple[Record, str | None]:
+    """The record with an event time processors can trust, and why it was changed (None when
+    it was not): a ``ts`` more than ``max_skew_s`` from the broker's timestamp of the record
+    (milliseconds, as Kafka keeps it), ahead or behind, is replaced by that timestamp.
+    Milliseconds sent as seconds, clocks far off and old events re-sent under new records
+    then cannot move the processors' windows; nothing is dropped for it. Records without a
+    broker timestamp pass unchanged."""
+    ts = getattr(rec, "ts", None)
+    if logical not in EVENT_TIME_TOPICS or ts is None or not broker_ms or broker_ms <= 0:
+        return rec, None
+    broker_s = broker_ms / 1000.0
+    off = ts - broker_s
+    if abs(off) <= max_skew_s:
+        return rec, None
+    unit = " (ts is Unix seconds; this looks like milliseconds)" if 500.0 < ts / broker_s < 2000.0 else ""
+    return replace(rec, ts=broker_s), (f"event time: ts {ts!r} is {off:+.0f} s from the record's broker "
+                                       f"timestamp (more than {max_skew_s:g} s): the broker's is used{unit}")

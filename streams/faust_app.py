@@ -16,7 +16,7 @@ from typing import Any
 
 import faust
 
-from schemas.codec import TYPE_HEADER, decoder_for, encode, header_tag, key_for
+from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, header_tag, key_for
 from schemas.errors import SchemaError
 from schemas.records import Record
 from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
@@ -175,6 +175,11 @@ class FaustPublisher:
                                            self.limit(DEAD_LETTERS)))
 
 
+def _event_time_replaced(logical: str, consumer: str, why: str) -> None:
+    metrics().event_time_replaced.labels(logical).inc()
+    log.warning("%s: %s: %s", consumer, logical, why)
+
+
 async def decode_event(event: Any, logical: str, publisher: FaustPublisher,
                        consumer: str, wanted: frozenset[str] | None = None) -> Record | None:
     """Decode one faust event of ``logical`` topic, or dead-letter it and return None.
@@ -193,5 +198,9 @@ async def decode_event(event: Any, logical: str, publisher: FaustPublisher,
         metrics().dead_lettered.labels(logical).inc()
         await publisher.dead_letter(event.message, f"schema: {exc}", consumer)
         return None
+    stamp = event.message.timestamp  # faust keeps the broker's timestamp in seconds
+    rec, changed = bound_event_time(logical, rec, stamp * 1000.0 if stamp else None)
+    if changed is not None:
+        _event_time_replaced(logical, consumer, changed)
     metrics().consumed.labels(logical).inc()
     return rec

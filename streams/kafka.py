@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from schemas.codec import TYPE_HEADER, decoder_for, encode, key_for
+from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, key_for
 from schemas.errors import InfraError, SchemaError
 from schemas.records import DeadLetter, Record
 from schemas.topics import DEAD_LETTERS, topic_of
@@ -196,6 +196,10 @@ class RecordConsumer:
                     await self.dead_letter(tp.topic, tp.partition, msg.offset, msg.value, msg.key,
                                            f"schema: {exc}")
                     continue
+                rec, changed = bound_event_time(logical, rec, msg.timestamp)
+                if changed is not None:
+                    metrics().event_time_replaced.labels(logical).inc()
+                    log.warning("%s: %s[%d]@%d: %s", self.name, tp.topic, tp.partition, msg.offset, changed)
                 refused = keys.verify(logical, msg.value, msg.headers)
                 out.append(Delivered(rec, tp.topic, tp.partition, msg.offset, msg.key, refused))
                 metrics().consumed.labels(topic_of(rec)).inc()

@@ -33,6 +33,7 @@ class Metrics:
     consumed: Counter
     produced: Counter
     dead_lettered: Counter
+    event_time_replaced: Counter
     rejected: Counter
     chunks_released: Counter
     sessions_held: Gauge
@@ -49,6 +50,9 @@ class Metrics:
             produced=Counter("chunkserve_records_produced", "Records produced", ["topic"], registry=r),
             dead_lettered=Counter("chunkserve_records_dead_lettered", "Records sent to dead-letters",
                                   ["topic"], registry=r),
+            event_time_replaced=Counter("chunkserve_event_time_replaced", "Records whose ts was too "
+                                        "far from the broker's timestamp (the broker's was used)",
+                                        ["topic"], registry=r),
             rejected=Counter("chunkserve_commands_rejected", "Commands refused by workers",
                              ["reason"], registry=r),
             chunks_released=Counter("chunkserve_chunks_released", "Chunks released under a "

@@ -113,8 +113,8 @@ def test_records_over_their_topic_bound_are_refused_and_dead_lettered(kafka_boot
     """The producer refuses to send one; a consumer dead-letters one another client sent."""
     settings = replace(_settings(kafka_bootstrap, redis_url, namespace),
                        record_bytes={"session-events": 2048})
-    small = SessionOpened(session_id="ok", ts=1.0, prompt="p" * 1000)
-    big = SessionOpened(session_id="big", ts=1.0, prompt="p" * 3000)
+    small = SessionOpened(session_id="ok", ts=time.time(), prompt="p" * 1000)
+    big = SessionOpened(session_id="big", ts=time.time(), prompt="p" * 3000)
 
     async def run() -> tuple[list, int]:
         await ensure_topics(settings)

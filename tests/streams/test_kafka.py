@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 
@@ -45,7 +46,7 @@ def test_consumer_dead_letters_garbage_and_keeps_going(kafka_bootstrap, redis_ur
                     garbage.append(raw)
                     await producer.send_raw(SESSION_EVENTS, raw, key=b"junk")
                 else:
-                    rec = SessionOpened(session_id=f"s{i}", ts=float(i), prompt=f"p{i}")
+                    rec = SessionOpened(session_id=f"s{i}", ts=time.time() + i, prompt=f"p{i}")
                     valid.append(rec)
                     await producer.send(rec)
             consumer = RecordConsumer(settings, [SESSION_EVENTS], producer, name="test-consumer",

@@ -69,7 +69,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Tl
 
 def test_kafka_through_tls_with_the_right_ca(tls: TlsSetup, namespace: str) -> None:
     settings = tls.settings(namespace)
-    sent = r.SessionOpened(session_id="tls-1", ts=1.0, prompt="over tls")
+    sent = r.SessionOpened(session_id="tls-1", ts=time.time(), prompt="over tls")
 
     async def run() -> list:
         await ensure_topics(settings)
