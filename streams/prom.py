@@ -11,6 +11,8 @@ Names follow the Prometheus conventions: base units in the name, ``_total`` on c
 
 from __future__ import annotations
 
+import weakref
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,14 +118,16 @@ class FleetMetrics:
         return made
 
 
-_MADE: dict[tuple[type, int], Any] = {}  # (families class, registry id) -> its families
+# registry -> {families class: its families}; weak, so a registry's id reused after it is
+# collected never finds another registry's families
+_MADE: "weakref.WeakKeyDictionary[CollectorRegistry, dict[type, Any]]" = weakref.WeakKeyDictionary()
 
 
 def _once(cls: Any, registry: CollectorRegistry | None) -> Any:
-    reg = registry if registry is not None else REGISTRY
-    if (cls, id(reg)) not in _MADE:
-        _MADE[cls, id(reg)] = cls.create(reg)
-    return _MADE[cls, id(reg)]
+    made = _MADE.setdefault(registry if registry is not None else REGISTRY, {})
+    if cls not in made:
+        made[cls] = cls.create(registry if registry is not None else REGISTRY)
+    return made[cls]
 
 
 def metrics(registry: CollectorRegistry | None = None) -> Metrics:
