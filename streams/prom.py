@@ -12,7 +12,6 @@ Names follow the Prometheus conventions: base units in the name, ``_total`` on c
 from __future__ import annotations
 
 import weakref
-
 from dataclasses import dataclass
 from typing import Any
 
