@@ -119,7 +119,7 @@ def test_burst_reserve_is_the_largest_rise_within_a_boot_time(samples, memory):
 
 
 def test_burst_reserve_raises_the_demand_the_pool_is_sized_for():
-    cfg = AutoscalerConfig(gpu_type="h20", min_gpus=1, max_gpus=64, dwell_s=0.0, burst_memory_s=300.0)
+    cfg = AutoscalerConfig(gpu_type="h20", min_gpus=1, max_gpus=64, dwell_s=0.0, burst_memory_s=300.0, burst_utilization=None)
     quiet = _pool([4, 4, 4, 4], now=100.0)  # A = 16 on 64 slots: no scale-out without a reserve
     _, state = autoscale(quiet, 1, PAPER, cfg)
     burst = _pool([12, 12, 12, 12], now=130.0)  # +32 within one boot time
@@ -127,6 +127,16 @@ def test_burst_reserve_raises_the_demand_the_pool_is_sized_for():
     u, _ = DEFAULT_VOLATILITY_TABLE.lookup(1)
     assert cmds == (ScaleOut(math.ceil((48 / u + 32) / 16) - 4, "h20"),)  # the reserve at full capacity
     assert state.recent[-1][3] == 32
+
+
+def test_a_rise_the_pool_absorbs_below_the_burst_utilization_needs_no_reserve():
+    cfg = AutoscalerConfig(gpu_type="b300", min_gpus=1, max_gpus=64, dwell_s=0.0, burst_memory_s=300.0)
+    u, _ = DEFAULT_VOLATILITY_TABLE.lookup(1)
+    _, state = autoscale(_pool([60] * 4, now=100.0, gpu_type="b300"), 1, PAPER, cfg)
+    for rise, reserve in ((40, 0), (120, 120 - math.floor((0.75 - u) / u * 360))):  # A = 280 / 360 after it
+        after = _pool([(240 + rise) // 4] * 4, now=130.0, gpu_type="b300")
+        cmds, _ = autoscale(after, 1, PAPER, cfg, state=state)
+        assert cmds == (ScaleOut(math.ceil(((240 + rise) / u + reserve) / 40 - 1e-9) - 4, "b300"),)
 
 
 def _measured(now, count, missed, worst=0.5, gpus=4, active=80):
