@@ -28,10 +28,11 @@ kafka: $(STAMP)
 	  else echo "no Java here: the embedded broker is Tansu (pip-only fallback)"; fi
 
 # The TLS tests put Debian's stunnel in front of the embedded broker and Redis; the
-# real-client tests read topics with Debian's kcat.
-TOOLS := stunnel4 kcat
+# real-client tests read topics with Debian's kcat and run the Node.js producer of
+# examples/node-producer (Debian's nodejs and npm). Each entry: command:package.
+TOOLS := stunnel4:stunnel4 kcat:kcat node:nodejs npm:npm
 tools:
-	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	@missing=""; for t in $(TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  $(SUDO) apt-get install -y -q $$missing >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q $$missing >/dev/null; }; fi

@@ -39,8 +39,8 @@ FIELDS: dict[str, Doc] = {
             "redelivery). After a gap (3 arrives, 2 has not) later inputs wait up to 5 s for the "
             "missing one, then are applied without it; the missing one, if it comes later, is "
             "refused as `late`. Inputs still waiting when the session closes are refused as "
-            "`closed`. Every input ends applied (worker-events `worker.input_accepted`) or "
-            "refused with a reason (dead-letters).", None),
+            "`closed`. Every input ends applied (worker-events `worker.input`, InputAccepted) "
+            "or refused with a reason (dead-letters, the InputPushed's bytes in `raw`).", None),
     "kind": ("What the input is: `text` (PushText, streamed text), `prompt` (a new prompt) "
              "or `control` (a control input for the model).", None),
     "payload": ("The input's content, UTF-8; at most `max_input_bytes` (65536 by default) "

@@ -22,6 +22,13 @@ DELIVERY = ("Delivery is at-least-once: a record may arrive twice (after a retry
             "consumer restart); generations and per-session sequence numbers make duplicates "
             "harmless, and consumers must tolerate them.")
 SIGNED = (WORKER_COMMANDS, SCALING_COMMANDS)
+ENCODING = ("Encoding: the map's keys and every `type: string` field are msgpack str (UTF-8); "
+            "`format: binary` fields are msgpack bin; `integer` fields are msgpack int and "
+            "`number` fields float or int; JSON is not accepted. Nested objects are maps too.")
+TOPIC_CREATION = ("Topics are created by chunkserve (`chunkserve topics`, `chunkserve up`, the "
+                  "provisioner) with the partition counts of its settings: producers should "
+                  "not create them, since a topic auto-created with the broker's default "
+                  "partition count puts a session's inputs where a recovery does not read them.")
 
 
 def _describe(record: str, props: dict[str, Any]) -> None:
@@ -41,6 +48,12 @@ def _headers(tag: str, topic: str) -> dict[str, Any]:
         props["cs-kid"] = {"type": "string", "description": HEADERS["cs-kid"]}
         props["cs-mac"] = {"type": "string", "format": "binary", "description": HEADERS["cs-mac"]}
     return {"type": "object", "properties": props}
+
+
+def _summary(cls: Any) -> str:
+    """The docstring's first paragraph as one line."""
+    paragraph = (cls.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in paragraph.splitlines())
 
 
 def _example(cls: Any) -> dict[str, Any]:
@@ -77,7 +90,7 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
             messages[name] = {
                 "name": cls.TAG,
                 "title": name,
-                "summary": (cls.__doc__ or "").strip().splitlines()[0],
+                "summary": _summary(cls),
                 "contentType": "application/msgpack",
                 "headers": _headers(cls.TAG, spec.name),
                 "payload": payload,
@@ -105,7 +118,8 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
             "description": "Every record is a msgpack map with a type tag `t` and a schema "
                            "version `v`; each channel bounds its record size (and no record may exceed "
                            f"`max_record_bytes`, {DEFAULT_MAX_BYTES} by default). "
-                           "Delivery is at-least-once; generations make duplicates harmless.",
+                           "Delivery is at-least-once; generations make duplicates harmless. "
+                           f"{ENCODING} {TOPIC_CREATION}",
         },
         "defaultContentType": "application/msgpack",
         "channels": channels,

@@ -60,3 +60,17 @@ def test_every_message_has_an_example_its_topic_decodes():
         topic = _channel_of(title)
         rec = decoder_for(topic, TOPICS[topic].max_bytes).decode(msgpack.packb(example["payload"]))
         assert type(rec).__name__ == title
+
+
+def test_every_type_tag_the_prose_names_exists():
+    """A reader looks for what the descriptions name: a tag quoted there is a real one."""
+    import json
+    import re
+
+    tags = {m["name"] for m in MESSAGES.values()}
+    prefixes = {tag.split(".")[0] for tag in tags}
+    quoted = set(re.findall(r"`([a-z]+\.[a-z_]+)`", json.dumps(DOC)))
+    named = {q for q in quoted if q.split(".")[0] in prefixes}
+    assert named and named <= tags, sorted(named - tags)
+    summaries = [m["summary"] for m in MESSAGES.values()]
+    assert all(s.endswith((".", ")")) for s in summaries), [s for s in summaries if not s.endswith((".", ")"))]
