@@ -105,6 +105,20 @@ class RedisSettings:
     ssl_ca_certs: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    cluster: str = "off"  # "on": url is a seed node of a Redis Cluster
+    # replicas that must hold a write conferring or exercising authority before it counts
+    # (WAIT); None: one on a cluster, none on a single server
+    replica_acks: int | None = None
+    replica_ack_timeout_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.cluster not in ("on", "off"):
+            raise ConfigError("redis.cluster", f"must be on or off, got {self.cluster!r}")
+
+    @property
+    def acks(self) -> int:
+        """Replicas a fenced write waits for."""
+        return (1 if self.cluster == "on" else 0) if self.replica_acks is None else self.replica_acks
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``redis.Redis.from_url`` / ``redis.asyncio.Redis.from_url``."""

@@ -44,7 +44,8 @@ KEYS: dict[str, type] = {
     "input_burst": float, "max_snapshot_bytes": int, "max_sessions_per_worker": int,
     "fetch_wait_ms": int,
     **{f"kafka.{k}": str for k in _KAFKA + ("sasl_password",)},
-    **{f"redis.{k}": str for k in _REDIS + ("password",)},
+    **{f"redis.{k}": str for k in _REDIS + ("password", "cluster")},
+    "redis.replica_acks": int, "redis.replica_ack_timeout_ms": int,
     **{f"{table}.{t}": int for table in _PER_TOPIC for t in TOPICS},
 }
 _MAX_INT = 1 << 30
@@ -156,10 +157,13 @@ def _parsed(key: str, raw: str, source: str) -> Any:
     return _ranged(key, value, source)
 
 
+_RANGES = {"redis.replica_acks": (0, 16)}  # keys whose range is not 1.._MAX_INT
+
+
 def _ranged(key: str, value: Any, source: str) -> Any:
-    top = _MAX_PARTITIONS if key.startswith("partitions.") else _MAX_INT
-    if isinstance(value, (int, float)) and not (0 < value <= top):
-        raise ConfigError(key, f"must be from 1 to {top}, got {value!r}"[:200], source)
+    low, top = _RANGES.get(key, (1, _MAX_PARTITIONS if key.startswith("partitions.") else _MAX_INT))
+    if isinstance(value, (int, float)) and not (low <= value <= top):
+        raise ConfigError(key, f"must be from {low} to {top}, got {value!r}"[:200], source)
     return value
 
 

