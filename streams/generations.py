@@ -442,6 +442,127 @@ class _AsyncBackend(_RedisScripts):
             return await self.client.evalsha(self.shas[name], len(keys), *keys, *args)
 
 
+# scripts that confer or exercise authority: on a replicated store each counts only once a
+# replica holds it, so a promoted replica never runs behind an authority someone acted on
+FENCED_WRITES = frozenset({"commit", "claim", "release_chunks", "progress", "snap_commit", "release",
+                           "request_close", "set_down", "strand"})
+
+
+class _ClusterSlotBackend:
+    """Script calls on a Redis Cluster: every key of a namespace lives in one slot, so the
+    store talks to that slot's master alone, found from ``CLUSTER SLOTS`` and found again
+    when it fails over. A fenced write and its ``WAIT`` go down one connection (a pipeline):
+    WAIT counts the replicas that hold this connection's writes."""
+
+    def __init__(self, seed_url: str, namespace_key: str, acks: int, ack_timeout_ms: int,
+                 client_kwargs: dict[str, Any], sources: dict[str, str] | None = None,
+                 failover_s: float = 30.0) -> None:
+        from urllib.parse import urlsplit
+
+        from redis.crc import key_slot
+
+        seed = urlsplit(seed_url)
+        self._seeds = [(seed.hostname or "127.0.0.1", seed.port or 6379)]
+        self._slot = key_slot(namespace_key.encode())
+        self.acks, self.ack_timeout_ms, self.failover_s = acks, ack_timeout_ms, failover_s
+        self._kwargs = client_kwargs
+        self.sources = sources or SCRIPTS
+        self.shas = {n: hashlib.sha1(src.encode()).hexdigest() for n, src in self.sources.items()}
+        self._master: Any = None
+        self._replicas_at, self._replica_count = -1e18, 0
+        self.client = None  # nothing for the store to close but the master's client
+
+    def for_key(self, namespace_key: str) -> "_ClusterSlotBackend":
+        host, port = self._seeds[0]
+        return _ClusterSlotBackend(f"redis://{host}:{port}", namespace_key, self.acks, self.ack_timeout_ms,
+                                   self._kwargs, self.sources, self.failover_s)
+
+    async def _find_master(self) -> Any:
+        import redis.asyncio
+
+        for host, port in list(self._seeds):
+            probe = redis.asyncio.Redis(host=host, port=port, socket_timeout=1.0, **self._kwargs)
+            try:
+                slots = await probe.execute_command("CLUSTER", "SLOTS")
+            except _redis_errors():
+                continue
+            finally:
+                await probe.aclose()
+            for start, end, primary, *replicas in slots:
+                nodes = [primary, *replicas]
+                self._seeds += [(_s(n[0]), int(n[1])) for n in nodes if (_s(n[0]), int(n[1])) not in self._seeds]
+                if int(start) <= self._slot <= int(end):
+                    return redis.asyncio.Redis(host=_s(primary[0]), port=int(primary[1]), **self._kwargs)
+        return None
+
+    async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        import asyncio
+
+        from redis.exceptions import ConnectionError as ConnectionError_
+        from redis.exceptions import NoScriptError, ResponseError
+
+        deadline = asyncio.get_running_loop().time() + self.failover_s
+        while True:
+            try:
+                if self._master is None:
+                    self._master = await self._find_master()
+                    if self._master is None:
+                        raise ConnectionError_("no Redis Cluster node answers")
+                return await self._run(self._master, name, keys, args)
+            except NoScriptError:
+                await self._master.script_load(self.sources[name])  # a promoted replica's cache
+            except (ResponseError, *_redis_errors()) as exc:
+                if isinstance(exc, ResponseError) and not str(exc).startswith(("MOVED", "CLUSTERDOWN", "READONLY", "TRYAGAIN")):
+                    raise
+                if asyncio.get_running_loop().time() > deadline:
+                    raise InfraError(f"generation store: the namespace's Redis master is unreachable: {exc}") from exc
+                await self._drop_master()
+                await asyncio.sleep(0.2)
+
+    async def _drop_master(self) -> None:
+        self._replicas_at = -1e18
+        if self._master is not None:
+            await self._master.aclose()
+            self._master = None
+
+    async def _replicas(self, master: Any) -> int:
+        """Replicas of this master: the ones the cluster assigns to it and has not marked
+        failed (``CLUSTER NODES``), or the ones attached now (``ROLE``) when more; read at
+        most once a second. Only they can be promoted past a write; a master left without
+        any (its replica was promoted) writes without waiting. A replica cut off from its
+        stream but not yet failed still counts: writes wait for it, and are refused until it
+        is back or failed."""
+        import time
+
+        if time.monotonic() - self._replicas_at > 1.0:
+            lines = [ln.split() for ln in _s(await master.execute_command("CLUSTER", "NODES")).splitlines()]
+            me = next((p[0] for p in lines if len(p) > 2 and "myself" in p[2]), "")
+            assigned = sum(1 for p in lines if len(p) > 3 and "slave" in p[2] and p[3] == me and "fail" not in p[2])
+            role = await master.execute_command("ROLE")  # attached now (the cluster's view may lag)
+            attached = len(role[2]) if _s(role[0]) == "master" else 0
+            self._replica_count = max(assigned, attached)
+            self._replicas_at = time.monotonic()
+        return self._replica_count
+
+    async def _run(self, master: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+        need = min(self.acks, await self._replicas(master)) if name in FENCED_WRITES and self.acks else 0
+        if need == 0:
+            return await master.evalsha(self.shas[name], len(keys), *keys, *args)
+        pipe = master.pipeline(transaction=False)
+        pipe.evalsha(self.shas[name], len(keys), *keys, *args)
+        pipe.execute_command("WAIT", need, self.ack_timeout_ms)
+        reply, held = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, Exception):
+            raise reply
+        if int(held) < need:
+            raise InfraError(f"generation store: {name} reached {held} of {need} replicas within "
+                             f"{self.ack_timeout_ms} ms (redis.replica_acks); not counted as done")
+        return reply
+
+    async def aclose(self) -> None:
+        await self._drop_master()
+
+
 class _SyncBackend(_RedisScripts):
     def call(self, name: str, keys: list[str], args: list[Any]) -> Any:  # type: ignore[override]
         from redis.exceptions import NoScriptError
@@ -517,6 +638,8 @@ class GenerationStore:
     async def aclose(self) -> None:
         if self.client is not None:
             await self.client.aclose()
+        if isinstance(self._backend, _ClusterSlotBackend):
+            await self._backend.aclose()
 
     async def register_worker(self, worker_id: str, capacity: int) -> None:
         """Add a worker or set its capacity (refused below the slots in use)."""
