@@ -161,9 +161,14 @@ _RANGES = {"redis.replica_acks": (0, 16)}  # keys whose range is not 1.._MAX_INT
 
 
 def _ranged(key: str, value: Any, source: str) -> Any:
-    low, top = _RANGES.get(key, (1, _MAX_PARTITIONS if key.startswith("partitions.") else _MAX_INT))
-    if isinstance(value, (int, float)) and not (low <= value <= top):
-        raise ConfigError(key, f"must be from {low} to {top}, got {value!r}"[:200], source)
+    if key in _RANGES:
+        low, top = _RANGES[key]
+        if not low <= value <= top:
+            raise ConfigError(key, f"must be from {low} to {top}, got {value!r}"[:200], source)
+        return value
+    top = _MAX_PARTITIONS if key.startswith("partitions.") else _MAX_INT
+    if isinstance(value, (int, float)) and not (0 < value <= top):
+        raise ConfigError(key, f"must be from 1 to {top}, got {value!r}"[:200], source)
     return value
 
 
