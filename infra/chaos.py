@@ -74,6 +74,7 @@ class ChaosConfig:
     process_faults: bool = True  # pause a worker, kill a worker, kill a dispatch replica
     broker_faults: tuple[str, ...] = ()  # of broker_faults.KINDS: leader_kill (3+ brokers), full_restart
     outage_s: float = 0.0  # how long every broker stays down in the full restart
+    redis_failover: bool = False  # SIGKILL the namespace's Redis master mid-run (a cluster)
 
     def __post_init__(self) -> None:
         slots = self.workers * self.capacity
@@ -219,14 +220,22 @@ def _process_plan(config: ChaosConfig) -> list[tuple[float, str]]:
     return plan
 
 
+def _redis_plan(config: ChaosConfig) -> list[tuple[float, str]]:
+    return [(0.3, "kill_redis_master")] if config.redis_failover else []
+
+
 async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                     progress: Callable[[str], None] = lambda _m: None,
-                    broker: Any = None) -> dict[str, Any]:
+                    broker: Any = None, redis_cluster: Any = None) -> dict[str, Any]:
     """Run the faults against a live fleet and return the audit (see module docstring).
 
-    ``broker`` is the ``EmbeddedKafka`` the run may kill (``config.broker_faults``)."""
+    ``broker`` is the ``EmbeddedKafka`` the run may kill (``config.broker_faults``);
+    ``redis_cluster`` the ``EmbeddedRedisCluster`` whose master it kills
+    (``config.redis_failover``)."""
     if config.broker_faults and not hasattr(broker, "kill_all"):
         raise InfraError("broker faults need the embedded Apache Kafka (not a configured cluster or Tansu)")
+    if config.redis_failover and (redis_cluster is None or settings.redis.cluster != "on"):
+        raise InfraError("a Redis failover needs the embedded Redis Cluster (chaos --redis-cluster)")
     rng = random.Random(config.seed)
     started = time.monotonic()
     await ensure_topics(settings)
@@ -272,7 +281,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                 settings, broker, config.duration_s, run_start, broker_faults, config.broker_faults,
                 outage_s=config.outage_s, progress=progress))
                 if config.broker_faults else None)
-            plan = _process_plan(config)
+            plan = sorted(_process_plan(config) + _redis_plan(config))
             run_end = run_start + config.duration_s
             paused: tuple[str, float] | None = None
             while time.monotonic() < run_end or (breaking is not None and not breaking.done()):
@@ -291,6 +300,14 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                         fleet.kill(victim)
                         faults["killed_worker"] = victim
                         progress(f"SIGKILL {victim}")
+                    elif kind == "kill_redis_master":
+                        from streams.generations import Keys
+
+                        victim_port = redis_cluster.master_of(Keys(settings.namespace).workers)
+                        redis_cluster.kill(victim_port)
+                        faults["redis_master_killed"] = {"port": victim_port, "at_s": round(time.time() - t0, 1),
+                                                         "replica_acks": settings.redis.acks}
+                        progress(f"SIGKILL the Redis master of the namespace ({victim_port})")
                     elif kind == "make_room":
                         excess = config.sessions - (config.workers - 1) * config.capacity
                         closed_early |= set(ids[-excess:])
@@ -331,6 +348,9 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
         still_open = [sid for sid in ids if sid not in closed_early]
         longest, never = unserved_until([c for c in chunks if c.session_id in still_open], t0, t_close, still_open)
         room_at = t0 + faults["room_made_at_s"] if "room_made_at_s" in faults else None
+        if "redis_master_killed" in faults:
+            at = t0 + faults["redis_master_killed"]["at_s"]
+            faults["redis_master_killed"]["served_again_s"] = round(served_after(chunks, still_open, at, 0.0), 3)
         times: dict[str, list[float]] = defaultdict(list)
         for c in chunks:
             times[c.session_id].append(c.ts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -543,12 +544,17 @@ def chaos(
     outage: float = typer.Option(0.0, min=0.0, help="Seconds every broker stays down in the full restart."),
     process_faults: bool = typer.Option(True, "--process-faults/--no-process-faults",
                                         help="Pause a worker, kill a worker, kill a dispatch replica."),
+    redis_cluster: bool = typer.Option(False, "--redis-cluster", help="Run the store on an embedded "
+                                       "Redis Cluster (3 masters, a replica each) and SIGKILL the "
+                                       "namespace's master mid-run."),
+    replica_acks: Optional[int] = typer.Option(None, min=0, max=16, help="Replicas a fenced write waits "
+                                               "for on the cluster (default 1; 0: the control run)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the audit here."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
 ) -> None:
     """Run the live system under faults (pause, crash, dead dispatcher, duplicated and delayed
-    commands; broker failover and full restart with --broker-faults) and audit ownership,
-    capacity, inputs and replay."""
+    commands; broker failover and full restart with --broker-faults; a Redis master's death
+    with --redis-cluster) and audit ownership, capacity, inputs and replay."""
     from infra.broker_faults import KINDS
     from infra.chaos import AUDIT_KEYS, ChaosConfig, run_chaos
     from infra.embedded import infrastructure
@@ -558,15 +564,25 @@ def chaos(
     run_id = uuid.uuid4().hex[:6]
     cfg = ChaosConfig(sessions=sessions, duration_s=duration, workers=workers, seed=seed,
                       broker_faults=KINDS if broker_faults else (), outage_s=outage,
-                      process_faults=process_faults)
+                      process_faults=process_faults, redis_failover=redis_cluster)
     own_broker = "kafka" if broker_faults or brokers > 1 else None  # faults need a cluster of our own
     if broker_faults:  # the run's own clients: connection errors are what it asked for
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     with console.status("starting") as status:
-        with infrastructure(logs, brokers=brokers, kind=own_broker) as infra:
+        with infrastructure(logs, brokers=brokers, kind=own_broker) as infra, \
+                contextlib.ExitStack() as stack:
             settings = infra.settings(base).isolated(f"chaos-{run_id}")
+            cluster = None
+            if redis_cluster:
+                from dataclasses import replace
+
+                from infra.redis_cluster import EmbeddedRedisCluster
+
+                cluster = stack.enter_context(EmbeddedRedisCluster(logs / "redis-cluster"))
+                settings = replace(settings, redis=replace(settings.redis, url=cluster.url, cluster="on",
+                                                           replica_acks=replica_acks))
             result = asyncio.run(run_chaos(settings, cfg, logs, progress=lambda m: status.update(m),
-                                           broker=infra.broker))
+                                           broker=infra.broker, redis_cluster=cluster))
             result["broker"] = infra.describe()
     _write_json(result, json_out)
     bad = {k: result[k] for k in AUDIT_KEYS if result[k]}
