@@ -5,7 +5,8 @@ beside this module); ``EmbeddedKafka`` formats and starts one broker, or a clust
 combined broker+controller nodes (replicated as ``streams.topics.replication_for`` says:
 three copies, two in sync, where there are three nodes), on free loopback ports with data
 folders on disk. It can kill, pause, resume and restart any node, or all of them, on the
-same folders: the log survives.
+same folders: the log survives. With ``security`` (a :class:`KafkaSecurity`) clients reach it
+on SASL_SSL only, as users created at format time, under the StandardAuthorizer.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 from schemas.errors import InfraError
 
-__all__ = ["KAFKA_VERSION", "EmbeddedKafka", "KafkaNode", "ensure_kafka", "java_available",
-           "kafka_home"]
+__all__ = ["KAFKA_VERSION", "EmbeddedKafka", "KafkaNode", "KafkaSecurity", "ensure_kafka",
+           "java_available", "kafka_home"]
 
 log = logging.getLogger(__name__)
 
@@ -121,18 +123,93 @@ class KafkaNode:
         return self.proc is not None and self.proc.poll() is None
 
 
+_SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"
+_PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """Clients on SASL_SSL only: the broker's certificate (``cert``/``key``, signed by ``ca``),
+    ``users`` (name -> password) able to sign in with SCRAM-SHA-512, SCRAM-SHA-256 (created at
+    format time) or PLAIN, and the StandardAuthorizer with ``admin`` its only super user.
+
+    The nodes speak to each other as ``admin`` too: SCRAM-SHA-512 between brokers, PLAIN on
+    the controller listener (KRaft's controllers cannot take SCRAM there). No ACL is created:
+    every other user may do nothing until ``streams.kafka_acls`` grants it.
+    """
+
+    ca: Path
+    cert: Path
+    key: Path
+    users: Mapping[str, str]
+    admin: str = "admin"
+
+    MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+
+    def __post_init__(self) -> None:
+        if self.admin not in self.users:
+            raise InfraError(f"the admin {self.admin!r} needs a password in users")
+        for name, password in self.users.items():  # they go into JAAS strings and format arguments
+            if not name.replace("-", "").replace("_", "").isalnum() or not password.isalnum():
+                raise InfraError(f"user {name!r}: names are letters, digits, - and _; passwords "
+                                 "letters and digits")
+
+    def properties(self, folder: Path) -> dict[str, str]:
+        """The node's security properties; writes its PEM keystore (key, then certificate)."""
+        keystore = folder / "keystore.pem"
+        keystore.write_text(self.key.read_text() + self.cert.read_text())
+        keystore.chmod(0o600)
+        me = f'username="{self.admin}" password="{self.users[self.admin]}"'
+        plain_users = " ".join(f'user_{u}="{p}"' for u, p in self.users.items())
+        return {
+            "inter.broker.listener.name": "SASL_SSL",
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SASL_PLAINTEXT",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms": ",".join(self.MECHANISMS),
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": f"{_SCRAM} required {me};",
+            "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config": f"{_SCRAM} required;",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": f"{_PLAIN} required {plain_users};",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config":
+                f'{_PLAIN} required {me} user_{self.admin}="{self.users[self.admin]}";',
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(keystore),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.ca),
+            "ssl.client.auth": "none",
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{self.admin}",
+            "allow.everyone.if.no.acl.found": "false",
+        }
+
+    def format_args(self) -> list[str]:
+        """``StorageTool format`` arguments creating every user's SCRAM credentials."""
+        return [arg for user, password in self.users.items() for mech in self.MECHANISMS[:2]
+                for arg in ("--add-scram", f"{mech}=[name={user},password={password}]")]
+
+    def client(self, user: str | None = None, mechanism: str = "SCRAM-SHA-512",
+               cafile: Path | None = None) -> dict[str, Any]:
+        """``streams.config.KafkaSettings`` fields for ``user`` (default the admin)."""
+        user = user or self.admin
+        return {"security_protocol": "SASL_SSL", "sasl_mechanism": mechanism,
+                "sasl_username": user, "sasl_password": self.users[user],
+                "ssl_cafile": str(cafile or self.ca)}
+
+
 @dataclass
 class EmbeddedKafka:
     """Apache Kafka in KRaft combined mode: ``brokers`` nodes with their folders under ``root``.
 
     Each node logs to ``root/node-<id>/server.log``. ``config`` adds or overrides broker
-    properties (every node gets the same).
+    properties (every node gets the same). ``security`` puts clients on SASL_SSL under ACLs.
     """
 
     root: Path
     brokers: int = 1
     heap_mb: int = 384
     config: dict[str, str] = field(default_factory=dict)
+    security: KafkaSecurity | None = None
     nodes: list[KafkaNode] = field(default_factory=list)
     cluster_id: str = field(default_factory=lambda: _cluster_id())
 
@@ -173,17 +250,26 @@ class EmbeddedKafka:
         """What benchmarks and chaos runs report as ``"broker"``."""
         return {"kind": self.kind, "version": self.version, "brokers": self.brokers}
 
+    def admin_kwargs(self) -> dict[str, Any]:
+        """aiokafka keyword arguments of the cluster's admin (plaintext without security)."""
+        if self.security is None:
+            return {"bootstrap_servers": self.bootstrap}
+        from streams.config import KafkaSettings
+
+        return KafkaSettings(self.bootstrap, **self.security.client()).client_kwargs()
+
     def properties(self, node: KafkaNode) -> dict[str, str]:
         from streams.topics import replication_for
 
         rf, isr = (str(n) for n in replication_for(self.brokers))
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        listener = "SASL_SSL" if self.security else "PLAINTEXT"
         props = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "listeners": f"{listener}://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{node.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -209,6 +295,9 @@ class EmbeddedKafka:
             "broker.session.timeout.ms": "3000",
             "broker.heartbeat.interval.ms": "500",
         }
+        if self.security is not None:
+            node.folder.mkdir(parents=True, exist_ok=True)
+            props.update(self.security.properties(node.folder))
         props.update(self.config)
         return props
 
@@ -245,7 +334,7 @@ class EmbeddedKafka:
                         raise InfraError(f"Kafka node {node.node_id} exited with {node.proc.returncode}; "
                                          f"see {node.folder / 'server.log'}")
                 try:
-                    seen = asyncio.run(_registered(self.bootstrap))
+                    seen = asyncio.run(_registered(self.admin_kwargs()))
                     if wanted <= seen:
                         return
                     last = f"brokers registered: {sorted(seen)}"
@@ -334,11 +423,14 @@ class EmbeddedKafka:
 
     def _format(self, node: KafkaNode, jars: Path) -> None:
         cmd = self._java(node, jars, "kafka.tools.StorageTool", "format", f"--cluster-id={self.cluster_id}",
-                         "-c", str(node.folder / "server.properties"), "--ignore-formatted")
+                         "-c", str(node.folder / "server.properties"), "--ignore-formatted",
+                         *(self.security.format_args() if self.security else ()))
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
-            raise InfraError(f"formatting Kafka node {node.node_id} failed: "
-                             f"{(done.stdout + done.stderr).strip()[-400:]}")
+            said = (done.stdout + done.stderr).strip()[-400:]
+            for password in (self.security.users.values() if self.security else ()):
+                said = said.replace(password, "***")
+            raise InfraError(f"formatting Kafka node {node.node_id} failed: {said}")
 
     def _launch(self, node: KafkaNode, jars: Path) -> None:
         cmd = self._java(node, jars, "kafka.Kafka", str(node.folder / "server.properties"))
@@ -360,11 +452,11 @@ def _signal(node: KafkaNode, sig: int) -> None:
             os.kill(node.proc.pid, sig)
 
 
-async def _registered(bootstrap: str) -> set[int]:
+async def _registered(client: dict[str, Any]) -> set[int]:
     """Ids of the brokers the cluster's metadata lists."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    admin = AIOKafkaAdminClient(**client, request_timeout_ms=3000)
     await admin.start()
     try:
         info = await admin.describe_cluster()

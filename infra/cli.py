@@ -40,6 +40,7 @@ def _register_extensions() -> None:
     register_sim(app)
     register_broker(app)
     __import__("infra.place_cli", fromlist=["register"]).register(app)
+    __import__("infra.acl_cli", fromlist=["register"]).register(app)
 
 
 _register_extensions()

@@ -192,11 +192,17 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                    chunk_interval_s: float = 0.05, timeout_s: float = 120.0, garbage: int = 0,
                    flips: bool = False, handoff: bool = False, crash: bool = False,
                    restart_dispatch: bool = False, rebalance: bool = False, scale_in: bool = False,
-                   progress: Callable[[str], None] = lambda _m: None) -> FlowSummary:
-    """Start a dispatch replica and ``workers`` workers, serve ``sessions``, audit, stop."""
+                   progress: Callable[[str], None] = lambda _m: None,
+                   role_env: dict[str, dict[str, str]] | None = None,
+                   client_settings: Settings | None = None) -> FlowSummary:
+    """Start a dispatch replica and ``workers`` workers, serve ``sessions``, audit, stop.
+
+    ``role_env`` gives each child role its own variables (``LocalFleet.role_env``: its SASL
+    principal, say); ``client_settings`` are the session producer's (default ``settings``,
+    which the audit and the operator's moves use)."""
     started = time.monotonic()
     await ensure_topics(settings)
-    fleet = LocalFleet(settings, log_dir)
+    fleet = LocalFleet(settings, log_dir, role_env=dict(role_env or {}))
     try:
         fleet.start_processor("dispatch")
         if crash:  # the control processor detects the crash from missed heartbeats
@@ -221,7 +227,7 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                     topic = SESSION_EVENTS if n % 2 == 0 else SESSION_INPUTS
                     await producer.send_raw(topic, b"\x81\xa1t\xa4nope" + bytes([n % 256]),
                                             key=f"garbage-{n}".encode())
-                async with SessionClient(settings) as client:
+                async with SessionClient(client_settings or settings) as client:
                     for sid in ids:
                         await client.open(sid, prompt=f"a paper boat on a river, take {sid}")
                     for n in range(inputs):

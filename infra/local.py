@@ -27,12 +27,17 @@ class LocalFleet:
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # per role (worker, provisioner, or the processor's name): variables over the rest, e.g.
+    # each role's SASL user and password, so every process runs as its own principal
+    role_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None,
+               role: str = "") -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = spawn([sys.executable, "-m", "infra", *args],
-                         {**child_env(self.settings), **self.extra_env, **(env or {})},
+                         {**child_env(self.settings), **self.extra_env, **(env or {}),
+                          **self.role_env.get(role, {})},
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.procs[name] = proc
         return proc
@@ -41,13 +46,14 @@ class LocalFleet:
                      gpu_type: str = "cpu") -> None:
         self._spawn(worker_id, ["worker", "--worker-id", worker_id, "--capacity", str(capacity),
                                 "--chunk-interval", str(chunk_interval_s), "--gpu-type", gpu_type],
-                    {PROVISIONER_ENV: "local-fleet"})  # this fleet stops its workers: control may shut them down
+                    {PROVISIONER_ENV: "local-fleet"},  # this fleet stops its workers: control may shut them down
+                    role="worker")
 
     def start_provisioner(self, options: Sequence[str] = ()) -> None:
-        self._spawn("provisioner", ["provisioner", *options])
+        self._spawn("provisioner", ["provisioner", *options], role="provisioner")
 
     def start_processor(self, name: str, replica: str = "0", options: Sequence[str] = ()) -> None:
-        self._spawn(f"{name}-{replica}", ["processor", name, *options])
+        self._spawn(f"{name}-{replica}", ["processor", name, *options], role=name)
 
     def alive(self) -> dict[str, bool]:
         return {name: p.poll() is None for name, p in self.procs.items()}

@@ -134,11 +134,11 @@ async def watch(settings: Settings, duration_s: float | None, render: bool = Tru
     from aiokafka import TopicPartition
     from rich.live import Live
 
-    from streams.kafka import RecordConsumer, RecordProducer
+    from streams.kafka import RecordConsumer
 
     state = WatchState()
-    producer = await RecordProducer(settings, client_id="chunkserve-watch").start()
-    consumer = RecordConsumer(settings, [METRICS, WORKER_EVENTS], producer, name="chunkserve-watch",
+    # read-only (it needs only READ on its two topics): the topics' own consumers dead-letter
+    consumer = RecordConsumer(settings, [METRICS, WORKER_EVENTS], None, name="chunkserve-watch",
                               fetch_max_wait_ms=100)
     await consumer.start(subscribe=False)
     live = Live(table(state, clock()), refresh_per_second=4, transient=False) if render else None
@@ -165,5 +165,4 @@ async def watch(settings: Settings, duration_s: float | None, render: bool = Tru
         if live is not None:
             live.stop()
         await consumer.stop()
-        await producer.stop()
     return summary(state)

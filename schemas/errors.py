@@ -3,6 +3,8 @@
     ChunkserveError
     ├── SchemaError              the sender's fault: bytes or fields that break a wire contract
     ├── ConfigError              the operator's fault: a bad setting, named with its key and source
+    ├── AccessDeniedError        the operator's fault: the broker's ACLs refuse this principal an
+    │                            operation (named with the principal, the operation and the topic)
     ├── TraceError               the trace author's fault: a bad trace file, named with its line
     ├── OwnershipError           a fenced actor acted without authority
     │   ├── StaleGenerationError     its epoch is older than the current one
@@ -20,6 +22,7 @@ __all__ = [
     "ChunkserveError",
     "SchemaError",
     "ConfigError",
+    "AccessDeniedError",
     "TraceError",
     "OwnershipError",
     "StaleGenerationError",
@@ -54,6 +57,17 @@ class ConfigError(ChunkserveError):
         self.key = key
         self.source = source
         super().__init__(f"{source}: {key}: {reason}")
+
+
+class AccessDeniedError(ChunkserveError):
+    """The broker refused ``principal`` ``operation`` on ``resource`` (its ACLs, not a bug)."""
+
+    reason_code = "access_denied"
+
+    def __init__(self, principal: str, operation: str, resource: str, detail: str = "") -> None:
+        self.principal, self.operation, self.resource = principal, operation, resource
+        super().__init__(f"the broker refused principal {principal!r} {operation} on {resource}"
+                         + (f" ({detail})" if detail else ""))
 
 
 class TraceError(ChunkserveError):

@@ -15,6 +15,7 @@ import tempfile
 from typing import Any
 
 import faust
+from aiokafka.errors import TopicAuthorizationFailedError
 
 from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, header_tag, key_for
 from schemas.errors import SchemaError
@@ -22,7 +23,7 @@ from schemas.records import Record
 from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
 
 from .config import Settings
-from .kafka import dead_letter_record
+from .kafka import dead_letter_record, refusal
 from .prom import metrics
 from .topics import TopicCatalogue
 
@@ -143,6 +144,7 @@ class FaustPublisher:
 
         self._keys = keys if keys is not None else CommandKeys.from_env()
         self._app = app
+        self._username = getattr(app.conf.broker_credentials, "username", None)  # SASL's, for refusals
         self._catalogue = catalogue
         self._topics = {
             name: app.topic(catalogue.name(name), value_serializer="raw", key_serializer="raw",
@@ -161,7 +163,11 @@ class FaustPublisher:
         logical = topic_of(rec)
         value = encode(rec, self._catalogue.limit(logical))
         headers = [(TYPE_HEADER, rec.TAG.encode()), *self._keys.sign(logical, value)]
-        fut = await self._topics[logical].send(key=key_for(rec), value=value, headers=headers)
+        try:
+            fut = await self._topics[logical].send(key=key_for(rec), value=value, headers=headers)
+        except TopicAuthorizationFailedError as exc:
+            raise refusal(self._username, "write",
+                          f"topic {self._catalogue.name(logical)}", exc) from None
         metrics().produced.labels(logical).inc()
         if wait:
             return await fut

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 
 from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, key_for
-from schemas.errors import InfraError, SchemaError
+from schemas.errors import AccessDeniedError, InfraError, SchemaError
 from schemas.records import DeadLetter, Record
 from schemas.topics import DEAD_LETTERS, topic_of
 
@@ -25,10 +26,18 @@ from .config import DEAD_LETTER_ENVELOPE_BYTES, Settings
 from .prom import metrics
 from .topics import TopicCatalogue
 
-__all__ = ["RecordProducer", "Delivered", "RecordConsumer", "dead_letter_record", "MAX_DEAD_RAW"]
+__all__ = ["RecordProducer", "Delivered", "RecordConsumer", "dead_letter_record", "MAX_DEAD_RAW",
+           "refusal", "REFUSALS"]
 
 log = logging.getLogger(__name__)
 MAX_DEAD_RAW = 256 * 1024
+REFUSALS = (TopicAuthorizationFailedError, GroupAuthorizationFailedError)  # what the broker's ACLs raise
+
+
+def refusal(username: str | None, operation: str, what: str, exc: Exception) -> AccessDeniedError:
+    """The one-line error for ``operation`` on ``what`` (a topic or a group) that the broker's
+    ACLs refused the principal of SASL user ``username`` (None: a client without SASL)."""
+    return AccessDeniedError(f"User:{username or 'ANONYMOUS'}", operation, what, type(exc).__name__)
 
 
 class RecordProducer:
@@ -69,9 +78,12 @@ class RecordProducer:
         data = encode(rec, self.catalogue.limit(logical))
         metrics().produced.labels(logical).inc()
         headers = [(TYPE_HEADER, rec.TAG.encode()), *self.settings.command_keys.sign(logical, data)]
-        if wait:
-            return await self._producer.send_and_wait(topic, data, key=key_for(rec), headers=headers)
-        return await self._producer.send(topic, data, key=key_for(rec), headers=headers)
+        try:
+            if wait:
+                return await self._producer.send_and_wait(topic, data, key=key_for(rec), headers=headers)
+            return await self._producer.send(topic, data, key=key_for(rec), headers=headers)
+        except TopicAuthorizationFailedError as exc:
+            raise refusal(self.settings.kafka.sasl_username, "write", f"topic {topic}", exc) from None
 
     async def send_many(self, recs: Iterable[Record]) -> None:
         """Publish several records and wait until all are acknowledged."""
@@ -81,7 +93,11 @@ class RecordProducer:
 
     async def send_raw(self, logical_topic: str, value: bytes, key: bytes | None = None) -> Any:
         """Publish bytes as they are (tools and tests that need malformed records)."""
-        return await self._producer.send_and_wait(self.catalogue.name(logical_topic), value, key=key)
+        topic = self.catalogue.name(logical_topic)
+        try:
+            return await self._producer.send_and_wait(topic, value, key=key)
+        except TopicAuthorizationFailedError as exc:
+            raise refusal(self.settings.kafka.sasl_username, "write", f"topic {topic}", exc) from None
 
     async def flush(self) -> None:
         await self._producer.flush()
@@ -183,7 +199,18 @@ class RecordConsumer:
 
     async def poll(self, timeout_ms: int = 200, max_records: int | None = None) -> list[Delivered]:
         """Decode the next batch; dead-letter what does not decode."""
-        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        try:
+            batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        except REFUSALS as exc:
+            what = f"group {self.group_id}" if isinstance(exc, GroupAuthorizationFailedError) else \
+                f"topic {', '.join(self._decoders)}"
+            raise refusal(self.settings.kafka.sasl_username, "read", what, exc) from None
+        # a topic the metadata calls unauthorized has no leader to fetch from: aiokafka only
+        # logs it and asks again, so the refusal is read from the metadata
+        denied = sorted(self._consumer._client.cluster.unauthorized_topics & self._decoders.keys())
+        if denied:
+            raise refusal(self.settings.kafka.sasl_username, "read", f"topic {', '.join(denied)}",
+                          TopicAuthorizationFailedError())
         out: list[Delivered] = []
         keys = self.settings.command_keys
         for tp, messages in batches.items():

@@ -14,6 +14,7 @@ __all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "replication_
            "TOPIC_FRAMING_BYTES"]
 
 TOPIC_FRAMING_BYTES = 4096
+_TOPIC_AUTHORIZATION_FAILED = 29
 
 
 @dataclass(frozen=True)
@@ -78,16 +79,23 @@ async def ensure_topics(settings: Settings) -> TopicCatalogue:
                             topic_configs={"max.message.bytes": str(catalogue.limit(t) + TOPIC_FRAMING_BYTES),
                                            **({"min.insync.replicas": str(isr)} if isr > 1 else {})})
                    for t in TOPICS if catalogue.name(t) not in existing]
+        refused: set[str] = set()
         if missing:
             try:
-                await admin.create_topics(missing)
+                resp = await admin.create_topics(missing)
             except Exception as exc:  # a racing process created them first
                 if "TopicAlreadyExists" not in type(exc).__name__ + str(exc):
                     raise
+            else:
+                # a principal under ACLs sees only its own topics and may create none: the
+                # admin created them (or a missing one fails where it is used, by name)
+                refused = {name for name, code, *_ in resp.topic_errors
+                           if code == _TOPIC_AUTHORIZATION_FAILED}
     finally:
         await admin.close()
-    if missing:
-        await until_led(settings.kafka.client_kwargs(), {t.name: t.num_partitions for t in missing})
+    created = {t.name: t.num_partitions for t in missing if t.name not in refused}
+    if created:
+        await until_led(settings.kafka.client_kwargs(), created)
     return catalogue
 
 

@@ -3,7 +3,8 @@
 The embedded Tansu broker speaks plaintext only, so TLS is tested the way many deployments
 run it: a terminating proxy in front of the broker, with the broker advertising the proxy's
 address. The same proxy puts TLS in front of Redis. Certificates come from the openssl
-command line; nothing here is used outside tests.
+command line (``make_pki`` also gives the secured Apache Kafka of
+``tests/infra/test_kafka_security.py`` its certificate); nothing here is used outside tests.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The settings users get wrong fail in one line naming where they came from, exit code 2."""
+"""The settings users get wrong fail in one line naming where they came from, exit code 2.
+
+A wrong SASL password is checked on the secured Apache Kafka (tests/infra/test_kafka_security.py).
+"""
 
 from __future__ import annotations
 
@@ -81,24 +84,3 @@ def test_a_file_that_is_no_certificate(kafka_bootstrap, redis_url, tmp_path):
     rc, out = _run(["--config", str(conf), "topics"], {})
     assert rc == 2
     assert f"{conf}: kafka.ssl_cafile:" in _one_line(out)
-
-
-def test_wrong_sasl_credentials(sasl_broker, redis_url):
-    user, _ = sasl_broker.users["PLAIN"]
-    rc, out = _run(["topics"], {"CHUNKSERVE_KAFKA_BOOTSTRAP": sasl_broker.bootstrap,
-                                "CHUNKSERVE_REDIS_URL": redis_url, "CHUNKSERVE_KAFKA_IDEMPOTENCE": "off",
-                                "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
-                                "CHUNKSERVE_KAFKA_SASL_MECHANISM": "PLAIN",
-                                "CHUNKSERVE_KAFKA_SASL_USERNAME": user,
-                                "CHUNKSERVE_KAFKA_SASL_PASSWORD": "wrong"})
-    assert rc == 2
-    line = _one_line(out)
-    assert "env CHUNKSERVE_KAFKA_SASL_USERNAME: kafka.sasl_username:" in line
-    assert "refused the SASL" in line and "CHUNKSERVE_KAFKA_SASL_PASSWORD" in line and "wrong" not in line
-
-
-@pytest.fixture(scope="module")
-def sasl_broker(tmp_path_factory):
-    from tests.streams import test_sasl
-
-    yield from test_sasl.sasl_broker.__wrapped__(tmp_path_factory)  # type: ignore[attr-defined]

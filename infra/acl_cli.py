@@ -1,0 +1,67 @@
+"""``chunkserve acls``: print the Kafka ACLs of every role (``streams.kafka_acls``), or apply
+them to the configured cluster as its admin."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import List
+
+import typer
+from rich.console import Console
+
+from schemas.errors import ConfigError
+
+__all__ = ["register"]
+
+console = Console()
+
+
+def _principals(pairs: List[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        role, sep, principal = pair.partition("=")
+        if not sep or not principal:
+            raise typer.BadParameter(f"{pair!r}: write ROLE=PRINCIPAL, e.g. worker=User:gpu-fleet")
+        out[role] = principal if ":" in principal else f"User:{principal}"
+    return out
+
+
+def acls_cmd(
+    print_: bool = typer.Option(False, "--print", help="Print one kafka-acls.sh command per binding."),
+    apply: bool = typer.Option(False, "--apply", help="Create the bindings on the configured cluster "
+                               "(run with the admin's SASL credentials)."),
+    principal: List[str] = typer.Option([], "--principal", help="ROLE=PRINCIPAL: the principal a "
+                                        "role runs as (default User:<role>); repeatable."),
+    role: List[str] = typer.Option([], "--role", help="Only this role (repeatable; default all)."),
+) -> None:
+    """The Kafka ACLs each role needs (producer, dispatch, control, detector, metrics, worker,
+    provisioner, watcher), for the configured topic prefix: printed, or applied."""
+    from streams.config_file import load_with_sources
+    from streams.kafka_acls import apply_acls, bindings, kafka_acls_line
+    from streams.preflight import check
+    from infra.cli import _CONFIG
+
+    if print_ == apply:
+        raise typer.BadParameter("choose one of --print and --apply")
+    try:
+        settings, sources = load_with_sources(_CONFIG["path"], os.environ)
+        wanted = bindings(settings.topic_prefix, _principals(principal), role or None)
+    except KeyError as exc:
+        raise typer.BadParameter(str(exc.args[0]))
+    if print_:
+        for b in wanted:
+            typer.echo(kafka_acls_line(b, settings.kafka.bootstrap or "$BOOTSTRAP"))
+        return
+    if not settings.kafka.bootstrap:
+        raise ConfigError("kafka.bootstrap", "no broker configured: set CHUNKSERVE_KAFKA_BOOTSTRAP")
+    asyncio.run(check(settings, sources, redis=False))
+    n = asyncio.run(apply_acls(settings, wanted))
+    principals = sorted({b.principal for b in wanted})
+    console.print(f"applied {n} ACL bindings for {', '.join(principals)} on {settings.kafka.bootstrap}",
+                  soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``acls`` to ``app``."""
+    app.command("acls")(acls_cmd)

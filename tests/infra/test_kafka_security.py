@@ -1,0 +1,263 @@
+"""Transport security on the real broker: Apache Kafka with clients on SASL_SSL only (SCRAM
+users made at format time, a test CA), the StandardAuthorizer, and the ACLs of
+``streams.kafka_acls`` applied by ``chunkserve acls --apply``. Every role runs as its own
+principal; what the ACLs, the password check and the certificate check refuse is refused by
+the broker and reported in one line. One secured broker serves the whole module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+from aiokafka import TopicPartition
+from typer.testing import CliRunner
+
+from infra.apache_kafka import EmbeddedKafka, KafkaSecurity, java_available
+from infra.cli import app
+from infra.flow import run_flow
+from infra.local import LocalFleet
+from schemas.errors import AccessDeniedError, ConfigError
+from schemas.records import (Assign, CostTick, Generation, PlacementReport, Record, ScaleOut,
+                             SessionOpened, WorkloadSignal)
+from schemas.topics import METRICS, SCALING_COMMANDS, SESSION_EVENTS, topic_of
+from streams.config import KafkaSettings, Settings
+from streams.kafka import RecordConsumer, RecordProducer
+from streams.kafka_acls import ROLES, bindings, current_acls
+from streams.preflight import check
+from streams.topics import ensure_topics
+from tests.tls import make_pki
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not java_available(), reason="Apache Kafka needs Java")]
+
+
+@dataclass(frozen=True)
+class Secured:
+    broker: EmbeddedKafka
+    security: KafkaSecurity
+    other_ca: Path  # a CA that did not sign the broker's certificate
+    redis_url: str
+
+    def settings(self, user: str = "admin", prefix: str = "sec.", **client: object) -> Settings:
+        kafka = KafkaSettings(self.broker.bootstrap, **{**self.security.client(user), **client})
+        return Settings(kafka=kafka, topic_prefix=prefix,
+                        namespace=prefix.strip(".")).with_endpoints(self.broker.bootstrap, self.redis_url)
+
+    def env(self, user: str) -> dict[str, str]:
+        return {"CHUNKSERVE_KAFKA_SASL_USERNAME": user,
+                "CHUNKSERVE_KAFKA_SASL_PASSWORD": self.security.users[user]}
+
+
+def _apply(settings: Settings) -> None:
+    """``chunkserve acls --apply`` for ``settings``' prefix, as the admin (through the CLI)."""
+    k = settings.kafka
+    env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": k.bootstrap, "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+           "CHUNKSERVE_KAFKA_SASL_MECHANISM": k.sasl_mechanism, "CHUNKSERVE_KAFKA_SASL_USERNAME": k.sasl_username,
+           "CHUNKSERVE_KAFKA_SASL_PASSWORD": k.sasl_password, "CHUNKSERVE_KAFKA_SSL_CAFILE": k.ssl_cafile,
+           "CHUNKSERVE_TOPIC_PREFIX": settings.topic_prefix}
+    result = CliRunner().invoke(app, ["acls", "--apply"], env=env)
+    assert result.exit_code == 0, result.output
+    assert f"applied {len(bindings(settings.topic_prefix))} ACL bindings" in result.output
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Secured]:
+    root = tmp_path_factory.mktemp("secured")
+    pki = make_pki(root / "pki")
+    users = {name: secrets.token_hex(12) for name in ("admin", *ROLES)}
+    security = KafkaSecurity(pki.ca, pki.cert, pki.key, users)
+    broker = EmbeddedKafka(root / "kafka", security=security).start()
+    try:
+        s = Secured(broker, security, pki.other_ca, redis_url)
+        asyncio.run(ensure_topics(s.settings()))
+        _apply(s.settings())
+        yield s
+    finally:
+        broker.stop()
+
+
+def test_the_cluster_holds_exactly_the_acl_table(secured: Secured) -> None:
+    admin = secured.settings()
+    wanted = set(bindings("sec."))
+    _apply(admin)  # applied again: nothing added twice
+    assert {b for b in asyncio.run(current_acls(admin)) if b.name.startswith("sec.")} == wanted
+    printed = CliRunner().invoke(app, ["acls", "--print"], env={"CHUNKSERVE_TOPIC_PREFIX": "sec."}).output
+    lines = printed.splitlines()
+    assert len(lines) == len(wanted)
+    assert ("--allow-principal User:worker --operation Read --topic sec.worker-commands "
+            "--resource-pattern-type literal") in printed
+    assert not any("User:worker" in ln and "Write" in ln and "worker-commands" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("mechanism", KafkaSecurity.MECHANISMS)
+def test_each_mechanism_signs_in_and_records_flow_under_the_acls(secured: Secured, mechanism: str) -> None:
+    async def run() -> list[str]:
+        producer_settings = secured.settings("producer", sasl_mechanism=mechanism)
+        reader = secured.settings("detector", sasl_mechanism=mechanism)
+        await check(producer_settings, {}, redis=False)
+        sid = f"s-{mechanism}-{secrets.token_hex(3)}"
+        async with RecordProducer(producer_settings) as producer:
+            meta = await producer.send(SessionOpened(session_id=sid, ts=time.time(), prompt="p"))
+        consumer = RecordConsumer(reader, [SESSION_EVENTS], None, name="t")
+        await consumer.start(subscribe=False)
+        try:
+            tp = TopicPartition(meta.topic, meta.partition)
+            consumer.raw.assign([tp])
+            consumer.raw.seek(tp, meta.offset)
+            got: list[str] = []
+            deadline = time.monotonic() + 15
+            while sid not in got and time.monotonic() < deadline:
+                got += [d.record.session_id for d in await consumer.poll()]  # type: ignore[attr-defined]
+            return got
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(run())[0].startswith(f"s-{mechanism}")
+
+
+def _end_offsets(settings: Settings, logical: str) -> int:
+    async def run() -> int:
+        consumer = RecordConsumer(settings, [logical], None, name="t")
+        await consumer.start(subscribe=False)
+        try:
+            tps = [TopicPartition(consumer.catalogue.name(logical), p) for p in await consumer.partitions(logical)]
+            return sum((await consumer.raw.end_offsets(tps)).values())
+        finally:
+            await consumer.stop()
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("user,record", [
+    ("producer", Assign(worker_id="w-1", session_id="s-1", generation=Generation("w-1", 1), ts=1.0)),
+    ("worker", Assign(worker_id="w-1", session_id="s-1", generation=Generation("w-1", 1), ts=1.0)),
+    ("worker", ScaleOut(pool="default", count=1, gpu_type="cpu", ts=1.0)),
+])
+def test_a_write_outside_the_role_is_refused_by_the_broker(secured: Secured, user: str, record: Record) -> None:
+    logical = topic_of(record)
+    before = _end_offsets(secured.settings(), logical)
+
+    async def run() -> None:
+        async with RecordProducer(secured.settings(user)) as producer:
+            await producer.send(record)
+
+    with pytest.raises(AccessDeniedError) as refused:
+        asyncio.run(run())
+    line = str(refused.value)
+    assert line == (f"the broker refused principal 'User:{user}' write on topic sec.{logical} "
+                    "(TopicAuthorizationFailedError)")
+    assert _end_offsets(secured.settings(), logical) == before  # nothing reached the log
+
+
+def test_a_wrong_password_or_an_untrusted_certificate_is_refused(secured: Secured) -> None:
+    def refusal(settings: Settings) -> str:
+        with pytest.raises(ConfigError) as exc:
+            asyncio.run(check(settings, {}, redis=False, timeout_s=5))
+        return str(exc.value)
+
+    for mechanism in KafkaSecurity.MECHANISMS:
+        said = refusal(secured.settings("worker", sasl_mechanism=mechanism, sasl_password="not-it"))
+        assert f"refused the SASL {mechanism} credentials of 'worker'" in said
+    said = refusal(secured.settings("worker", ssl_cafile=str(secured.other_ca)))
+    assert "kafka.ssl_cafile: TLS with the broker" in said and "does not verify its certificate" in said
+    said = refusal(secured.settings("worker", security_protocol="PLAINTEXT"))  # no TLS, no SASL
+    assert "kafka.bootstrap: no broker answers" in said
+
+    # and from the command line: one line, exit code 2, the principal named
+    env = {**os.environ, **_cli_env(secured), "CHUNKSERVE_KAFKA_SASL_PASSWORD": "not-it"}
+    done = subprocess.run([sys.executable, "-m", "infra", "topics"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    out = [ln for ln in done.stdout.splitlines() if ln.strip()]
+    assert len(out) == 1 and "refused the SASL SCRAM-SHA-512 credentials of 'worker'" in out[0], out
+    assert "env CHUNKSERVE_KAFKA_SASL_USERNAME: kafka.sasl_username:" in out[0]
+    assert "CHUNKSERVE_KAFKA_SASL_PASSWORD" in out[0] and "not-it" not in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def _cli_env(secured: Secured) -> dict[str, str]:
+    k = secured.settings("worker").kafka
+    return {"CHUNKSERVE_KAFKA_BOOTSTRAP": k.bootstrap, "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "CHUNKSERVE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "CHUNKSERVE_KAFKA_SASL_USERNAME": "worker",
+            "CHUNKSERVE_KAFKA_SSL_CAFILE": str(k.ssl_cafile), "CHUNKSERVE_REDIS_URL": secured.redis_url,
+            "CHUNKSERVE_TOPIC_PREFIX": "sec.", "COLUMNS": "400"}
+
+
+def test_end_to_end_with_every_role_as_its_own_principal(secured: Secured, namespace: str,
+                                                         tmp_path: Path) -> None:
+    """Dispatch (faust) and a torch worker serve sessions a producer principal opened, while
+    detector, metrics and control (faust) and the provisioner run beside them, each as its
+    own principal under the table's ACLs; no process is refused anything."""
+    admin = secured.settings(prefix=f"{namespace}.")
+    asyncio.run(ensure_topics(admin))
+    _apply(admin)
+    role_env = {role: secured.env(role) for role in ROLES}
+    others = LocalFleet(admin, tmp_path / "others", role_env=role_env,
+                        extra_env={"CHUNKSERVE_COST_INTERVAL_S": "1", "CHUNKSERVE_CONTROL_PERIOD_S": "1",
+                                   "CHUNKSERVE_MIN_WORKERS": "1", "CHUNKSERVE_MAX_WORKERS": "1"})
+    try:
+        for name in ("detector", "metrics", "control"):
+            others.start_processor(name)
+        others.start_provisioner()
+        summary = asyncio.run(run_flow(admin, tmp_path / "flow", sessions=2, chunks=3, workers=1,
+                                       inputs=2, chunk_interval_s=0.02, timeout_s=90, garbage=2,
+                                       role_env=role_env, client_settings=secured.settings(
+                                           "producer", prefix=f"{namespace}.")))
+        assert summary.problems == [] and summary.sessions == 2
+        assert all(summary.inputs_accepted[s] == [1, 2] for s in summary.chunk_indices)
+        # the garbage on session-events is dead-lettered by each of its three readers, each as itself
+        assert sorted(d.consumer for d in summary.letters) == ["detector", "dispatch", "dispatch", "metrics"]
+        def published(rs: list[Record]) -> set[str]:
+            return ({"detector"} if any(isinstance(r, WorkloadSignal) for r in rs) else set()) | \
+                ({"metrics"} if any(isinstance(r, CostTick) for r in rs) else set()) | \
+                ({"control"} if any(isinstance(r, PlacementReport) and r.source == "control" for r in rs) else set())
+
+        records = asyncio.run(_metrics_until(admin, lambda rs: len(published(rs)) == 3, timeout_s=30))
+        assert published(records) == {"detector", "metrics", "control"}
+        assert all(others.alive().values()), others.alive()
+    finally:
+        others.stop_all()
+    for log in [*(tmp_path / "others").glob("*.log"), *(tmp_path / "flow").glob("*.log")]:
+        text = log.read_text(errors="replace")
+        assert "AuthorizationFailed" not in text and "refused principal" not in text, log.name
+
+
+async def _metrics_until(settings: Settings, done: Callable[[list[Record]], bool],
+                         timeout_s: float) -> list[Record]:
+    consumer = RecordConsumer(settings, [METRICS], None, name="t")
+    await consumer.start(subscribe=False)
+    seen: list[Record] = []
+    try:
+        await consumer.assign(METRICS, await consumer.partitions(METRICS), from_end=False)
+        deadline = time.monotonic() + timeout_s
+        while not done(seen) and time.monotonic() < deadline:
+            seen += [d.record for d in await consumer.poll()]
+        return seen
+    finally:
+        await consumer.stop()
+
+
+def test_a_read_outside_the_role_is_refused_by_the_broker(secured: Secured) -> None:
+    """A worker reading scaling-commands (only control and the provisioner may)."""
+    async def run() -> None:
+        consumer = RecordConsumer(secured.settings("worker"), [SCALING_COMMANDS], None, name="t")
+        await consumer.start(subscribe=False)
+        try:
+            consumer.raw.assign([TopicPartition(f"sec.{SCALING_COMMANDS}", 0)])
+            for _ in range(50):
+                await consumer.poll(timeout_ms=100)
+        finally:
+            await consumer.stop()
+
+    with pytest.raises(AccessDeniedError) as refused:
+        asyncio.run(run())
+    assert str(refused.value) == ("the broker refused principal 'User:worker' read on topic "
+                                  "sec.scaling-commands (TopicAuthorizationFailedError)")
