@@ -32,6 +32,14 @@ def _store(cluster: EmbeddedRedisCluster, namespace: str, acks: int | None = Non
     return GenerationStore.from_settings(settings)
 
 
+async def _first_commit(cluster: EmbeddedRedisCluster, ns: str) -> Generation:
+    store = _store(cluster, ns)
+    await store.register_worker("w1", 4)
+    gen = await store.commit("s", 0, "w1")
+    await store.aclose()
+    return gen
+
+
 def _master_or_none(cluster: EmbeddedRedisCluster, key: str) -> int | None:
     try:
         return cluster.master_of(key)
@@ -75,15 +83,7 @@ def test_the_store_runs_unchanged_on_a_cluster_and_namespaces_spread(cluster: Em
 
 def test_a_committed_generation_survives_its_master_failing(cluster: EmbeddedRedisCluster) -> None:
     ns = "failover"
-
-    async def commit() -> Generation:
-        store = _store(cluster, ns)
-        await store.register_worker("w1", 4)
-        gen = await store.commit("s", 0, "w1")
-        await store.aclose()
-        return gen
-
-    gen = asyncio.run(commit())
+    gen = asyncio.run(_first_commit(cluster, ns))
     master = cluster.master_of(Keys(ns).workers)
     cluster.kill(master)
     killed = time.monotonic()
@@ -113,15 +113,7 @@ def test_without_a_replica_a_fenced_write_is_not_counted_and_without_acks_it_can
     ns = "lossy"
     master = cluster.master_of(Keys(ns).workers)
     (replica,) = cluster.replicas_of(master)
-
-    async def setup() -> Generation:
-        store = _store(cluster, ns)
-        await store.register_worker("w1", 4)
-        gen = await store.commit("s", 0, "w1")
-        await store.aclose()
-        return gen
-
-    first = asyncio.run(setup())
+    first = asyncio.run(_first_commit(cluster, ns))
     cluster.pause(replica)
     cluster.cli(master, "client", "kill", "type", "replica")  # nothing more reaches it
 
