@@ -9,7 +9,7 @@ __all__ = ["COMMANDS", "acl_rules"]
 
 COMMANDS = ("evalsha", "script|load", "ping", "hello",
             "hget", "hset", "hmget", "hdel", "hexists", "hgetall", "hkeys", "hincrby",
-            "sadd", "srem", "sismember", "smembers", "del")
+            "sadd", "srem", "sismember", "smembers", "del", "pexpire")
 
 
 def acl_rules(namespace: str) -> list[str]:

@@ -167,6 +167,7 @@ class Settings:
     max_snapshot_bytes: int = 256 * 1024 * 1024
     max_sessions_per_worker: int = 64
     fetch_wait_ms: int = 100
+    store_retention_s: int = 3600  # a closed session's and a stopped worker's keys in Redis
     command_keys: Any = field(default_factory=lambda: _command_keys(), repr=False)
 
     def __post_init__(self) -> None:
@@ -201,6 +202,8 @@ class Settings:
             raise ConfigError("max_sessions_per_worker", "must be at least 1")
         if not 1 <= self.fetch_wait_ms <= 60_000:
             raise ConfigError("fetch_wait_ms", "must be from 1 to 60000")
+        if self.store_retention_s < 1:
+            raise ConfigError("store_retention_s", "must be at least 1")
 
     def record_limit(self, topic: str) -> int:
         """The most bytes one encoded record of ``topic`` may take."""

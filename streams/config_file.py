@@ -9,7 +9,7 @@ syntax, or the variable)::
     topic_prefix = "chunkserve."   namespace = "cs"
     max_record_bytes = 1048576     max_input_bytes = 65536     max_snapshot_bytes = 268435456
     input_rate_per_s = 50.0        input_burst = 100.0         max_sessions_per_worker = 64
-    fetch_wait_ms = 100
+    fetch_wait_ms = 100            store_retention_s = 3600
     [kafka]  bootstrap, security_protocol, sasl_mechanism, sasl_username,
              ssl_cafile, ssl_certfile, ssl_keyfile, idempotence ("on" / "off")
     [redis]  url, username, ssl_ca_certs, ssl_certfile, ssl_keyfile
@@ -39,7 +39,7 @@ _PER_TOPIC = ("partitions", "record_bytes")  # tables of one positive integer pe
 
 # dotted key -> type of its value
 KEYS: dict[str, type] = {
-    "topic_prefix": str, "namespace": str,
+    "topic_prefix": str, "namespace": str, "store_retention_s": int,
     "max_record_bytes": int, "max_input_bytes": int, "input_rate_per_s": float,
     "input_burst": float, "max_snapshot_bytes": int, "max_sessions_per_worker": int,
     "fetch_wait_ms": int,

@@ -15,6 +15,12 @@ Key layout, all under one hash tag per namespace so each script touches one clus
     {ns}:ws:<worker>    set: sessions holding a slot on the worker
     {ns}:recover        sorted set: sessions owing a recovery, scored by when to look next
 
+Bounded footprint: a closed session's snapshot data goes at the close and its hash expires
+``retention_s`` later (until then it refuses any commit or write as closed; after it the
+session is unknown, so an open of that id starts a new session at epoch 1). A worker declared
+down, not heard from for ``retention_s`` and holding no slot is deregistered by
+``forget_down`` (dispatch's recovery sweep runs it); a deregistered worker leaves no key.
+
 Cluster story: a commit must change a session's generation *and* two workers' slot counts
 atomically, and on Redis Cluster one script reaches one slot. Any (session, worker) pair may
 meet in a commit, so the only sound static layout is one slot for all ownership keys: the
@@ -53,6 +59,7 @@ from .config import Settings
 
 __all__ = [
     "DEFAULT_PART_SIZE",
+    "DEFAULT_RETENTION_S",
     "GenerationStore",
     "SyncGenerationStore",
     "Keys",
@@ -65,6 +72,7 @@ __all__ = [
 
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 DEFAULT_MAX_SNAPSHOT_BYTES = Settings.max_snapshot_bytes
+DEFAULT_RETENTION_S = Settings.store_retention_s
 
 Call = tuple[str, list[str], list[Any]]
 Op = Generator[Call, Any, Any]
@@ -202,9 +210,13 @@ class _Ops:
     """The store's operations as generators of script calls (no I/O here)."""
 
     def __init__(self, namespace: str, part_size: int = DEFAULT_PART_SIZE,
-                 max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
+                 max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+                 retention_s: float = DEFAULT_RETENTION_S) -> None:
         if part_size <= 0:
             raise ConfigError("part_size", f"{part_size}: must be positive")
+        if not retention_s >= 0.001:
+            raise ConfigError("store_retention_s", f"{retention_s}: must be positive")
+        self.retention_s = retention_s
         self.keys = Keys(namespace)
         self.namespace = namespace
         self.part_size = part_size
@@ -229,6 +241,20 @@ class _Ops:
         k = [self.keys.workers, self.keys.slots(_worker(worker_id))]
         reply = _check((yield "deregister_worker", k, [worker_id, "1" if force else "0"]))
         return sorted(_s(x) for x in reply[1:])
+
+    def forget_down(self, now: float) -> Op:
+        """Deregister the workers declared down ``retention_s`` before ``now`` or earlier and
+        holding no slot; returns their ids."""
+        flat = _pairs((yield "load_view", [self.keys.workers], []))
+        cutoff = float(now) - self.retention_s
+        gone = []
+        for field, since in sorted(flat.items()):
+            w = field[2:]
+            if field.startswith("x:") and float(_s(since)) <= cutoff:
+                reply = _check((yield "forget_worker", [self.keys.workers, self.keys.slots(w)], [w, repr(cutoff)]))
+                if _s(reply[1]) == "1":
+                    gone.append(w)
+        return gone
 
     def load_view(self) -> Op:
         flat = _pairs((yield "load_view", [self.keys.workers], []))
@@ -324,7 +350,8 @@ class _Ops:
     def release(self, session_id: str, gen: Generation, close: bool = False) -> Op:
         k = [self.keys.session(session_id), self.keys.workers, self.keys.slots(gen.worker_id),
              self.keys.snapdata(session_id)]
-        _check((yield "release", k, [session_id, gen.worker_id, int(gen.epoch), "1" if close else "0"]))
+        retention_ms = max(1, round(self.retention_s * 1000))
+        _check((yield "release", k, [session_id, gen.worker_id, int(gen.epoch), "1" if close else "0", retention_ms]))
 
     def write_progress(self, session_id: str, gen: Generation, chunk_index: int | None = None,
                        input_seq: int | None = None) -> Op:
@@ -609,8 +636,9 @@ class GenerationStore:
     """
 
     def __init__(self, client: Any, namespace: str, *, part_size: int = DEFAULT_PART_SIZE,
-                 backend: Any = None, max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
-        self._ops = _Ops(namespace, part_size, max_snapshot_bytes)
+                 backend: Any = None, max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+                 retention_s: float = DEFAULT_RETENTION_S) -> None:
+        self._ops = _Ops(namespace, part_size, max_snapshot_bytes, retention_s)
         self._backend = backend if backend is not None else _AsyncBackend(client)
         self.client = client
 
@@ -622,18 +650,30 @@ class GenerationStore:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "GenerationStore":
-        """The store of a deployment: its Redis (auth and TLS included), namespace and bounds."""
-        return cls(settings.redis.async_client(), settings.namespace,
-                   max_snapshot_bytes=settings.max_snapshot_bytes)
+        """The store of a deployment: its Redis (auth and TLS included), namespace and bounds;
+        on a Redis Cluster (``redis.cluster``) the namespace's slot master, fenced writes
+        acknowledged by ``redis.replica_acks`` replicas."""
+        r = settings.redis
+        if r.cluster == "on":
+            backend = _ClusterSlotBackend(r.url, Keys(settings.namespace).workers, r.acks,
+                                          r.replica_ack_timeout_ms, r.client_kwargs())
+            return cls(None, settings.namespace, backend=backend, max_snapshot_bytes=settings.max_snapshot_bytes,
+                       retention_s=settings.store_retention_s)
+        return cls(r.async_client(), settings.namespace, max_snapshot_bytes=settings.max_snapshot_bytes,
+                   retention_s=settings.store_retention_s)
 
     @property
     def keys(self) -> Keys:
         return self._ops.keys
 
     def for_namespace(self, namespace: str) -> "GenerationStore":
-        """A store on another namespace sharing this one's client and loaded scripts."""
-        return GenerationStore(self.client, namespace, part_size=self._ops.part_size, backend=self._backend,
-                               max_snapshot_bytes=self._ops.max_snapshot_bytes)
+        """A store on another namespace sharing this one's client and loaded scripts (on a
+        cluster: the same seeds and settings, that namespace's slot)."""
+        backend = self._backend
+        if isinstance(backend, _ClusterSlotBackend):
+            backend = backend.for_key(Keys(namespace).workers)
+        return GenerationStore(self.client, namespace, part_size=self._ops.part_size, backend=backend,
+                               max_snapshot_bytes=self._ops.max_snapshot_bytes, retention_s=self._ops.retention_s)
 
     async def aclose(self) -> None:
         if self.client is not None:
@@ -679,6 +719,11 @@ class GenerationStore:
     async def deregister_worker(self, worker_id: str, force: bool = False) -> list[str]:
         """Remove a worker; only when it holds no slot unless ``force``. Returns dropped sessions."""
         return await _drive_async(self._backend, self._ops.deregister_worker(worker_id, force))
+
+    async def forget_down(self, now: float) -> list[str]:
+        """Deregister the workers declared down at least ``retention_s`` before ``now`` that
+        hold no slot (a sign of life since clears the mark); returns their ids."""
+        return await _drive_async(self._backend, self._ops.forget_down(now))
 
     async def load_view(self) -> dict[str, WorkerLoad]:
         """``{worker_id: (used, capacity, draining)}``, for ranking candidates (advisory)."""
@@ -748,8 +793,9 @@ class SyncGenerationStore:
     """The same store, blocking, on a sync ``redis.Redis`` client (CLIs, tests, studies)."""
 
     def __init__(self, client: Any, namespace: str, *, part_size: int = DEFAULT_PART_SIZE,
-                 backend: Any = None, max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
-        self._ops = _Ops(namespace, part_size, max_snapshot_bytes)
+                 backend: Any = None, max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+                 retention_s: float = DEFAULT_RETENTION_S) -> None:
+        self._ops = _Ops(namespace, part_size, max_snapshot_bytes, retention_s)
         self._backend = backend if backend is not None else _SyncBackend(client)
         self.client = client
 
@@ -766,7 +812,8 @@ class SyncGenerationStore:
     def for_namespace(self, namespace: str) -> "SyncGenerationStore":
         """A store on another namespace sharing this one's client and loaded scripts."""
         return SyncGenerationStore(self.client, namespace, part_size=self._ops.part_size,
-                                   backend=self._backend, max_snapshot_bytes=self._ops.max_snapshot_bytes)
+                                   backend=self._backend, max_snapshot_bytes=self._ops.max_snapshot_bytes,
+                                   retention_s=self._ops.retention_s)
 
     def close(self) -> None:
         if self.client is not None:
@@ -780,6 +827,15 @@ class SyncGenerationStore:
 
     def deregister_worker(self, worker_id: str, force: bool = False) -> list[str]:
         return _drive_sync(self._backend, self._ops.deregister_worker(worker_id, force))
+
+    def set_down(self, worker_id: str, ts: float) -> bool:
+        return _drive_sync(self._backend, self._ops.set_down(worker_id, ts))
+
+    def set_up(self, worker_id: str, ts: float) -> bool:
+        return _drive_sync(self._backend, self._ops.set_up(worker_id, ts))
+
+    def forget_down(self, now: float) -> list[str]:
+        return _drive_sync(self._backend, self._ops.forget_down(now))
 
     def load_view(self) -> dict[str, WorkerLoad]:
         return _drive_sync(self._backend, self._ops.load_view())

@@ -4,13 +4,15 @@
 keyspace (hashes and sets, values as str/bytes like Redis keeps them), and the stores below run
 the very same operations (``generations._Ops``) against it, so answers match the Redis store's
 (tests/streams/test_generations_equivalence.py holds them to it). One process, no I/O.
+Expiry is recorded, not timed: ``ttl`` holds the milliseconds a script set on a key (as
+PEXPIRE would), and the key stays until ``expire`` is called for it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from streams.generations import DEFAULT_PART_SIZE, GenerationStore, SyncGenerationStore
+from streams.generations import DEFAULT_PART_SIZE, DEFAULT_RETENTION_S, GenerationStore, SyncGenerationStore
 
 __all__ = ["MemoryScripts", "MemoryGenerationStore", "SyncMemoryGenerationStore"]
 
@@ -26,14 +28,24 @@ class MemoryScripts:
 
     def __init__(self) -> None:
         self.data: dict[str, Any] = {}
+        self.ttl: dict[str, int] = {}  # key -> the expiry set on it (ms), as PEXPIRE
         self.calls = 0
+
+    def expire(self, key: str) -> None:
+        """The time set on ``key`` has passed: it goes, as Redis expires it."""
+        if key in self.ttl:
+            self._del(key)
 
     def call(self, name: str, keys: list[str], args: list[Any]) -> Reply:
         self.calls += 1
         script: Callable[[list[str], list[Any]], Reply] = getattr(self, "_" + name)
         return script(keys, [_arg(a) for a in args])
 
-    # -- data structure helpers (Redis semantics: empty containers vanish) --
+    # -- data structure helpers (Redis semantics: empty containers vanish, with their expiry) --
+
+    def _del(self, key: str) -> None:
+        self.data.pop(key, None)
+        self.ttl.pop(key, None)
 
     def _h(self, key: str) -> dict[str, Any]:
         return self.data.get(key) or {}
@@ -47,7 +59,7 @@ class MemoryScripts:
             for f in fields:
                 h.pop(f, None)
             if not h:
-                del self.data[key]
+                self._del(key)
 
     def _hincr(self, key: str, field: str, by: int) -> None:
         h = self.data.setdefault(key, {})
@@ -59,7 +71,7 @@ class MemoryScripts:
             return False
         s.discard(member)
         if not s:
-            del self.data[key]
+            self._del(key)
         return True
 
     def _sismember(self, key: str, member: str) -> bool:
@@ -107,9 +119,17 @@ class MemoryScripts:
         held = sorted(self.data.get(k[1]) or ())
         if held and a[1] != "1":
             return ["err", "no_capacity", w, f"deregister refused: {len(held)} sessions hold slots (drain or force)"]
-        self.data.pop(k[1], None)
+        self._del(k[1])
         self._hdel(k[0], "c:" + w, "d:" + w, "u:" + w, "x:" + w)
         return ["ok", *held]
+
+    def _forget_worker(self, k: list[str], a: list[Any]) -> Reply:
+        w = a[0]
+        since = self._h(k[0]).get("x:" + w)
+        if since is None or float(since) > float(a[1]) or self.data.get(k[1]):
+            return ["ok", "0"]
+        self._hdel(k[0], "c:" + w, "d:" + w, "u:" + w, "x:" + w)
+        return ["ok", "1"]
 
     def _set_down(self, k: list[str], a: list[Any]) -> Reply:
         h = self._h(k[0])
@@ -147,7 +167,7 @@ class MemoryScripts:
             if a[1] == "":
                 del queue[a[0]]
                 if not queue:
-                    del self.data[k[0]]
+                    self._del(k[0])
             else:
                 queue[a[0]] = float(a[1])
         return ["ok"]
@@ -241,7 +261,8 @@ class MemoryScripts:
         if close:
             self._hset(k[0], st="closed")
             self._hdel(k[0], "sn_id", "sn_n", "sn_size", "sn_sha", "sn_e", "sn_ci", "sn_sq")
-            self.data.pop(k[3], None)
+            self._del(k[3])
+            self.ttl[k[0]] = int(a[4])
         else:
             self._hset(k[0], st="suspended")
         return ["ok"]
@@ -298,15 +319,16 @@ class MemoryGenerationStore(GenerationStore):
     """``GenerationStore``'s async API over ``MemoryScripts`` (never suspends)."""
 
     def __init__(self, namespace: str = "mem", *, part_size: int = DEFAULT_PART_SIZE,
-                 scripts: MemoryScripts | None = None) -> None:
+                 scripts: MemoryScripts | None = None, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self.scripts = scripts if scripts is not None else MemoryScripts()
-        super().__init__(None, namespace, part_size=part_size, backend=_AsyncScripts(self.scripts))
+        super().__init__(None, namespace, part_size=part_size, backend=_AsyncScripts(self.scripts),
+                         retention_s=retention_s)
 
 
 class SyncMemoryGenerationStore(SyncGenerationStore):
     """``SyncGenerationStore``'s API over ``MemoryScripts``: the fast path for simulations."""
 
     def __init__(self, namespace: str = "mem", *, part_size: int = DEFAULT_PART_SIZE,
-                 scripts: MemoryScripts | None = None) -> None:
+                 scripts: MemoryScripts | None = None, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self.scripts = scripts if scripts is not None else MemoryScripts()
-        super().__init__(None, namespace, part_size=part_size, backend=self.scripts)
+        super().__init__(None, namespace, part_size=part_size, backend=self.scripts, retention_s=retention_s)

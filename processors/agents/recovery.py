@@ -25,6 +25,9 @@ __all__ = ["Recovery"]
 
 log = logging.getLogger(__name__)
 
+# how often a replica deregisters the workers down for longer than the store's retention
+FORGET_EVERY_S = 60.0
+
 
 class Recovery:
     """The recovery side of one dispatch replica (``DispatchShell.recovery``)."""
@@ -32,6 +35,7 @@ class Recovery:
     def __init__(self, shell: "DispatchShell") -> None:
         self.shell = shell
         self.queued = 0  # sessions owing a recovery (or its claim) at the last sweep
+        self._forgot_at = -1e18
 
     async def worker_down(self, worker: str, ts: float) -> int:
         """A worker was declared dead (or stopped): mark it down and queue every session it
@@ -54,8 +58,14 @@ class Recovery:
     async def sweep(self, limit: int = 64) -> Counter[str]:
         """One pass over the recovery queue, run periodically by every replica: queue the
         sessions still on workers marked down, then take each due entry one step, earliest
-        first. A session that finds no free slot waits, and every later one with it."""
+        first. A session that finds no free slot waits, and every later one with it. Once a
+        minute it also deregisters the workers down for longer than the store's retention."""
         now = self.shell.clock()
+        if now - self._forgot_at >= FORGET_EVERY_S:
+            self._forgot_at = now
+            gone = await self.shell.store.forget_down(now)
+            if gone:
+                log.info("%s: forgot %s (down longer than the retention)", self.shell.name, ", ".join(gone))
         view = await self.shell.load_view(force=True)
         for worker, load in view.items():
             if load.down and load.used:

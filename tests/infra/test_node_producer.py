@@ -98,7 +98,8 @@ def test_node_producer_written_from_the_contract(kafka_bootstrap, redis_url, nam
         reasons = [r.reason for r in records if isinstance(r, Released) and r.session_id == sid]
         assert reasons[-1] == "closed" and "suspended" in reasons, (sid, reasons)
         assert len({r.generation for r in records if isinstance(r, Claimed) and r.session_id == sid}) >= 2
-        assert store.session(sid).state == "closed"
+        assert store.session(sid).state == "closed"  # and kept only for the retention
+        assert 0 < store.client.pttl(store.keys.session(sid)) <= settings.store_retention_s * 1000
     assert not [r for r in records if isinstance(r, DeadLetter)]  # every record decoded and taken
     store.client.close()
 

@@ -42,8 +42,9 @@ class Clock:
         return self.now
 
 
-async def _fleet(workers: dict[str, int], sessions: list[str]) -> tuple[MemoryGenerationStore, DispatchShell, Sent, Clock]:
-    store, sent, clock = MemoryGenerationStore("t"), Sent(), Clock()
+async def _fleet(workers: dict[str, int], sessions: list[str],
+                 retention_s: float = 3600) -> tuple[MemoryGenerationStore, DispatchShell, Sent, Clock]:
+    store, sent, clock = MemoryGenerationStore("t", retention_s=retention_s), Sent(), Clock()
     for w, cap in workers.items():
         await store.register_worker(w, cap)
     shell = DispatchShell(store, sent, clock=clock, view_ttl_s=0.0, admission_timeout_s=0.0,
@@ -248,3 +249,30 @@ def test_sessions_of_a_dead_worker_count_as_unplaced_demand() -> None:
     snap = to_snapshot(view, 5.5, heartbeat_timeout_s=10.0)
     assert [g.id for g in snap.gpus] == ["w2"]
     assert [(s.id, s.gpu_id) for s in snap.sessions] == [("a", None)]
+
+
+def test_a_worker_down_past_the_store_retention_is_forgotten_by_the_sweep() -> None:
+    """A dead worker's entry stays while it may come back, and goes once it has been down for
+    the retention with no slot left (its sessions recovered): the store does not grow with
+    every worker that ever died."""
+
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 2, "w2": 4}, ["a", "b", "c"], retention_s=600)
+        await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats"))
+        n = len(sent.records)
+        await shell.sweep()
+        await _claim_assigned(store, sent, n)
+        assert (await store.load_view())["w1"].down  # down for 0 s: kept
+        clock.now += 599
+        await shell.sweep()
+        assert "w1" in await store.load_view()  # not yet the retention
+        clock.now += 1
+        await shell.sweep()
+        assert "w1" in await store.load_view()  # looked at once a minute, not every sweep
+        clock.now += 59
+        await shell.sweep()
+        assert set(await store.load_view()) == {"w2"}
+        assert [await _owner(store, s) for s in "abc"] == ["w2"] * 3
+        assert not [k for k in store.scripts.data if k.endswith(":ws:w1")]
+
+    asyncio.run(run())

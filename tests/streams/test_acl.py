@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -28,8 +29,11 @@ def test_acl_user_runs_the_store_and_nothing_else(redis_url, namespace):
         assert store.release_chunks([("s1", gen, 0)]) == [(True, "ok")]
         store.put_snapshot("s1", gen, b"state" * 100, chunk_index=0, input_seq=0)
         assert store.read_snapshot("s1")[1] == b"state" * 100
-        store.release("s1", gen, close=True)
+        store.release("s1", gen, close=True)  # and its hash expires (PEXPIRE)
         assert store.current("s1") is None and gen == Generation("w1", 1)
+        store.register_worker("w2", 1)
+        store.set_down("w2", 1.0)
+        assert store.forget_down(time.time()) == ["w2"] and "w2" not in store.load_view()
         with pytest.raises(redis.exceptions.NoPermissionError):
             limited.flushall()
         with pytest.raises(redis.exceptions.NoPermissionError):

@@ -47,6 +47,7 @@ OPS = st.one_of(
     st.tuples(st.just("recovery_due"), st.sampled_from([0.5, 2.5, 9.0]), st.integers(1, 3)),
     st.tuples(st.just("recovery_mark"), S, st.none() | st.sampled_from([3.0, 5.0])),
     st.tuples(st.just("request_close"), S),
+    st.tuples(st.just("forget_down"), st.sampled_from([30.0, 52.5, 100.0])),  # retention 50 s
 )
 
 
@@ -83,8 +84,8 @@ async def _answer(store: GenerationStore, op: tuple[Any, ...]) -> Any:
 def test_memory_twin_answers_like_redis(redis_url: str, caps: tuple[int, int], ops: list[tuple[Any, ...]]) -> None:
     ns = f"q{uuid.uuid4().hex[:10]}"
     loop = asyncio.new_event_loop()
-    real = GenerationStore.from_url(redis_url, ns, part_size=7)
-    twin = MemoryGenerationStore(ns, part_size=7)
+    real = GenerationStore.from_url(redis_url, ns, part_size=7, retention_s=50)
+    twin = MemoryGenerationStore(ns, part_size=7, retention_s=50)
     try:
         prelude = [("register_worker", "w1", caps[0]), ("register_worker", "w2", caps[1])]
         for i, op in enumerate(prelude + ops):
@@ -92,6 +93,13 @@ def test_memory_twin_answers_like_redis(redis_url: str, caps: tuple[int, int], o
             want = loop.run_until_complete(_answer(real, op))
             got = loop.run_until_complete(_answer(twin, op))
             assert got == want, f"step {i}: {op}"
+        # the same keys, and an expiry on exactly the keys Redis has one on (closed sessions)
+        client = redis.Redis.from_url(redis_url)
+        keys = {k.decode(): client.pttl(k) for k in client.scan_iter(match=f"{{{ns}}}:*")}
+        client.close()
+        assert set(keys) == set(twin.scripts.data)
+        assert {k for k, ms in keys.items() if ms >= 0} == set(twin.scripts.ttl)
+        assert all(twin.scripts.ttl[k] - 60_000 < keys[k] <= twin.scripts.ttl[k] == 50_000 for k in twin.scripts.ttl)
     finally:
         loop.run_until_complete(real.aclose())
         loop.close()
