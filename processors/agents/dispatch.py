@@ -53,10 +53,9 @@ class DispatchShell:
                  max_in_flight: int = 1024, report_every_s: float = 0.1,
                  max_input_bytes: int = 64 * 1024, input_rate: float = 50.0,
                  input_burst: float = 100.0,
-                 read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None = None) -> None:
-        self.store = store
-        self.publisher = publisher
-        self.clock = clock
+                 read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None = None,
+                 inputs_topic: str = SESSION_INPUTS) -> None:
+        self.store, self.publisher, self.clock = store, publisher, clock
         self.view_ttl_s = view_ttl_s
         self.admission_timeout_s = admission_timeout_s
         self.owner_wait_s = owner_wait_s
@@ -65,11 +64,11 @@ class DispatchShell:
         self._view_at = -1e18
         self._chains: dict[str, asyncio.Task[Any]] = {}
         self.gate = InputGate(max_input_bytes, input_rate, input_burst)
-        self.reported_at = -1e18
+        self._reported_at = -1e18
         self.report_every_s = report_every_s
         self._slots = asyncio.Semaphore(max_in_flight)
-        # the session's inputs after a seq, read back from ``session-inputs`` (LoggedInput)
-        self.read_inputs = read_inputs
+        # the session's inputs after a seq, read back from the log (LoggedInput); the topic's full name
+        self.read_inputs, self.inputs_topic = read_inputs, inputs_topic
         self.recovery = Recovery(self)
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]]) -> None:
@@ -177,7 +176,7 @@ class DispatchShell:
                                  kind=kind if kind in ("text", "prompt", "control") else "text",  # type: ignore[arg-type]
                                  payload=payload, ts=ts))
         await self.publisher.send(dead_letter_record(
-            SESSION_INPUTS, partition, offset, raw, sid.encode(), why[:1000], self.name))
+            self.inputs_topic, partition, offset, raw, sid.encode(), why[:1000], self.name))
 
     def invalidate_view(self) -> None:  # recovery: processors/agents/recovery.py
         self._view_at = -1e18
@@ -249,9 +248,9 @@ class DispatchShell:
             w = view[worker]
             view[worker] = WorkerLoad(w.used + 1, w.capacity, w.draining, w.down)
         now = time.monotonic()
-        if now - self.reported_at < self.report_every_s:
+        if now - self._reported_at < self.report_every_s:
             return
-        self.reported_at = now
+        self._reported_at = now
         await self.publisher.send(PlacementReport(
             ts=self.clock(), workers=len(view), sessions=sum(w.used for w in view.values()),
             source=self.name, loads={k: v.used for k, v in sorted(view.items())[:256]}))
@@ -318,7 +317,8 @@ def build_app(settings: Any) -> Any:
 
             state["shell"] = DispatchShell(store, publisher, max_input_bytes=settings.max_input_bytes,
                                            input_rate=settings.input_rate_per_s,
-                                           input_burst=settings.input_burst, read_inputs=read_inputs)
+                                           input_burst=settings.input_burst, read_inputs=read_inputs,
+                                           inputs_topic=catalogue.name(SESSION_INPUTS))
         return state["shell"]
 
     @app.agent(publisher.topic(SESSION_EVENTS), name="dispatch-session-events")
