@@ -602,6 +602,10 @@ def bench_control_plane(
     rate: float = typer.Option(500.0, min=1.0, help="Opens (and pushes) published per second."),
     dispatch_replicas: int = typer.Option(1, min=1, help="Dispatch replicas."),
     timeout: float = typer.Option(120.0, min=1.0, help="Give up waiting after this many seconds."),
+    redis_cluster: bool = typer.Option(False, "--redis-cluster", help="Run the store on an embedded "
+                                       "Redis Cluster (3 masters, a replica each)."),
+    replica_acks: Optional[int] = typer.Option(None, min=0, max=16, help="Replicas a fenced write waits "
+                                               "for on the cluster (default 1)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
 ) -> None:
@@ -610,7 +614,8 @@ def bench_control_plane(
 
     result = run(_settings(require_endpoints=False), sessions, workers=workers,
                  inputs_per_session=inputs, log_dir=log_dir, rate=rate,
-                 dispatch_replicas=dispatch_replicas, timeout_s=timeout)
+                 dispatch_replicas=dispatch_replicas, timeout_s=timeout,
+                 redis_cluster=redis_cluster, replica_acks=replica_acks)
     _write_json(result, json_out)
 
 

@@ -68,9 +68,15 @@ def percentiles(values_ms: list[float]) -> dict[str, float]:
 
 def run(settings: Settings, sessions: int, workers: int = 4, inputs_per_session: int = 1,
         log_dir: Path | None = None, rate: float = 500.0, dispatch_replicas: int = 1,
-        timeout_s: float = 120.0) -> dict[str, Any]:
-    """Run the benchmark; without endpoints in ``settings`` it starts embedded ones."""
+        timeout_s: float = 120.0, redis_cluster: bool = False,
+        replica_acks: int | None = None) -> dict[str, Any]:
+    """Run the benchmark; without endpoints in ``settings`` it starts embedded ones
+    (``redis_cluster``: an embedded Redis Cluster, fenced writes acknowledged by
+    ``replica_acks`` replicas, default one)."""
+    from dataclasses import replace
+
     from ..embedded import infrastructure
+    from ..redis_cluster import EmbeddedRedisCluster
 
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-bench-"))
     run_id = uuid.uuid4().hex[:6]
@@ -83,10 +89,17 @@ def run(settings: Settings, sessions: int, workers: int = 4, inputs_per_session:
                 broker = infra.describe()
                 settings = infra.settings(settings)
             settings = settings.with_endpoints(settings.kafka.bootstrap, settings.redis.url or infra.redis_url)
+        redis: dict[str, Any] = {"kind": "single", "replica_acks": settings.redis.acks}
+        if redis_cluster:
+            cluster = stack.enter_context(EmbeddedRedisCluster(logs / "redis-cluster"))
+            settings = replace(settings, redis=replace(settings.redis, url=cluster.url, cluster="on",
+                                                       replica_acks=replica_acks))
+            redis = {"kind": "cluster", "masters": cluster.masters, "replicas_each": cluster.replicas,
+                     "replica_acks": settings.redis.acks}
         settings = settings.isolated(f"cp-{run_id}")
         result = asyncio.run(_bench(settings, logs, sessions, workers, inputs_per_session, rate,
                                     dispatch_replicas, timeout_s))
-        return {"broker": broker, **result}
+        return {"broker": broker, "redis": redis, **result}
 
 
 class _Tracker:
