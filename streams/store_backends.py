@@ -1,0 +1,246 @@
+"""How the generation store reaches Redis: its Lua scripts loaded once and called by SHA on
+one server (async or blocking), or on the namespace's slot master of a Redis Cluster with
+replica-acknowledged fenced writes; and the drivers that run the store's sans-IO operations
+(``generations._Ops``) against a backend."""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from typing import Any, Generator
+
+from schemas.errors import ConfigError, InfraError
+
+__all__ = ["SCRIPTS", "FENCED_WRITES", "RETRY_WAITS_S"]
+
+Call = tuple[str, list[str], list[Any]]
+Op = Generator[Call, Any, Any]
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _load_scripts() -> dict[str, str]:
+    folder = resources.files("streams") / "lua"
+    fence = (folder / "_fence.lua").read_text()
+    out = {}
+    for entry in folder.iterdir():
+        name = entry.name
+        if name.endswith(".lua") and not name.startswith("_"):
+            body = entry.read_text()
+            out[name[:-4]] = (fence + body) if "fence(" in body else body
+    return out
+
+
+SCRIPTS: dict[str, str] = _load_scripts()
+
+
+def _redis_errors() -> tuple[type[BaseException], ...]:
+    import redis.exceptions as rex
+
+    return rex.ConnectionError, rex.TimeoutError
+
+
+class _RedisScripts:
+    """EVALSHA with one SCRIPT LOAD per script per client, reloading on NOSCRIPT."""
+
+    def __init__(self, client: Any, sources: dict[str, str] | None = None) -> None:
+        pool = getattr(client, "connection_pool", None)
+        if pool is not None and pool.connection_kwargs.get("decode_responses"):
+            raise ConfigError("decode_responses", "the generation store needs decode_responses=False")
+        self.client = client
+        self.sources = sources or SCRIPTS
+        self.shas = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self.sources.items()}
+        self.loaded: set[str] = set()
+
+
+# waits before each retry of a script call that timed out or lost its connection (a process
+# resumed after a pause finds its in-flight call timed out); every script is safe to repeat:
+# each is a fenced check-and-set that answers a repeat with a refusal or the same result
+RETRY_WAITS_S = (0.2, 0.5)
+
+
+class _AsyncBackend(_RedisScripts):
+    async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        import asyncio
+
+        for wait in RETRY_WAITS_S:
+            try:
+                return await self._call(name, keys, args)
+            except _redis_errors():
+                await asyncio.sleep(wait)
+        try:
+            return await self._call(name, keys, args)
+        except _redis_errors() as exc:
+            raise InfraError(f"generation store: Redis unreachable: {exc}") from exc
+
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        from redis.exceptions import NoScriptError
+
+        if name not in self.loaded:
+            await self.client.script_load(self.sources[name])
+            self.loaded.add(name)
+        try:
+            return await self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+        except NoScriptError:
+            await self.client.script_load(self.sources[name])
+            return await self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+
+
+# scripts that confer or exercise authority: on a replicated store each counts only once a
+# replica holds it, so a promoted replica never runs behind an authority someone acted on
+FENCED_WRITES = frozenset({"commit", "claim", "release_chunks", "progress", "snap_commit", "release",
+                           "request_close", "set_down", "strand"})
+
+
+class _ClusterSlotBackend:
+    """Script calls on a Redis Cluster: every key of a namespace lives in one slot, so the
+    store talks to that slot's master alone, found from ``CLUSTER SLOTS`` and found again
+    when it fails over. A fenced write and its ``WAIT`` go down one connection (a pipeline):
+    WAIT counts the replicas that hold this connection's writes."""
+
+    def __init__(self, seed_url: str, namespace_key: str, acks: int, ack_timeout_ms: int,
+                 client_kwargs: dict[str, Any], sources: dict[str, str] | None = None,
+                 failover_s: float = 30.0) -> None:
+        from urllib.parse import urlsplit
+
+        from redis.crc import key_slot
+
+        seed = urlsplit(seed_url)
+        self._seeds = [(seed.hostname or "127.0.0.1", seed.port or 6379)]
+        self._slot = key_slot(namespace_key.encode())
+        self.acks, self.ack_timeout_ms, self.failover_s = acks, ack_timeout_ms, failover_s
+        self._kwargs = client_kwargs
+        self.sources = sources or SCRIPTS
+        self.shas = {n: hashlib.sha1(src.encode()).hexdigest() for n, src in self.sources.items()}
+        self._master: Any = None
+        self._replicas_at, self._replica_count = -1e18, 0
+        self.client = None  # nothing for the store to close but the master's client
+
+    def for_key(self, namespace_key: str) -> "_ClusterSlotBackend":
+        host, port = self._seeds[0]
+        return _ClusterSlotBackend(f"redis://{host}:{port}", namespace_key, self.acks, self.ack_timeout_ms,
+                                   self._kwargs, self.sources, self.failover_s)
+
+    async def _find_master(self) -> Any:
+        import redis.asyncio
+
+        for host, port in list(self._seeds):
+            probe = redis.asyncio.Redis(host=host, port=port, socket_timeout=1.0, **self._kwargs)
+            try:
+                slots = await probe.execute_command("CLUSTER", "SLOTS")
+            except _redis_errors():
+                continue
+            finally:
+                await probe.aclose()
+            for start, end, primary, *replicas in slots:
+                nodes = [primary, *replicas]
+                self._seeds += [(_s(n[0]), int(n[1])) for n in nodes if (_s(n[0]), int(n[1])) not in self._seeds]
+                if int(start) <= self._slot <= int(end):
+                    return redis.asyncio.Redis(host=_s(primary[0]), port=int(primary[1]), **self._kwargs)
+        return None
+
+    async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        import asyncio
+
+        from redis.exceptions import ConnectionError as ConnectionError_
+        from redis.exceptions import NoScriptError, ResponseError
+
+        deadline = asyncio.get_running_loop().time() + self.failover_s
+        while True:
+            try:
+                if self._master is None:
+                    self._master = await self._find_master()
+                    if self._master is None:
+                        raise ConnectionError_("no Redis Cluster node answers")
+                return await self._run(self._master, name, keys, args)
+            except NoScriptError:
+                await self._master.script_load(self.sources[name])  # a promoted replica's cache
+            except (ResponseError, *_redis_errors()) as exc:
+                if isinstance(exc, ResponseError) and not str(exc).startswith(("MOVED", "CLUSTERDOWN", "READONLY", "TRYAGAIN")):
+                    raise
+                if asyncio.get_running_loop().time() > deadline:
+                    raise InfraError(f"generation store: the namespace's Redis master is unreachable: {exc}") from exc
+                await self._drop_master()
+                await asyncio.sleep(0.2)
+
+    async def _drop_master(self) -> None:
+        self._replicas_at = -1e18
+        if self._master is not None:
+            await self._master.aclose()
+            self._master = None
+
+    async def _replicas(self, master: Any) -> int:
+        """Replicas of this master: the ones the cluster assigns to it and has not marked
+        failed (``CLUSTER NODES``), or the ones attached now (``ROLE``) when more; read at
+        most once a second. Only they can be promoted past a write; a master left without
+        any (its replica was promoted) writes without waiting. A replica cut off from its
+        stream but not yet failed still counts: writes wait for it, and are refused until it
+        is back or failed."""
+        import time
+
+        if time.monotonic() - self._replicas_at > 1.0:
+            lines = [ln.split() for ln in _s(await master.execute_command("CLUSTER", "NODES")).splitlines()]
+            me = next((p[0] for p in lines if len(p) > 2 and "myself" in p[2]), "")
+            assigned = sum(1 for p in lines if len(p) > 3 and "slave" in p[2] and p[3] == me and "fail" not in p[2])
+            role = await master.execute_command("ROLE")  # attached now (the cluster's view may lag)
+            attached = len(role[2]) if _s(role[0]) == "master" else 0
+            self._replica_count = max(assigned, attached)
+            self._replicas_at = time.monotonic()
+        return self._replica_count
+
+    async def _run(self, master: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+        need = min(self.acks, await self._replicas(master)) if name in FENCED_WRITES and self.acks else 0
+        if need == 0:
+            return await master.evalsha(self.shas[name], len(keys), *keys, *args)
+        pipe = master.pipeline(transaction=False)
+        pipe.evalsha(self.shas[name], len(keys), *keys, *args)
+        pipe.execute_command("WAIT", need, self.ack_timeout_ms)
+        reply, held = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, Exception):
+            raise reply
+        if int(held) < need:
+            raise InfraError(f"generation store: {name} reached {held} of {need} replicas within "
+                             f"{self.ack_timeout_ms} ms (redis.replica_acks); not counted as done")
+        return reply
+
+    async def aclose(self) -> None:
+        await self._drop_master()
+
+
+class _SyncBackend(_RedisScripts):
+    def call(self, name: str, keys: list[str], args: list[Any]) -> Any:  # type: ignore[override]
+        from redis.exceptions import NoScriptError
+
+        try:
+            if name not in self.loaded:
+                self.client.script_load(self.sources[name])
+                self.loaded.add(name)
+            try:
+                return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+            except NoScriptError:
+                self.client.script_load(self.sources[name])
+                return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+        except _redis_errors() as exc:
+            raise InfraError(f"generation store: Redis unreachable: {exc}") from exc
+
+
+def _drive_sync(backend: Any, op: Op) -> Any:
+    reply = None
+    try:
+        while True:
+            script, keys, argv = op.send(reply)
+            reply = backend.call(script, keys, argv)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def _drive_async(backend: Any, op: Op) -> Any:
+    reply = None
+    try:
+        while True:
+            script, keys, argv = op.send(reply)
+            reply = await backend.call(script, keys, argv)
+    except StopIteration as stop:
+        return stop.value
