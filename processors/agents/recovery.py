@@ -123,7 +123,7 @@ class Recovery:
 
     async def _assign_recovered(self, sid: str, gen: Generation) -> None:
         await self.shell.publisher.send(Assign(worker_id=gen.worker_id, session_id=sid, generation=gen,
-                                         ts=self.shell.clock(), restore=True, recover=True))
+                                               ts=self.shell.clock(), restore=True, recover=True))
         await self.shell.report(gen.worker_id)
 
     async def _refuse_unapplied(self, sid: str, applied_seq: int) -> None:
@@ -134,7 +134,7 @@ class Recovery:
         for got in await self.shell.read_inputs(sid, applied_seq):
             rec = got.record
             await self.shell.refuse_input(sid, rec.seq, rec.kind, rec.payload, rec.ts,
-                                     f"session closed before input {rec.seq} was applied "
-                                     "(its worker was lost and no new owner took it)",
-                                     got.partition, got.offset)
+                                          f"session closed before input {rec.seq} was applied "
+                                          "(its worker was lost and no new owner took it)",
+                                          got.partition, got.offset)
 
