@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
 from processors.decisions import Command, Suspend, Terminate
+from streams.generations import StoreState
 
 if TYPE_CHECKING:
     from processors.snapshot import Session
@@ -26,6 +27,7 @@ __all__ = [
     "TRANSITIONS",
     "transition",
     "on_event",
+    "STORE_STATE",
 ]
 
 
@@ -35,6 +37,14 @@ class SessionState(str, Enum):
     EXECUTION = "execution"
     SUSPENDED = "suspended"
     TERMINATED = "terminated"
+
+
+# the same states as the generation store spells them (its Lua scripts write these values)
+STORE_STATE: Mapping[SessionState, StoreState] = MappingProxyType({
+    SessionState.EXECUTION: StoreState.ACTIVE,
+    SessionState.SUSPENDED: StoreState.SUSPENDED,
+    SessionState.TERMINATED: StoreState.CLOSED,
+})
 
 
 class EventKind(str, Enum):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Iterable, NamedTuple
 
 from schemas.errors import (
@@ -65,6 +66,7 @@ __all__ = [
     "SyncGenerationStore",
     "Keys",
     "SessionView",
+    "StoreState",
     "SnapshotManifest",
     "WorkerLoad",
     "SCRIPTS",
@@ -74,6 +76,16 @@ __all__ = [
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 DEFAULT_MAX_SNAPSHOT_BYTES = Settings.max_snapshot_bytes
 DEFAULT_RETENTION_S = Settings.store_retention_s
+
+
+class StoreState(str, Enum):
+    """A session's state as the store keeps it (field ``st``, written by the Lua scripts):
+    the lifecycle's EXECUTION, SUSPENDED and TERMINATED (``processors.lifecycle.STORE_STATE``
+    maps them; a test holds the scripts and the twin to these values)."""
+
+    ACTIVE = "active"  # a generation holds a slot on its worker
+    SUSPENDED = "suspended"  # offloaded: a snapshot and no slot
+    CLOSED = "closed"  # terminated; refuses every commit and write
 
 
 class WorkerLoad(NamedTuple):
@@ -103,7 +115,7 @@ class SessionView:
     """Everything the store keeps for a session (a read: no authority implied)."""
 
     generation: Generation
-    state: str  # active | suspended | closed
+    state: StoreState
     claimed: bool
     chunk_index: int | None
     input_seq: int | None
@@ -352,7 +364,7 @@ class _Ops:
         if "sn_id" in f:
             snap = SnapshotManifest(_s(f["sn_id"]), int(_s(f["sn_n"])), int(_s(f["sn_size"])), _s(f["sn_sha"]),
                                     int(_s(f["sn_e"])), _opt_int(f.get("sn_ci")), _opt_int(f.get("sn_sq")))
-        return SessionView(gen, _s(f["st"]), _s(f.get("cl", "0")) == "1", _opt_int(f.get("ci")),
+        return SessionView(gen, StoreState(_s(f["st"])), _s(f.get("cl", "0")) == "1", _opt_int(f.get("ci")),
                            _opt_int(f.get("sq")), snap, _s(f.get("cr", "0")) == "1", _opt_int(f.get("rv")))
 
     def put_snapshot(self, session_id: str, gen: Generation, data: bytes, chunk_index: int | None = None,
