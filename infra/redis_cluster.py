@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.errors import InfraError
+from workers.supervision import spawn
 
 __all__ = ["EmbeddedRedisCluster"]
 
@@ -80,8 +81,9 @@ class EmbeddedRedisCluster:
             "cluster-config-file nodes.conf", f"cluster-node-timeout {self.node_timeout_ms}",
             "appendonly no", 'save ""', f"dir {folder}", "logfile redis.log", "daemonize no",
         ]) + "\n")
-        self.procs[port] = subprocess.Popen([self._server, str(conf)], stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL, start_new_session=True)
+        # its own process group (killed whole), and gone with this process even after a SIGKILL
+        self.procs[port] = spawn([self._server, str(conf)], os.environ, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
 
     def cli(self, port: int, *args: str) -> str:
         """One ``redis-cli`` command against a node; its output."""
@@ -93,6 +95,13 @@ class EmbeddedRedisCluster:
         return out.stdout
 
     def start(self, timeout_s: float = 30.0) -> "EmbeddedRedisCluster":
+        try:
+            return self._start(timeout_s)
+        except BaseException:  # no node outlives a start that failed
+            self.stop()
+            raise
+
+    def _start(self, timeout_s: float) -> "EmbeddedRedisCluster":
         started = time.monotonic()
         for port in self.ports:
             self._start_node(port)
