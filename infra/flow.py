@@ -54,6 +54,13 @@ class FlowSummary:
     # "drain <worker>" / "shutdown <worker>" in log order (runs that read scaling-commands)
     scaling: list[str] = field(default_factory=list)
 
+    def unserved(self, min_chunks: int, inputs: list[int]) -> list[str]:
+        """Sessions not served in full: chunk indices not 0..n-1 or fewer than ``min_chunks``,
+        inputs applied other than ``inputs``, or not released on close."""
+        return [sid for sid, indices in self.chunk_indices.items()
+                if indices != list(range(len(indices))) or len(indices) < min_chunks
+                or self.inputs_accepted.get(sid) != inputs or self.released.get(sid) != "closed"]
+
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         out["letters"] = [{"source_topic": d.source_topic, "offset": d.offset, "reason": d.reason,

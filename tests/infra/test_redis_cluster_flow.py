@@ -27,10 +27,7 @@ def test_sessions_flow_on_a_redis_cluster(kafka_bootstrap, namespace, tmp_path):
         summary = asyncio.run(run_flow(settings, tmp_path / "logs", sessions=3, chunks=4, workers=2,
                                        inputs=2, chunk_interval_s=0.02, timeout_s=90))
         assert summary.problems == []
-        for sid, indices in summary.chunk_indices.items():
-            assert indices == list(range(len(indices))) and len(indices) >= 4
-            assert summary.inputs_accepted[sid] == [1, 2]
-            assert summary.released[sid] == "closed"
+        assert summary.chunk_indices and summary.unserved(4, [1, 2]) == []
 
         async def check() -> None:
             store = GenerationStore.from_settings(settings)

@@ -55,7 +55,4 @@ def test_sessions_flow_end_to_end_on_tansu(tansu, redis_url, namespace, tmp_path
     summary = asyncio.run(run_flow(settings, tmp_path / "logs", sessions=2, chunks=4, workers=2,
                                    inputs=2, chunk_interval_s=0.02, timeout_s=90))
     assert summary.problems == []
-    for sid, indices in summary.chunk_indices.items():
-        assert indices == list(range(len(indices))) and len(indices) >= 4
-        assert summary.inputs_accepted[sid] == [1, 2]
-        assert summary.released[sid] == "closed"
+    assert summary.chunk_indices and summary.unserved(4, [1, 2]) == []
