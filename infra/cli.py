@@ -397,24 +397,31 @@ def ownership_check(
     seed: int = typer.Option(0, help="Seed of the random schedules."),
     redis_sample: int = typer.Option(200, min=0, help="Extra generation runs against real Redis."),
     processes: int = typer.Option(2, min=1, help="Worker processes for the in-memory runs."),
+    store: str = typer.Option("linearizable", help="linearizable (one store), or replica: a master "
+                              "with an asynchronous replica that fails over (pure model, no Redis)."),
+    replica_ack: bool = typer.Option(True, "--replica-ack/--no-replica-ack",
+                                     help="With --store replica: fenced writes count once the replica has them."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
 ) -> None:
     """The protocol study: drive four ownership protocols through the same faulty schedules."""
     from infra.embedded import EmbeddedRedis
-    from infra.ownership_check import PROTOCOLS, run
+    from infra.ownership_check import PROTOCOLS, STORES, run
 
     chosen = list(PROTOCOLS) if protocol == "all" else [p.strip() for p in protocol.split(",")]
     unknown = [p for p in chosen if p not in PROTOCOLS]
     if unknown:
         raise typer.BadParameter(f"unknown protocol(s) {unknown}; choose from {list(PROTOCOLS)}",
                                  param_hint="--protocol")
+    if store not in STORES:
+        raise typer.BadParameter(f"unknown store {store!r}; choose from {list(STORES)}", param_hint="--store")
     settings = _settings(require_endpoints=False)
     embedded = None
-    if redis_sample and not settings.redis.url:
+    if redis_sample and not settings.redis.url and store == "linearizable":
         embedded = EmbeddedRedis().start()
     try:
         url = settings.redis.url or (embedded.url if embedded else None)
-        result = run(runs, chosen, seed, redis_url=url, redis_sample=redis_sample, processes=processes)
+        result = run(runs, chosen, seed, redis_url=url, redis_sample=redis_sample, processes=processes,
+                     store=store, replica_ack=replica_ack)
     finally:
         if embedded is not None:
             embedded.stop()

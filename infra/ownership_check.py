@@ -29,14 +29,16 @@ import uuid
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from schemas.errors import OwnershipError
+from infra.ownership_replica import PlacementScripts, ReplicatedScripts, make_replica_plan
+from schemas.errors import InfraError, OwnershipError
 from schemas.records import Generation
 from streams.generations import SyncGenerationStore
-from streams.generations_memory import SyncMemoryGenerationStore
+from streams.generations_memory import MemoryScripts, SyncMemoryGenerationStore
 
-__all__ = ["PROTOCOLS", "run", "make_schedule", "simulate"]
+__all__ = ["PROTOCOLS", "STORES", "run", "make_schedule", "simulate"]
 
 PROTOCOLS = ("assignment", "claim-only", "worker-id", "generation")
+STORES = ("linearizable", "replica")
 WORKERS = ("w1", "w2", "w3")
 SID = "s"
 DETECT = 2  # ticks without heartbeats before dispatch declares a worker down
@@ -108,6 +110,7 @@ class _Sim(ABC):
         self.released: dict[int, int] = {}
         self.dual = self.stale = False
         self.pending: dict[int, list[tuple[Any, ...]]] = {}
+        self.repl: ReplicatedScripts | None = None
 
     def log(self, text: str) -> None:
         if self.trace is not None:
@@ -142,6 +145,8 @@ class _Sim(ABC):
         ev = self.s["events"]
         for t in range(self.s["ticks"] + 6):
             self.t = t
+            if self.repl is not None:
+                self.repl.tick(t)
             while self.msgs and self.msgs[0][0] <= t:
                 _, _, dest, msg = heapq.heappop(self.msgs)
                 if self.state[dest] == "paused":
@@ -216,10 +221,18 @@ class _Placement(_Sim):
 
     claim_at_assign = False
 
-    def __init__(self, schedule: dict[str, Any], trace: bool) -> None:
+    def __init__(self, schedule: dict[str, Any], trace: bool, store: Any) -> None:
         super().__init__(schedule, trace)
-        self.placement: str | None = None
-        self.progress = -1  # last released chunk, as recorded by releasers
+        self.store = store  # PlacementScripts, or the replicated store over one
+
+    @property
+    def placement(self) -> str | None:
+        return self.store.call("session", [], [])[0]
+
+    @property
+    def progress(self) -> int:
+        """The last released chunk, as recorded by releasers."""
+        return self.store.call("session", [], [])[1]
 
     def read(self, what: str, failed: str | None, target: str) -> Any:
         p = self.placement
@@ -231,7 +244,11 @@ class _Placement(_Sim):
 
     def write(self, replica: str, what: str, token: Any, target: str) -> None:
         old = self.placement
-        self.placement = target
+        try:
+            self.store.call("commit", [], [SID, target])
+        except InfraError:
+            self.log(f"{replica} placement write {target} not acknowledged")
+            return
         if old == target:
             return
         self.truth += 1
@@ -258,7 +275,10 @@ class _Placement(_Sim):
 
     def release(self, w: str, rt: _Runtime) -> None:
         super().release(w, rt)
-        self.progress = rt.chunk - 1
+        try:
+            self.store.call("progress", [], [SID, rt.chunk - 1])
+        except InfraError:
+            pass  # released already; the record is only a hint for the next starter
 
     def gate(self, w: str, rt: _Runtime) -> bool:
         return True
@@ -316,8 +336,10 @@ class _Generations(_Sim):
         except OwnershipError as exc:
             self.log(f"{replica} commit refused: {exc.reason_code}")
             return
-        self.truth += 1
-        assert self.truth == gen.epoch
+        except InfraError:
+            self.log(f"{replica} commit of {target} unacknowledged: counted as failed")
+            return
+        self.truth += 1  # on a replicated store a failover can take the store's epoch back
         self.log(f"{replica} commits {target}@{gen.epoch}")
         self.send(target, ("assign", gen.epoch, gen.epoch))
         if token:
@@ -332,7 +354,13 @@ class _Generations(_Sim):
         except OwnershipError as exc:
             self.log(f"{w} claim of epoch {epoch} refused: {exc.reason_code}")
             return
+        except InfraError:
+            self.log(f"{w} claim of epoch {epoch} unacknowledged: not started")
+            return
         view = self.store.session(SID)
+        if view is None:  # a failover took the session away after the claim answered
+            self.log(f"{w} claimed {w}@{epoch} but the store no longer knows the session")
+            return
         start = 0 if view.chunk_index is None else view.chunk_index + 1
         self.rt[w] = _Runtime(truth, epoch, start)
         self.log(f"{w} claims {w}@{epoch}, restores at chunk {start}")
@@ -351,17 +379,30 @@ class _Generations(_Sim):
             self.log(f"{w} fenced at chunk {rt.chunk}: {exc.reason_code}")
             self.rt[w] = None
             return False
+        except InfraError:
+            self.log(f"{w} holds chunk {rt.chunk}: its write was not acknowledged (tries again)")
+            return False
 
 
 _BASELINES = {"assignment": _Assignment, "claim-only": _ClaimOnly, "worker-id": _WorkerId}
 
 
-def simulate(protocol: str, schedule: dict[str, Any], store: Any = None, trace: bool = False) -> _Sim:
-    """Run one protocol through one schedule; the result has ``dual``, ``stale``, ``trace``."""
+def simulate(protocol: str, schedule: dict[str, Any], store: Any = None, trace: bool = False,
+             replica: tuple[dict[str, Any], bool] | None = None) -> _Sim:
+    """Run one protocol through one schedule; the result has ``dual``, ``stale``, ``trace``
+    (and ``repl``, the replicated store, when ``replica`` = (plan, acknowledged) is given)."""
+    repl = None
     if protocol == "generation":
+        if replica is not None:
+            repl = ReplicatedScripts(MemoryScripts(), *replica)
+            store = SyncGenerationStore(None, "mem", backend=repl)
         sim: _Sim = _Generations(schedule, trace, store if store is not None else SyncMemoryGenerationStore())
     else:
-        sim = _BASELINES[protocol](schedule, trace)
+        scripts = PlacementScripts()
+        repl = ReplicatedScripts(scripts, *replica) if replica is not None else None
+        sim = _BASELINES[protocol](schedule, trace, repl or scripts)
+    if repl is not None:
+        sim.repl, repl.log = repl, sim.log
     sim.run()
     return sim
 
@@ -370,16 +411,29 @@ def _rng(seed: int, i: int) -> random.Random:
     return random.Random(seed * 1_000_003 + i)
 
 
-def _chunk(args: tuple[int, int, int, tuple[str, ...]]) -> dict[str, list[Any]]:
-    """Schedules [lo, hi) through every protocol: counts and the shortest failing schedule."""
-    lo, hi, seed, protocols = args
-    out: dict[str, list[Any]] = {p: [0, 0, None] for p in protocols}  # dual, stale, (size, i)
+def _replica(seed: int, i: int, sched: dict[str, Any], ack: bool | None) -> tuple[dict[str, Any], bool] | None:
+    """Schedule ``i``'s replica behaviour, drawn apart so the schedules match the plain study's."""
+    if ack is None:
+        return None
+    return make_replica_plan(random.Random(f"replica-{seed}-{i}"), sched["ticks"]), ack
+
+
+def _chunk(args: tuple[int, int, int, tuple[str, ...], bool | None]) -> dict[str, list[Any]]:
+    """Schedules [lo, hi) through every protocol: counts, the shortest failing schedule and,
+    on the replicated store, its failovers, lost writes and unacknowledged writes."""
+    lo, hi, seed, protocols, ack = args
+    out: dict[str, list[Any]] = {p: [0, 0, None, 0, 0, 0] for p in protocols}
     for i in range(lo, hi):
         sched = make_schedule(_rng(seed, i))
+        replica = _replica(seed, i, sched, ack)
         for p in protocols:
-            sim = simulate(p, sched)
+            sim = simulate(p, sched, replica=replica)
+            o = out[p]
+            if sim.repl is not None:
+                o[3] += sim.repl.failovers
+                o[4] += sim.repl.lost
+                o[5] += sim.repl.unacked
             if sim.dual or sim.stale:
-                o = out[p]
                 o[0] += sim.dual
                 o[1] += sim.stale
                 key = (sched["size"], sched["ticks"], i)
@@ -409,33 +463,46 @@ def _redis_sample(url: str, n: int, seed: int) -> tuple[int, int]:
     return dual, stale
 
 
+def _protocol_report(p: str, parts: list[dict[str, list[Any]]], per: int, seed: int,
+                     ack: bool | None) -> dict[str, Any]:
+    dual = sum(part[p][0] for part in parts)
+    stale = sum(part[p][1] for part in parts)
+    best = min((part[p][2] for part in parts if part[p][2] is not None), default=None)
+    example = None
+    if best is not None:
+        sched = make_schedule(_rng(seed, best[2]))
+        sim = simulate(p, sched, trace=True, replica=_replica(seed, best[2], sched, ack))
+        example = "\n".join(sim.trace or [])
+    out = {"runs": per, "dual_owner_runs": dual, "stale_release_runs": stale, "example": example}
+    if ack is not None:
+        out.update(failovers=sum(part[p][3] for part in parts), lost_writes=sum(part[p][4] for part in parts),
+                   unacknowledged_writes=sum(part[p][5] for part in parts))
+    return out
+
+
 def run(runs: int, protocols: list[str] | None = None, seed: int = 0, *, redis_url: str | None = None,
-        redis_sample: int = 200, processes: int = 2) -> dict[str, Any]:
-    """Drive ``runs // len(protocols)`` schedules through each protocol; report violations."""
+        redis_sample: int = 200, processes: int = 2, store: str = "linearizable",
+        replica_ack: bool = True) -> dict[str, Any]:
+    """Drive ``runs // len(protocols)`` schedules through each protocol; report violations.
+    ``store="replica"``: on a master with an asynchronous replica that fails over
+    (``infra.ownership_replica``), fenced writes acknowledged by the replica when
+    ``replica_ack``; that model is pure, so no run goes to Redis."""
     protocols = list(protocols or PROTOCOLS)
     unknown = set(protocols) - set(PROTOCOLS)
-    if unknown:
-        raise ValueError(f"unknown protocols {sorted(unknown)}; known: {PROTOCOLS}")
+    if unknown or store not in STORES:
+        raise ValueError(f"unknown protocols {sorted(unknown)} or store {store!r}; known: {PROTOCOLS}, {STORES}")
     start = time.perf_counter()
+    ack = replica_ack if store == "replica" else None
     per = runs // len(protocols)
     n_chunks = max(1, min(processes * 8, per // 500 or 1))
-    bounds = [(per * j // n_chunks, per * (j + 1) // n_chunks, seed, tuple(protocols)) for j in range(n_chunks)]
+    bounds = [(per * j // n_chunks, per * (j + 1) // n_chunks, seed, tuple(protocols), ack) for j in range(n_chunks)]
     if processes > 1 and per >= 2000:
         with ProcessPoolExecutor(processes) as pool:
             parts = list(pool.map(_chunk, bounds))
     else:
         parts = [_chunk(b) for b in bounds]
-    report: dict[str, Any] = {}
-    for p in protocols:
-        dual = sum(part[p][0] for part in parts)
-        stale = sum(part[p][1] for part in parts)
-        best = min((part[p][2] for part in parts if part[p][2] is not None), default=None)
-        example = None
-        if best is not None:
-            sim = simulate(p, make_schedule(_rng(seed, best[2])), trace=True)
-            example = "\n".join(sim.trace or [])
-        report[p] = {"runs": per, "dual_owner_runs": dual, "stale_release_runs": stale, "example": example}
-    if redis_url and "generation" in protocols and redis_sample > 0:
+    report = {p: _protocol_report(p, parts, per, seed, ack) for p in protocols}
+    if redis_url and "generation" in protocols and redis_sample > 0 and ack is None:
         dual, stale = _redis_sample(redis_url, redis_sample, seed)
         g = report["generation"]
         g["redis_runs"] = redis_sample
@@ -443,7 +510,8 @@ def run(runs: int, protocols: list[str] | None = None, seed: int = 0, *, redis_u
         g["dual_owner_runs"] += dual
         g["stale_release_runs"] += stale
     total = sum(r["runs"] for r in report.values())
-    return {"runs": total, "protocols": report, "wall_s": round(time.perf_counter() - start, 3)}
+    model = {"model": store} if ack is None else {"model": store, "replica_ack": ack}
+    return {"runs": total, "store": model, "protocols": report, "wall_s": round(time.perf_counter() - start, 3)}
 
 
 if __name__ == "__main__":  # python -m infra.ownership_check RUNS [SEED] [REDIS_URL]
