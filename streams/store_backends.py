@@ -145,7 +145,11 @@ class _ClusterSlotBackend:
         import asyncio
 
         from redis.exceptions import ConnectionError as ConnectionError_
-        from redis.exceptions import NoScriptError, ResponseError
+        from redis.exceptions import AskError, ClusterDownError, NoScriptError, ReadOnlyError, ResponseError, TryAgainError
+
+        # the slot moved or is moving: redis-py raises these with the MOVED / ASK / CLUSTERDOWN /
+        # READONLY / TRYAGAIN prefix taken off the message, so they are told apart by type
+        moving = (AskError, ClusterDownError, ReadOnlyError, TryAgainError)
 
         deadline = asyncio.get_running_loop().time() + self.failover_s
         while True:
@@ -158,7 +162,7 @@ class _ClusterSlotBackend:
             except NoScriptError:
                 await self._master.script_load(self.sources[name])  # a promoted replica's cache
             except (ResponseError, *_redis_errors()) as exc:
-                if isinstance(exc, ResponseError) and not str(exc).startswith(("MOVED", "CLUSTERDOWN", "READONLY", "TRYAGAIN")):
+                if isinstance(exc, ResponseError) and not isinstance(exc, moving):
                     raise
                 if asyncio.get_running_loop().time() > deadline:
                     raise InfraError(f"generation store: the namespace's Redis master is unreachable: {exc}") from exc
