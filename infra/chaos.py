@@ -5,9 +5,11 @@ control processor detecting deaths from missed heartbeats. Faults: a worker SIGS
 detection and resumed (a stale runtime that is still alive), a worker SIGKILLed, a dispatch
 replica SIGKILLed, and worker commands duplicated and delayed (re-published late, so they
 also arrive out of order); with ``broker_faults``, a broker leader killed and restarted and
-every broker killed and restarted (``infra.broker_faults``). The audit reads every chunk and
-input acknowledgement back, checks every acknowledged input was applied or refused, and
-replays control, dispatch and detector to compare with what the run observed.
+every broker killed and restarted (``infra.broker_faults``); with ``redis_faults`` on a Redis
+Cluster, the namespace's master SIGKILLed that many times, each time its replica promoted and
+the killed node back as a replica before the next (``infra.redis_cluster``). The audit reads
+every chunk and input acknowledgement back, checks every acknowledged input was applied or
+refused, and replays control, dispatch and detector to compare with what the run observed.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from schemas.records import (ChunkDone, Claimed, DeadLetter, InputAccepted, Inpu
                              Released, SessionClosed, SessionOpened, WorkerDown, WorkerUp)
 from schemas.topics import WORKER_COMMANDS
 from streams.config import Settings
-from streams.generations import GenerationStore
+from streams.generations import GenerationStore, Keys
 from streams.kafka import RecordConsumer, RecordProducer
 from streams.topics import ensure_topics
 
@@ -74,7 +76,7 @@ class ChaosConfig:
     process_faults: bool = True  # pause a worker, kill a worker, kill a dispatch replica
     broker_faults: tuple[str, ...] = ()  # of broker_faults.KINDS: leader_kill (3+ brokers), full_restart
     outage_s: float = 0.0  # how long every broker stays down in the full restart
-    redis_failover: bool = False  # SIGKILL the namespace's Redis master mid-run (a cluster)
+    redis_faults: int = 0  # SIGKILL the namespace's Redis master this many times (a cluster)
 
     def __post_init__(self) -> None:
         slots = self.workers * self.capacity
@@ -220,8 +222,58 @@ def _process_plan(config: ChaosConfig) -> list[tuple[float, str]]:
     return plan
 
 
-def _redis_plan(config: ChaosConfig) -> list[tuple[float, str]]:
-    return [(0.3, "kill_redis_master")] if config.redis_failover else []
+def redis_kill_times(config: ChaosConfig) -> list[float]:
+    """When to kill the namespace's Redis master, as fractions of the run: spread over 10-85%
+    of it, the one nearest the killed worker's recovery moved onto it (recovery commits run
+    through that failover); 30% for a single kill without process faults."""
+    n = config.redis_faults
+    at = [0.1 + 0.75 * k / (n - 1) for k in range(n)] if n > 1 else [0.3] * n
+    if config.process_faults and n:
+        recovery = 0.45 + (config.heartbeat_timeout_s + 0.5) / config.duration_s
+        at[min(range(n), key=lambda k: abs(at[k] - recovery))] = recovery
+    return sorted(at)
+
+
+async def _redis_faults(cluster: Any, key: str, fractions: list[float], duration_s: float, t0: float,
+                        events: list[dict[str, Any]], progress: Callable[[str], None],
+                        settle_s: float = 2.0) -> None:
+    """Kill the master of ``key``'s slot at each fraction of the run from monotonic ``t0``, each
+    once the node killed before is back as a replica and ``settle_s`` has passed (longer than
+    the store's one-second view of the replicas); each failover is appended to ``events``."""
+    from .redis_cluster import fail_over_master
+
+    ready = t0
+    for i, frac in enumerate(fractions):
+        await asyncio.sleep(max(0.0, t0 + frac * duration_s - time.monotonic(), ready - time.monotonic()))
+        progress(f"SIGKILL the namespace's Redis master ({i + 1}/{len(fractions)})")
+        start = time.time()
+        event = await asyncio.to_thread(fail_over_master, cluster, key)
+        events.append({**event, "start": start, "end": time.time()})
+        ready = time.monotonic() + settle_s
+
+
+def unserved_across(times: dict[str, list[float]], at: float, end: float) -> float:
+    """The longest any session went without a chunk across ``at``: from its last chunk before
+    ``at`` to its first after (``end`` if none came)."""
+    worst = 0.0
+    for ts in times.values():
+        before = max((t for t in ts if t <= at), default=at)
+        worst = max(worst, min((t for t in ts if t > at), default=end) - before)
+    return round(worst, 3)
+
+
+def _redis_summary(settings: Settings, cluster: Any, events: list[dict[str, Any]],
+                   times: dict[str, list[float]], claims: list[Claimed], t0: float, end: float) -> dict[str, Any]:
+    """The cluster, its failovers, and per failover: the longest time a session went unserved
+    across the kill and the recoveries (claims of a later generation) made while it lasted."""
+    out = [{"at_s": round(e["start"] - t0, 1), "killed": e["killed"], "promoted": e["promoted"],
+            "promoted_s": e["promoted_s"], "rejoined_s": e["rejoined_s"],
+            "unserved_s": unserved_across(times, e["start"], end),
+            "recoveries": sum(1 for c in claims if c.generation.epoch > 1 and e["start"] <= c.ts <= e["end"])}
+           for e in events]
+    return {"masters": cluster.masters, "replicas": cluster.masters * cluster.replicas,
+            "failovers": len(events), "replica_ack": settings.redis.acks > 0, "replica_acks": settings.redis.acks,
+            "longest_unserved_s": max((e["unserved_s"] for e in out), default=0.0), "events": out}
 
 
 async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
@@ -230,11 +282,11 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
     """Run the faults against a live fleet and return the audit (see module docstring).
 
     ``broker`` is the ``EmbeddedKafka`` the run may kill (``config.broker_faults``);
-    ``redis_cluster`` the ``EmbeddedRedisCluster`` whose master it kills
-    (``config.redis_failover``)."""
+    ``redis_cluster`` the ``EmbeddedRedisCluster`` whose namespace master it kills
+    ``config.redis_faults`` times (the audit then has ``redis``)."""
     if config.broker_faults and not hasattr(broker, "kill_all"):
         raise InfraError("broker faults need the embedded Apache Kafka (not a configured cluster or Tansu)")
-    if config.redis_failover and (redis_cluster is None or settings.redis.cluster != "on"):
+    if config.redis_faults and (redis_cluster is None or settings.redis.cluster != "on"):
         raise InfraError("a Redis failover needs the embedded Redis Cluster (chaos --redis-cluster)")
     rng = random.Random(config.seed)
     started = time.monotonic()
@@ -245,6 +297,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
     counts: dict[str, int] = defaultdict(int)
     faults: dict[str, Any] = {}
     broker_faults: list[BrokerFault] = []
+    redis_events: list[dict[str, Any]] = []
     pushed: dict[str, int] = defaultdict(int)
     acked: set[tuple[str, int]] = set()
     session_events: list[Record] = []
@@ -281,10 +334,13 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                 settings, broker, config.duration_s, run_start, broker_faults, config.broker_faults,
                 outage_s=config.outage_s, progress=progress))
                 if config.broker_faults else None)
-            plan = sorted(_process_plan(config) + _redis_plan(config))
+            failing = (asyncio.create_task(_redis_faults(
+                redis_cluster, Keys(settings.namespace).workers, redis_kill_times(config), config.duration_s,
+                run_start, redis_events, progress)) if config.redis_faults else None)
+            plan = _process_plan(config)
             run_end = run_start + config.duration_s
             paused: tuple[str, float] | None = None
-            while time.monotonic() < run_end or (breaking is not None and not breaking.done()):
+            while time.monotonic() < run_end or any(t is not None and not t.done() for t in (breaking, failing)):
                 frac = (time.monotonic() - run_start) / config.duration_s
                 while plan and frac >= plan[0][0]:
                     _, kind = plan.pop(0)
@@ -300,14 +356,6 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                         fleet.kill(victim)
                         faults["killed_worker"] = victim
                         progress(f"SIGKILL {victim}")
-                    elif kind == "kill_redis_master":
-                        from streams.generations import Keys
-
-                        victim_port = redis_cluster.master_of(Keys(settings.namespace).workers)
-                        redis_cluster.kill(victim_port)
-                        faults["redis_master_killed"] = {"port": victim_port, "at_s": round(time.time() - t0, 1),
-                                                         "replica_acks": settings.redis.acks}
-                        progress(f"SIGKILL the Redis master of the namespace ({victim_port})")
                     elif kind == "make_room":
                         excess = config.sessions - (config.workers - 1) * config.capacity
                         closed_early |= set(ids[-excess:])
@@ -325,8 +373,9 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                     progress(f"SIGCONT {paused[0]}")
                     paused = None
                 await log.pump(timeout_ms=50)
-            if breaking is not None:
-                await breaking  # raises what went wrong with the cluster
+            for task in (breaking, failing):
+                if task is not None:
+                    await task  # raises what went wrong with the cluster
             stop_inputs.set()
             await inputs
             t1 = time.time()
@@ -348,9 +397,6 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
         still_open = [sid for sid in ids if sid not in closed_early]
         longest, never = unserved_until([c for c in chunks if c.session_id in still_open], t0, t_close, still_open)
         room_at = t0 + faults["room_made_at_s"] if "room_made_at_s" in faults else None
-        if "redis_master_killed" in faults:
-            at = t0 + faults["redis_master_killed"]["at_s"]
-            faults["redis_master_killed"]["served_again_s"] = round(served_after(chunks, still_open, at, 0.0), 3)
         times: dict[str, list[float]] = defaultdict(list)
         for c in chunks:
             times[c.session_id].append(c.ts)
@@ -363,6 +409,9 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                        "declared_down": {r.worker_id: round(r.ts - t0, 1) for r in log.of(WorkerDown)
                                          if r.reason == "missed heartbeats"}},
             "broker_faults": _broker_fault_summary(broker_faults, times, t0),
+            **({"redis": _redis_summary(settings, redis_cluster, redis_events,
+                                        {sid: times[sid] for sid in still_open}, log.of(Claimed), t0, t_close)}
+               if redis_cluster is not None else {}),
             **audit_chunks(chunks),
             "overshoots": counts["overshoots"],
             **audit_inputs(pushed, log.of(InputAccepted), refused_inputs(log.of(DeadLetter))),

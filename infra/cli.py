@@ -554,7 +554,10 @@ def chaos(
                                         help="Pause a worker, kill a worker, kill a dispatch replica."),
     redis_cluster: bool = typer.Option(False, "--redis-cluster", help="Run the store on an embedded "
                                        "Redis Cluster (3 masters, a replica each) and SIGKILL the "
-                                       "namespace's master mid-run."),
+                                       "namespace's master mid-run (--redis-faults times)."),
+    redis_faults: Optional[int] = typer.Option(None, min=0, help="With --redis-cluster: how many times to "
+                                               "kill the namespace's master, each after the last one killed "
+                                               "is back as a replica (default 1)."),
     replica_acks: Optional[int] = typer.Option(None, min=0, max=16, help="Replicas a fenced write waits "
                                                "for on the cluster (default 1; 0: the control run)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the audit here."),
@@ -567,12 +570,16 @@ def chaos(
     from infra.chaos import AUDIT_KEYS, ChaosConfig, run_chaos
     from infra.embedded import infrastructure
 
+    if redis_faults and not redis_cluster:
+        raise typer.BadParameter("Redis faults need the embedded cluster: add --redis-cluster",
+                                 param_hint="--redis-faults")
     base = _settings(require_endpoints=False)
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-chaos-"))
     run_id = uuid.uuid4().hex[:6]
     cfg = ChaosConfig(sessions=sessions, duration_s=duration, workers=workers, seed=seed,
                       broker_faults=KINDS if broker_faults else (), outage_s=outage,
-                      process_faults=process_faults, redis_failover=redis_cluster)
+                      process_faults=process_faults,
+                      redis_faults=(1 if redis_faults is None else redis_faults) if redis_cluster else 0)
     own_broker = "kafka" if broker_faults or brokers > 1 else None  # faults need a cluster of our own
     if broker_faults:  # the run's own clients: connection errors are what it asked for
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
@@ -597,8 +604,11 @@ def chaos(
     if bad:
         console.print(f"[red]audit failed:[/red] {bad}")
         raise typer.Exit(1)
+    redis = result.get("redis")
     console.print(f"[green]audit clean[/green]: {result['chunks']} chunks, faults {result['faults']}, "
-                  f"broker faults {result['broker_faults']}, max recovery {result['max_recovery_s']} s")
+                  f"broker faults {result['broker_faults']}, max recovery {result['max_recovery_s']} s"
+                  + (f", Redis failovers {redis['failovers']} (longest unserved {redis['longest_unserved_s']} s)"
+                     if redis else ""))
 
 
 @bench_app.command("control-plane")

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 from schemas.errors import InfraError
 from workers.supervision import spawn
 
-__all__ = ["ClusterSecurity", "EmbeddedRedisCluster"]
+__all__ = ["ClusterSecurity", "EmbeddedRedisCluster", "fail_over_master"]
 
 
 def _free(port: int) -> bool:
@@ -252,3 +252,28 @@ class EmbeddedRedisCluster:
             if time.monotonic() > deadline:
                 raise InfraError(f"timed out after {timeout_s:.0f}s waiting for {what}")
             time.sleep(0.1)
+
+
+def fail_over_master(cluster: EmbeddedRedisCluster, key: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """SIGKILL the master serving ``key``'s slot, wait until a replica serves the slot, start
+    the killed node again on its port and wait until it is back as that replica's replica
+    with the cluster healthy: the ports, and the seconds from the kill to each step."""
+    victim = cluster.master_of(key)
+    began = time.monotonic()
+    cluster.kill(victim)
+
+    def promoted() -> int | None:
+        try:
+            port = cluster.master_of(key)
+        except InfraError:  # the slot is unserved until the replica wins the election
+            return None
+        return port if port != victim else None
+
+    cluster._until(lambda: promoted() is not None, timeout_s, f"a replica to take over from {victim}")
+    new_master = promoted()
+    promoted_s = time.monotonic() - began
+    cluster._start_node(victim)  # its nodes.conf names the cluster: it rejoins as a replica
+    cluster._until(lambda: victim in cluster.replicas_of(new_master) and cluster.healthy(), timeout_s,
+                   f"{victim} to rejoin as a replica of {new_master}")
+    return {"killed": victim, "promoted": new_master, "promoted_s": round(promoted_s, 2),
+            "rejoined_s": round(time.monotonic() - began, 2)}

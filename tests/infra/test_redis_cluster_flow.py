@@ -1,5 +1,6 @@
 """The live path on a Redis Cluster: dispatch and torch workers as processes, their generation
-store on the namespace's slot master with replica-acknowledged fenced writes."""
+store on the namespace's slot master with replica-acknowledged fenced writes; and the chaos
+run killing that master."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from infra.chaos import AUDIT_KEYS, ChaosConfig, redis_kill_times, run_chaos
 from infra.flow import run_flow
 from infra.redis_cluster import EmbeddedRedisCluster
 from streams.config import Settings
@@ -39,3 +41,29 @@ def test_sessions_flow_on_a_redis_cluster(kafka_bootstrap, namespace, tmp_path):
                 await store.aclose()
 
         asyncio.run(check())
+
+
+def test_redis_kills_are_spread_and_one_meets_the_recovery():
+    assert redis_kill_times(ChaosConfig(redis_faults=1, process_faults=False)) == [0.3]
+    spread = redis_kill_times(ChaosConfig(redis_faults=10, process_faults=False, duration_s=100.0))
+    assert spread[0] == pytest.approx(0.1) and spread[-1] == pytest.approx(0.85) and len(spread) == 10
+    # the worker killed at 45% is declared down a heartbeat timeout later: one kill lands there
+    with_worker_kill = redis_kill_times(ChaosConfig(redis_faults=10, duration_s=100.0, heartbeat_timeout_s=3.0))
+    assert 0.485 in with_worker_kill and len(with_worker_kill) == 10
+
+
+def test_chaos_fails_the_namespace_master_over_twice(kafka_bootstrap, namespace, tmp_path):
+    with EmbeddedRedisCluster(tmp_path / "cluster") as cluster:
+        base = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, cluster.url)
+        settings = replace(base, redis=replace(base.redis, cluster="on"))
+        cfg = ChaosConfig(sessions=4, duration_s=20.0, workers=3, capacity=4, process_faults=False, redis_faults=2)
+        result = asyncio.run(run_chaos(settings, cfg, tmp_path / "logs", redis_cluster=cluster))
+    redis = result["redis"]
+    assert {k: redis[k] for k in ("masters", "replicas", "failovers", "replica_ack")} == {
+        "masters": 3, "replicas": 3, "failovers": 2, "replica_ack": True}
+    first, second = redis["events"]
+    # the second kill found the promoted replica serving the slot, and the first victim back as its replica
+    assert second["killed"] == first["promoted"] and second["promoted"] == first["killed"]
+    assert result["chunks"] > 0 and result["inputs_pushed"] > 0
+    for key in AUDIT_KEYS:
+        assert result[key] == 0, (key, result)
