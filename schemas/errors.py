@@ -3,8 +3,9 @@
     ChunkserveError
     ├── SchemaError              the sender's fault: bytes or fields that break a wire contract
     ├── ConfigError              the operator's fault: a bad setting, named with its key and source
-    ├── AccessDeniedError        the operator's fault: the broker's ACLs refuse this principal an
-    │                            operation (named with the principal, the operation and the topic)
+    ├── AccessDeniedError        the operator's fault: the broker's (or Redis') ACLs or credentials
+    │                            refuse this principal (user) an operation (named with it, the
+    │                            operation and the topic or key)
     ├── TraceError               the trace author's fault: a bad trace file, named with its line
     ├── OwnershipError           a fenced actor acted without authority
     │   ├── StaleGenerationError     its epoch is older than the current one
@@ -60,13 +61,15 @@ class ConfigError(ChunkserveError):
 
 
 class AccessDeniedError(ChunkserveError):
-    """The broker refused ``principal`` ``operation`` on ``resource`` (its ACLs, not a bug)."""
+    """The broker (or Redis: ``server``, ``kind``) refused ``principal`` ``operation`` on
+    ``resource`` (its ACLs or credentials, not a bug)."""
 
     reason_code = "access_denied"
 
-    def __init__(self, principal: str, operation: str, resource: str, detail: str = "") -> None:
+    def __init__(self, principal: str, operation: str, resource: str, detail: str = "", *,
+                 server: str = "the broker", kind: str = "principal") -> None:
         self.principal, self.operation, self.resource = principal, operation, resource
-        super().__init__(f"the broker refused principal {principal!r} {operation} on {resource}"
+        super().__init__(f"{server} refused {kind} {principal!r} {operation} on {resource}"
                          + (f" ({detail})" if detail else ""))
 
 

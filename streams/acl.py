@@ -1,18 +1,22 @@
 """The Redis ACL a chunkserve deployment needs: its own key namespace, and only the commands
 the generation store runs (EVALSHA / SCRIPT LOAD, and inside its Lua scripts a few hash and
-set commands). Nothing else: no FLUSHALL, no KEYS, no CONFIG, no other namespace's keys.
+set commands); on a Redis Cluster also the slot map and the replica count it reads to find
+its slot's master and to acknowledge fenced writes (``CLUSTER SLOTS``, ``CLUSTER NODES``,
+``ROLE``, ``WAIT``). Nothing else: no FLUSHALL, no KEYS, no CONFIG, no other namespace's keys.
 """
 
 from __future__ import annotations
 
-__all__ = ["COMMANDS", "acl_rules"]
+__all__ = ["COMMANDS", "CLUSTER_COMMANDS", "acl_rules"]
 
 COMMANDS = ("evalsha", "script|load", "ping", "hello",
             "hget", "hset", "hmget", "hdel", "hexists", "hgetall", "hkeys", "hincrby",
             "sadd", "srem", "sismember", "smembers", "del", "pexpire")
+CLUSTER_COMMANDS = ("cluster|slots", "cluster|nodes", "role", "wait")
 
 
-def acl_rules(namespace: str) -> list[str]:
-    """``ACL SETUSER <user> on >password`` followed by these rules."""
+def acl_rules(namespace: str, cluster: bool = False) -> list[str]:
+    """``ACL SETUSER <user> on >password`` followed by these rules (``cluster``: for the
+    store on a Redis Cluster, ``redis.cluster = on``)."""
     return ["resetkeys", f"~{{{namespace}}}:*", "resetchannels", "-@all",
-            *(f"+{c}" for c in COMMANDS)]
+            *(f"+{c}" for c in COMMANDS + (CLUSTER_COMMANDS if cluster else ()))]

@@ -114,6 +114,10 @@ class RedisSettings:
     def __post_init__(self) -> None:
         if self.cluster not in ("on", "off"):
             raise ConfigError("redis.cluster", f"must be on or off, got {self.cluster!r}")
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):  # TLS needs rediss://
+            if self.url and getattr(self, name) and not self.url.startswith("rediss://"):
+                raise ConfigError(f"redis.{name}", "set, but redis.url is not a rediss:// URL: the "
+                                  "connection would not use TLS")
 
     @property
     def acks(self) -> int:

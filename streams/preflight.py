@@ -131,7 +131,8 @@ async def _redis(settings: Settings, sources: Mapping[str, str], timeout_s: floa
         await asyncio.wait_for(client.ping(), timeout_s)
     except rx.AuthenticationError:
         key = "redis.username" if settings.redis.username else "redis.url"
-        raise ConfigError(key, f"Redis at {url} refused the credentials (password from "
+        user = settings.redis.username or urlsplit(settings.redis.url).username or "default"
+        raise ConfigError(key, f"Redis at {url} refused the credentials of user {user!r} (password from "
                           f"{env_var('redis.password')} or the URL)", origin(key, sources)) from None
     except (rx.ConnectionError, rx.TimeoutError, OSError, asyncio.TimeoutError) as exc:
         detail = str(exc).split("\n")[0][:160] or type(exc).__name__
@@ -142,6 +143,28 @@ async def _redis(settings: Settings, sources: Mapping[str, str], timeout_s: floa
                           origin("redis.url", sources)) from None
     finally:
         await client.aclose()
+    if settings.redis.cluster == "on":
+        await _store_access(settings, sources, timeout_s)
+
+
+async def _store_access(settings: Settings, sources: Mapping[str, str], timeout_s: float) -> None:
+    """The store's own read on its namespace's slot master: the user's ACL must allow the slot
+    map, the scripts and the namespace's keys (a write it lacks is refused when it comes)."""
+    from schemas.errors import AccessDeniedError, InfraError
+
+    from .generations import GenerationStore
+
+    store = GenerationStore.from_settings(settings)
+    try:
+        await asyncio.wait_for(store.load_view(), timeout_s)
+    except AccessDeniedError as exc:
+        key = "redis.username" if settings.redis.username else "redis.url"
+        raise ConfigError(key, str(exc), origin(key, sources)) from None
+    except (InfraError, asyncio.TimeoutError) as exc:
+        raise ConfigError("redis.url", f"the Redis Cluster at {_redacted(settings.redis.url)}: "
+                          f"{exc or 'no answer'}", origin("redis.url", sources)) from None
+    finally:
+        await store.aclose()
 
 
 async def check(settings: Settings, sources: Mapping[str, str], *, kafka: bool = True, redis: bool = True,

@@ -6,10 +6,11 @@ replica-acknowledged fenced writes; and the drivers that run the store's sans-IO
 from __future__ import annotations
 
 import hashlib
+import re
 from importlib import resources
 from typing import Any, Generator
 
-from schemas.errors import ConfigError, InfraError
+from schemas.errors import AccessDeniedError, ConfigError, InfraError
 
 __all__ = ["SCRIPTS", "FENCED_WRITES", "RETRY_WAITS_S"]
 
@@ -42,6 +43,39 @@ def _redis_errors() -> tuple[type[BaseException], ...]:
     return rex.ConnectionError, rex.TimeoutError
 
 
+_SCRIPT_LINE = re.compile(r"@user_script:(\d+)")
+_SCRIPT_CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)")
+
+
+def refusal(exc: BaseException, user: str | None, operation: str, resource: str,
+            source: str | None = None) -> AccessDeniedError | None:
+    """Redis' refusal of ``user``, in one line: a wrong password or a disabled user, or an ACL
+    without a command or key the store needs (refused inside a script, ``source``'s line it
+    names gives the command); None when ``exc`` is something else."""
+    import redis.exceptions as rex
+
+    from .config_file import env_var
+
+    said = str(exc).split("\n")[0][:200]
+    who = user or "default"
+    if isinstance(exc, rex.AuthenticationError) or said.startswith(("WRONGPASS", "NOAUTH")):
+        if user is None:  # the server wants a user and password (or its default user is off)
+            said = (f"it wants credentials: set {env_var('redis.username')} and {env_var('redis.password')}"
+                    f" ({said[:80]})")
+        return AccessDeniedError(who, "sign-in", resource, f"{said} (password from {env_var('redis.password')})",
+                                 server="Redis", kind="user")
+    if isinstance(exc, rex.NoPermissionError) or "NOPERM" in said or "user executing the script can't" in said:
+        line = _SCRIPT_LINE.search(said)
+        lines = source.splitlines() if source and line else []
+        if line and 0 < int(line.group(1)) <= len(lines):
+            called = _SCRIPT_CALL.search(lines[int(line.group(1)) - 1])
+            if called:
+                said = f"the script's {called.group(1).lower()!r} command: {said}"
+        return AccessDeniedError(who, operation, resource, f"{said} (streams/acl.py: what the store needs)",
+                                 server="Redis", kind="user")
+    return None
+
+
 class _RedisScripts:
     """EVALSHA with one SCRIPT LOAD per script per client, reloading on NOSCRIPT."""
 
@@ -50,6 +84,7 @@ class _RedisScripts:
         if pool is not None and pool.connection_kwargs.get("decode_responses"):
             raise ConfigError("decode_responses", "the generation store needs decode_responses=False")
         self.client = client
+        self.user = pool.connection_kwargs.get("username") if pool is not None else None
         self.sources = sources or SCRIPTS
         self.shas = {n: hashlib.sha1(s.encode()).hexdigest() for n, s in self.sources.items()}
         self.loaded: set[str] = set()
@@ -65,15 +100,18 @@ class _AsyncBackend(_RedisScripts):
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         import asyncio
 
-        for wait in RETRY_WAITS_S:
+        for wait in (*RETRY_WAITS_S, None):
             try:
                 return await self._call(name, keys, args)
-            except _redis_errors():
+            except Exception as exc:  # noqa: BLE001 - a refusal is reported, a lost connection retried
+                refused = refusal(exc, self.user, name, f"key {keys[0] if keys else '-'}", self.sources.get(name))
+                if refused is not None:
+                    raise refused from None
+                if not isinstance(exc, _redis_errors()):
+                    raise
+                if wait is None:
+                    raise InfraError(f"generation store: Redis unreachable: {exc}") from exc
                 await asyncio.sleep(wait)
-        try:
-            return await self._call(name, keys, args)
-        except _redis_errors() as exc:
-            raise InfraError(f"generation store: Redis unreachable: {exc}") from exc
 
     async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         from redis.exceptions import NoScriptError
@@ -108,20 +146,30 @@ class _ClusterSlotBackend:
         from redis.crc import key_slot
 
         seed = urlsplit(seed_url)
+        self._seed_url = seed_url
         self._seeds = [(seed.hostname or "127.0.0.1", seed.port or 6379)]
         self._slot = key_slot(namespace_key.encode())
+        self._namespace_key = namespace_key
         self.acks, self.ack_timeout_ms, self.failover_s = acks, ack_timeout_ms, failover_s
-        self._kwargs = client_kwargs
+        # what redis-py's from_url takes from the URL: TLS (rediss://) and credentials
+        self._kwargs = {**({"ssl": True} if seed.scheme == "rediss" else {}),
+                        **({"username": seed.username} if seed.username else {}),
+                        **({"password": seed.password} if seed.password else {}), **client_kwargs}
+        self._client_kwargs = client_kwargs
+        self.user: str | None = self._kwargs.get("username")
+        self._reached = False  # a node answered CLUSTER SLOTS
         self.sources = sources or SCRIPTS
         self.shas = {n: hashlib.sha1(src.encode()).hexdigest() for n, src in self.sources.items()}
         self._master: Any = None
+        self._last_error = "none tried"
         self._replicas_at, self._replica_count = -1e18, 0
         self.client = None  # nothing for the store to close but the master's client
 
     def for_key(self, namespace_key: str) -> "_ClusterSlotBackend":
-        host, port = self._seeds[0]
-        return _ClusterSlotBackend(f"redis://{host}:{port}", namespace_key, self.acks, self.ack_timeout_ms,
-                                   self._kwargs, self.sources, self.failover_s)
+        other = _ClusterSlotBackend(self._seed_url, namespace_key, self.acks, self.ack_timeout_ms,
+                                    self._client_kwargs, self.sources, self.failover_s)
+        other._seeds, other._reached = list(self._seeds), self._reached
+        return other
 
     async def _find_master(self) -> Any:
         import redis.asyncio
@@ -130,10 +178,17 @@ class _ClusterSlotBackend:
             probe = redis.asyncio.Redis(host=host, port=port, socket_timeout=1.0, **self._kwargs)
             try:
                 slots = await probe.execute_command("CLUSTER", "SLOTS")
-            except _redis_errors():
-                continue
+            except Exception as exc:  # noqa: BLE001 - a refusal is reported, a dead node skipped
+                refused = refusal(exc, self.user, "CLUSTER SLOTS", f"the Redis Cluster node {host}:{port}")
+                if refused is not None:
+                    raise refused from None
+                if isinstance(exc, _redis_errors()):
+                    self._last_error = f"{host}:{port}: {str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}"
+                    continue
+                raise
             finally:
                 await probe.aclose()
+            self._reached = True
             for start, end, primary, *replicas in slots:
                 nodes = [primary, *replicas]
                 self._seeds += [(_s(n[0]), int(n[1])) for n in nodes if (_s(n[0]), int(n[1])) not in self._seeds]
@@ -151,23 +206,45 @@ class _ClusterSlotBackend:
         # READONLY / TRYAGAIN prefix taken off the message, so they are told apart by type
         moving = (AskError, ClusterDownError, ReadOnlyError, TryAgainError)
 
-        deadline = asyncio.get_running_loop().time() + self.failover_s
+        # a failover takes a while (and a seed may be down meanwhile); a client that never
+        # spoke to a node it reached (TLS on one side only, an untrusted certificate) is
+        # reported as soon as the single server's retries would be
+        started = asyncio.get_running_loop().time()
+        load = False
         while True:
             try:
                 if self._master is None:
                     self._master = await self._find_master()
                     if self._master is None:
-                        raise ConnectionError_("no Redis Cluster node answers")
+                        raise ConnectionError_(f"no Redis Cluster node answers ({self._last_error})")
+                if load:
+                    await self._master.script_load(self.sources[name])
+                    load = False
                 return await self._run(self._master, name, keys, args)
             except NoScriptError:
-                await self._master.script_load(self.sources[name])  # a promoted replica's cache
+                load = True  # a fresh master's (or a promoted replica's) script cache
             except (ResponseError, *_redis_errors()) as exc:
+                refused = refusal(exc, self.user, name, f"key {keys[0] if keys else self._namespace_key}",
+                                  self.sources.get(name))
+                if refused is not None:
+                    raise refused from None
                 if isinstance(exc, ResponseError) and not isinstance(exc, moving):
                     raise
-                if asyncio.get_running_loop().time() > deadline:
-                    raise InfraError(f"generation store: the namespace's Redis master is unreachable: {exc}") from exc
+                budget = sum(RETRY_WAITS_S) + 1.0 if self._misspoken() else self.failover_s
+                if asyncio.get_running_loop().time() > started + budget:
+                    hint = ""
+                    if not self._kwargs.get("ssl") and any(w in str(exc).lower() for w in ("closed by", "reset by")):
+                        hint = " (a server that wants TLS drops a plaintext connection: use rediss://)"
+                    raise InfraError(f"generation store: the namespace's Redis master is unreachable as user "
+                                     f"{self.user or 'default'!r}: {str(exc).splitlines()[0][:200]}{hint}") from exc
                 await self._drop_master()
                 await asyncio.sleep(0.2)
+
+    def _misspoken(self) -> bool:
+        """No node has answered yet, and the last one tried was reached but the connection
+        failed in the handshake (not refused or timed out: a node down or paused)."""
+        said = self._last_error.lower()
+        return not self._reached and any(w in said for w in ("ssl", "reset by peer", "closed by server"))
 
     async def _drop_master(self) -> None:
         self._replicas_at = -1e18
@@ -202,8 +279,9 @@ class _ClusterSlotBackend:
         pipe.evalsha(self.shas[name], len(keys), *keys, *args)
         pipe.execute_command("WAIT", need, self.ack_timeout_ms)
         reply, held = await pipe.execute(raise_on_error=False)
-        if isinstance(reply, Exception):
-            raise reply
+        for answer in (reply, held):  # a refusal of either (e.g. an ACL without WAIT) is raised
+            if isinstance(answer, Exception):
+                raise answer
         if int(held) < need:
             raise InfraError(f"generation store: {name} reached {held} of {need} replicas within "
                              f"{self.ack_timeout_ms} ms (redis.replica_acks); not counted as done")
@@ -226,8 +304,13 @@ class _SyncBackend(_RedisScripts):
             except NoScriptError:
                 self.client.script_load(self.sources[name])
                 return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
-        except _redis_errors() as exc:
-            raise InfraError(f"generation store: Redis unreachable: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - a refusal is reported in one line
+            refused = refusal(exc, self.user, name, f"key {keys[0] if keys else '-'}", self.sources.get(name))
+            if refused is not None:
+                raise refused from None
+            if isinstance(exc, _redis_errors()):
+                raise InfraError(f"generation store: Redis unreachable: {exc}") from exc
+            raise
 
 
 def _drive_sync(backend: Any, op: Op) -> Any:
