@@ -224,12 +224,13 @@ def _process_plan(config: ChaosConfig) -> list[tuple[float, str]]:
 
 def redis_kill_times(config: ChaosConfig) -> list[float]:
     """When to kill the namespace's Redis master, as fractions of the run: spread over 10-85%
-    of it, the one nearest the killed worker's recovery moved onto it (recovery commits run
-    through that failover); 30% for a single kill without process faults."""
+    of it, the one nearest the worker kill moved to half a second after it, so the slot is
+    down while the control processor declares that worker dead and its sessions' recovery
+    commits are made; 30% for a single kill without process faults."""
     n = config.redis_faults
     at = [0.1 + 0.75 * k / (n - 1) for k in range(n)] if n > 1 else [0.3] * n
     if config.process_faults and n:
-        recovery = 0.45 + (config.heartbeat_timeout_s + 0.5) / config.duration_s
+        recovery = 0.45 + 0.5 / config.duration_s
         at[min(range(n), key=lambda k: abs(at[k] - recovery))] = recovery
     return sorted(at)
 
