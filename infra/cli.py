@@ -230,8 +230,6 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
               metrics_port: Optional[int] = MetricsPort, metrics_host: str = MetricsHost,
               log_format: str = LogFormat) -> None:
     """Run one control-plane processor (a faust worker) against the configured cluster."""
-    import faust
-
     settings = _settings()
     config = _logging(log_format, "WARNING")
     _warn_unsigned(settings)
@@ -240,16 +238,22 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
     if name not in builders:
         console.print(f"[red]unknown processor {name!r}[/red]; choose from {sorted(builders)}")
         raise typer.Exit(2)
-    from streams.faust_app import shorten_gil_switch
+    from streams.faust_app import ProcessorWorker, shorten_gil_switch
 
     shorten_gil_switch()
     module = __import__(builders[name], fromlist=["build_app"])
     faust_app = module.build_app(settings)
     terminal = sys.stdout.isatty()  # else no banner, no spinner: a log file holds log lines only
-    runner = faust.Worker(faust_app, loglevel="warning", quiet=not terminal, logging_config=config)
+    runner = ProcessorWorker(faust_app, loglevel="warning", quiet=not terminal, logging_config=config)
     if not terminal:
         runner.spinner = None
-    runner.execute_from_commandline()
+    try:
+        runner.execute_from_commandline()
+    except SystemExit:
+        if runner.refused is None:
+            raise
+    if runner.refused is not None:  # the broker refused its start-up: one line, exit code 1
+        raise runner.refused
 
 
 @app.command("demo")

@@ -8,17 +8,20 @@ open bugs): agents are at-least-once and rely on generations.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import re
 import sys
 import tempfile
 from typing import Any
 
 import faust
-from aiokafka.errors import TopicAuthorizationFailedError
+from aiokafka.errors import (ClusterAuthorizationFailedError, GroupAuthorizationFailedError,
+                             TopicAuthorizationFailedError)
 
 from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, header_tag, key_for
-from schemas.errors import SchemaError
+from schemas.errors import AccessDeniedError, SchemaError
 from schemas.records import Record
 from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
 
@@ -27,7 +30,8 @@ from .kafka import dead_letter_record, refusal
 from .prom import metrics
 from .topics import TopicCatalogue
 
-__all__ = ["make_app", "cluster_replication", "FaustPublisher", "decode_event", "shorten_gil_switch"]
+__all__ = ["make_app", "cluster_replication", "FaustPublisher", "decode_event", "shorten_gil_switch",
+           "ProcessorWorker", "start_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +138,44 @@ def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
     if "topic_replication_factor" not in opts:
         opts["topic_replication_factor"] = cluster_replication(settings)
     return faust.App(f"{settings.topic_prefix}{name}", **opts)
+
+
+def start_refusal(exc: BaseException, username: str | None) -> AccessDeniedError | None:
+    """The broker's refusal that stopped a faust processor's start-up, in one line naming the
+    principal (SASL user ``username``), the operation and the topic or group; None when
+    ``exc`` is something else. faust creates its leader topic and subscribes its group at
+    start-up; its producer is idempotent (the cluster's IdempotentWrite, which Write on any
+    topic implies)."""
+    said = str(exc)
+    if isinstance(exc, TopicAuthorizationFailedError):
+        created = re.search(r"Cannot create topic: (\S+)", said)
+        if created:
+            return refusal(username, "create", f"topic {created.group(1)}", exc)
+        named = [", ".join(sorted(map(str, a))) for a in exc.args if isinstance(a, (set, frozenset, list, tuple))]
+        return refusal(username, "read", f"topic {named[0] if named else '(unnamed)'}", exc)
+    if isinstance(exc, GroupAuthorizationFailedError):
+        group = next((str(a) for a in exc.args if isinstance(a, str)), "(unnamed)")
+        return refusal(username, "read", f"group {group}", exc)
+    if isinstance(exc, ClusterAuthorizationFailedError):
+        return refusal(username, "IdempotentWrite", "the cluster (Write on any topic grants it)", exc)
+    return None
+
+
+class ProcessorWorker(faust.Worker):
+    """faust's worker, except that a start-up the broker's ACLs refuse ends quietly with
+    ``refused`` set (the caller reports it in one line) instead of faust's logged traceback."""
+
+    refused: AccessDeniedError | None = None
+
+    async def start(self) -> None:
+        try:
+            await super().start()
+        except Exception as exc:  # noqa: BLE001 - a refusal is kept, anything else goes on to faust
+            refused = start_refusal(exc, getattr(self.app.conf.broker_credentials, "username", None))
+            if refused is None:
+                raise
+            self.refused = refused
+            raise asyncio.CancelledError() from None  # faust's worker stops without a traceback
 
 
 class FaustPublisher:

@@ -261,3 +261,17 @@ def test_a_read_outside_the_role_is_refused_by_the_broker(secured: Secured) -> N
         asyncio.run(run())
     assert str(refused.value) == ("the broker refused principal 'User:worker' read on topic "
                                   "sec.scaling-commands (TopicAuthorizationFailedError)")
+
+
+def test_a_faust_processor_the_broker_refuses_at_start_up_says_so_in_one_line(secured: Secured) -> None:
+    """The detector run as the metrics principal: faust's start-up creates the detector's
+    leader topic, which only the detector principal may; the process ends with one line
+    naming the principal, the operation and the topic (exit code 1), no traceback."""
+    env = {**os.environ, **_cli_env(secured), **secured.env("metrics")}
+    done = subprocess.run([sys.executable, "-m", "infra", "processor", "detector"], env=env, capture_output=True,
+                          text=True, timeout=90)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = [ln for ln in done.stdout.splitlines() if ln.strip()]
+    assert out == ["error: the broker refused principal 'User:metrics' create on topic "
+                   "sec.detector-__assignor-__leader (TopicAuthorizationFailedError)"], out
+    assert "Traceback" not in done.stderr and "TopicAuthorizationFailedError" not in done.stderr, done.stderr
