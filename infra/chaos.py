@@ -264,13 +264,14 @@ def unserved_across(times: dict[str, list[float]], at: float, end: float) -> flo
 
 
 def _redis_summary(settings: Settings, cluster: Any, events: list[dict[str, Any]],
-                   times: dict[str, list[float]], claims: list[Claimed], t0: float, end: float) -> dict[str, Any]:
+                   times: dict[str, list[float]], downs: list[WorkerDown], t0: float, end: float) -> dict[str, Any]:
     """The cluster, its failovers, and per failover: the longest time a session went unserved
-    across the kill and the recoveries (claims of a later generation) made while it lasted."""
+    across the kill, and the workers declared dead while the slot failed over (their sessions'
+    recovery commits were made through the failover)."""
     out = [{"at_s": round(e["start"] - t0, 1), "killed": e["killed"], "promoted": e["promoted"],
             "promoted_s": e["promoted_s"], "rejoined_s": e["rejoined_s"],
             "unserved_s": unserved_across(times, e["start"], end),
-            "recoveries": sum(1 for c in claims if c.generation.epoch > 1 and e["start"] <= c.ts <= e["end"])}
+            "declared_down": sorted(d.worker_id for d in downs if e["start"] <= d.ts <= e["end"])}
            for e in events]
     return {"masters": cluster.masters, "replicas": cluster.masters * cluster.replicas,
             "failovers": len(events), "replica_ack": settings.redis.acks > 0, "replica_acks": settings.redis.acks,
@@ -411,7 +412,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                                          if r.reason == "missed heartbeats"}},
             "broker_faults": _broker_fault_summary(broker_faults, times, t0),
             **({"redis": _redis_summary(settings, redis_cluster, redis_events,
-                                        {sid: times[sid] for sid in still_open}, log.of(Claimed), t0, t_close)}
+                                        {sid: times[sid] for sid in still_open}, log.of(WorkerDown), t0, t_close)}
                if redis_cluster is not None else {}),
             **audit_chunks(chunks),
             "overshoots": counts["overshoots"],

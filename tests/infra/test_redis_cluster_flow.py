@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from infra.chaos import AUDIT_KEYS, ChaosConfig, redis_kill_times, run_chaos
+from infra.chaos import AUDIT_KEYS, ChaosConfig, redis_kill_times, run_chaos, unserved_across
 from infra.flow import run_flow
 from infra.redis_cluster import EmbeddedRedisCluster
 from streams.config import Settings
@@ -50,6 +50,12 @@ def test_redis_kills_are_spread_and_one_meets_the_recovery():
     # the worker killed at 45% of the run is declared dead and recovered while the slot is down
     with_worker_kill = redis_kill_times(ChaosConfig(redis_faults=10, duration_s=100.0))
     assert 0.455 in with_worker_kill and len(with_worker_kill) == 10
+
+
+def test_unserved_across_a_kill_runs_to_the_next_chunk_or_the_end():
+    assert unserved_across({"a": [1.0, 2.0, 6.0], "b": [2.5, 3.5]}, 3.0, 10.0) == 4.0  # a: 2 -> 6
+    assert unserved_across({"b": [1.5]}, 3.0, 10.0) == 8.5  # never served again: until the end
+    assert unserved_across({"c": []}, 3.0, 10.0) == 7.0
 
 
 def test_chaos_fails_the_namespace_master_over_twice(kafka_bootstrap, namespace, tmp_path):
