@@ -18,17 +18,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from schemas import records as r
 from schemas.codec import encode
+from schemas.errors import ConfigError
 from schemas.topics import SCALING_COMMANDS
 from streams.config import PROVISIONER_ENV, Settings, child_env
+from streams.config_file import env_var
 
 from .supervision import spawn, stop_in_order
 
 __all__ = ["Provisioner", "LocalProcessProvisioner", "ProvisionerService", "run_provisioner",
-           "next_index"]
+           "next_index", "WORKER_SASL_ENV", "worker_credentials"]
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +59,28 @@ def next_index(pool: str, worker_ids: Iterable[str]) -> int:
     return 1 + max((int(m.group(1)) for w in worker_ids if (m := pattern.match(w))), default=-1)
 
 
+# the Kafka SASL user and password the provisioner's workers run as (the worker principal of
+# streams.kafka_acls), so they do not inherit the provisioner's own
+WORKER_SASL_ENV = ("CHUNKSERVE_WORKER_KAFKA_SASL_USERNAME", "CHUNKSERVE_WORKER_KAFKA_SASL_PASSWORD")
+
+
+def worker_credentials(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """The workers' own SASL user and password from ``env``: both variables or neither
+    (then the workers run as the provisioner's principal)."""
+    user, password = (env.get(k) or None for k in WORKER_SASL_ENV)
+    if (user is None) != (password is None):
+        given, missing = WORKER_SASL_ENV if password is None else WORKER_SASL_ENV[::-1]
+        raise ConfigError(given, f"set {missing} with it (the workers' own Kafka principal)", "environment")
+    return (user, password) if user and password else None
+
+
 class LocalProcessProvisioner:
     """Workers as child processes: ``python -m infra worker --worker-id <pool>-<n> ...``.
 
     Children inherit the ``CHUNKSERVE_*`` environment (pointed at ``settings``) with
     ``CHUNKSERVE_PROVISIONER`` naming this provisioner (so each announces itself as one
-    chunkserve may shut down: ``WorkerProvisioned``), log to
+    chunkserve may shut down: ``WorkerProvisioned``), with ``worker_credentials`` (SASL user
+    and password) as their Kafka principal when given, log to
     ``log_dir/<id>.log`` (or to this process's output) and stop with this provisioner, even
     when it is killed (``workers.supervision``).
     """
@@ -70,8 +88,10 @@ class LocalProcessProvisioner:
     def __init__(self, settings: Settings, pool: str = "default", *, capacity: int = 8,
                  device: str = "cpu", chunk_interval_s: float = 0.1, first_index: int = 0,
                  log_dir: Path | None = None, stop_timeout_s: float = 15.0,
-                 command: Iterable[str] = (sys.executable, "-m", "infra", "worker")) -> None:
+                 command: Iterable[str] = (sys.executable, "-m", "infra", "worker"),
+                 worker_credentials: tuple[str, str] | None = None) -> None:
         self.settings = settings
+        self.worker_credentials = worker_credentials
         self.pool = pool
         self.capacity = capacity
         self.device = device
@@ -96,6 +116,10 @@ class LocalProcessProvisioner:
                 out = open(self.log_dir / f"{wid}.log", "ab")
             try:
                 env = {**child_env(self.settings), PROVISIONER_ENV: f"provisioner-{self.pool}"}
+                for name in WORKER_SASL_ENV:  # the provisioner's to hand out, not the worker's
+                    env.pop(name, None)
+                if self.worker_credentials is not None:
+                    env[env_var("kafka.sasl_username")], env[env_var("kafka.sasl_password")] = self.worker_credentials
                 self.procs[wid] = spawn(args, env, stdout=out,
                                         stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL)
             finally:
@@ -208,12 +232,14 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
 
     Without ``provisioner``, a :class:`LocalProcessProvisioner` for ``CHUNKSERVE_POOL``
     (default ``default``) starting workers of ``CHUNKSERVE_WORKER_CAPACITY`` slots (default 8),
-    logging under ``CHUNKSERVE_LOG_DIR`` when set.
+    logging under ``CHUNKSERVE_LOG_DIR`` when set, as the Kafka principal of
+    ``CHUNKSERVE_WORKER_KAFKA_SASL_USERNAME`` / ``_PASSWORD`` when set.
     """
     from streams.generations import GenerationStore
     from streams.kafka import RecordConsumer, RecordProducer
     from streams.topics import ensure_topics
 
+    credentials = worker_credentials(os.environ) if provisioner is None else None
     catalogue = await ensure_topics(settings)
     store = GenerationStore.from_settings(settings)
     if provisioner is None:
@@ -222,7 +248,7 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
         provisioner = LocalProcessProvisioner(
             settings, pool, capacity=int(os.environ.get("CHUNKSERVE_WORKER_CAPACITY") or 8),
             first_index=next_index(pool, await store.load_view()),
-            log_dir=Path(log_dir) if log_dir else None)
+            log_dir=Path(log_dir) if log_dir else None, worker_credentials=credentials)
     producer = await RecordProducer(settings, catalogue, client_id="provisioner").start()
     consumer = RecordConsumer(settings, [SCALING_COMMANDS], producer, name="provisioner",
                               group_id=f"{settings.topic_prefix}provisioner", catalogue=catalogue)

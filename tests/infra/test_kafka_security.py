@@ -275,3 +275,50 @@ def test_a_faust_processor_the_broker_refuses_at_start_up_says_so_in_one_line(se
     assert out == ["error: the broker refused principal 'User:metrics' create on topic "
                    "sec.detector-__assignor-__leader (TopicAuthorizationFailedError)"], out
     assert "Traceback" not in done.stderr and "TopicAuthorizationFailedError" not in done.stderr, done.stderr
+
+
+def test_workers_the_provisioner_starts_run_as_the_worker_principal(secured: Secured, tmp_path: Path) -> None:
+    """The provisioner runs as its own principal; given CHUNKSERVE_WORKER_KAFKA_SASL_USERNAME /
+    _PASSWORD the workers it starts sign in to the broker as the worker principal and serve
+    (WorkerUp, no refusal); without them a worker signs in as the provisioner."""
+    from schemas.records import WorkerUp
+    from schemas.topics import WORKER_EVENTS
+    from workers.provisioner import LocalProcessProvisioner, worker_credentials
+
+    pw = secured.security.users["worker"]
+    creds = worker_credentials({"CHUNKSERVE_WORKER_KAFKA_SASL_USERNAME": "worker",
+                                "CHUNKSERVE_WORKER_KAFKA_SASL_PASSWORD": pw})
+    assert creds == ("worker", pw) and worker_credentials({}) is None
+    with pytest.raises(ConfigError, match="CHUNKSERVE_WORKER_KAFKA_SASL_USERNAME: set "
+                                          "CHUNKSERVE_WORKER_KAFKA_SASL_PASSWORD with it"):
+        worker_credentials({"CHUNKSERVE_WORKER_KAFKA_SASL_USERNAME": "worker"})
+
+    async def run(credentials: tuple[str, str] | None, pool: str) -> tuple[bool, str]:
+        """Whether the worker announced itself, and its log."""
+        prov = LocalProcessProvisioner(secured.settings("provisioner"), pool, capacity=1, log_dir=tmp_path,
+                                       chunk_interval_s=0.05, worker_credentials=credentials)
+        events = RecordConsumer(secured.settings(), [WORKER_EVENTS], None, name="t")
+        await events.start(subscribe=False)
+        try:
+            await events.assign(WORKER_EVENTS, await events.partitions(WORKER_EVENTS), from_end=True)
+            (wid,) = await prov.start(1, "cpu")
+            log = tmp_path / f"{wid}.log"
+            deadline, up = time.monotonic() + 60, False
+            while time.monotonic() < deadline and not up:
+                up = any(isinstance(d.record, WorkerUp) and d.record.worker_id == wid
+                         for d in await events.poll(timeout_ms=200))
+                if credentials is None and "Authenticated as" in log.read_text(errors="replace"):
+                    break
+            if up:
+                await asyncio.sleep(2.0)  # it reads worker-commands once it has announced itself
+            return up, log.read_text(errors="replace")
+        finally:
+            await events.stop()
+            await prov.close()
+
+    up, said = asyncio.run(run(creds, "as-worker"))
+    assert up and "Authenticated as worker via SCRAM-SHA-512" in said, said[-2000:]
+    assert "Authenticated as provisioner" not in said and "refused principal" not in said, said[-2000:]
+    assert "Traceback" not in said, said[-2000:]
+    _, said = asyncio.run(run(None, "as-provisioner"))  # the control: the provisioner's principal
+    assert "Authenticated as provisioner via SCRAM-SHA-512" in said and "as worker" not in said, said[-2000:]
