@@ -157,7 +157,7 @@ def _refused(settings: Settings, exc_type: type[Exception] = AccessDeniedError) 
 def test_a_wrong_password_a_plaintext_client_or_another_ca_is_refused_in_one_line(secured: Secured) -> None:
     line, took = _refused(secured.settings(password="not-it"))
     assert line.startswith("Redis refused user 'chunkserve' sign-in on the Redis Cluster node 127.0.0.1:"), line
-    assert "CHUNKSERVE_REDIS_PASSWORD" in line and "not-it" not in line and took < 5, (line, took)
+    assert "CHUNKSERVE_REDIS_PASSWORD" in line and "not-it" not in line and took < 15, (line, took)  # not the failover's 30 s
     line, _ = _refused(secured.settings(user=None, password=None))  # the default user is off
     assert line.startswith("Redis refused user 'default' sign-in"), line
     assert "it wants credentials: set CHUNKSERVE_REDIS_USERNAME and CHUNKSERVE_REDIS_PASSWORD" in line, line
@@ -166,9 +166,9 @@ def test_a_wrong_password_a_plaintext_client_or_another_ca_is_refused_in_one_lin
         secured.settings(url=plaintext)  # a CA with a plaintext URL is a setting's error, not TLS
     env = {k: v for k, v in secured.env(url=plaintext).items() if k != "CHUNKSERVE_REDIS_SSL_CA_CERTS"}
     line, took = _refused(Settings.from_env(env), InfraError)  # a client without TLS
-    assert "as user 'chunkserve'" in line and "use rediss://" in line and took < 10, (line, took)
+    assert "as user 'chunkserve'" in line and "use rediss://" in line and took < 15, (line, took)
     line, took = _refused(secured.settings(ca=secured.pki.other_ca), InfraError)
-    assert "CERTIFICATE_VERIFY_FAILED" in line and took < 10, (line, took)
+    assert "CERTIFICATE_VERIFY_FAILED" in line and took < 15, (line, took)
 
 
 @pytest.mark.parametrize("user, lacks", [
