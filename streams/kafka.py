@@ -172,14 +172,33 @@ class RecordConsumer:
         after the creation returns)."""
         topic = self.catalogue.name(logical)
         deadline = time.monotonic() + timeout_s
+        asked = False
         while True:
             cluster = await self._consumer._client.fetch_all_metadata()  # what topics() reads
             found = cluster.partitions_for_topic(topic)
             if found:
                 return sorted(found)
+            if not asked:  # a topic this principal may not Describe is left out, not refused
+                asked = True
+                if await self._describe_refused(topic):
+                    raise refusal(self.settings.kafka.sasl_username, "describe", f"topic {topic}",
+                                  TopicAuthorizationFailedError())
             if time.monotonic() > deadline:
                 raise InfraError(f"topic {topic} is not in the cluster's metadata after {timeout_s:.0f}s")
             await asyncio.sleep(0.1)
+
+    async def _describe_refused(self, topic: str) -> bool:
+        """Whether the broker refuses this principal the metadata of ``topic`` when asked for
+        it by name (never creating it); False when it cannot tell."""
+        from aiokafka.protocol.metadata import MetadataRequest
+
+        client = self._consumer._client
+        try:
+            reply = await client.send(client.get_random_node(),
+                                      MetadataRequest([topic], allow_auto_topic_creation=False))
+        except Exception:  # noqa: BLE001 - an older broker or a lost connection: keep waiting
+            return False
+        return any(t[1] == topic and t[0] == TopicAuthorizationFailedError.errno for t in reply.topics)
 
     async def assign(self, logical: str, partitions: list[int], from_end: bool) -> None:
         """Read the given partitions without a group; ``from_end`` skips what is already there."""

@@ -280,7 +280,8 @@ def test_a_faust_processor_the_broker_refuses_at_start_up_says_so_in_one_line(se
 def test_workers_the_provisioner_starts_run_as_the_worker_principal(secured: Secured, tmp_path: Path) -> None:
     """The provisioner runs as its own principal; given CHUNKSERVE_WORKER_KAFKA_SASL_USERNAME /
     _PASSWORD the workers it starts sign in to the broker as the worker principal and serve
-    (WorkerUp, no refusal); without them a worker signs in as the provisioner."""
+    (WorkerUp, no refusal); without them a worker signs in as the provisioner, which may not
+    even see worker-commands, and stops with one line saying so."""
     from schemas.records import WorkerUp
     from schemas.topics import WORKER_EVENTS
     from workers.provisioner import LocalProcessProvisioner, worker_credentials
@@ -307,7 +308,7 @@ def test_workers_the_provisioner_starts_run_as_the_worker_principal(secured: Sec
             while time.monotonic() < deadline and not up:
                 up = any(isinstance(d.record, WorkerUp) and d.record.worker_id == wid
                          for d in await events.poll(timeout_ms=200))
-                if credentials is None and "Authenticated as" in log.read_text(errors="replace"):
+                if credentials is None and "refused principal" in log.read_text(errors="replace"):
                     break
             if up:
                 await asyncio.sleep(2.0)  # it reads worker-commands once it has announced itself
@@ -322,3 +323,5 @@ def test_workers_the_provisioner_starts_run_as_the_worker_principal(secured: Sec
     assert "Traceback" not in said, said[-2000:]
     _, said = asyncio.run(run(None, "as-provisioner"))  # the control: the provisioner's principal
     assert "Authenticated as provisioner via SCRAM-SHA-512" in said and "as worker" not in said, said[-2000:]
+    assert ("error: the broker refused principal 'User:provisioner' describe on topic sec.worker-commands "
+            "(TopicAuthorizationFailedError)") in said and "Traceback" not in said, said[-2000:]
