@@ -47,3 +47,30 @@ def test_acl_user_runs_the_store_and_nothing_else(redis_url, namespace):
         for key in admin.scan_iter(f"{{{namespace}}}*"):
             admin.delete(key)
         admin.close()
+
+
+def test_a_user_without_a_command_the_store_runs_is_refused_in_one_line(redis_url, namespace):
+    """On one Redis too: the store's script refused ``pexpire`` (a close) is reported naming
+    the user, the operation and the command (from the script's line), not as a Lua error."""
+    from schemas.errors import AccessDeniedError
+
+    admin = redis.Redis.from_url(redis_url)
+    user, password = f"cs-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    rules = [r for r in acl_rules(namespace) if r != "+pexpire"]
+    admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules)
+    limited = redis.Redis.from_url(redis_url, username=user, password=password)
+    store = SyncGenerationStore(limited, namespace)
+    try:
+        store.register_worker("w1", 1)
+        gen = store.commit("s1", 0, "w1")
+        with pytest.raises(AccessDeniedError) as refused:
+            store.release("s1", gen, close=True)
+        line = str(refused.value)
+        assert line.startswith(f"Redis refused user {user!r} release on key {{{namespace}}}:s:s1 ("), line
+        assert "'pexpire' command" in line and "\n" not in line and password not in line, line
+    finally:
+        limited.close()
+        admin.execute_command("ACL", "DELUSER", user)
+        for key in admin.scan_iter(f"{{{namespace}}}*"):
+            admin.delete(key)
+        admin.close()
