@@ -40,7 +40,10 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass, replace
+from operator import attrgetter, itemgetter
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -60,6 +63,7 @@ __all__ = [
     "AutoscalerConfig",
     "AutoscalerState",
     "utilization",
+    "execution_counts",
     "autoscale",
     "shutdowns",
     "resize",
@@ -70,6 +74,8 @@ __all__ = [
 
 TABLE_FORMAT = "chunkserve.volatility-table"
 Recent = tuple[tuple[int, int, int, int], ...]
+_EXEC = SessionState.EXECUTION
+_GPU_ID, _LIFECYCLE, _FIRST = attrgetter("gpu_id"), attrgetter("lifecycle"), itemgetter(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +214,24 @@ class AutoscalerState:
     measured: tuple[int, int, int, int, int, int] | None = None
 
 
-def utilization(snapshot: Snapshot, model: LatencyModel, reserve: int = 0, active: int | None = None) -> tuple[float, int]:
+def execution_counts(snapshot: Snapshot) -> tuple[int, dict[str, int]]:
+    """(A, executing sessions per GPU id): ``active_count()`` and ``loads()`` in one
+    counting pass (the sessions loop is the hot path of a large pool)."""
+    sessions = snapshot.sessions
+    count = Counter(zip(map(_GPU_ID, sessions), map(_LIFECYCLE, sessions)))
+    active = sum(v for (_, life), v in count.items() if life is _EXEC)
+    return active, {g.id: count.get((g.id, _EXEC), 0) for g in snapshot.gpus}
+
+
+def utilization(snapshot: Snapshot, model: LatencyModel, reserve: int = 0, active: int | None = None,
+                loads: dict[str, int] | None = None) -> tuple[float, int]:
     """(u_max, A): worst n_j / K_j over ready GPUs, raised to the unplaced demand's share
-    (A plus ``reserve`` sessions over the ready capacity); ``active`` is A when known."""
-    loads = snapshot.loads()
-    if active is None:
+    (A plus ``reserve`` sessions over the ready capacity); ``active`` and ``loads`` are A
+    and the per-GPU executing counts when known."""
+    if loads is None:
+        a, loads = execution_counts(snapshot)
+        active = a if active is None else active
+    elif active is None:
         active = snapshot.active_count()
     ready = [g for g in snapshot.gpus if g.state is GpuState.READY]
     cap = sum(model[g.type].capacity for g in ready)
@@ -233,9 +252,12 @@ def record_active(recent: Recent, now: float, active: int, config: AutoscalerCon
         lo, hi = min(lo, recent[-1][1]), max(hi, recent[-1][2])
         recent = recent[:-1]
     span = b - math.ceil(config.boot_s / bucket - 1e-9)
-    low = min([r[1] for r in recent if r[0] >= span] + [lo])
+    low = min(min(map(_LOW, recent[bisect_left(recent, span, key=_FIRST):]), default=lo), lo)
     first = b - math.ceil((config.burst_memory_s + config.boot_s) / bucket - 1e-9)
-    return tuple(r for r in recent if r[0] >= first) + ((b, lo, hi, hi - low),)
+    return recent[bisect_left(recent, first, key=_FIRST):] + ((b, lo, hi, hi - low),)
+
+
+_LOW = itemgetter(1)
 
 
 def burst_reserve(recent: Recent, config: AutoscalerConfig | None = None) -> int:
@@ -245,7 +267,13 @@ def burst_reserve(recent: Recent, config: AutoscalerConfig | None = None) -> int
         return max((r[3] for r in recent), default=0)
     span = config.burst_memory_s / config.burst_bucket_s
     last = recent[-1][0]
-    return math.ceil(max(r[3] * max(0.0, 1.0 - (last - r[0]) / span) for r in recent) - 1e-9)
+    best = 0.0
+    for at, _, _, rise in recent:  # a plain loop: this runs at every decision
+        if rise > best:
+            w = rise * max(0.0, 1.0 - (last - at) / span)
+            if w > best:
+                best = w
+    return math.ceil(best - 1e-9)
 
 
 def slo_feedback(state: AutoscalerState, snapshot: Snapshot, config: AutoscalerConfig) -> AutoscalerState:
@@ -276,6 +304,8 @@ def slo_feedback(state: AutoscalerState, snapshot: Snapshot, config: AutoscalerC
 def shutdowns(snapshot: Snapshot) -> tuple[Shutdown, ...]:
     """Shutdown for each draining GPU no session (in any lifecycle state) still names;
     never for an external one (chunkserve cannot stop it)."""
+    if not any(g.state is GpuState.DRAINING for g in snapshot.gpus):
+        return ()
     held = {s.gpu_id for s in snapshot.sessions if s.gpu_id is not None and s.lifecycle is not SessionState.TERMINATED}
     return tuple(Shutdown(g.id) for g in sorted(snapshot.gpus, key=lambda g: g.id)
                  if g.state is GpuState.DRAINING and not g.external and g.id not in held)
@@ -305,7 +335,7 @@ def autoscale(
         h = state.headroom if state.headroom is not None else config.headroom_start
         u_target, delta = min(0.98, u_target * h), delta * min(1.0, h)
     reserve = 0
-    executing = snapshot.active_count()
+    executing, loads = execution_counts(snapshot)
     if foresight is not None:  # an oracle: the peak of the next boot time is known
         reserve = max(0, foresight - executing)
     elif config.burst_memory_s > 0:
@@ -316,7 +346,7 @@ def autoscale(
         state = replace(state, recent=recent)
     if config.slo is not None:
         return _slo_scale(snapshot, model, config, state, u_target, reserve, executing)
-    u_max, active = utilization(snapshot, model, reserve, executing)
+    u_max, active = utilization(snapshot, model, reserve, executing, loads)
     demand = active + reserve
     low = u_max < u_target - delta
     if low:
@@ -382,8 +412,7 @@ def resize(snapshot: Snapshot, model: LatencyModel, need: float, config: Autosca
         return (ScaleOut(count, config.gpu_type),) if count > 0 else ()
     if any(g.state is GpuState.BOOTING for g in pool):
         return ()
-    loads = snapshot.loads()
-    active = snapshot.active_count()
+    active, loads = execution_counts(snapshot)
 
     def order(g: Any) -> tuple[int, float, str]:
         p = model[g.type]

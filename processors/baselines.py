@@ -12,6 +12,7 @@ turboserve's, and a resumed session is placed again (fewest sessions / lag / mag
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -26,6 +27,7 @@ from processors.snapshot import GpuState, Snapshot
 __all__ = ["greedy_place", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
 
 _GPU_ID, _LIFECYCLE = attrgetter("gpu_id"), attrgetter("lifecycle")
+_STATES = tuple(SessionState)
 
 # score(profile, sessions on the GPU, state bytes on the GPU, state bytes of the newcomer)
 Score = Callable[[GpuProfile, int, int, int], float]
@@ -60,7 +62,7 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
     if not any(g not in gpus and life is execution for g, life in count):
         return (), start
     n = {g: count[(g, execution)] for g in gpus}
-    held = {g: sum(count[(g, life)] for life in SessionState) for g in gpus} if pinned else dict(n)
+    held = {g: sum(count[(g, life)] for life in _STATES) for g in gpus} if pinned else dict(n)
     mem = dict.fromkeys(gpus, 0)
     if score is not _fewest and score is not _latency and score is not _ROUND_ROBIN:  # the score may read memory
         for s in sessions:
@@ -70,15 +72,21 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
     ready = sorted(g for g, x in gpus.items() if x.state is GpuState.READY)
     profile = {g: model[gpus[g].type] for g in ready}
     room = [g for g in ready if held[g] < profile[g].capacity]  # by id; shrinks as GPUs fill
+    free = set(room)
+    # scores that read only n: a heap of (score, id) gives min over the room in log time
+    heap = [(score(profile[x], n[x], 0, 0), x) for x in room] if score is _fewest or score is _latency else None
+    if heap is not None:
+        heapq.heapify(heap)
     out: list[Command] = []
     for s in waiting:
-        if not room:
+        if not free:
             break
         if score is _ROUND_ROBIN:
-            free = set(room)
             at = next((i for i in range(len(ready)) if ready[(start + i) % len(ready)] in free))
             g = ready[(start + at) % len(ready)]
             start = (start + at + 1) % len(ready)
+        elif heap is not None:
+            g = heapq.heappop(heap)[1]
         else:
             g = min((score(profile[x], n[x], mem[x], s.state_bytes), x) for x in room)[1]
         n[g] += 1
@@ -86,6 +94,9 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
         mem[g] += s.state_bytes
         if held[g] >= profile[g].capacity:
             room.remove(g)
+            free.discard(g)
+        elif heap is not None:
+            heapq.heappush(heap, (score(profile[g], n[g], 0, 0), g))
         out.append(Resume(s.id, g) if s.restore or s.gpu_id is not None else Place(s.id, g))
     return tuple(out), start
 

@@ -224,7 +224,7 @@ class Runner:
 
 
 def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str = "turboserve", slo: Slo = Slo(),
-            jobs: int = 1) -> dict[str, Any]:
+            jobs: int = 1, _slo_subject: bool = True) -> dict[str, Any]:
     """Run ``policies``; when ``subject`` is among them, the comparisons against it.
     ``jobs`` > 1 makes the runs in that many processes first (same runs, same figures)."""
     if jobs > 1 and subject in policies:
@@ -253,7 +253,8 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
         }
         pools = dict(mc_pool)
         if subject == "turboserve" and "turboserve-no-autoscale" in policies:
-            pools["turboserve-no-autoscale"] = runner.latency_matched_pool("turboserve-no-autoscale", sub.worst_chunk_latency_s)
+            pools["turboserve-no-autoscale"] = runner.latency_matched_pool("turboserve-no-autoscale", sub.worst_chunk_latency_s,
+                                                                           _hint("turboserve-no-autoscale", ml_pool))
     for name in policies:
         if name == "oracle-autoscale" and sub is not None:
             u, res = _matched_oracle(runner, sub)
@@ -274,7 +275,7 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
             out["ablation_cost_increase_pct"] = {
                 a: 100.0 * (pol[a]["cost"] - sub.cost) / sub.cost for a in ABLATIONS if a in pol and sub.cost > 0
             }
-    out["slo"] = _slo(runner, policies, slo)
+    out["slo"] = _slo(runner, policies if _slo_subject else [p for p in policies if p != subject], slo)
     return out
 
 
@@ -282,13 +283,15 @@ _SHARED: Runner | None = None  # the runner forked workers inherit
 
 
 def _groups(runner: Runner, policies: Sequence[str], subject: str) -> list[list[str]]:
-    """Policies whose runs do not depend on each other's, biggest first: the pinned fixed
-    pools (their searches share hints), the offload ones, then each other policy."""
+    """Policies whose runs do not depend on each other's, biggest first: the offload fixed
+    pools with the no-autoscale ablation (its searches start from their answers), the
+    pinned ones (their searches share hints), then each other policy, and last ``[]``: the
+    subject's run at the SLO."""
     pinned = [p for p in policies if runner.fixed(p) and p in PAPER_BASELINES and p != subject]
-    offload = [p for p in policies if runner.fixed(p) and p not in PAPER_BASELINES and p != subject]
-    rest = sorted((p for p in policies if not runner.fixed(p) and p != subject),
-                  key=lambda p: (p != "turboserve-no-autoscale", p != "oracle-autoscale"))
-    return [g for g in (pinned, offload) if g] + [[p] for p in rest]
+    offload = [p for p in policies if (runner.fixed(p) and p not in PAPER_BASELINES or p == "turboserve-no-autoscale") and p != subject]
+    rest = sorted((p for p in policies if not runner.fixed(p) and p not in offload and p != subject),
+                  key=lambda p: (p != "oracle-autoscale", p != "oracle", p != "turboserve-no-migration"))
+    return [g for g in (offload, pinned) if g] + [[p] for p in rest] + ([[]] if subject in SLO_CONFIGURED else [])
 
 
 def _part(args: tuple[list[str], str, Slo]) -> tuple[dict[tuple[Any, ...], SimResult], dict[tuple[Any, ...], SimResult]]:
@@ -297,7 +300,10 @@ def _part(args: tuple[list[str], str, Slo]) -> tuple[dict[tuple[Any, ...], SimRe
     assert runner is not None
     runner.on_run = None
     cache, partial = set(runner.cache), set(runner.partial)
-    compare(runner, [subject, *names], subject, slo)
+    if names:  # the subject's own SLO run is the task of its own (no names)
+        compare(runner, [subject, *names], subject, slo, _slo_subject=False)
+    else:
+        compare(runner, [subject], subject, slo)
     return ({k: v for k, v in runner.cache.items() if k not in cache}, {k: v for k, v in runner.partial.items() if k not in partial})
 
 
@@ -306,8 +312,6 @@ def _prefetch(runner: Runner, policies: Sequence[str], subject: str, slo: Slo, j
     per task (each task makes exactly the runs the sequential comparison makes for it)."""
     global _SHARED
     runner.run(subject)
-    if subject in SLO_CONFIGURED:
-        runner.run(subject, None, slo=slo)
     groups = _groups(runner, policies, subject)
     if runner.on_run is not None:
         runner.on_run(f"{len(groups)} groups of policies in {jobs} processes")
@@ -323,7 +327,10 @@ def _prefetch(runner: Runner, policies: Sequence[str], subject: str, slo: Slo, j
 
 def _hint(spec: str, found: dict[str, int | None]) -> int | None:
     """A first probe for ``spec``'s search: the answer of the last policy searched of its
-    kind (pinned paper baselines alike, offload ones alike)."""
+    kind (pinned paper baselines alike, offload ones alike); for the no-autoscale ablation
+    (turboserve's placement on a fixed pool, offloading) the smallest offload answer."""
+    if spec == "turboserve-no-autoscale":
+        return min((p for b, p in found.items() if p is not None and b in FIXED_POOL and b not in PAPER_BASELINES), default=None)
     pinned = spec in PAPER_BASELINES
     return next((p for b, p in reversed(found.items()) if p is not None and (b in PAPER_BASELINES) == pinned), None)
 
@@ -340,7 +347,7 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
         if name == "oracle-autoscale":
             continue  # reported at the subject's latency, not at the SLO
         if runner.fixed(name) or name == "turboserve-no-autoscale":
-            pool = runner.smallest_pool(name, bound, _hint(name, found) if runner.fixed(name) else None)
+            pool = runner.smallest_pool(name, bound, _hint(name, found))
             if runner.fixed(name):
                 found[name] = pool
             res = runner.run(name, pool if pool is not None else 8 * max(runner.pinned_pool, runner.peak_pool) + 8)

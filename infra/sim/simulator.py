@@ -197,10 +197,10 @@ class SimResult:
 
 
 class _Gpu:
-    __slots__ = ("id", "type", "state", "since", "roster", "batch", "busy", "leaving", "closing", "start")
+    __slots__ = ("id", "type", "state", "since", "roster", "batch", "busy", "leaving", "closing", "start", "latency")
 
-    def __init__(self, gid: str, gtype: str, state: GpuState, since: float) -> None:
-        self.id, self.type, self.state, self.since = gid, gtype, state, since
+    def __init__(self, gid: str, gtype: str, state: GpuState, since: float, latency: Callable[[int], float]) -> None:
+        self.id, self.type, self.state, self.since, self.latency = gid, gtype, state, since, latency
         self.roster: set[str] = set()  # sessions arrived and runnable here
         self.batch: set[str] = set()  # members of the running chunk
         self.start = 0.0  # when the running chunk started
@@ -261,8 +261,8 @@ class _Sim:
     def add_gpu(self, gtype: str, now: float, state: GpuState) -> _Gpu:
         gid = f"g{self.next_gpu:05d}"
         self.next_gpu += 1
-        g = self.gpus[gid] = _Gpu(gid, gtype, state, now)
-        self.model[gtype]  # unknown types fail here, as a ConfigError
+        latency = self.model[gtype].latency  # unknown types fail here, as a ConfigError
+        g = self.gpus[gid] = _Gpu(gid, gtype, state, now, latency)
         return g
 
     def bill(self, g: _Gpu, now: float) -> None:
@@ -278,7 +278,8 @@ class _Sim:
         g.batch = set(g.roster)
         g.start = now
         g.busy = True
-        self.push(now + self.model[g.type].latency(len(g.batch)), _CHUNK, g.id)
+        self.seq += 1
+        heapq.heappush(self.heap, (now + g.latency(len(g.batch)), _CHUNK, self.seq, g.id))
 
     def chunk_done(self, g: _Gpu, now: float) -> None:
         g.busy = False
