@@ -8,8 +8,8 @@ replica a few ticks later. With the acknowledgement (``redis.replica_acks``), a 
 it and everything before it, as ``WAIT`` does; a write whose acknowledgement never came (the
 master died first, or the replica lagged past the timeout) raises ``InfraError`` to its
 caller, whether or not the write survives. Reads go to the master. A master without a
-replica cannot fail over (Redis Cluster leaves the slot down instead), so such a death is
-not drawn. Pure: no Redis, no clocks; the tick comes from the simulation.
+replica cannot fail over (Redis Cluster leaves the slot down instead), so a death drawn
+then is passed over. Pure: no Redis, no clocks; the tick comes from the simulation.
 """
 
 from __future__ import annotations
