@@ -244,7 +244,8 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
     module = __import__(builders[name], fromlist=["build_app"])
     faust_app = module.build_app(settings)
     terminal = sys.stdout.isatty()  # else no banner, no spinner: a log file holds log lines only
-    runner = ProcessorWorker(faust_app, loglevel="warning", quiet=not terminal, logging_config=config)
+    runner = ProcessorWorker(faust_app, loglevel="warning", quiet=not terminal, logging_config=config,
+                             settings=settings)
     if not terminal:
         runner.spinner = None
     try:

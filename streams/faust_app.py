@@ -161,13 +161,44 @@ def start_refusal(exc: BaseException, username: str | None) -> AccessDeniedError
     return None
 
 
+async def group_refusal(settings: Settings, group: str) -> AccessDeniedError | None:
+    """The broker's refusal of ``settings``' principal for consumer group ``group`` (asked
+    for the group's coordinator, which needs Describe on it; Read grants that), or None. A
+    faust consumer refused its group retries without a word, so this is asked first."""
+    from aiokafka.client import AIOKafkaClient, CoordinationType
+
+    kwargs = settings.kafka.client_kwargs()
+    client = AIOKafkaClient(**{k: kwargs[k] for k in kwargs if k != "ssl_context"},
+                            ssl_context=kwargs.get("ssl_context"))
+    try:
+        await client.bootstrap()
+        await client.coordinator_lookup(CoordinationType.GROUP, group)
+    except GroupAuthorizationFailedError as exc:
+        return refusal(settings.kafka.sasl_username, "read", f"group {group}", exc)
+    except Exception:  # noqa: BLE001 - anything else is faust's to meet and report
+        return None
+    finally:
+        await client.close()
+    return None
+
+
 class ProcessorWorker(faust.Worker):
-    """faust's worker, except that a start-up the broker's ACLs refuse ends quietly with
-    ``refused`` set (the caller reports it in one line) instead of faust's logged traceback."""
+    """faust's worker, except that a start-up the broker's ACLs refuse (its group, asked
+    first with ``settings``; its leader topic; its producer) ends quietly with ``refused``
+    set (the caller reports it in one line) instead of faust's logged traceback or, for the
+    group, a silent wait."""
 
     refused: AccessDeniedError | None = None
 
+    def __init__(self, app: faust.App, *args: Any, settings: Settings | None = None, **kwargs: Any) -> None:
+        super().__init__(app, *args, **kwargs)
+        self._settings = settings
+
     async def start(self) -> None:
+        if self._settings is not None:
+            self.refused = await group_refusal(self._settings, self.app.conf.id)
+            if self.refused is not None:
+                raise asyncio.CancelledError()
         try:
             await super().start()
         except Exception as exc:  # noqa: BLE001 - a refusal is kept, anything else goes on to faust

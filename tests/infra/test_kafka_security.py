@@ -264,17 +264,31 @@ def test_a_read_outside_the_role_is_refused_by_the_broker(secured: Secured) -> N
 
 
 def test_a_faust_processor_the_broker_refuses_at_start_up_says_so_in_one_line(secured: Secured) -> None:
-    """The detector run as the metrics principal: faust's start-up creates the detector's
-    leader topic, which only the detector principal may; the process ends with one line
-    naming the principal, the operation and the topic (exit code 1), no traceback."""
+    """The detector run as the metrics principal, which may not use the detector's consumer
+    group (a faust consumer refused its group retries without a word): the process ends with
+    one line naming the principal, the operation and the group (exit code 1), no traceback.
+    The refusals faust itself meets at start-up (its leader topic, its idempotent producer)
+    become the same line; their messages are the ones this broker gave."""
+    from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
+
+    from streams.faust_app import start_refusal
+
     env = {**os.environ, **_cli_env(secured), **secured.env("metrics")}
     done = subprocess.run([sys.executable, "-m", "infra", "processor", "detector"], env=env, capture_output=True,
                           text=True, timeout=90)
     assert done.returncode == 1, done.stdout + done.stderr
     out = [ln for ln in done.stdout.splitlines() if ln.strip()]
-    assert out == ["error: the broker refused principal 'User:metrics' create on topic "
-                   "sec.detector-__assignor-__leader (TopicAuthorizationFailedError)"], out
-    assert "Traceback" not in done.stderr and "TopicAuthorizationFailedError" not in done.stderr, done.stderr
+    assert out == ["error: the broker refused principal 'User:metrics' read on group sec.detector "
+                   "(GroupAuthorizationFailedError)"], out
+    assert "Traceback" not in done.stderr and "AuthorizationFailed" not in done.stderr, done.stderr
+
+    leader = TopicAuthorizationFailedError("Cannot create topic: sec.detector-__assignor-__leader (29): "
+                                           "Authorization failed.")
+    assert str(start_refusal(leader, "metrics")) == ("the broker refused principal 'User:metrics' create on topic "
+                                                     "sec.detector-__assignor-__leader (TopicAuthorizationFailedError)")
+    assert str(start_refusal(ClusterAuthorizationFailedError(), "watcher")).startswith(
+        "the broker refused principal 'User:watcher' IdempotentWrite on the cluster")
+    assert start_refusal(RuntimeError("other"), "metrics") is None
 
 
 def test_workers_the_provisioner_starts_run_as_the_worker_principal(secured: Secured, tmp_path: Path) -> None:
