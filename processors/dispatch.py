@@ -1,15 +1,28 @@
 """Dispatch decisions: which workers to try for a new session, and what to send where.
 
-Pure: the load view comes in, a ranked candidate list and commands go out. The generation
-commit in Redis, not this ranking, decides admission (DESIGN.md §3).
+Pure: ``decide(view, event, now) -> (view, commands)`` takes the load view and one event
+(with what the store said about its session) and returns commands as data; the shell in
+``agents/dispatch.py`` carries them out. Session events go through the lifecycle table
+(``lifecycle.transition``); the generation commit in Redis, not the ranking, decides
+admission (DESIGN.md §3).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
 
-__all__ = ["WorkerLoad", "rank_candidates", "Bucket", "take", "InputGate"]
+from schemas.records import (Assign, CommandRejected, Generation, PlacementReport, Record, Released,
+                             Resume, RoutedInput, SessionActive, SessionClosed, SessionIdle,
+                             SessionOpened, Suspend, Terminate)
+from streams.generations import SessionView, StoreState
+
+from .lifecycle import STORE_STATE, Action, EventKind, SessionState, transition
+
+__all__ = ["WorkerLoad", "rank_candidates", "Bucket", "take", "InputGate", "DispatchView", "Facts",
+           "Input", "Admission", "Seen", "Committed", "CommitRefused", "Retry", "Event", "Publish",
+           "Commit", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore", "Refuse", "Note",
+           "Command", "decide", "counted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +87,345 @@ class InputGate:
         if not ok:
             return f"input rate over {self.rate:g}/s (burst {self.burst:g}) for this session"
         return None
+
+
+# --- the dispatch core: decide(view, event, now) -> (view, commands) --------------------
+#
+# Dispatch is stateless about sessions: the store holds authority, so every event reaches
+# the core together with what the shell read for it (the session's store view, whether its
+# owner is down). The core says what to do; the shell (processors/agents/dispatch.py) does
+# it and feeds the results back as events (a commit's outcome, a re-read).
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchView:
+    """The dispatch core's state: the workers' loads (a cache the shell refreshes from the
+    store) and when the last placement report went out."""
+
+    workers: Mapping[str, WorkerLoad]
+    reported_at: float = -1e18
+    source: str = "dispatch"  # the replica's name on its placement reports
+    admission_retries: int = 150  # passes over a full fleet (RETRY_S apart) before an admission gives up
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the store says about an event's session when the shell read it."""
+
+    session: SessionView | None
+    owner_down: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """An input to route: from ``session-inputs`` (``partition``/``offset``), or refused by
+    an owner and routed again (``refused`` the owner's refusal)."""
+
+    session_id: str
+    seq: int
+    kind: str
+    payload: str
+    ts: float = 0.0
+    partition: int = -1
+    offset: int = -1
+    refused: CommandRejected | None = None
+    rereads_left: int = 0  # re-reads of an unknown session left (its open may still be in flight)
+    origin: Any = field(default=None, compare=False, repr=False)  # the shell's handle on the record
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A session's next generation being committed: what for, and the workers tried."""
+
+    session_id: str
+    prompt: str = ""
+    expected_epoch: int = 0
+    restore: bool = False
+    recover: bool = False
+    tried: frozenset[str] = frozenset()
+    retries_left: int = 0  # passes over the workers left (one every RETRY_S) before giving up
+    then_route: Input | None = None  # an input that woke the session: routed once it is placed
+
+
+# events the shell feeds the core
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A record from a topic (a session event, a worker event, an ``Input``) and its facts."""
+
+    what: Record | Input
+    facts: Facts
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    admission: Admission
+    generation: Generation
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRefused:
+    """``reason``: ``no_capacity`` (that worker is full), ``stale`` (a generation already
+    exists: ``current``) or another ownership refusal."""
+
+    admission: Admission
+    worker: str
+    reason: str
+    current: Generation | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """An admission's pause is over (the shell refreshed the view and read the session again)."""
+
+    admission: Admission
+    facts: Facts = Facts(None)
+
+
+Event = Seen | Committed | CommitRefused | Retry
+
+
+# commands the core returns
+@dataclass(frozen=True, slots=True)
+class Publish:
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Commit ``admission``'s next generation on ``worker`` (the store decides)."""
+
+    admission: Admission
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryLater:
+    admission: Admission
+    after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReadAgain:
+    """Read the facts again after ``after_s`` and feed ``event`` back."""
+
+    event: Seen
+    after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestClose:
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseInStore:
+    """Close a session nobody holds (offloaded) in the store directly."""
+
+    session_id: str
+    generation: Generation
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """An input refused to ``dead-letters`` with the reason: never dropped."""
+
+    input: Input
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Something worth a log line (an admission given up, an event for no session)."""
+
+    text: str
+    error: bool = False
+
+
+Command = Publish | Commit | RetryLater | ReadAgain | RequestClose | CloseInStore | Refuse | Note
+
+RETRY_S = 0.2  # an admission that found every worker full tries again after this
+REREAD_S = 0.05
+REPORT_EVERY_S = 0.1
+_EVENT_KINDS = {SessionOpened.TAG: EventKind.OPEN, SessionActive.TAG: EventKind.ACTIVE,
+                SessionIdle.TAG: EventKind.IDLE, SessionClosed.TAG: EventKind.CLOSE}
+_LIFECYCLE = {store: life for life, store in STORE_STATE.items()}
+
+
+def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, list[Command]]:
+    """Dispatch's every decision: admissions, session commands, input routing."""
+    match event:
+        case Seen(what=Input() as inp, facts=facts):
+            return route(view, inp, facts, now)
+        case Seen(what=rec, facts=facts) if rec.TAG in _EVENT_KINDS:
+            return on_session_event(view, rec, facts, now)
+        case Seen(what=rec, facts=facts):
+            return on_worker_event(view, rec, facts, now)
+        case Committed(admission=adm, generation=gen):
+            return admitted(view, adm, gen, now)
+        case CommitRefused(admission=adm, worker=worker, reason="no_capacity"):
+            return next_candidate(view, replace(adm, tried=adm.tried | {worker}))
+        case CommitRefused(admission=adm, reason="stale", current=Generation() as current):
+            # a redelivered event, or another replica was first: the session has a generation
+            # already; send its Assign again (a duplicate its owner ignores)
+            cmds: list[Command] = [_assign(adm, current, now)]
+            if adm.then_route is not None:
+                cmds.append(_routed(adm.then_route, current, now))
+            return view, cmds
+        case CommitRefused(admission=adm, detail=detail):
+            cmds = [Note(f"session {adm.session_id} not admitted: {detail}")]
+            if adm.then_route is not None:
+                cmds.append(Refuse(adm.then_route, _refusal(adm.then_route, f"the session was not resumed: {detail}")))
+            return view, cmds
+        case Retry(admission=adm, facts=Facts(session=SessionView() as sv)) if (
+                sv.state == StoreState.CLOSED or sv.close_requested):
+            cmds = [Note(f"session {adm.session_id} closed while it waited for a worker")]
+            if adm.then_route is not None:
+                why = f"session closed before input {adm.then_route.seq} was applied"
+                cmds.append(Refuse(adm.then_route, _refusal(adm.then_route, why)))
+            return view, cmds
+        case Retry(admission=adm):
+            return next_candidate(view, replace(adm, tried=frozenset()))
+    raise TypeError(f"not a dispatch event: {event!r}")
+
+
+def next_candidate(view: DispatchView, adm: Admission) -> tuple[DispatchView, list[Command]]:
+    """Commit on the best worker not yet tried; when none is left, wait and try again."""
+    candidates = rank_candidates(view.workers, adm.tried)
+    if candidates:
+        return view, [Commit(adm, candidates[0])]
+    if adm.retries_left <= 0:
+        cmds: list[Command] = [Note(f"no worker admitted session {adm.session_id}", error=True)]
+        if adm.then_route is not None:
+            cmds.append(Refuse(adm.then_route, "no worker admitted the session to apply it"))
+        return view, cmds
+    return view, [RetryLater(replace(adm, retries_left=adm.retries_left - 1), RETRY_S)]
+
+
+def admitted(view: DispatchView, adm: Admission, gen: Generation, now: float) -> tuple[DispatchView, list[Command]]:
+    """A generation committed: assign it, route the input that woke it, count the slot."""
+    cmds: list[Command] = [_assign(adm, gen, now)]
+    if adm.then_route is not None:
+        cmds.append(_routed(adm.then_route, gen, now))
+    view, report = counted(view, gen.worker_id, now)
+    return view, cmds + report
+
+
+def counted(view: DispatchView, worker: str, now: float) -> tuple[DispatchView, list[Command]]:
+    """One more slot used on ``worker``; a placement report at most every REPORT_EVERY_S."""
+    cmds: list[Command] = []
+    workers = dict(view.workers)
+    if worker in workers:  # keep the cached view close to the truth between refreshes
+        w = workers[worker]
+        workers[worker] = WorkerLoad(w.used + 1, w.capacity, w.draining, w.down)
+    view = replace(view, workers=workers)
+    if now - view.reported_at >= REPORT_EVERY_S:
+        view = replace(view, reported_at=now)
+        cmds.append(Publish(PlacementReport(
+            ts=now, workers=len(workers), sessions=sum(w.used for w in workers.values()),
+            source=view.source, loads={k: v.used for k, v in sorted(workers.items())[:256]})))
+    return view, cmds
+
+
+def on_session_event(view: DispatchView, rec: Record, facts: Facts,
+                     now: float) -> tuple[DispatchView, list[Command]]:
+    """A session event, through the lifecycle table from the state the store holds."""
+    sv, sid = facts.session, rec.session_id  # type: ignore[attr-defined]
+    state = _LIFECYCLE[StoreState(sv.state)] if sv is not None else None
+    kind = _EVENT_KINDS[rec.TAG]
+    _, action = transition(state, kind)
+    if action is Action.PLACE:
+        return next_candidate(view, _admission(view, sid, prompt=getattr(rec, "prompt", "")))
+    if sv is None or state is SessionState.TERMINATED:
+        return view, [Note(f"{rec.TAG} for session {sid} without generation")]
+    gen = sv.generation
+    if action is Action.RESUME:
+        return next_candidate(view, _admission(view, sid, expected_epoch=gen.epoch, restore=True))
+    if action is Action.SUSPEND:
+        return view, [Publish(Suspend(worker_id=gen.worker_id, session_id=sid, generation=gen, ts=now))]
+    if action is Action.TERMINATE and state is SessionState.SUSPENDED:
+        return view, [CloseInStore(sid, gen)]  # nobody holds it
+    if action is Action.TERMINATE:
+        # a close wins over any move still to come (recovery, migration); a session whose
+        # owner is down is released by the recovery sweep, the others by their owner
+        cmds: list[Command] = [RequestClose(sid)]
+        if not (sv.stranded or facts.owner_down):
+            cmds.append(Publish(Terminate(worker_id=gen.worker_id, session_id=sid, generation=gen, ts=now)))
+        return view, cmds
+    return view, _reassert(sid, rec, sv, kind, now)
+
+
+def _reassert(sid: str, rec: Record, sv: SessionView, kind: EventKind, now: float) -> list[Command]:
+    """A duplicate event changes no state, but the command the state owes is sent again: an
+    unclaimed generation's Assign (dispatch may have died between its commit and its send),
+    and the owner's Resume when the user is back (it cancels a Suspend still on its way)."""
+    gen = sv.generation
+    if sv.state != StoreState.ACTIVE or sv.stranded:
+        return []
+    if kind is EventKind.OPEN and not sv.claimed:
+        return [_assign(Admission(sid, prompt=getattr(rec, "prompt", "")), gen, now)]
+    if kind is EventKind.ACTIVE:
+        return [Publish(Resume(worker_id=gen.worker_id, session_id=sid, generation=gen, ts=now))]
+    return []
+
+
+def on_worker_event(view: DispatchView, rec: Record, facts: Facts,
+                    now: float) -> tuple[DispatchView, list[Command]]:
+    """Complete a migration (assign the successor); bring back a session whose Resume found
+    it offloaded; route again an input its owner refused."""
+    sv = facts.session
+    match rec:
+        case Released(successor=Generation() as succ):
+            return view, [Publish(Assign(worker_id=succ.worker_id, session_id=rec.session_id,
+                                         generation=succ, ts=now, restore=True))]
+        case CommandRejected(command=Resume.TAG, generation=Generation() as gen):
+            # the Resume overtook a pending Suspend: the session is offloaded now
+            if sv is not None and sv.state == StoreState.SUSPENDED and sv.generation == gen:
+                return next_candidate(view, _admission(view, rec.session_id, expected_epoch=gen.epoch, restore=True))
+        case CommandRejected(command=RoutedInput.TAG, generation=Generation()):
+            return route(view, Input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts, refused=rec,
+                                     rereads_left=0), facts, now)
+    return view, []
+
+
+def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[DispatchView, list[Command]]:
+    """Route an input to its session's owner, stamped with the generation. One for an
+    offloaded session wakes it (restored, then routed); one whose owner is down is held in
+    the log (the recovery replays it, or the close refuses it); an unknown session is read
+    again for a while (its open may be in flight); a closed one refuses it."""
+    sv, refused = facts.session, inp.refused
+    if sv is None and inp.rereads_left > 0:
+        return view, [ReadAgain(Seen(replace(inp, rereads_left=inp.rereads_left - 1), facts), REREAD_S)]
+    if sv is None or sv.state == StoreState.CLOSED:
+        why = "no owner for session (unknown or closed)"
+        if refused is not None:
+            why = f"session closed before input {inp.seq} was applied"
+        return view, [Refuse(inp, _refusal(inp, why))]
+    if refused is not None and refused.reason not in ("stale_epoch", "not_owner"):
+        return view, [Refuse(inp, _refusal(inp, f"input {inp.seq} refused by its owner"))]
+    if sv.state == StoreState.SUSPENDED:
+        return next_candidate(view, _admission(view, inp.session_id, expected_epoch=sv.generation.epoch,
+                                               restore=True, then_route=inp))
+    if sv.stranded or facts.owner_down:
+        return view, []  # held in the log
+    return view, [_routed(inp, sv.generation, now)]
+
+
+def _admission(view: DispatchView, sid: str, **how: Any) -> Admission:
+    return Admission(sid, retries_left=view.admission_retries, **how)
+
+
+def _refusal(inp: Input, why: str) -> str:
+    rec = inp.refused
+    return why if rec is None else f"{why} ({rec.reason} at {rec.worker_id}: {rec.detail})"
+
+
+def _assign(adm: Admission, gen: Generation, now: float) -> Publish:
+    return Publish(Assign(worker_id=gen.worker_id, session_id=adm.session_id, generation=gen, ts=now,
+                          prompt=adm.prompt, restore=adm.restore, recover=adm.recover))
+
+
+def _routed(inp: Input, gen: Generation, now: float) -> Publish:
+    return Publish(RoutedInput(worker_id=gen.worker_id, session_id=inp.session_id, generation=gen,
+                               seq=inp.seq, kind=inp.kind, payload=inp.payload, ts=now,  # type: ignore[arg-type]
+                               source_partition=inp.partition, source_offset=inp.offset))

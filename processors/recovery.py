@@ -13,6 +13,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from streams.generations import StoreState
+
 if TYPE_CHECKING:
     from streams.generations import SessionView
 
@@ -37,9 +39,9 @@ def next_step(session: "SessionView | None", owner_down: bool) -> Step:
     by a live owner is done; an offloaded one is resumed by its user's next event, not here."""
     if session is None:
         return Step.DROP
-    if session.close_requested or session.state == "closed":
+    if session.close_requested or session.state == StoreState.CLOSED:
         return Step.CLOSE
-    if session.state != "active" or session.stranded_epoch is None:
+    if session.state != StoreState.ACTIVE or session.stranded_epoch is None:
         return Step.DROP
     if owner_down or session.generation.epoch == session.stranded_epoch:
         return Step.RECOVER

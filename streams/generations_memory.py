@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from streams.generations import DEFAULT_PART_SIZE, DEFAULT_RETENTION_S, GenerationStore, SyncGenerationStore
 
-__all__ = ["MemoryScripts", "MemoryGenerationStore", "SyncMemoryGenerationStore"]
+__all__ = ["Keyspace", "MemoryScripts", "MemoryGenerationStore", "SyncMemoryGenerationStore"]
 
 Reply = Any
 
@@ -23,8 +23,9 @@ def _arg(v: Any) -> Any:
     return v if isinstance(v, bytes) else str(v)
 
 
-class MemoryScripts:
-    """The scripts over ``self.data``: key -> dict (hash) or set; a script runs atomically."""
+class Keyspace:
+    """Redis's data structures over ``self.data`` (key -> dict for a hash, set for a set),
+    with its semantics: empty containers vanish, with their expiry."""
 
     def __init__(self) -> None:
         self.data: dict[str, Any] = {}
@@ -35,13 +36,6 @@ class MemoryScripts:
         """The time set on ``key`` has passed: it goes, as Redis expires it."""
         if key in self.ttl:
             self._del(key)
-
-    def call(self, name: str, keys: list[str], args: list[Any]) -> Reply:
-        self.calls += 1
-        script: Callable[[list[str], list[Any]], Reply] = getattr(self, "_" + name)
-        return script(keys, [_arg(a) for a in args])
-
-    # -- data structure helpers (Redis semantics: empty containers vanish, with their expiry) --
 
     def _del(self, key: str) -> None:
         self.data.pop(key, None)
@@ -76,6 +70,15 @@ class MemoryScripts:
 
     def _sismember(self, key: str, member: str) -> bool:
         return member in (self.data.get(key) or ())
+
+
+class MemoryScripts(Keyspace):
+    """The scripts over the keyspace; a script runs atomically."""
+
+    def call(self, name: str, keys: list[str], args: list[Any]) -> Reply:
+        self.calls += 1
+        script: Callable[[list[str], list[Any]], Reply] = getattr(self, "_" + name)
+        return script(keys, [_arg(a) for a in args])
 
     def _fence(self, skey: str, slot_key: str, sid: str, worker: str, epoch: int, need_slot: bool) -> Reply:
         cur = self._h(skey)

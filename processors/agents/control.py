@@ -32,6 +32,7 @@ from processors.policy import BUILTIN_POLICIES, Policy, load_policy
 from processors.snapshot import GpuState, Snapshot
 from processors.turboserve import TurboServeState
 from schemas import records as r
+from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_EVENTS
 
 __all__ = ["ControlConfig", "ControlShell", "command_records", "fit_capacity", "make_policy",
            "build_app"]
@@ -253,11 +254,66 @@ class ControlShell:
         return out
 
 
+_FOLDED = (SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS)  # the topics control folds
+
+
+async def _fold_log(settings: Any, catalogue: Any, shell: "ControlShell", caught_up: dict[str, bool]) -> None:
+    """Fold the whole log from its start, then what follows; ``caught_up`` once at the end
+    it had when the fold began."""
+    from aiokafka import TopicPartition
+
+    from streams.kafka import RecordConsumer, RecordProducer
+
+    producer = await RecordProducer(settings, catalogue, client_id="control-fold").start()
+    consumer = RecordConsumer(settings, list(_FOLDED), producer, name="control", catalogue=catalogue)
+
+    async def skip(topic: str, partition: int, offset: int, *_: Any) -> None:
+        # a group-less reader: the topic's own consumers dead-letter bad records, once
+        log.warning("control: skipping undecodable %s[%d]@%d", topic, partition, offset)
+
+    consumer.dead_letter = skip  # type: ignore[method-assign]
+    await consumer.start(subscribe=False)
+    try:
+        tps = [TopicPartition(catalogue.name(t), p) for t in _FOLDED for p in await consumer.partitions(t)]
+        consumer.raw.assign(tps)
+        await consumer.raw.seek_to_beginning(*tps)
+        ends = await consumer.raw.end_offsets(tps)
+        while True:
+            for delivered in await consumer.poll(timeout_ms=200):
+                shell.fold(delivered.record)
+            if not caught_up["done"]:
+                positions = [await consumer.raw.position(tp) for tp in tps]
+                caught_up["done"] = all(p >= ends[tp] for p, tp in zip(positions, tps))
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+async def _probe_log(settings: Any, catalogue: Any, shell: "ControlShell", tick_s: float) -> None:
+    """Ask the broker for the folded partitions' end offsets every tick: whether it answers."""
+    from aiokafka import TopicPartition
+
+    from streams.kafka import RecordConsumer
+
+    probe = RecordConsumer(settings, list(_FOLDED), None, name="control-probe", catalogue=catalogue,
+                           request_timeout_ms=5000)
+    await probe.start(subscribe=False)
+    try:
+        tps = [TopicPartition(catalogue.name(t), p) for t in _FOLDED for p in await probe.partitions(t)]
+        while True:
+            try:
+                await asyncio.wait_for(probe.raw.end_offsets(tps), max(1.0, 2 * tick_s))
+                shell.log_state(True, shell.clock())
+            except Exception:  # unreachable, no leader, timed out: the broker is away
+                shell.log_state(False, shell.clock())
+            await asyncio.sleep(tick_s)
+    finally:
+        await probe.stop()
+
+
 def build_app(settings: Any) -> Any:
     """The faust app: every instance folds the log; the leader runs the epochs."""
-    from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_EVENTS
     from streams.faust_app import FaustPublisher, make_app
-    from streams.kafka import RecordConsumer, RecordProducer
     from streams.topics import TopicCatalogue
 
     app = make_app("control", settings)
@@ -269,54 +325,11 @@ def build_app(settings: Any) -> Any:
 
     @app.task
     async def fold_log() -> None:
-        from aiokafka import TopicPartition
-
-        topics = [SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS]
-        producer = await RecordProducer(settings, catalogue, client_id="control-fold").start()
-        consumer = RecordConsumer(settings, topics, producer, name="control", catalogue=catalogue)
-
-        async def skip(topic: str, partition: int, offset: int, *_: Any) -> None:
-            # a group-less reader: the topic's own consumers dead-letter bad records, once
-            log.warning("control: skipping undecodable %s[%d]@%d", topic, partition, offset)
-
-        consumer.dead_letter = skip  # type: ignore[method-assign]
-        await consumer.start(subscribe=False)
-        try:
-            tps = [TopicPartition(catalogue.name(t), p) for t in topics
-                   for p in await consumer.partitions(t)]
-            consumer.raw.assign(tps)
-            await consumer.raw.seek_to_beginning(*tps)
-            ends = await consumer.raw.end_offsets(tps)
-            while True:
-                for delivered in await consumer.poll(timeout_ms=200):
-                    shell.fold(delivered.record)
-                if not caught_up["done"]:
-                    positions = [await consumer.raw.position(tp) for tp in tps]
-                    caught_up["done"] = all(p >= ends[tp] for p, tp in zip(positions, tps))
-        finally:
-            await consumer.stop()
-            await producer.stop()
+        await _fold_log(settings, catalogue, shell, caught_up)
 
     @app.task
     async def probe_log() -> None:
-        """Ask the broker for the folded partitions' end offsets every tick: whether it answers."""
-        from aiokafka import TopicPartition
-
-        topics = [SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS]
-        probe = RecordConsumer(settings, topics, None, name="control-probe", catalogue=catalogue,
-                               request_timeout_ms=5000)
-        await probe.start(subscribe=False)
-        try:
-            tps = [TopicPartition(catalogue.name(t), p) for t in topics for p in await probe.partitions(t)]
-            while True:
-                try:
-                    await asyncio.wait_for(probe.raw.end_offsets(tps), max(1.0, 2 * config.tick_s))
-                    shell.log_state(True, shell.clock())
-                except Exception:  # unreachable, no leader, timed out: the broker is away
-                    shell.log_state(False, shell.clock())
-                await asyncio.sleep(config.tick_s)
-        finally:
-            await probe.stop()
+        await _probe_log(settings, catalogue, shell, config.tick_s)
 
     @app.timer(config.tick_s, on_leader=True)
     async def decide() -> None:

@@ -9,20 +9,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import replace
 from typing import Any, Awaitable, Callable, Protocol
 
 from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
-from schemas.records import (Assign, CommandRejected, Generation, Heartbeat, InputPushed,
-                             PlacementReport, Record, Released, Resume, RoutedInput, SessionActive,
-                             SessionClosed, SessionIdle, SessionOpened, Suspend, Terminate,
+from schemas.records import (CommandRejected, Generation, Heartbeat, InputPushed, Record, Released,
                              WorkerDown, WorkerUp)
 
 from schemas.codec import encode
 from schemas.topics import SESSION_INPUTS
 from streams.kafka import dead_letter_record
 
-from ..dispatch import InputGate, WorkerLoad, rank_candidates
+from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Commit, Committed,
+                        CommitRefused, DispatchView, Event, Facts, Input, InputGate, Note, Publish,
+                        ReadAgain, Refuse, RequestClose, Retry, RetryLater, Seen, WorkerLoad, counted,
+                        decide, rank_candidates)
 from .recovery import Recovery
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
@@ -45,27 +47,24 @@ class Publisher(Protocol):
 
 
 class DispatchShell:
-    """Turns session events and inputs into generation commits and worker commands."""
+    """Carries out the dispatch core's commands (``processors.dispatch.decide``): reads what
+    the store says about each event's session, commits, publishes, dead-letters, and feeds
+    the outcomes back to the core."""
 
     def __init__(self, store: Any, publisher: Publisher, clock: Callable[[], float] = time.time,
                  view_ttl_s: float = 0.25, admission_timeout_s: float = 30.0,
                  owner_wait_s: float = 10.0, name: str = "dispatch",
-                 max_in_flight: int = 1024, report_every_s: float = 0.1,
-                 max_input_bytes: int = 64 * 1024, input_rate: float = 50.0,
-                 input_burst: float = 100.0,
+                 max_in_flight: int = 1024, max_input_bytes: int = 64 * 1024,
+                 input_rate: float = 50.0, input_burst: float = 100.0,
                  read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None = None,
                  inputs_topic: str = SESSION_INPUTS) -> None:
         self.store, self.publisher, self.clock = store, publisher, clock
-        self.view_ttl_s = view_ttl_s
-        self.admission_timeout_s = admission_timeout_s
-        self.owner_wait_s = owner_wait_s
-        self.name = name
-        self._view: dict[str, WorkerLoad] = {}
+        self.view_ttl_s, self.name = view_ttl_s, name
+        self.rereads = int(owner_wait_s / REREAD_S)
+        self.view = DispatchView({}, source=name, admission_retries=int(admission_timeout_s / RETRY_S))
         self._view_at = -1e18
         self._chains: dict[str, asyncio.Task[Any]] = {}
         self.gate = InputGate(max_input_bytes, input_rate, input_burst)
-        self._reported_at = -1e18
-        self.report_every_s = report_every_s
         self._slots = asyncio.Semaphore(max_in_flight)
         # the session's inputs after a seq, read back from the log (LoggedInput); the topic's full name
         self.read_inputs, self.inputs_topic = read_inputs, inputs_topic
@@ -94,147 +93,136 @@ class DispatchShell:
         task = asyncio.get_running_loop().create_task(run())
         self._chains[key] = task
 
+    # --- the core's inputs ---------------------------------------------------------------
+
     async def load_view(self, force: bool = False) -> dict[str, WorkerLoad]:
         now = time.monotonic()
         if force or now - self._view_at > self.view_ttl_s:
             raw = await self.store.load_view()
-            self._view = {w: WorkerLoad(used=x.used, capacity=x.capacity, draining=x.draining, down=x.down)
-                          for w, x in raw.items()}
+            self.view = replace(self.view, workers={
+                w: WorkerLoad(used=x.used, capacity=x.capacity, draining=x.draining, down=x.down)
+                for w, x in raw.items()})
             self._view_at = now
-        return self._view
+        return dict(self.view.workers)
 
-    async def on_session_event(self, rec: Record) -> None:
-        if isinstance(rec, SessionOpened):
-            await self.admit(rec.session_id, rec.prompt)
-            return
-        sid = rec.session_id  # type: ignore[attr-defined]
-        view = await self.store.session(sid)
-        if view is None or view.state == "closed":
-            log.info("%s: %s for session without generation", self.name, rec.TAG)
-            return
-        gen, ts = view.generation, self.clock()
-        if isinstance(rec, SessionClosed):
-            if view.state == "suspended":  # nobody holds it: close it in the store directly
+    def invalidate_view(self) -> None:  # recovery: processors/agents/recovery.py
+        self._view_at = -1e18
+
+    async def is_down(self, worker: str) -> bool:
+        load = (await self.load_view()).get(worker)
+        return load is not None and load.down
+
+    async def facts(self, sid: str) -> Facts:
+        sv = await self.store.session(sid)
+        return Facts(sv, sv is not None and await self.is_down(sv.generation.worker_id))
+
+    async def feed(self, event: Event) -> list[str]:
+        """Decide on ``event``, carry out the commands and feed their outcomes back, until
+        nothing follows; returns the reasons of the inputs refused on the way."""
+        refused: list[str] = []
+        queue: deque[Event] = deque([event])
+        while queue:
+            ev = queue.popleft()
+            await self.load_view()
+            self.view, commands = decide(self.view, ev, self.clock())
+            for cmd in commands:
+                outcome = await self.carry_out(cmd, refused)
+                if outcome is not None:
+                    queue.append(outcome)
+        return refused
+
+    async def carry_out(self, cmd: Command, refused: list[str]) -> Event | None:
+        match cmd:
+            case Publish(record=rec):
+                await self.publisher.send(rec)
+            case Commit(admission=adm, worker=worker):
+                return await self.commit(adm, worker)
+            case RetryLater(admission=adm, after_s=pause):
+                await asyncio.sleep(pause)
+                self.invalidate_view()
+                return Retry(adm, await self.facts(adm.session_id))
+            case ReadAgain(event=Seen(what=Input() as inp), after_s=pause):
+                await asyncio.sleep(pause)
+                return Seen(inp, await self.facts(inp.session_id))
+            case RequestClose(session_id=sid):
+                await self.store.request_close(sid)
+            case CloseInStore(session_id=sid, generation=gen):
                 await self.store.release(sid, gen, close=True)
-                return
-            # a close wins over any move still to come (recovery, migration); a session whose
-            # owner is down is released by the recovery sweep, the others by their owner
-            await self.store.request_close(sid)
-            if view.stranded or await self.is_down(gen.worker_id):
-                return
-            await self.publisher.send(Terminate(worker_id=gen.worker_id, session_id=sid,
-                                                generation=gen, ts=ts))
-        elif isinstance(rec, SessionIdle) and view.state == "active":
-            await self.publisher.send(Suspend(worker_id=gen.worker_id, session_id=sid,
-                                              generation=gen, ts=ts))
-        elif isinstance(rec, SessionActive):
-            if view.state == "suspended":  # back from idle: a new generation, restored
-                await self.admit(sid, "", expected_epoch=gen.epoch, restore=True)
-            else:
-                await self.publisher.send(Resume(worker_id=gen.worker_id, session_id=sid,
-                                                 generation=gen, ts=ts))
+            case Refuse(input=inp, why=why):
+                refused.append(why)
+                await self.refuse(inp, why)
+            case Note(text=text, error=error):
+                log.log(logging.ERROR if error else logging.INFO, "%s: %s", self.name, text)
+        return None
 
-    async def on_worker_event(self, rec: Record) -> None:
-        """Complete migrations (assign the successor), recover a dead worker's sessions and
-        re-route inputs a stale owner refused."""
-        if isinstance(rec, WorkerDown):
-            await self.worker_down(rec.worker_id, rec.ts)
-        elif isinstance(rec, (Heartbeat, WorkerUp)):
-            await self.worker_alive(rec.worker_id, rec.ts)
-        elif isinstance(rec, Released) and rec.successor is not None:
-            await self.publisher.send(Assign(worker_id=rec.successor.worker_id,
-                                             session_id=rec.session_id, generation=rec.successor,
-                                             ts=self.clock(), restore=True))
-        elif (isinstance(rec, CommandRejected) and rec.command == Resume.TAG
-              and rec.generation is not None):
-            # the Resume overtook a pending Suspend: the session is offloaded now, bring it back
-            view = await self.store.session(rec.session_id)
-            if view is not None and view.state == "suspended" and view.generation == rec.generation:
-                await self.admit(rec.session_id, "", expected_epoch=view.generation.epoch, restore=True)
-        elif isinstance(rec, CommandRejected) and rec.command == RoutedInput.TAG and rec.generation is not None:
-            await self.on_input_rejected(rec)
+    async def commit(self, adm: Admission, worker: str) -> Event:
+        try:
+            return Committed(adm, await self.store.commit(adm.session_id, adm.expected_epoch, worker))
+        except NoCapacityError:
+            self.invalidate_view()
+            return CommitRefused(adm, worker, "no_capacity")
+        except StaleGenerationError:
+            return CommitRefused(adm, worker, "stale", await self.store.current(adm.session_id))
+        except OwnershipError as exc:
+            return CommitRefused(adm, worker, exc.reason_code, detail=str(exc))
 
-    async def on_input_rejected(self, rec: CommandRejected) -> None:
-        """An owner refused an input: route it again when it refused because the session moved
-        or is offloaded (and still lives); otherwise, or when that fails, refuse it on
-        ``dead-letters`` with the reason. An input is applied or refused, never dropped."""
-        view = await self.store.session(rec.session_id)
-        if rec.reason in ("stale_epoch", "not_owner") and view is not None and view.state != "closed":
-            if await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload) is None:
-                return
-            view = await self.store.session(rec.session_id)  # it may have closed meanwhile
-        if view is None or view.state == "closed":
-            why = f"session closed before input {rec.seq} was applied"
-        else:
-            why = f"input {rec.seq} refused by its owner"
-        await self.refuse_input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts,
-                                 f"{why} ({rec.reason} at {rec.worker_id}: {rec.detail})")
+    async def refuse(self, inp: Input, why: str) -> None:
+        if inp.origin is not None:  # the record as it came: dead-lettered with its own bytes
+            await self.publisher.dead_letter(inp.origin, why, self.name)
+            return
+        await self.refuse_input(inp.session_id, inp.seq, inp.kind, inp.payload, inp.ts, why,
+                                max(inp.partition, 0), max(inp.offset, 0))
 
     async def refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
-                            why: str, partition: int = 0, offset: int = 0) -> None:
+                           why: str, partition: int = 0, offset: int = 0) -> None:
         raw = encode(InputPushed(session_id=sid, seq=seq,
                                  kind=kind if kind in ("text", "prompt", "control") else "text",  # type: ignore[arg-type]
                                  payload=payload, ts=ts))
         await self.publisher.send(dead_letter_record(
             self.inputs_topic, partition, offset, raw, sid.encode(), why[:1000], self.name))
 
-    def invalidate_view(self) -> None:  # recovery: processors/agents/recovery.py
-        self._view_at = -1e18
+    # --- what the agents call --------------------------------------------------------------
 
-    @property
-    def recovery_queue(self) -> int:
-        return self.recovery.queued
+    async def on_session_event(self, rec: Record) -> None:
+        await self.feed(Seen(rec, await self.facts(rec.session_id)))  # type: ignore[attr-defined]
 
-    async def is_down(self, worker: str) -> bool:
-        load = (await self.load_view()).get(worker)
-        return load is not None and load.down
+    async def on_worker_event(self, rec: Record) -> None:
+        """Recover a dead worker's sessions (the recovery agent), complete migrations, bring
+        back sessions and re-route inputs their owner refused (the core)."""
+        if isinstance(rec, WorkerDown):
+            await self.recovery.worker_down(rec.worker_id, rec.ts)
+        elif isinstance(rec, (Heartbeat, WorkerUp)):
+            await self.recovery.worker_alive(rec.worker_id, rec.ts)
+        elif isinstance(rec, Released):
+            if rec.successor is not None:
+                await self.feed(Seen(rec, Facts(None)))
+        elif isinstance(rec, CommandRejected) and rec.generation is not None:
+            await self.feed(Seen(rec, await self.facts(rec.session_id)))
 
-    async def worker_down(self, worker: str, ts: float) -> int:
-        return await self.recovery.worker_down(worker, ts)
+    def admit_input(self, rec: InputPushed) -> str | None:
+        """None if the input may be routed; else why not (``InputGate``)."""
+        return self.gate.refuse(rec.session_id, rec.seq, len(rec.payload.encode()), time.monotonic())
 
-    async def worker_alive(self, worker: str, ts: float) -> None:
-        await self.recovery.worker_alive(worker, ts)
+    async def on_input(self, rec: InputPushed, partition: int = -1, offset: int = -1,
+                       origin: Any = None) -> str | None:
+        """Route an input to the current owner (``decide``); None when routed or held for a
+        lost owner's successor, else why it was refused (and dead-lettered)."""
+        return await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload,
+                                      partition, offset, rec.ts, origin)
 
-    async def sweep(self, limit: int = 64) -> Counter[str]:
-        return await self.recovery.sweep(limit)
-
-    async def admit(self, session_id: str, prompt: str, expected_epoch: int = 0,
-                    restore: bool = False, recover: bool = False,
-                    exclude: frozenset[str] = frozenset()) -> Generation | None:
-        """Commit the session's next generation on the best worker that admits it."""
-        deadline = time.monotonic() + self.admission_timeout_s
-        while True:
-            try:
-                gen = await self.commit_on_best(session_id, expected_epoch, exclude)
-                if gen is None:
-                    if time.monotonic() > deadline:
-                        log.error("%s: no worker admitted session %s", self.name, session_id)
-                        return None
-                    await asyncio.sleep(0.2)
-                    self._view_at = -1e18
-                    continue
-            except StaleGenerationError:
-                # redelivered event: the session already has a generation; re-send its Assign
-                gen = await self.store.current(session_id)
-                if gen is None:
-                    return None
-            except OwnershipError as exc:
-                log.info("%s: session %s not admitted: %s", self.name, session_id, exc)
-                return None
-            await self.publisher.send(Assign(worker_id=gen.worker_id, session_id=session_id,
-                                             generation=gen, ts=self.clock(), prompt=prompt,
-                                             restore=restore, recover=recover))
-            await self.report(gen.worker_id)
-            return gen
+    async def route_input(self, sid: str, seq: int, kind: str, payload: str, partition: int = -1,
+                          offset: int = -1, ts: float = 0.0, origin: Any = None) -> str | None:
+        inp = Input(sid, seq, kind, payload, ts, partition, offset, rereads_left=self.rereads, origin=origin)
+        refused = await self.feed(Seen(inp, await self.facts(sid)))
+        return refused[0] if refused else None
 
     async def commit_on_best(self, sid: str, expected_epoch: int,
-                              exclude: frozenset[str]) -> Generation | None:
-        """One pass over the candidates, best first: the generation committed on the first
-        that admits it, or None when none has a free slot. Refusals other than capacity raise."""
+                             exclude: frozenset[str]) -> Generation | None:
+        """The recovery's commit: one pass over the candidates, best first; None when none
+        has a free slot. Refusals other than capacity raise."""
         tried: set[str] = set(exclude)
         while True:
-            view = await self.load_view(force=len(tried) > len(exclude))
-            candidates = rank_candidates(view, frozenset(tried))
+            candidates = rank_candidates(await self.load_view(force=len(tried) > len(exclude)), frozenset(tried))
             if not candidates:
                 return None
             try:
@@ -243,61 +231,77 @@ class DispatchShell:
                 tried.add(candidates[0])
 
     async def report(self, worker: str) -> None:
-        view = self._view
-        if worker in view:  # keep the cached view close to the truth between refreshes
-            w = view[worker]
-            view[worker] = WorkerLoad(w.used + 1, w.capacity, w.draining, w.down)
-        now = time.monotonic()
-        if now - self._reported_at < self.report_every_s:
-            return
-        self._reported_at = now
-        await self.publisher.send(PlacementReport(
-            ts=self.clock(), workers=len(view), sessions=sum(w.used for w in view.values()),
-            source=self.name, loads={k: v.used for k, v in sorted(view.items())[:256]}))
+        """Count a slot the recovery filled (and report the placement now and then)."""
+        self.view, commands = counted(self.view, worker, self.clock())
+        for cmd in commands:
+            await self.carry_out(cmd, [])
 
-    def admit_input(self, rec: InputPushed) -> str | None:
-        """None if the input may be routed; else why not (``InputGate``)."""
-        return self.gate.refuse(rec.session_id, rec.seq, len(rec.payload.encode()), time.monotonic())
+    @property
+    def recovery_queue(self) -> int:
+        return self.recovery.queued
 
-    async def on_input(self, rec: InputPushed, partition: int = -1, offset: int = -1) -> str | None:
-        """Forward an input to the current owner, stamped with its generation; None when it
-        was routed (or held for a lost owner's successor), else why it is refused."""
-        return await self.route_input(rec.session_id, rec.seq, rec.kind, rec.payload,
-                                      partition, offset, rec.ts)
+    async def sweep(self, limit: int = 64) -> Counter[str]:
+        return await self.recovery.sweep(limit)
 
-    async def route_input(self, sid: str, seq: int, kind: str, payload: str,
-                          partition: int = -1, offset: int = -1, ts: float = 0.0) -> str | None:
-        """Route to the owner; an input for a suspended session wakes it (restored first); one
-        for a session whose owner is down is never sent there: the log keeps it for the
-        recovery's replay, or for the close's refusal. None when routed or left to recovery,
-        else the reason it is refused."""
-        deadline = time.monotonic() + self.owner_wait_s
-        view = await self.store.session(sid)
-        while view is None and time.monotonic() < deadline:  # the open may still be in flight
-            await asyncio.sleep(0.05)
-            view = await self.store.session(sid)
-        if view is None or view.state == "closed":
-            return "no owner for session (unknown or closed)"
-        gen: Generation | None = view.generation
-        if view.state == "suspended":
-            gen = await self.admit(sid, "", expected_epoch=view.generation.epoch, restore=True)
-            if gen is None:
-                gen = await self.store.current(sid)
-        elif view.stranded or await self.is_down(view.generation.worker_id):
-            # held in the log: the recovery replays it from there, a close refuses it from there
-            return None
-        if gen is None:
-            return "no owner for session (unknown or closed)"
-        await self.publisher.send(RoutedInput(worker_id=gen.worker_id, session_id=sid,
-                                              generation=gen, seq=seq, kind=kind,  # type: ignore[arg-type]
-                                              payload=payload, ts=self.clock(),
-                                              source_partition=partition, source_offset=offset))
-        return None
+
+async def _session_events(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:
+    from schemas.topics import SESSION_EVENTS
+    from streams.faust_app import decode_event
+
+    async for event in stream.events():
+        rec = await decode_event(event, SESSION_EVENTS, publisher, "dispatch")
+        if rec is not None:
+            sh = await shell()
+            await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
+                            lambda rec=rec, sh=sh: sh.on_session_event(rec))
+
+
+async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:
+    from schemas.topics import SESSION_INPUTS
+    from streams.faust_app import decode_event
+
+    async for event in stream.events():
+        rec = await decode_event(event, SESSION_INPUTS, publisher, "dispatch")
+        if rec is None:
+            continue
+        msg, sh = event.message, await shell()
+        refused = sh.admit_input(rec)  # type: ignore[arg-type]
+        if refused is not None:  # over a bound: refused with the reason, never dropped
+            await publisher.dead_letter(msg, f"refused: {refused}", "dispatch")
+            continue
+        await sh.submit(f"inputs:{rec.session_id}",  # type: ignore[attr-defined]
+                        lambda rec=rec, msg=msg, sh=sh: sh.on_input(rec, msg.partition, msg.offset, msg))
+
+
+async def _worker_events(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:
+    from schemas.topics import WORKER_EVENTS
+    from streams.faust_app import decode_event
+
+    async for event in stream.events():
+        rec = await decode_event(event, WORKER_EVENTS, publisher, "dispatch", WORKER_EVENTS_ACTED_ON)
+        if rec is None:
+            continue
+        sh = await shell()
+        if isinstance(rec, (WorkerDown, Heartbeat, WorkerUp)):
+            # in the store before the event is marked read: the sweep does the rest
+            await sh.on_worker_event(rec)
+        else:
+            key = f"workers:{getattr(rec, 'session_id', '') or rec.worker_id}"  # type: ignore[attr-defined]
+            await sh.submit(key, lambda rec=rec, sh=sh: sh.on_worker_event(rec))
+
+
+def _bound(agent: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> Any:
+    async def run(stream: Any) -> None:
+        await agent(stream, shell, publisher)
+
+    return run
+
 
 def build_app(settings: Any) -> Any:
-    """The faust app running the dispatch agents (session events and inputs)."""
+    """The faust app running the dispatch agents (session events, inputs, worker events) and
+    the recovery sweep."""
     from schemas.topics import SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS
-    from streams.faust_app import FaustPublisher, decode_event, make_app
+    from streams.faust_app import FaustPublisher, make_app
     from streams.generations import GenerationStore
     from streams.input_log import read_session_inputs
     from streams.topics import TopicCatalogue
@@ -311,58 +315,19 @@ def build_app(settings: Any) -> Any:
 
     async def shell() -> DispatchShell:
         if "shell" not in state:
-            store = GenerationStore.from_settings(settings)
             async def read_inputs(sid: str, after_seq: int) -> list[Any]:
                 return await read_session_inputs(settings, sid, after_seq, name="dispatch-close")
 
-            state["shell"] = DispatchShell(store, publisher, max_input_bytes=settings.max_input_bytes,
+            state["shell"] = DispatchShell(GenerationStore.from_settings(settings), publisher,
+                                           max_input_bytes=settings.max_input_bytes,
                                            input_rate=settings.input_rate_per_s,
                                            input_burst=settings.input_burst, read_inputs=read_inputs,
                                            inputs_topic=catalogue.name(SESSION_INPUTS))
         return state["shell"]
 
-    @app.agent(publisher.topic(SESSION_EVENTS), name="dispatch-session-events")
-    async def session_events(stream: Any) -> None:
-        async for event in stream.events():
-            rec = await decode_event(event, SESSION_EVENTS, publisher, "dispatch")
-            if rec is not None:
-                sh = await shell()
-                await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
-                                lambda rec=rec, sh=sh: sh.on_session_event(rec))
-
-    @app.agent(publisher.topic(SESSION_INPUTS), name="dispatch-session-inputs")
-    async def session_inputs(stream: Any) -> None:
-        async for event in stream.events():
-            rec = await decode_event(event, SESSION_INPUTS, publisher, "dispatch")
-            if rec is None:
-                continue
-            msg = event.message
-            sh = await shell()
-            refused = sh.admit_input(rec)  # type: ignore[arg-type]
-            if refused is not None:  # over a bound: refused with the reason, never dropped
-                await publisher.dead_letter(msg, f"refused: {refused}", "dispatch")
-                continue
-
-            async def route(rec: Any = rec, msg: Any = msg, sh: DispatchShell = sh) -> None:
-                refused = await sh.on_input(rec, msg.partition, msg.offset)
-                if refused is not None:
-                    await publisher.dead_letter(msg, refused, "dispatch")
-
-            await sh.submit(f"inputs:{rec.session_id}", route)  # type: ignore[attr-defined]
-
-    @app.agent(publisher.topic(WORKER_EVENTS), name="dispatch-worker-events")
-    async def worker_events(stream: Any) -> None:
-        async for event in stream.events():
-            rec = await decode_event(event, WORKER_EVENTS, publisher, "dispatch", WORKER_EVENTS_ACTED_ON)
-            if rec is None:
-                continue
-            sh = await shell()
-            if isinstance(rec, (WorkerDown, Heartbeat, WorkerUp)):
-                # in the store before the event is marked read: the sweep does the rest
-                await sh.on_worker_event(rec)
-            else:
-                key = f"workers:{getattr(rec, 'session_id', '') or rec.worker_id}"  # type: ignore[attr-defined]
-                await sh.submit(key, lambda rec=rec, sh=sh: sh.on_worker_event(rec))
+    for topic, agent in ((SESSION_EVENTS, _session_events), (SESSION_INPUTS, _session_inputs),
+                         (WORKER_EVENTS, _worker_events)):
+        app.agent(publisher.topic(topic), name=f"dispatch-{topic}")(_bound(agent, shell, publisher))
 
     @app.timer(interval=RECOVERY_SWEEP_S)
     async def recovery_sweep() -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from processors.latency import LatencyModel, load_profiles
-from processors.lifecycle import TRANSITIONS, EventKind, SessionState
+from processors.lifecycle import EventKind, SessionState, transition
 from schemas import records as r
 
 __all__ = ["WorkerSpan", "fold_cost", "cost_tick", "fold_sessions", "session_counts", "observe_fleet",
@@ -82,12 +82,12 @@ def fold_sessions(states: Mapping[str, SessionState], rec: r.Record) -> dict[str
     """Each open session's lifecycle state after a session event (closed ones are dropped)."""
     kind = _SESSION_KINDS.get(type(rec))
     sid = getattr(rec, "session_id", None)
-    step = TRANSITIONS.get((states.get(sid), kind)) if kind is not None else None  # type: ignore[arg-type]
-    if step is None:  # not a session event, or not a transition from its state: a duplicate
+    if kind is None:  # not a session event
         return dict(states)
-    if step[0] is SessionState.TERMINATED:
+    nxt, _ = transition(states.get(sid), kind)  # type: ignore[arg-type]
+    if nxt is SessionState.TERMINATED:
         return {k: v for k, v in states.items() if k != sid}
-    return {**states, sid: step[0]}  # type: ignore[dict-item]
+    return {**states, sid: nxt}  # type: ignore[dict-item]
 
 
 def session_counts(states: Mapping[str, SessionState]) -> dict[str, int]:

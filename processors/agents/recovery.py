@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from schemas.errors import NoCapacityError, OwnershipError
 from schemas.records import Assign, Generation
+from streams.generations import StoreState
 
 from ..recovery import CLAIM_GRACE_S, Step, next_step
 
@@ -91,7 +92,7 @@ class Recovery:
             await store.recovery_mark(sid, None)
             return True
         if step is Step.CLOSE:
-            if sv.state != "closed":
+            if sv.state != StoreState.CLOSED:
                 try:
                     await store.release(sid, sv.generation, close=True)
                 except OwnershipError:

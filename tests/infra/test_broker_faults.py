@@ -45,7 +45,7 @@ def test_a_worker_sends_again_what_the_producer_gave_up_on():
     from aiokafka.errors import KafkaConnectionError
 
     from schemas.records import Heartbeat
-    from workers.runtime import Worker, WorkerConfig
+    from workers.outbox import Outbox
 
     class Producer:  # fails the first send of every record
         def __init__(self) -> None:
@@ -61,14 +61,14 @@ def test_a_worker_sends_again_what_the_producer_gave_up_on():
             return fut
 
     async def main() -> list[Any]:
-        worker = Worker(Settings(), WorkerConfig("w"), model=None, store=None)
-        worker._producer = Producer()  # type: ignore[assignment]
+        producer = Producer()
+        outbox = Outbox(producer, "worker w")
         beats = [Heartbeat(worker_id="w", ts=float(i), sessions=0, executing=0, capacity=1) for i in range(3)]
         for beat in beats:
-            await worker._send(beat)
-        await worker._acknowledged(retry_s=0.0)
-        assert not worker._unacked
-        return worker._producer.sent  # type: ignore[attr-defined]
+            await outbox.send(beat)
+        await outbox.acknowledged(retry_s=0.0)
+        assert not outbox._unacked
+        return producer.sent
 
     sent = asyncio.run(main())
     assert [b.ts for b in sent] == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]

@@ -17,6 +17,7 @@ from schemas.records import (Assign, CommandRejected, Generation, InputAccepted,
 from streams.config import Settings
 from streams.generations_memory import MemoryGenerationStore
 from workers.model import ModelConfig, ReferenceModel
+from workers.outbox import Outbox
 from workers.runtime import Worker, WorkerConfig
 
 
@@ -57,7 +58,7 @@ async def _worker() -> tuple[Worker, Recorder, Clock, Generation, MemoryGenerati
     gen = await store.commit("s", 0, "w")
     worker = Worker(Settings(), WorkerConfig(worker_id="w", capacity=2, input_gap_wait_s=5.0),
                     ReferenceModel(ModelConfig(), seed=1), store, clock=lambda: 1.0, monotonic=mono)
-    worker._producer = out  # type: ignore[assignment]
+    worker.outbox = Outbox(out, "worker w")
     await worker.handle(Assign(worker_id="w", session_id="s", generation=gen, ts=1.0, prompt="p"))
     return worker, out, mono, gen, store
 

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.records import Generation
-from workers.runtime import _Schedule, _Session
+from workers.ownership import Held
+from workers.schedule import Schedule
 
 OPS = st.lists(st.tuples(st.sampled_from(["add", "move", "drop", "pop"]), st.integers(0, 7),
                          st.floats(0.0, 10.0)), max_size=60)
@@ -15,12 +16,12 @@ OPS = st.lists(st.tuples(st.sampled_from(["add", "move", "drop", "pop"]), st.int
 @settings(max_examples=300, deadline=None)
 @given(OPS)
 def test_schedule_matches_a_full_scan(ops):
-    sessions: dict[str, _Session] = {}
-    schedule = _Schedule(sessions)
+    sessions: dict[str, Held] = {}
+    schedule = Schedule(sessions)
     for op, n, t in ops:
         sid = f"s{n}"
         if op == "add":
-            sessions[sid] = _Session(Generation("w", 1), state=None, next_due=t)
+            sessions[sid] = Held(Generation("w", 1), state=None, next_due=t)
             schedule.add(sid, sessions[sid])
         elif op == "move" and sid in sessions:  # a chunk ran, or a resume: due at another time
             sessions[sid].next_due = t

@@ -1,0 +1,169 @@
+"""The dispatch core (``processors.dispatch.decide``): pure, table-driven, commands as data.
+
+No Kafka, no Redis: the store's view of a session is given as facts, and a commit's outcome
+is fed back as an event, the way the shell does it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import FrozenInstanceError, fields
+
+import pytest
+
+from processors.dispatch import (Admission, CloseInStore, Commit, Committed, CommitRefused, DispatchView,
+                                 Facts, Input, Note, Publish, ReadAgain, Refuse, RequestClose, Retry,
+                                 RetryLater, Seen, WorkerLoad, decide)
+from processors.lifecycle import STORE_STATE, Action, EventKind, transition
+from schemas.records import (Assign, CommandRejected, Generation, PlacementReport, Released, Resume,
+                             RoutedInput, SessionActive, SessionClosed, SessionIdle, SessionOpened,
+                             Suspend)
+from streams.generations import SessionView, StoreState
+
+GEN = Generation("w1", 3)
+VIEW = DispatchView({"w1": WorkerLoad(1, 2), "w2": WorkerLoad(0, 2), "w3": WorkerLoad(2, 2)},
+                    admission_retries=2)
+EVENTS = {EventKind.OPEN: SessionOpened(session_id="s", ts=1.0, prompt="p"),
+          EventKind.ACTIVE: SessionActive(session_id="s", ts=1.0),
+          EventKind.IDLE: SessionIdle(session_id="s", ts=1.0),
+          EventKind.CLOSE: SessionClosed(session_id="s", ts=1.0)}
+
+
+def _sv(state: StoreState, claimed: bool = True, stranded: bool = False) -> SessionView:
+    return SessionView(GEN, state, claimed, 0, 0, None, stranded_epoch=GEN.epoch if stranded else None)
+
+
+def _kinds(cmds: list) -> list[str]:
+    return [type(c.record).__name__ if isinstance(c, Publish) else type(c).__name__ for c in cmds]
+
+
+@pytest.mark.parametrize("store_state", [None, *StoreState])
+@pytest.mark.parametrize("kind", list(EventKind))
+def test_session_events_follow_the_lifecycle_table(store_state, kind):
+    """Every (store state, event) pair does what the one transition table says, and nothing
+    else: a placement or a resume commits, a suspend or terminate sends that command, and a
+    pair whose action is NONE changes nothing (at most it re-sends what the state owes)."""
+    life = {v: k for k, v in STORE_STATE.items()}.get(store_state) if store_state else None
+    _, action = transition(life, kind)
+    facts = Facts(_sv(store_state) if store_state else None)
+    _, cmds = decide(VIEW, Seen(EVENTS[kind], facts), 5.0)
+    got = _kinds(cmds)
+    if action is Action.PLACE:
+        assert got == ["Commit"] and cmds[0].admission.expected_epoch == 0 and cmds[0].worker == "w2"
+    elif action is Action.RESUME:
+        assert got == ["Commit"] and cmds[0].admission.restore and cmds[0].admission.expected_epoch == GEN.epoch
+    elif action is Action.SUSPEND:
+        assert got == ["Suspend"] and cmds[0].record.generation == GEN
+    elif action is Action.TERMINATE and store_state is StoreState.SUSPENDED:
+        assert got == ["CloseInStore"]
+    elif action is Action.TERMINATE:
+        assert got == ["RequestClose", "Terminate"]
+    else:
+        assert set(got) <= {"Note", "Resume", "Assign"}, got
+        assert not any(isinstance(c, (Commit, CloseInStore, RequestClose)) for c in cmds)
+
+
+def test_a_close_for_a_lost_owner_is_left_to_the_recovery():
+    _, cmds = decide(VIEW, Seen(EVENTS[EventKind.CLOSE], Facts(_sv(StoreState.ACTIVE), owner_down=True)), 1.0)
+    assert _kinds(cmds) == ["RequestClose"]
+    _, cmds = decide(VIEW, Seen(EVENTS[EventKind.CLOSE], Facts(_sv(StoreState.ACTIVE, stranded=True))), 1.0)
+    assert _kinds(cmds) == ["RequestClose"]
+
+
+def test_a_redelivered_open_resends_the_assign_only_while_unclaimed():
+    _, cmds = decide(VIEW, Seen(EVENTS[EventKind.OPEN], Facts(_sv(StoreState.ACTIVE, claimed=False))), 1.0)
+    assert _kinds(cmds) == ["Assign"] and cmds[0].record.generation == GEN and cmds[0].record.prompt == "p"
+    _, cmds = decide(VIEW, Seen(EVENTS[EventKind.OPEN], Facts(_sv(StoreState.ACTIVE))), 1.0)
+    assert cmds == []
+
+
+def test_an_admission_tries_workers_best_first_then_waits_then_gives_up():
+    adm = Admission("s", retries_left=1)
+    _, cmds = decide(VIEW, CommitRefused(adm, "w2", "no_capacity"), 1.0)
+    assert cmds == [Commit(Admission("s", retries_left=1, tried=frozenset({"w2"})), "w1")]
+    _, cmds = decide(VIEW, CommitRefused(cmds[0].admission, "w1", "no_capacity"), 1.0)
+    assert _kinds(cmds) == ["RetryLater"] and cmds[0].admission.retries_left == 0
+    _, again = decide(VIEW, Retry(cmds[0].admission), 1.0)  # a fresh pass over every worker
+    assert again == [Commit(Admission("s", retries_left=0), "w2")]
+    inp = Input("s", 4, "text", "hi")
+    full = DispatchView({"w1": WorkerLoad(2, 2)})
+    _, cmds = decide(full, Retry(Admission("s", then_route=inp)), 1.0)
+    assert _kinds(cmds) == ["Note", "Refuse"] and cmds[0].error and cmds[1].input == inp
+
+
+def test_a_committed_generation_is_assigned_counted_and_reported():
+    inp = Input("s", 1, "text", "wake up", partition=2, offset=7)
+    view, cmds = decide(VIEW, Committed(Admission("s", restore=True, then_route=inp), Generation("w2", 4)), 9.0)
+    assert _kinds(cmds) == ["Assign", "RoutedInput", "PlacementReport"]
+    assign, routed, report = (c.record for c in cmds)
+    assert assign.restore and assign.worker_id == "w2" and assign.ts == 9.0
+    assert (routed.generation, routed.seq, routed.source_partition, routed.source_offset) == (Generation("w2", 4), 1, 2, 7)
+    assert view.workers["w2"].used == 1 and report.sessions == 4
+    _, cmds = decide(view, Committed(Admission("t"), Generation("w2", 1)), 9.05)
+    assert not any(isinstance(c, Publish) and isinstance(c.record, PlacementReport) for c in cmds)
+
+
+def test_a_stale_commit_resends_the_current_assign_and_other_refusals_refuse_the_waiting_input():
+    inp = Input("s", 2, "text", "x")
+    _, cmds = decide(VIEW, CommitRefused(Admission("s", then_route=inp), "w1", "stale", current=GEN), 1.0)
+    assert _kinds(cmds) == ["Assign", "RoutedInput"] and all(c.record.generation == GEN for c in cmds)
+    _, cmds = decide(VIEW, CommitRefused(Admission("s", then_route=inp), "w1", "closed", detail="closed"), 1.0)
+    assert _kinds(cmds) == ["Note", "Refuse"]
+
+
+@pytest.mark.parametrize("facts,expect", [
+    (Facts(_sv(StoreState.ACTIVE)), ["RoutedInput"]),
+    (Facts(_sv(StoreState.ACTIVE), owner_down=True), []),  # held in the log for the recovery
+    (Facts(_sv(StoreState.ACTIVE, stranded=True)), []),
+    (Facts(_sv(StoreState.SUSPENDED)), ["Commit"]),  # wakes it; routed once placed
+    (Facts(_sv(StoreState.CLOSED)), ["Refuse"]),
+    (Facts(None), ["ReadAgain"]),  # its open may be in flight
+])
+def test_inputs_are_routed_held_woken_or_refused(facts, expect):
+    inp = Input("s", 1, "text", "x", rereads_left=1)
+    _, cmds = decide(VIEW, Seen(inp, facts), 1.0)
+    assert _kinds(cmds) == expect
+    if expect == ["Commit"]:
+        assert cmds[0].admission.then_route == inp and cmds[0].admission.restore
+    if expect == ["ReadAgain"]:
+        _, cmds = decide(VIEW, cmds[0].event, 1.0)  # read again, still unknown, none left
+        assert _kinds(cmds) == ["Refuse"]
+
+
+def test_worker_events_complete_migrations_and_reroute_refused_inputs():
+    succ = Generation("w2", 4)
+    _, cmds = decide(VIEW, Seen(Released(worker_id="w1", session_id="s", generation=GEN, ts=1.0,
+                                         reason="migrated", successor=succ), Facts(None)), 2.0)
+    assert [c.record for c in cmds] == [Assign(worker_id="w2", session_id="s", generation=succ, ts=2.0,
+                                               restore=True)]
+    stale = CommandRejected(worker_id="w0", session_id="s", command=RoutedInput.TAG, reason="stale_epoch",
+                            ts=1.0, generation=Generation("w0", 2), seq=5, kind="text", payload="x")
+    _, cmds = decide(VIEW, Seen(stale, Facts(_sv(StoreState.ACTIVE))), 2.0)
+    assert _kinds(cmds) == ["RoutedInput"] and cmds[0].record.generation == GEN and cmds[0].record.seq == 5
+    _, cmds = decide(VIEW, Seen(stale, Facts(_sv(StoreState.CLOSED))), 2.0)
+    assert _kinds(cmds) == ["Refuse"] and "closed before input 5" in cmds[0].why and "stale_epoch at w0" in cmds[0].why
+    late = CommandRejected(worker_id="w1", session_id="s", command=RoutedInput.TAG, reason="late",
+                           ts=1.0, generation=GEN, seq=2, kind="text", payload="x")
+    _, cmds = decide(VIEW, Seen(late, Facts(_sv(StoreState.ACTIVE))), 2.0)
+    assert _kinds(cmds) == ["Refuse"] and "refused by its owner" in cmds[0].why
+    resume = CommandRejected(worker_id="w1", session_id="s", command=Resume.TAG, reason="not_owner",
+                             ts=1.0, generation=GEN)
+    _, cmds = decide(VIEW, Seen(resume, Facts(_sv(StoreState.SUSPENDED))), 2.0)
+    assert _kinds(cmds) == ["Commit"] and cmds[0].admission.restore
+
+
+def test_commands_are_frozen_data():
+    for cmd in (Publish(Suspend(worker_id="w", session_id="s", generation=GEN, ts=1.0)),
+                RequestClose("s"), CloseInStore("s", GEN), Note("x"), RetryLater(Admission("s"), 0.2),
+                ReadAgain(Seen(Input("s", 1, "text", "x"), Facts(None)), 0.05), Refuse(Input("s", 1, "t", "x"), "y")):
+        assert type(cmd).__dataclass_params__.frozen  # type: ignore[attr-defined]
+        with pytest.raises(FrozenInstanceError):
+            setattr(cmd, fields(cmd)[0].name, None)
+
+
+def test_an_admission_waiting_for_a_worker_stops_when_its_session_closes():
+    inp = Input("s", 3, "text", "x")
+    closed = Facts(_sv(StoreState.CLOSED))
+    _, cmds = decide(VIEW, Retry(Admission("s", restore=True, then_route=inp), closed), 1.0)
+    assert _kinds(cmds) == ["Note", "Refuse"] and "closed before input 3" in cmds[1].why
+    _, cmds = decide(VIEW, Retry(Admission("s", restore=True), Facts(_sv(StoreState.SUSPENDED))), 1.0)
+    assert _kinds(cmds) == ["Commit"]

@@ -1,0 +1,206 @@
+"""Model-based test of the worker's ownership machine (``workers/ownership.py``) driven through
+its command handler: arbitrary interleavings of inputs (duplicates, gaps, reordering, stale
+and future generations), gap expiry, re-assignment, a migration away, offload and close.
+
+The store is its in-memory twin, the model a plain counter (the machine only reads
+``input_seq``); no Kafka, no Redis. Invariants after every step: inputs are applied at most
+once and in increasing seq order; nothing is applied by a generation that has passed (the
+store's fenced input seq equals the last applied); every input delivered is accepted,
+refused with a reason, waiting, or a duplicate of one applied. At the end, after a close,
+nothing waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from schemas.records import (Assign, CommandRejected, Generation, Handoff, InputAccepted, Record,
+                             RoutedInput, Suspend, Terminate)
+from streams.generations_memory import MemoryGenerationStore
+from workers.commands import CommandHandler, Ports
+
+GAP_WAIT_S = 5.0
+
+
+@dataclass
+class _State:
+    input_seq: int = 0
+    chunk_index: int = 0
+
+    def to(self, device: str) -> "_State":
+        return self
+
+
+class _Model:
+    def init_state(self, sid: str, prompt: str, seed: int) -> _State:
+        return _State()
+
+    def apply_input(self, state: _State, payload: str, seq: int) -> None:
+        state.input_seq = seq
+
+    def export_state(self, state: _State) -> dict[str, int]:
+        return {"input_seq": state.input_seq, "chunk_index": state.chunk_index}
+
+    def import_state(self, data: dict[str, int]) -> _State:
+        return _State(**data)
+
+
+class OwnershipMachine(RuleBasedStateMachine):
+    @initialize()
+    def setup(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.store = MemoryGenerationStore("t")
+        self.sent: list[Record] = []
+        self.now = 0.0
+        self.delivered: dict[int, int] = {}  # seq -> deliveries to the worker
+        self.closed = False
+
+        async def send(rec: Record) -> None:
+            self.sent.append(rec)
+
+        async def replay(sid: str, after: int, start: Any) -> list[Any]:
+            return []
+
+        self.handler = CommandHandler(Ports(
+            worker_id="w", device="cpu", store=self.store, model=_Model(), send=send,
+            clock=lambda: self.now, monotonic=lambda: self.now, replay=replay, gap_wait_s=GAP_WAIT_S))
+        self.run(self.store.register_worker("w", 4))
+        self.run(self.store.register_worker("v", 4))
+        self.gen = self.run(self.store.commit("s", 0, "w"))
+        self.routed = self.gen  # the generation dispatch stamps inputs with
+        self.assigned = False
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def teardown(self) -> None:
+        if hasattr(self, "loop"):
+            self.loop.close()
+
+    # --- rules ---------------------------------------------------------------------------
+
+    @precondition(lambda self: not self.assigned and not self.closed)
+    @rule()
+    def assign(self) -> None:
+        self.run(self.handler.handle(Assign(worker_id="w", session_id="s", generation=self.gen,
+                                            ts=self.now, prompt="p")))
+        self.assigned = True
+
+    @precondition(lambda self: not self.closed and self.routed.worker_id == "w")
+    @rule(ahead=st.integers(-2, 3), which=st.sampled_from(["current", "current", "current", "stale", "future"]))
+    def deliver(self, ahead: int, which: str) -> None:
+        """An input ``ahead`` of the last applied one: a duplicate (<= 0), the next (1), or
+        one past a gap."""
+        held = self.handler.sessions.get("s")
+        seq = max(1, (held.applied_seq if held is not None else 0) + ahead)
+        gen = self.routed
+        if which == "stale":
+            gen = Generation(gen.worker_id, gen.epoch - 1)
+        elif which == "future":
+            gen = Generation("w", gen.epoch + 1)
+        if which == "current":
+            self.delivered[seq] = self.delivered.get(seq, 0) + 1
+        self.run(self.handler.handle(RoutedInput(worker_id="w", session_id="s", generation=gen, seq=seq,
+                                                 kind="text", payload=f"in {seq}", ts=self.now)))
+
+    @precondition(lambda self: self.routed.worker_id == "v")
+    @rule(seq=st.integers(1, 6))
+    def deliver_to_old_owner(self, seq: int) -> None:
+        """An input dispatch routed to w before it saw the move: refused, so it is routed again."""
+        self.delivered[seq] = self.delivered.get(seq, 0) + 1
+        before = len(self.refused_records())
+        self.run(self.handler.handle(RoutedInput(worker_id="w", session_id="s", generation=self.gen_w,
+                                                 seq=seq, kind="text", payload=f"in {seq}", ts=self.now)))
+        assert len(self.refused_records()) == before + 1
+
+    @rule(dt=st.floats(0.5, 8.0))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+        self.run(self.handler.expire_gaps())
+
+    @precondition(lambda self: self.assigned and not self.closed and self.routed.worker_id == "w")
+    @rule(now=st.integers(0, 3))
+    def migrate_away(self, now: int) -> None:
+        """The session moves to worker v: w must apply nothing more and refuse what waits."""
+        if now:  # the endings are drawn rarely, so a session lives long enough to matter
+            return
+        self.run(self.handler.handle(Handoff(worker_id="w", session_id="s", generation=self.routed,
+                                             ts=self.now, target_worker="v")))
+        self.gen_w = self.routed
+        self.routed = self.run(self.store.current("s"))
+
+    @precondition(lambda self: self.assigned and not self.closed and self.routed.worker_id == "w")
+    @rule(now=st.integers(0, 3))
+    def suspend(self, now: int) -> None:
+        if now:
+            return
+        self.run(self.handler.handle(Suspend(worker_id="w", session_id="s", generation=self.routed,
+                                             ts=self.now)))
+        assert "s" not in self.handler.sessions or self.handler.sessions["s"].generation != self.routed
+        self.closed = True  # offloaded: nothing more reaches this generation
+
+    @precondition(lambda self: self.assigned and not self.closed)
+    @rule(now=st.integers(0, 3))
+    def close(self, now: int) -> None:
+        if now:
+            return
+        self.run(self.handler.handle(Terminate(worker_id=self.routed.worker_id, session_id="s",
+                                               generation=self.routed, ts=self.now)))
+        self.closed = True
+
+    # --- invariants ----------------------------------------------------------------------
+
+    def accepted(self) -> list[int]:
+        return [r.seq for r in self.sent if isinstance(r, InputAccepted)]
+
+    def refused_records(self) -> list[CommandRejected]:
+        return [r for r in self.sent if isinstance(r, CommandRejected) and r.command == RoutedInput.TAG]
+
+    def refused(self) -> set[int]:
+        return {r.seq for r in self.refused_records()}
+
+    @invariant()
+    def applied_once_in_order(self) -> None:
+        if not hasattr(self, "sent"):
+            return
+        acc = self.accepted()
+        assert acc == sorted(set(acc)), acc
+        held = self.handler.sessions.get("s")
+        if acc and held is not None:
+            view = self.run(self.store.session("s"))
+            assert view is not None and view.input_seq == acc[-1]  # fenced: the store agrees
+
+    @invariant()
+    def nothing_unaccounted(self) -> None:
+        if not hasattr(self, "sent"):
+            return
+        acc, ref = set(self.accepted()), self.refused()
+        held = self.handler.sessions.get("s")
+        waiting = set(held.pending) if held is not None else set()
+        early = set(self.handler.early.waiting("s"))
+        for seq in self.delivered:
+            assert seq in acc or seq in ref or seq in waiting or seq in early, (seq, acc, ref, waiting, early)
+
+    @precondition(lambda self: self.assigned and not self.closed and self.routed.worker_id == "w")
+    @invariant()
+    def an_owner_keeps_its_session(self) -> None:
+        """Nothing but a move, an offload or a close takes the session from its owner."""
+        held = self.handler.sessions.get("s")
+        assert held is not None and held.generation == self.routed
+
+    @precondition(lambda self: self.closed)
+    @invariant()
+    def nothing_waits_on_a_closed_session(self) -> None:
+        held = self.handler.sessions.get("s")
+        assert held is None or held.generation != self.routed or not held.pending
+
+
+OwnershipMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
+                                              suppress_health_check=[HealthCheck.too_slow])
+test_worker_ownership = OwnershipMachine.TestCase

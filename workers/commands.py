@@ -1,0 +1,302 @@
+"""The commands a worker carries out for its sessions: claim, inputs, offload, handoff, stop.
+
+Each command is checked by the ownership machine (``ownership.py``) and every step that
+advances a session is fenced in the store (claim, input seq, snapshot, release); a worker
+that learns its generation has passed drops the session at once, and the inputs it held
+are refused so dispatch routes them to the current owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from schemas.errors import ChunkserveError, LimitError, OwnershipError, SnapshotCorruptError
+from schemas.records import (Assign, Claimed, CommandRejected, Generation, Handoff, InputAccepted,
+                             Record, Released, Resume, Revoke, RoutedInput, Suspend, Terminate)
+from streams.prom import metrics
+
+from .ownership import EarlyInputs, Held, Refusal, command_refusal, stray_input_refusal
+from .schedule import Schedule
+from .snapshot_format import pack_snapshot, unpack_snapshot
+
+__all__ = ["Ports", "CommandHandler", "session_seed"]
+
+log = logging.getLogger(__name__)
+
+
+def session_seed(session_id: str) -> int:
+    """The session's noise seed: a stable function of its id, so any owner reproduces it."""
+    return zlib.crc32(session_id.encode())
+
+
+@dataclass(frozen=True)
+class Ports:
+    """What the handler talks to: the store, the model, the outgoing events, the clocks, and
+    the session-inputs log (``replay(sid, after_seq, start)``)."""
+
+    worker_id: str
+    device: str
+    store: Any
+    model: Any
+    send: Callable[[Record], Awaitable[None]]
+    clock: Callable[[], float]
+    monotonic: Callable[[], float]
+    replay: Callable[[str, int, tuple[int, int] | None], Awaitable[list[Any]]]
+    gap_wait_s: float = 5.0
+    host_cache_sessions: int = 64
+
+
+class CommandHandler:
+    """The sessions a worker holds and the commands on them."""
+
+    def __init__(self, ports: Ports) -> None:
+        self.p = ports
+        self.sessions: dict[str, Held] = {}
+        self.schedule = Schedule(self.sessions)
+        self.early = EarlyInputs()
+        # offloaded sessions kept in host memory, by snapshot id: a resume here skips Redis
+        self.host_cache: OrderedDict[str, tuple[str, Any, tuple[int, int]]] = OrderedDict()
+
+    async def handle(self, rec: Record) -> None:
+        match rec:
+            case Assign():
+                await self.on_assign(rec)
+            case RoutedInput():
+                await self.on_input(rec)
+            case Terminate() | Revoke():
+                await self.on_stop(rec)
+            case Suspend():
+                await self.on_suspend(rec)
+            case Handoff():
+                await self.on_handoff(rec)
+            case Resume():
+                if (sess := await self.current(rec)) is not None:
+                    sess.executing, sess.next_due = True, self.p.monotonic()
+                    self.schedule.add(rec.session_id, sess)
+
+    async def reject(self, rec: Record, reason: str, detail: str = "") -> None:
+        metrics().rejected.labels(reason).inc()
+        await self.p.send(CommandRejected(
+            worker_id=self.p.worker_id, session_id=getattr(rec, "session_id", ""),
+            command=rec.TAG, reason=reason, ts=self.p.clock(),
+            generation=getattr(rec, "generation", None), seq=getattr(rec, "seq", -1),
+            detail=detail[:500], kind=getattr(rec, "kind", ""), payload=getattr(rec, "payload", "")))
+
+    async def refuse(self, rec: Record, why: Refusal) -> None:
+        await self.reject(rec, why.reason, why.detail)
+
+    async def released(self, sid: str, gen: Generation, reason: str, chunk_index: int = -1,
+                       successor: Generation | None = None) -> None:
+        await self.p.send(Released(worker_id=self.p.worker_id, session_id=sid, generation=gen,
+                                   ts=self.p.clock(), reason=reason, chunk_index=chunk_index,
+                                   successor=successor))
+
+    async def on_assign(self, rec: Assign) -> None:
+        sid, held = rec.session_id, self.sessions.get(rec.session_id)
+        if held is not None and held.generation == rec.generation:
+            current = await self.p.store.current(sid)
+            if current != rec.generation:  # a replay of a generation that has passed
+                await self.reject(rec, "stale_epoch" if current is not None else "unknown_session",
+                                  f"generation {rec.generation} has passed (now {current})")
+            return  # else a duplicate delivery of the command being served
+        try:
+            await self.p.store.claim(sid, rec.generation)
+        except OwnershipError as exc:
+            await self.reject(rec, exc.reason_code, str(exc))
+            return
+        if held is not None:  # we held an older generation of the same session: it has passed
+            self.sessions.pop(sid)
+            await self.refuse_pending(held, "stale_epoch", f"superseded by {rec.generation}")
+        try:
+            state, input_pos = await self.initial_state(rec)
+        except ChunkserveError as exc:  # corrupt, vanished, or over max_snapshot_bytes
+            await self.reject(rec, exc.reason_code, str(exc))
+            try:
+                await self.p.store.release(sid, rec.generation, close=False)
+            except OwnershipError:
+                pass
+            return
+        sess = Held(rec.generation, state, next_due=self.p.monotonic(), input_pos=input_pos)
+        self.sessions[sid] = sess
+        self.schedule.add(sid, sess)
+        if rec.recover:  # the inputs after the snapshot, from the log
+            for got in await self.p.replay(sid, sess.applied_seq, input_pos if input_pos[0] >= 0 else None):
+                sess.offer(RoutedInput(
+                    worker_id=self.p.worker_id, session_id=sid, generation=sess.generation,
+                    seq=got.record.seq, kind=got.record.kind, payload=got.record.payload,
+                    ts=self.p.clock(), source_partition=got.partition, source_offset=got.offset),
+                    self.p.gap_wait_s)
+        await self.p.send(Claimed(worker_id=self.p.worker_id, session_id=sid,
+                                  generation=rec.generation, ts=self.p.clock()))
+        for other in self.early.hand_over(sid, sess):
+            await self.reject(other, "stale_epoch", f"held: {sess.generation}")
+        await self.apply_pending(sid, sess)
+
+    async def initial_state(self, rec: Assign) -> tuple[Any, tuple[int, int]]:
+        """A new session's state, or a restored one: host cache if it holds the latest
+        snapshot, else the fenced snapshot from Redis. Returns the state and the input
+        position the snapshot was taken at."""
+        if rec.restore:
+            view = await self.p.store.session(rec.session_id)
+            manifest = view.snapshot if view is not None else None
+            if manifest is not None:
+                cached = self.host_cache.pop(rec.session_id, None)
+                if cached is not None and cached[0] == manifest.snap_id:
+                    return cached[1].to(self.p.device), cached[2]
+                got = await self.p.store.read_snapshot(rec.session_id)
+                if got is None:
+                    raise SnapshotCorruptError(f"session {rec.session_id}: snapshot vanished")
+                state, pos = unpack_snapshot(self.p.model, rec.session_id, got[1])
+                return state.to(self.p.device), pos
+        return self.p.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id)), (-1, -1)
+
+    async def snapshot(self, sid: str, sess: Held) -> Any:
+        """Fenced snapshot at a chunk boundary; returns the manifest."""
+        return await self.p.store.put_snapshot(
+            sid, sess.generation, pack_snapshot(self.p.model, sess.state, sess.input_pos),
+            chunk_index=sess.state.chunk_index, input_seq=sess.state.input_seq)
+
+    async def on_suspend(self, rec: Suspend) -> None:
+        """Offload: device -> host -> fenced snapshot in Redis, then free the slot."""
+        sid = rec.session_id
+        if (sess := await self.current(rec)) is None:
+            return
+        await self.apply_pending(sid, sess, skip_gaps=True)  # a snapshot keeps no waiting input
+        if self.sessions.get(sid) is not sess:
+            return  # fenced meanwhile
+        try:
+            sess.state.to("cpu")
+            manifest = await self.snapshot(sid, sess)
+            await self.p.store.release(sid, sess.generation, close=False)
+        except LimitError as exc:  # cannot offload: the session stays resident and says why
+            sess.state.to(self.p.device)
+            await self.reject(rec, exc.reason_code, str(exc))
+            return
+        except OwnershipError as exc:
+            await self.drop(sid, sess, f"fenced: {exc}")
+            return
+        self.sessions.pop(sid, None)
+        self.host_cache[sid] = (manifest.snap_id, sess.state, sess.input_pos)
+        while len(self.host_cache) > self.p.host_cache_sessions:
+            self.host_cache.popitem(last=False)
+        await self.released(sid, sess.generation, "suspended", sess.state.chunk_index)
+
+    async def on_handoff(self, rec: Handoff) -> None:
+        """Migrate at this chunk boundary: freeze, fenced snapshot, commit to the target with a
+        source guard; the target restores from the snapshot when its Assign arrives."""
+        sid = rec.session_id
+        if (sess := await self.current(rec)) is None:
+            return
+        try:
+            await self.snapshot(sid, sess)
+            successor = await self.p.store.commit_migration(sid, sess.generation, rec.target_worker)
+        except LimitError as exc:  # its state cannot travel through Redis: keep serving here
+            await self.reject(rec, exc.reason_code, str(exc))
+            return
+        except OwnershipError as exc:
+            if exc.reason_code == "no_capacity":  # the target is full: keep serving here
+                await self.reject(rec, exc.reason_code, str(exc))
+            else:
+                await self.drop(sid, sess, f"fenced: {exc}")
+            return
+        self.sessions.pop(sid, None)
+        await self.refuse_pending(sess, "stale_epoch", f"the session moved to {successor}")
+        await self.released(sid, sess.generation, "migrated", sess.state.chunk_index, successor)
+
+    async def current(self, rec: Record) -> Held | None:
+        """The held session if ``rec`` carries its generation; otherwise reject ``rec``.
+
+        A Terminate or Suspend may overtake the Assign of the same generation (they come from
+        different agents): if the store says the generation is current and ours, the session
+        is ended or suspended in the store directly, so the late Assign finds nothing to run.
+        """
+        sid, gen = rec.session_id, rec.generation  # type: ignore[attr-defined]
+        sess = self.sessions.get(sid)
+        if (sess is None and isinstance(rec, (Terminate, Suspend)) and gen.worker_id == self.p.worker_id
+                and await self.p.store.current(sid) == gen):
+            close = isinstance(rec, Terminate)
+            try:
+                await self.p.store.release(sid, gen, close=close)
+            except OwnershipError as exc:
+                await self.reject(rec, exc.reason_code, str(exc))
+                return None
+            await self.released(sid, gen, "closed" if close else "suspended")
+            return None
+        refusal = command_refusal(sess.generation if sess is not None else None, gen)
+        if refusal is not None:
+            await self.refuse(rec, refusal)
+            return None
+        return sess
+
+    async def on_input(self, rec: RoutedInput) -> None:
+        sess = self.sessions.get(rec.session_id)
+        if sess is None:  # not held here: wait for the Assign, or let dispatch route it again
+            view = await self.p.store.session(rec.session_id)
+            refusal = stray_input_refusal(rec, view.state if view else None,
+                                          view.generation if view else None)
+            if refusal is not None:
+                await self.refuse(rec, refusal)
+                return
+        if sess is None or sess.generation.epoch < rec.generation.epoch:
+            if (refusal := self.early.keep(rec)) is not None:
+                await self.refuse(rec, refusal)
+            return
+        if (refusal := sess.offer(rec, self.p.gap_wait_s)) is not None:
+            await self.refuse(rec, refusal)
+            return
+        await self.apply_pending(rec.session_id, sess)
+
+    async def apply_pending(self, sid: str, sess: Held, skip_gaps: bool = False) -> None:
+        """Apply the waiting inputs in order, each fenced in the store first."""
+        while (rec := sess.next_input(self.p.monotonic(), skip_gaps)) is not None:
+            try:
+                await self.p.store.set_input_seq(sid, sess.generation, rec.seq)
+            except OwnershipError as exc:
+                sess.pending[rec.seq] = rec
+                await self.drop(sid, sess, f"fenced: {exc}")
+                return
+            self.p.model.apply_input(sess.state, rec.payload, rec.seq)
+            sess.applied(rec)
+            await self.p.send(InputAccepted(worker_id=self.p.worker_id, session_id=sid,
+                                            generation=sess.generation, seq=rec.seq, ts=self.p.clock()))
+
+    async def expire_gaps(self) -> int:
+        """Sessions whose missing input was waited for long enough: apply the inputs after
+        it (a missing one that arrives later is refused as late). Returns how many."""
+        now = self.p.monotonic()
+        due = [(sid, s) for sid, s in self.sessions.items() if s.gap_expired(now, self.p.gap_wait_s)]
+        for sid, sess in due:
+            await self.apply_pending(sid, sess, skip_gaps=True)
+        return len(due)
+
+    async def refuse_pending(self, sess: Held, reason: str, detail: str) -> None:
+        for rec in sess.take_pending():
+            await self.reject(rec, reason, detail)
+
+    async def on_stop(self, rec: Terminate | Revoke) -> None:
+        if (sess := await self.current(rec)) is None:
+            return
+        close = isinstance(rec, Terminate)
+        if close:  # inputs still waiting for an earlier one are not applied: refused
+            await self.refuse_pending(sess, "closed", "the session closed while this input waited "
+                                      "for an earlier one")
+        try:
+            await self.p.store.release(rec.session_id, rec.generation, close=close)
+        except OwnershipError as exc:
+            log.info("release of %s refused: %s", rec.session_id, exc)
+        self.sessions.pop(rec.session_id, None)
+        await self.refuse_pending(sess, "stale_epoch", "the session was revoked here")
+        await self.released(rec.session_id, rec.generation,
+                            "closed" if close else f"revoked: {getattr(rec, 'reason', '')}")
+
+    async def drop(self, sid: str, sess: Held, reason: str) -> None:
+        """Forget a session whose generation is no longer ours; its waiting inputs are
+        refused as stale, so dispatch routes them to the current owner."""
+        if self.sessions.get(sid) is sess:
+            del self.sessions[sid]
+        await self.refuse_pending(sess, "stale_epoch", reason)
+        await self.released(sid, sess.generation, reason)

@@ -1,0 +1,153 @@
+"""A worker's per-session ownership machine: which commands and inputs a held session takes.
+
+Pure: no Kafka, Redis, torch or clock (``now`` is passed in). The runtime (``runtime.py``)
+asks it what to do, carries the answer out (claim, fenced write, model step, send) and tells
+it what happened. Its rules:
+
+- a command acts only with the generation the worker holds; an older one is ``stale_epoch``,
+  any other ``not_owner``;
+- inputs are applied once, in ``seq`` order, each from the generation they were routed with;
+  an input for a generation not yet claimed waits (bounded) for its ``Assign``;
+- a missing ``seq`` is waited on for ``gap_wait_s``; then the later ones are applied without
+  it and it is refused as ``late`` if it comes; nothing waits past a close (refused ``closed``)
+  or an offload (applied first).
+
+Session lifecycle transitions are not encoded here: the store and ``processors/lifecycle.py``
+own them; this machine only fences one owner's actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.records import Generation, RoutedInput
+from streams.generations import StoreState
+
+__all__ = ["MAX_PENDING_INPUTS", "Held", "Refusal", "EarlyInputs", "command_refusal",
+           "stray_input_refusal"]
+
+MAX_PENDING_INPUTS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a command or input is refused (``CommandRejected.reason``, and detail)."""
+
+    reason: str
+    detail: str = ""
+
+
+def command_refusal(held: Generation | None, sent: Generation) -> Refusal | None:
+    """None when a command stamped ``sent`` may act on the session held as ``held``."""
+    if held is not None and held == sent:
+        return None
+    reason = "stale_epoch" if held is not None and sent.epoch < held.epoch else "not_owner"
+    return Refusal(reason, f"held: {held}")
+
+
+def stray_input_refusal(rec: RoutedInput, state: str | None, current: Generation | None) -> Refusal | None:
+    """An input for a session this worker does not hold, given the store's view of it: None
+    when it should wait for its ``Assign`` (the store says active under the input's own
+    generation), else the refusal that makes dispatch route it again."""
+    if state == StoreState.ACTIVE and current == rec.generation:
+        return None
+    stale = current is not None and current.epoch > rec.generation.epoch
+    return Refusal("stale_epoch" if stale else "not_owner", f"current: {current} ({state or 'unknown'})")
+
+
+@dataclass
+class Held:
+    """One session this worker owns: its generation, model state and the inputs waiting."""
+
+    generation: Generation
+    state: Any  # the model's session state; ``input_seq`` is the last applied input
+    executing: bool = True
+    next_due: float = 0.0
+    pending: dict[int, RoutedInput] = field(default_factory=dict)
+    input_pos: tuple[int, int] = (-1, -1)  # session-inputs (partition, offset) of the last applied input
+    gap_since: float | None = None  # since when the next seq is missing while later ones wait
+    skipped: set[int] = field(default_factory=set)  # seqs given up on after the gap wait
+
+    @property
+    def applied_seq(self) -> int:
+        return int(self.state.input_seq)
+
+    def offer(self, rec: RoutedInput, gap_wait_s: float) -> Refusal | None:
+        """Take an input routed to this generation: None when it is queued or a duplicate of
+        one already applied, else why it is refused."""
+        if rec.generation != self.generation:
+            return Refusal("stale_epoch", f"held: {self.generation}")
+        if rec.seq in self.skipped:
+            return Refusal("late", f"input {rec.seq} arrived after the session gave up waiting "
+                           f"for it ({gap_wait_s:g} s) and applied later inputs")
+        if rec.seq <= self.applied_seq:
+            return None  # already applied (a duplicate delivery)
+        if len(self.pending) >= MAX_PENDING_INPUTS:
+            return Refusal("too_many_pending", "pending input buffer full")
+        self.pending[rec.seq] = rec
+        return None
+
+    def next_input(self, now: float, skip_gaps: bool = False) -> RoutedInput | None:
+        """The next input to apply, in order, or None. A missing seq is waited for (from
+        ``now``); with ``skip_gaps`` it is given up on and the next present one is returned."""
+        if not self.pending:
+            self.gap_since = None
+            return None
+        nxt = self.applied_seq + 1
+        if nxt not in self.pending:
+            if not skip_gaps:
+                self.gap_since = self.gap_since if self.gap_since is not None else now
+                return None
+            first = min(self.pending)
+            self.skipped.update(range(nxt, first))
+            if len(self.skipped) > MAX_PENDING_INPUTS:
+                self.skipped = set(sorted(self.skipped)[-MAX_PENDING_INPUTS:])
+            nxt = first
+        return self.pending.pop(nxt)
+
+    def applied(self, rec: RoutedInput) -> None:
+        """Record where in ``session-inputs`` the input just applied came from."""
+        if rec.source_offset >= 0:
+            self.input_pos = (rec.source_partition, rec.source_offset)
+
+    def gap_expired(self, now: float, gap_wait_s: float) -> bool:
+        return self.gap_since is not None and self.gap_since <= now - gap_wait_s
+
+    def take_pending(self) -> list[RoutedInput]:
+        """Every waiting input, in order, and none left (for refusal at a close or a fence)."""
+        pending, self.pending = self.pending, {}
+        return sorted(pending.values(), key=lambda r: r.seq)
+
+
+class EarlyInputs:
+    """Inputs that arrived before the ``Assign`` of their generation, bounded per session."""
+
+    def __init__(self, bound: int = MAX_PENDING_INPUTS) -> None:
+        self.bound = bound
+        self._by_session: dict[str, dict[int, RoutedInput]] = {}
+
+    def keep(self, rec: RoutedInput) -> Refusal | None:
+        early = self._by_session.setdefault(rec.session_id, {})
+        if len(early) >= self.bound:
+            return Refusal("too_many_pending", "pending input buffer full")
+        early[rec.seq] = rec
+        return None
+
+    def hand_over(self, sid: str, held: Held) -> list[RoutedInput]:
+        """Move the early inputs of ``held``'s generation into it (those not yet applied);
+        returns the ones of other generations, which the runtime refuses."""
+        early = self._by_session.pop(sid, {})
+        others = []
+        for seq, rec in sorted(early.items()):
+            if rec.generation != held.generation:
+                others.append(rec)
+            elif seq > held.applied_seq:
+                held.pending[seq] = rec
+        return others
+
+    def waiting(self, sid: str) -> list[int]:
+        return sorted(self._by_session.get(sid, {}))
+
+    def __len__(self) -> int:
+        return sum(len(e) for e in self._by_session.values())
