@@ -225,6 +225,9 @@ class _Sim:
         self.fresh: list[SessionEvent] = []  # events since the last decision
         self.seen = [0, 0, 0.0]  # chunks, missed, worst since the last decision
         self.where: dict[str, str] = {}  # sid -> gpu it runs on or travels to (sim's truth)
+        # GPUs that may hold migrations leaving at their chunk's end: a session is only ever
+        # in the roster of where[sid] or of one of these
+        self.sources: set[str] = set()
         # sid -> when it needed its next chunk, for sessions not in a chunk that follows their
         # previous one back to back (those needed it at their GPU's chunk start)
         self.req: dict[str, float] = {}
@@ -327,6 +330,7 @@ class _Sim:
             req[sid] = now
             self.push(now + cost, _ARRIVE, (sid, dst))
         g.leaving = {}
+        self.sources.discard(g.id)
         if g.closing:
             self.release(g, now)
             return
@@ -352,9 +356,11 @@ class _Sim:
     def leave(self, sid: str, now: float) -> None:
         """A session stops running (suspend, close): its chunk in flight is dropped."""
         gid = self.where.pop(sid, None)
-        for g in self.gpus.values():  # it may still sit on a migration's source
-            g.roster.discard(sid)
-            g.leaving.pop(sid, None)
+        for x in (gid, *self.sources) if self.sources else (gid,):  # it may still sit on a migration's source
+            g = self.gpus.get(x)  # type: ignore[arg-type]
+            if g is not None:
+                g.roster.discard(sid)
+                g.leaving.pop(sid, None)
         waited = now - self.req[sid] - self.transfer.get(sid, 0.0) if sid in self.req else 0.0
         if (gid is None or gid not in self.gpus) and waited > self.cfg.deadline_s:
             self.lat.append(waited)  # waited past its deadline without a GPU
@@ -412,6 +418,7 @@ class _Sim:
             cost = self.cfg.migrate_alpha_s + self.cfg.migrate_beta_s_per_byte * s.state_bytes
             if src is not None and src.busy and s.id in src.batch and s.id in src.roster:
                 src.leaving[s.id] = (dst.id, cost)  # moves at the chunk boundary
+                self.sources.add(src.id)
             else:
                 if src is not None:
                     src.roster.discard(s.id)
