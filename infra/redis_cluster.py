@@ -124,6 +124,8 @@ class EmbeddedRedisCluster:
             f"port {port}", "bind 127.0.0.1", "protected-mode no", "cluster-enabled yes",
             "cluster-config-file nodes.conf", f"cluster-node-timeout {self.node_timeout_ms}",
             "appendonly no", 'save ""', f"dir {folder}", "logfile redis.log", "daemonize no",
+            # Redis 7 syncs a new replica diskless, after waiting 5 s for others to join it
+            "repl-diskless-sync-delay 0",
             *self._security_conf(port),
         ]) + "\n")
         conf.chmod(0o600)  # it holds the replication password
@@ -186,7 +188,7 @@ class EmbeddedRedisCluster:
                 return False
         masters = [p for p in self.live_ports() if "role:master" in self._cli_call(p, "info", "replication")]
         if len(masters) != self.masters or not all(
-                f"connected_slaves:{self.replicas}" in self._cli_call(p, "info", "replication") for p in masters):
+                self._cli_call(p, "info", "replication").count("state=online") == self.replicas for p in masters):
             return False
         # and the cluster's own view agrees: every node lists every replica under its master
         views = [self._cli_call(p, "cluster", "nodes") for p in self.live_ports()]
