@@ -1,5 +1,6 @@
 """``chunkserve acls``: print the Kafka ACLs of every role (``streams.kafka_acls``), or apply
-them to the configured cluster as its admin."""
+them to the configured cluster as its admin; ``--redis`` prints the Redis ACL user
+(``streams.acl``)."""
 
 from __future__ import annotations
 
@@ -34,14 +35,27 @@ def acls_cmd(
     principal: List[str] = typer.Option([], "--principal", help="ROLE=PRINCIPAL: the principal a "
                                         "role runs as (default User:<role>); repeatable."),
     role: List[str] = typer.Option([], "--role", help="Only this role (repeatable; default all)."),
+    redis: bool = typer.Option(False, "--redis", help="Print the Redis ACL user instead: the ACL SETUSER "
+                               "command for the configured namespace (and Redis Cluster, redis.cluster)."),
 ) -> None:
     """The Kafka ACLs each role needs (producer, dispatch, control, detector, metrics, worker,
-    provisioner, watcher), for the configured topic prefix: printed, or applied."""
+    provisioner, watcher), for the configured topic prefix: printed, or applied; or the
+    Redis ACL user's command (run it on every node, with the password in place of PASSWORD)."""
     from streams.config_file import load_with_sources
     from streams.kafka_acls import apply_acls, bindings, kafka_acls_line
     from streams.preflight import check
     from infra.cli import _CONFIG
 
+    if redis:
+        if print_ or apply or principal or role:
+            raise typer.BadParameter("--redis prints the Redis ACL user alone")
+        from streams.acl import acl_rules
+
+        settings, _ = load_with_sources(_CONFIG["path"], os.environ)
+        user = settings.redis.username or "chunkserve"
+        typer.echo(" ".join(["ACL SETUSER", user, "on", ">PASSWORD",
+                             *acl_rules(settings.namespace, cluster=settings.redis.cluster == "on")]))
+        return
     if print_ == apply:
         raise typer.BadParameter("choose one of --print and --apply")
     try:

@@ -19,7 +19,9 @@ from typing import Any, Iterator
 
 import pytest
 import redis
+from typer.testing import CliRunner
 
+from infra.cli import app
 from infra.redis_cluster import ClusterSecurity, EmbeddedRedisCluster
 from schemas.errors import AccessDeniedError, ConfigError, InfraError, StaleGenerationError
 from schemas.records import Generation
@@ -200,6 +202,37 @@ def test_the_start_up_check_and_the_command_line_name_the_user(secured: Secured,
     assert len(out) == 1 and "refused the credentials of user 'chunkserve'" in out[0], out
     assert "env CHUNKSERVE_REDIS_USERNAME: redis.username:" in out[0], out
     assert "not-it" not in done.stdout + done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_printed_acl_command_defines_a_user_the_store_runs_as(secured: Secured) -> None:
+    """``chunkserve acls --redis`` prints the user's command; run on every node (ACL users
+    are per node), the store runs as that user; the README shows the same command."""
+    env = {"CHUNKSERVE_NAMESPACE": NS, "CHUNKSERVE_REDIS_CLUSTER": "on", "CHUNKSERVE_REDIS_USERNAME": "printed"}
+    words = CliRunner().invoke(app, ["acls", "--redis"], env=env).output.split()
+    assert words[:5] == ["ACL", "SETUSER", "printed", "on", ">PASSWORD"], words
+    assert words[5:] == acl_rules(NS, cluster=True)
+    password = uuid.uuid4().hex
+    for port in secured.cluster.live_ports():
+        admin = secured.admin(port)
+        assert admin.execute_command(*words[:4], f">{password}", *words[5:]) in (b"OK", "OK", True)
+        admin.close()
+
+    async def run() -> None:
+        store = GenerationStore.from_settings(secured.settings(user="printed", password=password))
+        try:
+            await store.register_worker("wp", 1)
+            gen = await store.commit("sp", 0, "wp")
+            await store.claim("sp", gen)
+            await store.release("sp", gen, close=True)
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
+    default = CliRunner().invoke(app, ["acls", "--redis"], env={"CHUNKSERVE_NAMESPACE": "cs",
+                                                                "CHUNKSERVE_REDIS_CLUSTER": "on",
+                                                                "CHUNKSERVE_REDIS_USERNAME": "chunkserve"}).output
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert " ".join(default.split()) in " ".join(readme.split())
 
 
 def test_a_failover_under_tls_keeps_the_generation_and_the_store_follows(secured: Secured) -> None:
