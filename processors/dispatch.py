@@ -12,16 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from schemas.records import (Assign, CommandRejected, Generation, PlacementReport, Record, Released,
-                             Resume, RoutedInput, SessionActive, SessionClosed, SessionIdle,
+from schemas.records import (Assign, CommandRejected, Frozen, Generation, PlacementReport, Record,
+                             Resume, Revoke, RoutedInput, SessionActive, SessionClosed, SessionIdle,
                              SessionOpened, Suspend, Terminate)
 from streams.generations import SessionView, StoreState
 
 from .lifecycle import STORE_STATE, Action, EventKind, SessionState, transition
 
 __all__ = ["WorkerLoad", "rank_candidates", "Bucket", "take", "InputGate", "DispatchView", "Facts",
-           "Input", "Admission", "Seen", "Committed", "CommitRefused", "Retry", "Event", "Publish",
-           "Commit", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore", "Refuse", "Note",
+           "Input", "Admission", "Seen", "Committed", "CommitRefused", "Moved", "MoveRefused", "Retry",
+           "Event", "Publish", "Commit", "Move", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore", "Refuse", "Note",
            "Command", "decide", "counted"]
 
 
@@ -164,13 +164,33 @@ class Committed:
 
 @dataclass(frozen=True, slots=True)
 class CommitRefused:
-    """``reason``: ``no_capacity`` (that worker is full), ``stale`` (a generation already
-    exists: ``current``) or another ownership refusal."""
+    """``reason``: ``no_capacity`` (that worker is full), ``stale`` (the session has another
+    generation already: ``facts`` as the shell read them then) or another ownership refusal."""
 
     admission: Admission
     worker: str
     reason: str
-    current: Generation | None = None
+    facts: Facts = Facts(None)
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """A handoff committed: ``source`` passed, ``successor`` (on the target) is current."""
+
+    session_id: str
+    source: Generation
+    successor: Generation
+
+
+@dataclass(frozen=True, slots=True)
+class MoveRefused:
+    """The store refused a handoff's commit: ``reason`` its code."""
+
+    session_id: str
+    source: Generation
+    target: str
+    reason: str
     detail: str = ""
 
 
@@ -182,7 +202,7 @@ class Retry:
     facts: Facts = Facts(None)
 
 
-Event = Seen | Committed | CommitRefused | Retry
+Event = Seen | Committed | CommitRefused | Moved | MoveRefused | Retry
 
 
 # commands the core returns
@@ -197,6 +217,16 @@ class Commit:
 
     admission: Admission
     worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Commit a frozen session's next generation on ``target``, guarded by its ``source``
+    generation (the store refuses it once the source has passed)."""
+
+    session_id: str
+    source: Generation
+    target: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +272,7 @@ class Note:
     error: bool = False
 
 
-Command = Publish | Commit | RetryLater | ReadAgain | RequestClose | CloseInStore | Refuse | Note
+Command = Publish | Commit | Move | RetryLater | ReadAgain | RequestClose | CloseInStore | Refuse | Note
 
 RETRY_S = 0.2  # an admission that found every worker full tries again after this
 REREAD_S = 0.05
@@ -265,18 +295,33 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
             return admitted(view, adm, gen, now)
         case CommitRefused(admission=adm, worker=worker, reason="no_capacity"):
             return next_candidate(view, replace(adm, tried=adm.tried | {worker}))
-        case CommitRefused(admission=adm, reason="stale", current=Generation() as current):
+        case CommitRefused(admission=adm, reason="stale", facts=Facts(session=SessionView() as sv) as facts):
             # a redelivered event, or another replica was first: the session has a generation
-            # already; send its Assign again (a duplicate its owner ignores)
-            cmds: list[Command] = [_assign(adm, current, now)]
             if adm.then_route is not None:
-                cmds.append(_routed(adm.then_route, current, now))
-            return view, cmds
+                return route(view, adm.then_route, facts, now)  # to where it is now
+            if sv.state == StoreState.ACTIVE and not sv.stranded and not sv.claimed:
+                return view, [_assign(adm, sv.generation, now)]  # its Assign may never have gone out
+            return view, [Note(f"session {adm.session_id} has {sv.generation} ({sv.state.value}) already")]
         case CommitRefused(admission=adm, detail=detail):
-            cmds = [Note(f"session {adm.session_id} not admitted: {detail}")]
+            cmds: list[Command] = [Note(f"session {adm.session_id} not admitted: {detail}")]
             if adm.then_route is not None:
                 cmds.append(Refuse(adm.then_route, _refusal(adm.then_route, f"the session was not resumed: {detail}")))
             return view, cmds
+        case Moved(session_id=sid, source=src, successor=succ):
+            return counted(view, succ.worker_id, now)[0], [
+                Publish(Assign(worker_id=succ.worker_id, session_id=sid, generation=succ, ts=now, restore=True)),
+                Publish(Revoke(worker_id=src.worker_id, session_id=sid, generation=src, ts=now,
+                               reason="migrated", successor=succ))]
+        case MoveRefused(session_id=sid, source=src, reason=reason) if reason in ("stale_epoch", "not_owner",
+                                                                                    "unknown_session"):
+            # the source's generation has passed (recovered elsewhere, or a duplicate
+            # handoff already moved it): nothing to give back
+            return view, [Note(f"handoff of {sid} from {src} not committed: {reason}")]
+        case MoveRefused(session_id=sid, source=src, target=target, reason=reason):
+            # the target is full, down or gone, or the user closed the session: keep it
+            # where it is (a close's Terminate reaches the source as usual)
+            return view, [Note(f"handoff of {sid} to {target} refused ({reason}); it stays on {src.worker_id}"),
+                          Publish(Resume(worker_id=src.worker_id, session_id=sid, generation=src, ts=now))]
         case Retry(admission=adm, facts=Facts(session=SessionView() as sv)) if (
                 sv.state == StoreState.CLOSED or sv.close_requested):
             cmds = [Note(f"session {adm.session_id} closed while it waited for a worker")]
@@ -371,13 +416,12 @@ def _reassert(sid: str, rec: Record, sv: SessionView, kind: EventKind, now: floa
 
 def on_worker_event(view: DispatchView, rec: Record, facts: Facts,
                     now: float) -> tuple[DispatchView, list[Command]]:
-    """Complete a migration (assign the successor); bring back a session whose Resume found
-    it offloaded; route again an input its owner refused."""
+    """Commit a handoff the source froze for; bring back a session whose Resume found it
+    offloaded; route again an input its owner refused."""
     sv = facts.session
     match rec:
-        case Released(successor=Generation() as succ):
-            return view, [Publish(Assign(worker_id=succ.worker_id, session_id=rec.session_id,
-                                         generation=succ, ts=now, restore=True))]
+        case Frozen(session_id=sid, generation=src, target_worker=target):
+            return view, [Move(sid, src, target)]
         case CommandRejected(command=Resume.TAG, generation=Generation() as gen):
             # the Resume overtook a pending Suspend: the session is offloaded now
             if sv is not None and sv.state == StoreState.SUSPENDED and sv.generation == gen:

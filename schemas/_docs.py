@@ -65,7 +65,18 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
                             "its prompt.", None),
     ("Assign", "recover"): ("The previous owner died: restore and also replay the inputs after "
                             "the snapshot from session-inputs.", None),
-    ("Revoke", "reason"): ("Why the generation stopped being current.", None),
+    ("Revoke", "reason"): ("Why the generation stopped being current: `migrated` after a "
+                           "handoff, or the store's refusal.", None),
+    ("Revoke", "successor"): ("After a handoff: the target's new generation (the source then "
+                              "reports Released `migrated` with it); else null.", None),
+    ("PolicyState", "policy"): ("The policy the state belongs to (`turboserve`, a plug-in's "
+                                "`module:Name`); a leader running another policy ignores it.", None),
+    ("PolicyState", "state"): ("The policy's state as a msgpack map of its fields (nested "
+                               "dataclasses as maps, tuples as arrays); never code.", None),
+    ("PolicyState", "decision_id"): ("The decision epoch that left this state.", None),
+    ("Frozen", "target_worker"): ("The worker the Handoff names as the session's next owner.", None),
+    ("Frozen", "chunk_index"): ("The last chunk released before the freeze; the snapshot holds "
+                                "the state after it.", None),
     ("Handoff", "target_worker"): ("The worker the session moves to.", None),
     ("Handoff", "reason"): ("Why control moves it: `rebalance` (default), `drain` or another "
                             "word of the policy.", None),
@@ -210,4 +221,5 @@ EXAMPLE_VALUES: dict[str, object] = {
 # and where one record's example says more ("Record.field")
 EXAMPLE_VALUES.update({"Released.reason": "closed", "CommandRejected.reason": "stale_epoch",
                        "DeadLetter.reason": "schema: t: unknown type tag 'nope'",
-                       "ScalingDecision.reason": "scale-out", "WorkerDown.reason": "shutdown"})
+                       "ScalingDecision.reason": "scale-out", "WorkerDown.reason": "shutdown",
+                       "PolicyState.policy": "turboserve"})

@@ -20,10 +20,10 @@ __all__ = [
     # worker-commands
     "Assign", "Revoke", "Suspend", "Resume", "Terminate", "Handoff", "RoutedInput",
     # worker-events
-    "WorkerUp", "Heartbeat", "WorkerDown", "WorkerProvisioned", "Claimed", "Released", "ChunkDone",
+    "WorkerUp", "Heartbeat", "WorkerDown", "WorkerProvisioned", "Claimed", "Frozen", "Released", "ChunkDone",
     "InputAccepted", "CommandRejected",
     # scaling-commands
-    "ScaleOut", "Drain", "Shutdown",
+    "ScaleOut", "Drain", "Shutdown", "PolicyState",
     # metrics
     "WorkloadSignal", "PlacementReport", "ScalingDecision", "CostTick",
     # dead-letters
@@ -149,13 +149,15 @@ class Assign(Record):
 
 @record("cmd.revoke")
 class Revoke(Record):
-    """``generation`` is no longer current: stop and release the session."""
+    """``generation`` is no longer current: stop and release the session (``successor`` set:
+    it moved there, after a handoff)."""
 
     worker_id: Id
     session_id: Id
     generation: Generation
     ts: Seconds
     reason: str = ""
+    successor: Generation | None = None
 
 
 @record("cmd.suspend")
@@ -190,8 +192,10 @@ class Terminate(Record):
 
 @record("cmd.handoff")
 class Handoff(Record):
-    """Migrate at the next chunk boundary: freeze, snapshot (fenced), then commit the session
-    to ``target_worker`` with a source guard on ``generation``; the source then releases."""
+    """Migrate at the next chunk boundary: the source freezes the session, snapshots it
+    (fenced) and reports ``Frozen``; dispatch commits the move with a source guard on
+    ``generation``, then assigns the target and revokes the source (or resumes the source
+    when the target cannot take it)."""
 
     worker_id: Id
     session_id: Id
@@ -280,6 +284,20 @@ class Claimed(Record):
     session_id: Id
     generation: Generation
     ts: Seconds
+
+
+@record("worker.frozen")
+class Frozen(Record):
+    """For a handoff to ``target_worker``: the session is frozen at a chunk boundary and its
+    fenced snapshot taken; the source runs no chunk and applies no input of it until dispatch
+    revokes it (moved) or resumes it (kept)."""
+
+    worker_id: Id
+    session_id: Id
+    generation: Generation
+    target_worker: Id
+    ts: Seconds
+    chunk_index: int = -1
 
 
 @record("worker.released")
@@ -375,6 +393,18 @@ class Shutdown(Record):
     pool: Id
     worker_id: Id
     ts: Seconds
+    decision_id: str = ""
+
+
+@record("scale.policy_state")
+class PolicyState(Record):
+    """The control leader's policy state after a decision epoch (the autoscaler's last action,
+    low-load timer, burst history, SLO feedback), so the next leader goes on from it."""
+
+    pool: Id
+    ts: Seconds
+    policy: str
+    state: bytes = b""
     decision_id: str = ""
 
 

@@ -48,11 +48,11 @@ TOPICS: dict[str, TopicSpec] = {
                   "dispatch, control", "workers", "Commands stamped with a generation.",
                   max_bytes=128 * 1024),
         TopicSpec(WORKER_EVENTS, (r.WorkerUp, r.Heartbeat, r.WorkerDown, r.WorkerProvisioned, r.Claimed,
-                                  r.Released, r.ChunkDone, r.InputAccepted, r.CommandRejected),
+                                  r.Frozen, r.Released, r.ChunkDone, r.InputAccepted, r.CommandRejected),
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
                   "workers, provisioner, control", "dispatch, control, metrics",
                   "What workers did.", max_bytes=192 * 1024),
-        TopicSpec(SCALING_COMMANDS, (r.ScaleOut, r.Drain, r.Shutdown), "pool",
+        TopicSpec(SCALING_COMMANDS, (r.ScaleOut, r.Drain, r.Shutdown, r.PolicyState), "pool",
                   lambda x: x.pool,  # type: ignore[attr-defined]
                   "control", "provisioner", "Pool size changes.", max_bytes=16 * 1024),
         TopicSpec(METRICS, (r.WorkloadSignal, r.PlacementReport, r.ScalingDecision, r.CostTick),

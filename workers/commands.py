@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from schemas.errors import ChunkserveError, LimitError, OwnershipError, SnapshotCorruptError
-from schemas.records import (Assign, Claimed, CommandRejected, Generation, Handoff, InputAccepted,
-                             Record, Released, Resume, Revoke, RoutedInput, Suspend, Terminate)
+from schemas.records import (Assign, Claimed, CommandRejected, Frozen, Generation, Handoff,
+                             InputAccepted, Record, Released, Resume, Revoke, RoutedInput, Suspend,
+                             Terminate)
 from streams.prom import metrics
 
 from .ownership import EarlyInputs, Held, Refusal, command_refusal, stray_input_refusal
@@ -73,10 +74,11 @@ class CommandHandler:
                 await self.on_suspend(rec)
             case Handoff():
                 await self.on_handoff(rec)
-            case Resume():
+            case Resume():  # the user is back, or a handoff was refused: run (again)
                 if (sess := await self.current(rec)) is not None:
-                    sess.executing, sess.next_due = True, self.p.monotonic()
+                    sess.thaw(self.p.monotonic())
                     self.schedule.add(rec.session_id, sess)
+                    await self.apply_pending(rec.session_id, sess)
 
     async def reject(self, rec: Record, reason: str, detail: str = "") -> None:
         metrics().rejected.labels(reason).inc()
@@ -165,6 +167,7 @@ class CommandHandler:
         sid = rec.session_id
         if (sess := await self.current(rec)) is None:
             return
+        sess.frozen_since = None  # an offload overrides a handoff: it keeps the inputs
         await self.apply_pending(sid, sess, skip_gaps=True)  # a snapshot keeps no waiting input
         if self.sessions.get(sid) is not sess:
             return  # fenced meanwhile
@@ -186,26 +189,38 @@ class CommandHandler:
         await self.released(sid, sess.generation, "suspended", sess.state.chunk_index)
 
     async def on_handoff(self, rec: Handoff) -> None:
-        """Migrate at this chunk boundary: freeze, fenced snapshot, commit to the target with a
-        source guard; the target restores from the snapshot when its Assign arrives."""
+        """Migrate at this chunk boundary: freeze, take a fenced snapshot and report it;
+        dispatch commits the move (then revokes this generation) or resumes it here."""
         sid = rec.session_id
         if (sess := await self.current(rec)) is None:
             return
-        try:
-            await self.snapshot(sid, sess)
-            successor = await self.p.store.commit_migration(sid, sess.generation, rec.target_worker)
-        except LimitError as exc:  # its state cannot travel through Redis: keep serving here
-            await self.reject(rec, exc.reason_code, str(exc))
-            return
-        except OwnershipError as exc:
-            if exc.reason_code == "no_capacity":  # the target is full: keep serving here
+        if sess.frozen_since is None:  # a duplicate Handoff while frozen reports again
+            await self.apply_pending(sid, sess)  # what is in order goes into the snapshot
+            try:
+                await self.snapshot(sid, sess)
+            except LimitError as exc:  # its state cannot travel through Redis: keep serving here
                 await self.reject(rec, exc.reason_code, str(exc))
-            else:
+                return
+            except OwnershipError as exc:
                 await self.drop(sid, sess, f"fenced: {exc}")
-            return
-        self.sessions.pop(sid, None)
-        await self.refuse_pending(sess, "stale_epoch", f"the session moved to {successor}")
-        await self.released(sid, sess.generation, "migrated", sess.state.chunk_index, successor)
+                return
+            sess.freeze(self.p.monotonic())
+        await self.p.send(Frozen(worker_id=self.p.worker_id, session_id=sid, generation=sess.generation,
+                                 target_worker=rec.target_worker, ts=self.p.clock(),
+                                 chunk_index=sess.state.chunk_index))
+
+    async def thaw_stuck(self, wait_s: float) -> int:
+        """Sessions frozen for a handoff that nobody completed within ``wait_s`` run again
+        (should dispatch commit the move later, this generation is fenced at its next write)."""
+        now = self.p.monotonic()
+        stuck = [(sid, s) for sid, s in self.sessions.items() if s.freeze_expired(now, wait_s)]
+        for sid, sess in stuck:
+            log.warning("%s: handoff of %s not completed in %.0f s; serving it here again",
+                        self.p.worker_id, sid, wait_s)
+            sess.thaw(now)
+            self.schedule.add(sid, sess)
+            await self.apply_pending(sid, sess)
+        return len(stuck)
 
     async def current(self, rec: Record) -> Held | None:
         """The held session if ``rec`` carries its generation; otherwise reject ``rec``.
@@ -280,18 +295,24 @@ class CommandHandler:
     async def on_stop(self, rec: Terminate | Revoke) -> None:
         if (sess := await self.current(rec)) is None:
             return
-        close = isinstance(rec, Terminate)
+        close, successor = isinstance(rec, Terminate), getattr(rec, "successor", None)
         if close:  # inputs still waiting for an earlier one are not applied: refused
             await self.refuse_pending(sess, "closed", "the session closed while this input waited "
                                       "for an earlier one")
-        try:
-            await self.p.store.release(rec.session_id, rec.generation, close=close)
-        except OwnershipError as exc:
-            log.info("release of %s refused: %s", rec.session_id, exc)
+        if successor is None:  # (after a handoff the store moved it already)
+            try:
+                await self.p.store.release(rec.session_id, rec.generation, close=close)
+            except OwnershipError as exc:
+                log.info("release of %s refused: %s", rec.session_id, exc)
         self.sessions.pop(rec.session_id, None)
-        await self.refuse_pending(sess, "stale_epoch", "the session was revoked here")
-        await self.released(rec.session_id, rec.generation,
-                            "closed" if close else f"revoked: {getattr(rec, 'reason', '')}")
+        await self.refuse_pending(sess, "stale_epoch", f"the session moved to {successor}" if successor
+                                  else "the session was revoked here")
+        if close:
+            await self.released(rec.session_id, rec.generation, "closed")
+        elif successor is not None:  # a handoff dispatch completed
+            await self.released(rec.session_id, rec.generation, "migrated", sess.state.chunk_index, successor)
+        else:
+            await self.released(rec.session_id, rec.generation, f"revoked: {getattr(rec, 'reason', '')}")
 
     async def drop(self, sid: str, sess: Held, reason: str) -> None:
         """Forget a session whose generation is no longer ours; its waiting inputs are

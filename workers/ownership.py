@@ -8,6 +8,8 @@ it what happened. Its rules:
   any other ``not_owner``;
 - inputs are applied once, in ``seq`` order, each from the generation they were routed with;
   an input for a generation not yet claimed waits (bounded) for its ``Assign``;
+- a session frozen for a handoff applies nothing until it is revoked (the inputs waiting
+  are refused, so dispatch routes them to the new owner) or thawed;
 - a missing ``seq`` is waited on for ``gap_wait_s``; then the later ones are applied without
   it and it is refused as ``late`` if it comes; nothing waits past a close (refused ``closed``)
   or an offload (applied first).
@@ -68,6 +70,17 @@ class Held:
     input_pos: tuple[int, int] = (-1, -1)  # session-inputs (partition, offset) of the last applied input
     gap_since: float | None = None  # since when the next seq is missing while later ones wait
     skipped: set[int] = field(default_factory=set)  # seqs given up on after the gap wait
+    frozen_since: float | None = None  # frozen for a handoff: no chunk, no input applied
+
+    def freeze(self, now: float) -> None:
+        self.executing, self.frozen_since = False, now
+
+    def thaw(self, now: float) -> None:
+        """Kept after all (the handoff refused, or it waited too long): runs again from ``now``."""
+        self.executing, self.frozen_since, self.next_due = True, None, now
+
+    def freeze_expired(self, now: float, wait_s: float) -> bool:
+        return self.frozen_since is not None and self.frozen_since <= now - wait_s
 
     @property
     def applied_seq(self) -> int:
@@ -90,7 +103,10 @@ class Held:
 
     def next_input(self, now: float, skip_gaps: bool = False) -> RoutedInput | None:
         """The next input to apply, in order, or None. A missing seq is waited for (from
-        ``now``); with ``skip_gaps`` it is given up on and the next present one is returned."""
+        ``now``); with ``skip_gaps`` it is given up on and the next present one is returned.
+        Nothing while frozen: the snapshot a handoff took must hold every input applied."""
+        if self.frozen_since is not None:
+            return None
         if not self.pending:
             self.gap_since = None
             return None

@@ -48,6 +48,7 @@ class WorkerConfig:
     snapshot_every: int = 16
     host_cache_sessions: int = 64
     input_gap_wait_s: float = 5.0  # an input waits this long for a missing earlier seq
+    handoff_wait_s: float = 10.0  # a session frozen for a handoff runs here again after this
 
 
 class Worker:
@@ -122,6 +123,7 @@ class Worker:
                 await self.tick()
                 if self.monotonic() >= next_beat:
                     await self.expire_gaps()
+                    await self.commands.thaw_stuck(self.config.handoff_wait_s)
                     await self.heartbeat()
                     next_beat = self.monotonic() + self.config.heartbeat_s
         finally:

@@ -29,6 +29,8 @@ from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import EventKind, SessionEvent
 from processors.placement import worst_latency
 from processors.policy import BUILTIN_POLICIES, Policy, load_policy
+from processors.policy_state import decode as decode_state
+from processors.policy_state import encode as encode_state
 from processors.snapshot import GpuState, Snapshot
 from processors.turboserve import TurboServeState
 from schemas import records as r
@@ -158,9 +160,16 @@ class ControlShell:
     def __post_init__(self) -> None:
         self.model = load_profiles(self.config.profile)
         self.policy_state: Any = None
+        self.state_at = -math.inf  # the time of the epoch that left policy_state
+        self.logged: r.PolicyState | None = None  # the latest state a leader put in the log
+        self.published: bytes | None = None
 
     def fold(self, rec: r.Record) -> None:
         """Fold one record; an arrival, departure or flip (or a worker change) asks for an epoch."""
+        if isinstance(rec, r.PolicyState):  # another leader's (or an earlier) epoch left it
+            if rec.policy == self.config.policy and rec.ts > self.state_at:
+                self.logged = rec
+            return
         kind = _KINDS.get(type(rec))
         if kind is not None:
             before = self.view.sessions.get(rec.session_id)  # type: ignore[attr-defined]
@@ -208,17 +217,27 @@ class ControlShell:
         self.detector, signal = observe(self.detector, now, self.detector_config)
         state = self._policy_state(policy)
         decision = policy.decide(snap, signal, state)
-        self.policy_state = decision.state
-        recs = command_records(decision.commands, self.view, now, pool=cfg.pool,
-                               decision_id=uuid.uuid4().hex[:12])
+        self.policy_state, self.state_at = decision.state, now
+        decision_id = uuid.uuid4().hex[:12]
+        recs = command_records(decision.commands, self.view, now, pool=cfg.pool, decision_id=decision_id)
         for rec in recs:
             self.view = apply(self.view, rec)
         out += recs
         out += self._reports(snap, model, signal, recs, now, policy)
+        blob = encode_state(decision.state)
+        if blob is not None and blob != self.published:  # the state survives a leader change
+            self.published = blob
+            out.append(r.PolicyState(pool=cfg.pool, ts=now, policy=cfg.policy, state=blob,
+                                     decision_id=decision_id))
         self.view = prune(self.view, now - 3600.0)
         return out
 
     def _policy_state(self, policy: Policy) -> Any:
+        if self.logged is not None and self.logged.ts > self.state_at:  # a later leader's state
+            logged = decode_state(policy.initial_state(), self.logged.state)
+            if logged is not None:
+                self.policy_state, self.state_at = logged, self.logged.ts
+        self.logged = None
         state = self.policy_state if self.policy_state is not None else policy.initial_state()
         if isinstance(state, TurboServeState) and math.isfinite(self.view.last_scale_ts):
             last = state.autoscaler.last_action_at

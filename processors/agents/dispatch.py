@@ -14,15 +14,15 @@ from dataclasses import replace
 from typing import Any, Awaitable, Callable, Protocol
 
 from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
-from schemas.records import (CommandRejected, Generation, Heartbeat, InputPushed, Record, Released,
-                             WorkerDown, WorkerUp)
+from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, InputPushed, Record,
+                             SessionOpened, WorkerDown, WorkerUp)
 
 from schemas.codec import encode
 from schemas.topics import SESSION_INPUTS
 from streams.kafka import dead_letter_record
 
 from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Commit, Committed,
-                        CommitRefused, DispatchView, Event, Facts, Input, InputGate, Note, Publish,
+                        CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, InputGate, Note, Publish,
                         ReadAgain, Refuse, RequestClose, Retry, RetryLater, Seen, WorkerLoad, counted,
                         decide, rank_candidates)
 from .recovery import Recovery
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # the worker events dispatch acts on (``on_worker_event``; heartbeats and starts as signs of
 # life of a worker declared down); chunks, claims and accepted inputs pass by undecoded
-WORKER_EVENTS_ACTED_ON = frozenset({WorkerDown.TAG, Released.TAG, CommandRejected.TAG,
+WORKER_EVENTS_ACTED_ON = frozenset({WorkerDown.TAG, Frozen.TAG, CommandRejected.TAG,
                                     Heartbeat.TAG, WorkerUp.TAG})
 
 
@@ -137,6 +137,11 @@ class DispatchShell:
                 await self.publisher.send(rec)
             case Commit(admission=adm, worker=worker):
                 return await self.commit(adm, worker)
+            case Move(session_id=sid, source=src, target=target):
+                try:
+                    return Moved(sid, src, await self.store.commit_migration(sid, src, target))
+                except OwnershipError as exc:
+                    return MoveRefused(sid, src, target, exc.reason_code, str(exc))
             case RetryLater(admission=adm, after_s=pause):
                 await asyncio.sleep(pause)
                 self.invalidate_view()
@@ -162,7 +167,7 @@ class DispatchShell:
             self.invalidate_view()
             return CommitRefused(adm, worker, "no_capacity")
         except StaleGenerationError:
-            return CommitRefused(adm, worker, "stale", await self.store.current(adm.session_id))
+            return CommitRefused(adm, worker, "stale", await self.facts(adm.session_id))
         except OwnershipError as exc:
             return CommitRefused(adm, worker, exc.reason_code, detail=str(exc))
 
@@ -184,7 +189,10 @@ class DispatchShell:
     # --- what the agents call --------------------------------------------------------------
 
     async def on_session_event(self, rec: Record) -> None:
-        await self.feed(Seen(rec, await self.facts(rec.session_id)))  # type: ignore[attr-defined]
+        # an open is taken as new: its commit (from epoch 0) is the read, and a session that
+        # exists already comes back as a stale refusal with what the store holds
+        sid = rec.session_id  # type: ignore[attr-defined]
+        await self.feed(Seen(rec, Facts(None) if isinstance(rec, SessionOpened) else await self.facts(sid)))
 
     async def on_worker_event(self, rec: Record) -> None:
         """Recover a dead worker's sessions (the recovery agent), complete migrations, bring
@@ -193,9 +201,8 @@ class DispatchShell:
             await self.recovery.worker_down(rec.worker_id, rec.ts)
         elif isinstance(rec, (Heartbeat, WorkerUp)):
             await self.recovery.worker_alive(rec.worker_id, rec.ts)
-        elif isinstance(rec, Released):
-            if rec.successor is not None:
-                await self.feed(Seen(rec, Facts(None)))
+        elif isinstance(rec, Frozen):
+            await self.feed(Seen(rec, Facts(None)))
         elif isinstance(rec, CommandRejected) and rec.generation is not None:
             await self.feed(Seen(rec, await self.facts(rec.session_id)))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from processors import decisions as d
-from processors.agents.control import ControlConfig, ControlShell, command_records, fit_capacity
+from processors.agents.control import ControlConfig, ControlShell, command_records, fit_capacity, make_policy
 from processors.cluster import BOOTING_PREFIX, ClusterView, apply_all
 from processors.latency import load_profiles
 from schemas import records as r
@@ -112,3 +112,44 @@ def test_config_from_env():
     assert (cfg.policy, cfg.profile, cfg.gpu_type, cfg.min_gpus, cfg.tick_s) == ("lag", "paper", "b300", 2, 0.1)
     assert cfg.burst_memory_s == 20.0
     assert ControlConfig.from_env({}) == ControlConfig()
+
+
+def _world(shell: ControlShell) -> list[r.Record]:
+    """Two workers, six sessions that open and go idle one by one: the autoscaler's timers
+    and burst history move."""
+    recs: list[r.Record] = [r.WorkerUp(worker_id=f"p-{i}", ts=1, capacity=4, pool="default") for i in range(2)]
+    for i in range(6):
+        recs += [r.SessionOpened(session_id=f"s{i}", ts=2.0 + i),
+                 r.Claimed(worker_id=f"p-{i % 2}", session_id=f"s{i}", generation=G(f"p-{i % 2}", 1), ts=3.0 + i)]
+    for rec in recs:
+        shell.fold(rec)
+    return recs
+
+
+def test_the_policy_state_survives_a_leader_change_through_the_log():
+    """The leader puts its policy state in the log after each epoch that changed it; an
+    instance that folded the log takes over with that state, not a fresh one."""
+    cfg = ControlConfig(dwell_s=30.0, heartbeat_timeout_s=1e9)
+    leader = ControlShell(cfg)
+    log = _world(leader)
+    for t in (10.0, 20.0, 30.0, 40.0):
+        leader.fold(r.SessionIdle(session_id=f"s{int(t) // 10}", ts=t - 1))
+        out = leader.epoch(t)
+        log += [r.SessionIdle(session_id=f"s{int(t) // 10}", ts=t - 1), *out]
+    states = [x for x in log if isinstance(x, r.PolicyState)]
+    assert states and states[-1].policy == cfg.policy and states[-1].ts <= 40.0
+    policy = make_policy(cfg.policy, load_profiles(cfg.profile), cfg.gpu_type)
+    assert leader.policy_state != policy.initial_state()  # the state moved: there is something to lose
+
+    successor = ControlShell(cfg)  # folded the same log, never led
+    for rec in log:
+        successor.fold(rec)
+    amnesiac = ControlShell(cfg)  # the same log without the policy's state
+    for rec in log:
+        if not isinstance(rec, r.PolicyState):
+            amnesiac.fold(rec)
+    assert successor._policy_state(policy) == leader.policy_state
+    assert amnesiac._policy_state(policy) != leader.policy_state  # what a restart used to lose
+    # the leader's own state coming back from the log does not roll it back
+    leader.fold(states[0])
+    assert leader._policy_state(policy) == successor._policy_state(policy)

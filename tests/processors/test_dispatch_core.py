@@ -11,10 +11,10 @@ from dataclasses import FrozenInstanceError, fields
 import pytest
 
 from processors.dispatch import (Admission, CloseInStore, Commit, Committed, CommitRefused, DispatchView,
-                                 Facts, Input, Note, Publish, ReadAgain, Refuse, RequestClose, Retry,
+                                 Facts, Input, Move, Moved, MoveRefused, Note, Publish, ReadAgain, Refuse, RequestClose, Retry,
                                  RetryLater, Seen, WorkerLoad, decide)
 from processors.lifecycle import STORE_STATE, Action, EventKind, transition
-from schemas.records import (Assign, CommandRejected, Generation, PlacementReport, Released, Resume,
+from schemas.records import (Assign, CommandRejected, Frozen, Generation, PlacementReport, Resume, Revoke,
                              RoutedInput, SessionActive, SessionClosed, SessionIdle, SessionOpened,
                              Suspend)
 from streams.generations import SessionView, StoreState
@@ -102,10 +102,17 @@ def test_a_committed_generation_is_assigned_counted_and_reported():
     assert not any(isinstance(c, Publish) and isinstance(c.record, PlacementReport) for c in cmds)
 
 
-def test_a_stale_commit_resends_the_current_assign_and_other_refusals_refuse_the_waiting_input():
+def test_a_stale_commit_follows_what_the_store_holds_and_other_refusals_refuse_the_waiting_input():
     inp = Input("s", 2, "text", "x")
-    _, cmds = decide(VIEW, CommitRefused(Admission("s", then_route=inp), "w1", "stale", current=GEN), 1.0)
-    assert _kinds(cmds) == ["Assign", "RoutedInput"] and all(c.record.generation == GEN for c in cmds)
+    active = Facts(_sv(StoreState.ACTIVE))
+    _, cmds = decide(VIEW, CommitRefused(Admission("s", then_route=inp), "w1", "stale", active), 1.0)
+    assert _kinds(cmds) == ["RoutedInput"] and cmds[0].record.generation == GEN  # to where it is now
+    unclaimed = Facts(_sv(StoreState.ACTIVE, claimed=False))  # a redelivered open: its Assign again
+    _, cmds = decide(VIEW, CommitRefused(Admission("s", prompt="p"), "w1", "stale", unclaimed), 1.0)
+    assert _kinds(cmds) == ["Assign"] and cmds[0].record.generation == GEN and cmds[0].record.prompt == "p"
+    for facts in (active, Facts(_sv(StoreState.SUSPENDED))):  # claimed, or offloaded: nothing to send
+        _, cmds = decide(VIEW, CommitRefused(Admission("s", prompt="p"), "w1", "stale", facts), 1.0)
+        assert _kinds(cmds) == ["Note"]
     _, cmds = decide(VIEW, CommitRefused(Admission("s", then_route=inp), "w1", "closed", detail="closed"), 1.0)
     assert _kinds(cmds) == ["Note", "Refuse"]
 
@@ -129,12 +136,24 @@ def test_inputs_are_routed_held_woken_or_refused(facts, expect):
         assert _kinds(cmds) == ["Refuse"]
 
 
-def test_worker_events_complete_migrations_and_reroute_refused_inputs():
+def test_dispatch_commits_a_handoff_then_assigns_the_target_and_revokes_the_source():
+    """The source only freezes and reports; the ownership commit is dispatch's."""
+    frozen = Frozen(worker_id="w1", session_id="s", generation=GEN, target_worker="w2", ts=1.0)
+    _, cmds = decide(VIEW, Seen(frozen, Facts(None)), 2.0)
+    assert cmds == [Move("s", GEN, "w2")]
     succ = Generation("w2", 4)
-    _, cmds = decide(VIEW, Seen(Released(worker_id="w1", session_id="s", generation=GEN, ts=1.0,
-                                         reason="migrated", successor=succ), Facts(None)), 2.0)
-    assert [c.record for c in cmds] == [Assign(worker_id="w2", session_id="s", generation=succ, ts=2.0,
-                                               restore=True)]
+    view, cmds = decide(VIEW, Moved("s", GEN, succ), 2.0)
+    assert [c.record for c in cmds] == [
+        Assign(worker_id="w2", session_id="s", generation=succ, ts=2.0, restore=True),
+        Revoke(worker_id="w1", session_id="s", generation=GEN, ts=2.0, reason="migrated", successor=succ)]
+    assert view.workers["w2"].used == 1
+    _, cmds = decide(VIEW, MoveRefused("s", GEN, "w2", "no_capacity"), 2.0)  # kept where it is
+    assert _kinds(cmds) == ["Note", "Resume"] and cmds[1].record.generation == GEN
+    _, cmds = decide(VIEW, MoveRefused("s", GEN, "w2", "stale_epoch"), 2.0)  # it has passed anyway
+    assert _kinds(cmds) == ["Note"]
+
+
+def test_worker_events_reroute_refused_inputs():
     stale = CommandRejected(worker_id="w0", session_id="s", command=RoutedInput.TAG, reason="stale_epoch",
                             ts=1.0, generation=Generation("w0", 2), seq=5, kind="text", payload="x")
     _, cmds = decide(VIEW, Seen(stale, Facts(_sv(StoreState.ACTIVE))), 2.0)

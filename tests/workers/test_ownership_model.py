@@ -20,8 +20,8 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from schemas.records import (Assign, CommandRejected, Generation, Handoff, InputAccepted, Record,
-                             RoutedInput, Suspend, Terminate)
+from schemas.records import (Assign, CommandRejected, Frozen, Generation, Handoff, InputAccepted, Record,
+                             Resume, Revoke, RoutedInput, Suspend, Terminate)
 from streams.generations_memory import MemoryGenerationStore
 from workers.commands import CommandHandler, Ports
 
@@ -60,6 +60,7 @@ class OwnershipMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.delivered: dict[int, int] = {}  # seq -> deliveries to the worker
         self.closed = False
+        self.frozen = False
 
         async def send(rec: Record) -> None:
             self.sent.append(rec)
@@ -127,13 +128,36 @@ class OwnershipMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.assigned and not self.closed and self.routed.worker_id == "w")
     @rule(now=st.integers(0, 3))
     def migrate_away(self, now: int) -> None:
-        """The session moves to worker v: w must apply nothing more and refuse what waits."""
+        """The session moves to worker v (dispatch commits the handoff the source froze for,
+        then revokes the source): w must apply nothing more and refuse what waits."""
         if now:  # the endings are drawn rarely, so a session lives long enough to matter
             return
+        self.freeze()
+        if not self.frozen:
+            return
+        succ = self.run(self.store.commit_migration("s", self.routed, "v"))
+        self.run(self.handler.handle(Revoke(worker_id="w", session_id="s", generation=self.routed,
+                                            ts=self.now, reason="migrated", successor=succ)))
+        self.gen_w, self.routed, self.frozen = self.routed, succ, False
+        assert "s" not in self.handler.sessions
+
+    @precondition(lambda self: self.assigned and not self.closed and self.routed.worker_id == "w"
+                  and not self.frozen)
+    @rule()
+    def freeze(self) -> None:
+        """A Handoff: the source snapshots and freezes; until dispatch answers, nothing applies."""
         self.run(self.handler.handle(Handoff(worker_id="w", session_id="s", generation=self.routed,
                                              ts=self.now, target_worker="v")))
-        self.gen_w = self.routed
-        self.routed = self.run(self.store.current("s"))
+        frozen = [r for r in self.sent if isinstance(r, Frozen)]
+        self.frozen = bool(frozen) and frozen[-1].generation == self.routed and "s" in self.handler.sessions
+        self.accepted_when_frozen = len(self.accepted())
+
+    @precondition(lambda self: self.frozen and not self.closed)
+    @rule()
+    def handoff_refused(self) -> None:
+        """The target could not take it: dispatch resumes the source, which applies what waited."""
+        self.run(self.handler.handle(Resume(worker_id="w", session_id="s", generation=self.routed, ts=self.now)))
+        self.frozen = False
 
     @precondition(lambda self: self.assigned and not self.closed and self.routed.worker_id == "w")
     @rule(now=st.integers(0, 3))
@@ -193,6 +217,11 @@ class OwnershipMachine(RuleBasedStateMachine):
         """Nothing but a move, an offload or a close takes the session from its owner."""
         held = self.handler.sessions.get("s")
         assert held is not None and held.generation == self.routed
+
+    @precondition(lambda self: self.frozen and not self.closed)
+    @invariant()
+    def nothing_applied_while_frozen(self) -> None:
+        assert len(self.accepted()) == self.accepted_when_frozen
 
     @precondition(lambda self: self.closed)
     @invariant()
