@@ -73,8 +73,8 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
     profile = {g: model[gpus[g].type] for g in ready}
     room = [g for g in ready if held[g] < profile[g].capacity]  # by id; shrinks as GPUs fill
     free = set(room)
-    # scores that read only n: a heap of (score, id) gives min over the room in log time
-    heap = [(score(profile[x], n[x], 0, 0), x) for x in room] if score is _fewest or score is _latency else None
+    key = _heap_key(score, profile, n, mem, room)
+    heap = [(key(x), x) for x in room] if key is not None else None
     if heap is not None:
         heapq.heapify(heap)
     out: list[Command] = []
@@ -96,12 +96,25 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
             room.remove(g)
             free.discard(g)
         elif heap is not None:
-            heapq.heappush(heap, (score(profile[g], n[g], 0, 0), g))
+            heapq.heappush(heap, (key(g), g))  # type: ignore[misc]
         out.append(Resume(s.id, g) if s.restore or s.gpu_id is not None else Place(s.id, g))
     return tuple(out), start
 
 
 _ROUND_ROBIN: Score = lambda p, n, mem, add: 0.0  # noqa: E731  (a marker: cycle, do not score)
+
+
+def _heap_key(score: Score, profile: dict[str, GpuProfile], n: dict[str, int], mem: dict[str, int],
+              room: list[str]) -> Callable[[str], float] | None:
+    """A key that orders GPUs as ``score`` does for any newcomer, so a heap of (key, id)
+    gives the min over the room in log time: the score itself when it reads only n; the
+    resident bytes for memory when every GPU has the same memory (exact: bytes are
+    integers below 2**53, so distinct sums stay distinct after the division). None: scan."""
+    if score is _fewest or score is _latency:
+        return lambda x: score(profile[x], n[x], 0, 0)
+    if score is _memory and len({profile[x].memory_bytes for x in room}) <= 1:
+        return lambda x: float(mem[x])
+    return None
 
 
 @dataclass(frozen=True)

@@ -89,34 +89,39 @@ def test_future_active_counts_peaks_per_window():
     assert future_active(events, 10.0) == (3, 3, 2)  # a window starts with what the last one left
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(30))
 def test_greedy_placement_picks_the_lowest_score_then_id_for_every_waiting_session(seed):
-    """Fewest sessions and least latency pick GPUs from a heap; each pick must still be the
-    plain minimum of (score, id) over the GPUs with room, with the counts so far."""
+    """Fewest sessions, least latency and (one memory size) least memory pick GPUs from a
+    heap; each pick must still be the plain minimum of (score, id) over the GPUs with room,
+    with the counts and bytes so far."""
     import random
 
-    from processors.baselines import _fewest, _latency, greedy_place
+    from processors.baselines import _fewest, _latency, _memory, greedy_place
     from processors.snapshot import Session
 
     rng = random.Random(seed)
-    gpus = tuple(Gpu(f"g{i}", rng.choice(["b300", "h20"]), rng.choice([GpuState.READY] * 4 + [GpuState.BOOTING])) for i in range(rng.randint(1, 6)))
+    types = ["b300", "h20"] if seed % 2 else [rng.choice(["b300", "h20"])]
+    gpus = tuple(Gpu(f"g{i}", rng.choice(types), rng.choice([GpuState.READY] * 4 + [GpuState.BOOTING])) for i in range(rng.randint(1, 6)))
     sessions = []
     for i in range(rng.randint(0, 120)):
         where = rng.choice([g.id for g in gpus] + [None, None, "gone"])
         life = rng.choice([SessionState.EXECUTION] * 3 + [SessionState.SUSPENDED])
-        sessions.append(Session(f"s{i:03d}", rng.randint(1, 4) << 30, life, where))
+        sessions.append(Session(f"s{i:03d}", rng.randint(1, 4 << 30), life, where))
     snap = Snapshot(0.0, gpus, tuple(sessions))
-    for score in (_fewest, _latency):
+    for score in (_fewest, _latency, _memory):
         for pinned in (False, True):
             cmds, _ = greedy_place(snap, PAPER, score, pinned=pinned)
-            n = {g.id: sum(1 for s in sessions if s.gpu_id == g.id and s.lifecycle is SessionState.EXECUTION) for g in gpus}
-            held = {g.id: sum(1 for s in sessions if s.gpu_id == g.id) if pinned else n[g.id] for g in gpus}
+            mine = {g.id: [s for s in sessions if s.gpu_id == g.id] for g in gpus}
+            n = {g: sum(1 for s in ss if s.lifecycle is SessionState.EXECUTION) for g, ss in mine.items()}
+            held = {g: len(ss) if pinned else n[g] for g, ss in mine.items()}
+            mem = {g: sum(s.state_bytes for s in ss if pinned or s.lifecycle is SessionState.EXECUTION) for g, ss in mine.items()}
             waiting = [s for s in sessions if s.lifecycle is SessionState.EXECUTION and s.gpu_id not in n]
             for s, c in zip(waiting, cmds):
                 room = [g for g in gpus if g.state is GpuState.READY and held[g.id] < PAPER[g.type].capacity]
-                want = min((score(PAPER[g.type], n[g.id], 0, 0), g.id) for g in room)[1]
+                want = min((score(PAPER[g.type], n[g.id], mem[g.id], s.state_bytes), g.id) for g in room)[1]
                 assert (c.session_id, c.gpu_id) == (s.id, want)
                 n[want] += 1
                 held[want] += 1
+                mem[want] += s.state_bytes
             room = [g for g in gpus if g.state is GpuState.READY and held[g.id] < PAPER[g.type].capacity]
             assert len(cmds) == len(waiting) or not room
