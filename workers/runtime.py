@@ -113,7 +113,8 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set."""
         await self.start()
-        next_beat = 0.0
+        beats = asyncio.get_running_loop().create_task(self.beat(stop))
+        next_check = 0.0
         try:
             while not stop.is_set():
                 # block in the poll until the next chunk is due (at most 50 ms): no spinning
@@ -121,13 +122,24 @@ class Worker:
                 wait_s = 0.05 if due is None else min(0.05, max(0.001, due - self.monotonic()))
                 await self.poll_commands(timeout_ms=int(wait_s * 1000))
                 await self.tick()
-                if self.monotonic() >= next_beat:
+                if self.monotonic() >= next_check:
                     await self.expire_gaps()
                     await self.commands.thaw_stuck(self.config.handoff_wait_s)
-                    await self.heartbeat()
-                    next_beat = self.monotonic() + self.config.heartbeat_s
+                    next_check = self.monotonic() + self.config.heartbeat_s
         finally:
+            beats.cancel()
             await self.stop()
+
+    async def beat(self, stop: asyncio.Event) -> None:
+        """Heartbeats on their own timer: a loop waiting on the store (a Redis failover, a
+        fenced write retried) is still a live worker, and must not be declared dead for it;
+        a stopped process (paused, hung in a kernel) sends none."""
+        while not stop.is_set():
+            await self.heartbeat()
+            try:
+                await asyncio.wait_for(stop.wait(), self.config.heartbeat_s)
+            except asyncio.TimeoutError:
+                pass
 
     # --- commands ----------------------------------------------------------------------
 

@@ -107,3 +107,25 @@ def test_waiting_inputs_are_applied_before_an_offload() -> None:
         assert view.state == "suspended" and view.snapshot is not None and view.snapshot.input_seq == 3
 
     asyncio.run(run())
+
+
+def test_heartbeats_go_out_while_the_loop_waits_on_the_store() -> None:
+    """A worker whose chunk loop is stuck on a store call (a Redis failover) still beats, so
+    control does not declare it dead and move its sessions for nothing."""
+    from schemas.records import Heartbeat
+
+    async def run() -> int:
+        worker, out, mono, gen, store = await _worker()
+        worker.config = WorkerConfig(worker_id="w", capacity=2, heartbeat_s=0.05)
+        stop = asyncio.Event()
+        stuck = asyncio.Event()  # the store call that does not come back
+        beats = asyncio.get_running_loop().create_task(worker.beat(stop))
+        try:
+            await asyncio.wait_for(stuck.wait(), 0.3)
+        except asyncio.TimeoutError:
+            pass
+        stop.set()
+        await beats
+        return sum(isinstance(r, Heartbeat) for r in out.records)
+
+    assert asyncio.run(run()) >= 4
