@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterable
 from aiokafka.errors import KafkaError
 
 from schemas.errors import ConfigError, InfraError
-from schemas.records import (ChunkDone, Claimed, DeadLetter, InputAccepted, InputPushed, Record,
-                             Released, SessionClosed, SessionOpened, WorkerDown, WorkerUp)
+from schemas.records import (ChunkDone, Claimed, DeadLetter, Frozen, Handoff, InputAccepted, InputPushed,
+                             Record, Released, SessionClosed, SessionOpened, WorkerDown, WorkerUp)
 from schemas.topics import WORKER_COMMANDS
 from streams.config import Settings
 from streams.generations import GenerationStore, Keys
@@ -77,6 +77,7 @@ class ChaosConfig:
     broker_faults: tuple[str, ...] = ()  # of broker_faults.KINDS: leader_kill (3+ brokers), full_restart
     outage_s: float = 0.0  # how long every broker stays down in the full restart
     redis_faults: int = 0  # SIGKILL the namespace's Redis master this many times (a cluster)
+    migrate_every_s: float = 0.0  # > 0: an operator Handoff of a random session this often
 
     def __post_init__(self) -> None:
         slots = self.workers * self.capacity
@@ -175,6 +176,27 @@ async def _duplicator(settings: Settings, producer: RecordProducer, fraction: fl
         for t in pending:
             t.cancel()
         await consumer.stop()
+
+
+async def _migrate(producer: RecordProducer, log: EventLog, ids: list[str], workers: list[str],
+                   every_s: float, rng: random.Random, stop: asyncio.Event, counts: dict[str, int]) -> None:
+    """Every ``every_s``, hand a random session over from its latest claimed owner to another
+    worker (any: one paused, killed or full makes dispatch keep it where it is)."""
+    while not stop.is_set():
+        await asyncio.sleep(every_s)
+        claims: dict[str, Claimed] = {}
+        for r in log.records:
+            if isinstance(r, Claimed) and r.session_id in ids and (
+                    r.session_id not in claims or r.generation.epoch >= claims[r.session_id].generation.epoch):
+                claims[r.session_id] = r
+        if not claims:
+            continue
+        claim = claims[rng.choice(sorted(claims))]
+        target = rng.choice([w for w in workers if w != claim.worker_id])
+        await _send_until_acked(producer, Handoff(worker_id=claim.worker_id, session_id=claim.session_id,
+                                                  generation=claim.generation, target_worker=target,
+                                                  ts=time.time(), reason="chaos"))
+        counts["handoffs_sent"] += 1
 
 
 async def _sample_overshoots(store: GenerationStore, stop: asyncio.Event, counts: dict[str, int]) -> None:
@@ -327,6 +349,9 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
             helpers = [asyncio.create_task(_duplicator(settings, producer, config.duplicate_fraction,
                                                         rng, stop, counts)),
                        asyncio.create_task(_sample_overshoots(store, stop, counts))]
+            if config.migrate_every_s > 0:
+                helpers.append(asyncio.create_task(_migrate(producer, log, ids, workers, config.migrate_every_s,
+                                                            random.Random(config.seed + 1), stop_inputs, counts)))
             closed_early: set[str] = set()
             inputs = asyncio.create_task(_push_inputs(producer, ids, config.input_every_s, stop_inputs,
                                                       pushed, acked, closed_early))
@@ -427,6 +452,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
             "replay_mismatches": len(views),
             "replay_mismatch_sample": views[:10],
             "fenced_releases": sum(1 for r in log.of(Released) if r.reason.startswith("fenced")),
+            "migrations": _migrations(counts["handoffs_sent"], log.records),
             "recovered_sessions": len({c.session_id for c in log.of(Claimed) if c.generation.epoch > 1}),
             "max_recovery_s": round(longest, 3),
             "push_phase_s": round(t1 - t0, 1),
@@ -526,6 +552,14 @@ async def _compare_replay(settings: Settings, session_events: list[Record], obse
     if got["signal"] != detector_signal(session_events):
         mismatches.append("detector: signal differs")
     return mismatches
+
+
+def _migrations(sent: int, records: list[Record]) -> dict[str, int]:
+    """Handoffs sent, sessions frozen for one (per generation), moved (the source released
+    it as migrated) and kept (frozen, then resumed where it was or recovered elsewhere)."""
+    frozen = {(r.session_id, r.generation) for r in records if isinstance(r, Frozen)}
+    moved = {(r.session_id, r.generation) for r in records if isinstance(r, Released) and r.reason == "migrated"}
+    return {"handoffs_sent": sent, "frozen": len(frozen), "moved": len(moved), "kept": len(frozen - moved)}
 
 
 def _owners(records: list[Record]) -> dict[str, str]:

@@ -565,6 +565,8 @@ def chaos(
                                                "is back as a replica (default 1)."),
     replica_acks: Optional[int] = typer.Option(None, min=0, max=16, help="Replicas a fenced write waits "
                                                "for on the cluster (default 1; 0: the control run)."),
+    migrate_every: float = typer.Option(0.0, min=0.0, help="Seconds between operator Handoffs of a random "
+                                        "session to another worker (0: none; the run's policy never migrates)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the audit here."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
 ) -> None:
@@ -583,7 +585,7 @@ def chaos(
     run_id = uuid.uuid4().hex[:6]
     cfg = ChaosConfig(sessions=sessions, duration_s=duration, workers=workers, seed=seed,
                       broker_faults=KINDS if broker_faults else (), outage_s=outage,
-                      process_faults=process_faults,
+                      process_faults=process_faults, migrate_every_s=migrate_every,
                       redis_faults=(1 if redis_faults is None else redis_faults) if redis_cluster else 0)
     own_broker = "kafka" if broker_faults or brokers > 1 else None  # faults need a cluster of our own
     if broker_faults:  # the run's own clients: connection errors are what it asked for

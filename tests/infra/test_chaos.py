@@ -57,12 +57,15 @@ def test_a_fleet_too_small_is_refused_up_front():
 def test_chaos_run_audits_clean(kafka_bootstrap, redis_url, namespace, tmp_path):
     settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
         kafka_bootstrap, redis_url)
-    cfg = ChaosConfig(sessions=6, duration_s=20.0, workers=3, capacity=6)
+    cfg = ChaosConfig(sessions=6, duration_s=20.0, workers=3, capacity=6, migrate_every_s=1.0)
     result = asyncio.run(run_chaos(settings, cfg, tmp_path / "logs"))
     assert set(result["faults"]) >= {"paused_worker", "killed_worker", "killed_dispatch"}
     assert result["chunks"] > 100
     assert result["recovered_sessions"] >= 1   # the paused and the killed workers' sessions moved
     assert result["fenced_releases"] >= 1      # the resumed stale runtime learned it lost them
+    moves = result["migrations"]  # operator handoffs through the faults, some to a dead target
+    assert moves["handoffs_sent"] >= 10 and moves["moved"] >= 3, moves
+    assert moves["frozen"] == moves["moved"] + moves["kept"], moves  # every move froze its source first
     for key in AUDIT_KEYS:
         assert result[key] == 0, (key, result)
     assert set(result["broker"]) == {"kind", "version", "brokers"}
