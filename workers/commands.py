@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from schemas.errors import ChunkserveError, LimitError, OwnershipError, SnapshotCorruptError
+from schemas.errors import ChunkserveError, LimitError, OwnershipError
 from schemas.records import (Assign, Claimed, CommandRejected, Frozen, Generation, Handoff,
                              InputAccepted, Record, Released, Resume, Revoke, RoutedInput, Suspend,
                              Terminate)
@@ -22,7 +22,7 @@ from streams.prom import metrics
 
 from .ownership import EarlyInputs, Held, Refusal, command_refusal, stray_input_refusal
 from .schedule import Schedule
-from .snapshot_format import pack_snapshot, unpack_snapshot
+from . import snapshots
 
 __all__ = ["Ports", "CommandHandler", "session_seed"]
 
@@ -139,28 +139,17 @@ class CommandHandler:
         await self.apply_pending(sid, sess)
 
     async def initial_state(self, rec: Assign) -> tuple[Any, tuple[int, int]]:
-        """A new session's state, or a restored one: host cache if it holds the latest
-        snapshot, else the fenced snapshot from Redis. Returns the state and the input
-        position the snapshot was taken at."""
+        """A new session's state, or its last snapshot when the Assign restores it (from host
+        memory when it holds that one); with the input position it was taken at."""
         if rec.restore:
-            view = await self.p.store.session(rec.session_id)
-            manifest = view.snapshot if view is not None else None
-            if manifest is not None:
-                cached = self.host_cache.pop(rec.session_id, None)
-                if cached is not None and cached[0] == manifest.snap_id:
-                    return cached[1].to(self.p.device), cached[2]
-                got = await self.p.store.read_snapshot(rec.session_id)
-                if got is None:
-                    raise SnapshotCorruptError(f"session {rec.session_id}: snapshot vanished")
-                state, pos = unpack_snapshot(self.p.model, rec.session_id, got[1])
-                return state.to(self.p.device), pos
+            got = await snapshots.restore(self.p.store, self.p.model, self.p.device, rec.session_id,
+                                          self.host_cache)
+            if got is not None:
+                return got
         return self.p.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id)), (-1, -1)
 
     async def snapshot(self, sid: str, sess: Held) -> Any:
-        """Fenced snapshot at a chunk boundary; returns the manifest."""
-        return await self.p.store.put_snapshot(
-            sid, sess.generation, pack_snapshot(self.p.model, sess.state, sess.input_pos),
-            chunk_index=sess.state.chunk_index, input_seq=sess.state.input_seq)
+        return await snapshots.take(self.p.store, self.p.model, sid, sess)
 
     async def on_suspend(self, rec: Suspend) -> None:
         """Offload: device -> host -> fenced snapshot in Redis, then free the slot."""
@@ -208,19 +197,6 @@ class CommandHandler:
         await self.p.send(Frozen(worker_id=self.p.worker_id, session_id=sid, generation=sess.generation,
                                  target_worker=rec.target_worker, ts=self.p.clock(),
                                  chunk_index=sess.state.chunk_index))
-
-    async def thaw_stuck(self, wait_s: float) -> int:
-        """Sessions frozen for a handoff that nobody completed within ``wait_s`` run again
-        (should dispatch commit the move later, this generation is fenced at its next write)."""
-        now = self.p.monotonic()
-        stuck = [(sid, s) for sid, s in self.sessions.items() if s.freeze_expired(now, wait_s)]
-        for sid, sess in stuck:
-            log.warning("%s: handoff of %s not completed in %.0f s; serving it here again",
-                        self.p.worker_id, sid, wait_s)
-            sess.thaw(now)
-            self.schedule.add(sid, sess)
-            await self.apply_pending(sid, sess)
-        return len(stuck)
 
     async def current(self, rec: Record) -> Held | None:
         """The held session if ``rec`` carries its generation; otherwise reject ``rec``.

@@ -124,7 +124,7 @@ class Worker:
                 await self.tick()
                 if self.monotonic() >= next_check:
                     await self.expire_gaps()
-                    await self.commands.thaw_stuck(self.config.handoff_wait_s)
+                    await self.thaw_stuck()
                     next_check = self.monotonic() + self.config.heartbeat_s
         finally:
             beats.cancel()
@@ -160,6 +160,20 @@ class Worker:
 
     async def expire_gaps(self) -> int:
         return await self.commands.expire_gaps()
+
+    async def thaw_stuck(self) -> int:
+        """Sessions frozen for a handoff that nobody completed within ``handoff_wait_s`` run
+        again (should dispatch commit the move later, this generation is fenced at its next
+        write)."""
+        now, wait_s = self.monotonic(), self.config.handoff_wait_s
+        stuck = [(sid, s) for sid, s in self.sessions.items() if s.freeze_expired(now, wait_s)]
+        for sid, sess in stuck:
+            log.warning("%s: handoff of %s not completed in %.0f s; serving it here again",
+                        self.config.worker_id, sid, wait_s)
+            sess.thaw(now)
+            self.schedule.add(sid, sess)
+            await self.commands.apply_pending(sid, sess)
+        return len(stuck)
 
     async def _replay(self, sid: str, after_seq: int, start: tuple[int, int] | None) -> list[Any]:
         """Recovery: the session's inputs after ``after_seq`` from ``session-inputs``."""
