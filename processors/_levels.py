@@ -71,6 +71,35 @@ class _Type:
         return receive * self.below[receive] - self.below_sum[receive]
 
 
+def _lowest_within_limit(lo: int, hi: int, types: Sequence["_Type"], tidx: np.ndarray, have: np.ndarray,
+                         kappa: np.ndarray, start: np.ndarray, keep: np.ndarray, receive: np.ndarray,
+                         limit: float) -> int:
+    """The lowest level from ``lo`` whose moves all land within the transient limit (a
+    bisection: a higher level sheds fewer sessions, so passing is monotone)."""
+    rank = np.arange(len(kappa)) - np.repeat(start[:-1], np.diff(start))
+    owner = np.repeat(np.arange(len(have)), np.diff(start))
+
+    def fits(k: int) -> bool:
+        shed = np.maximum(0, have - keep[tidx, k])
+        moved = np.sort(kappa[rank < shed[owner]])[::-1]
+        if moved.size == 0:
+            return True
+        slots = np.zeros(moved.size)
+        for t, ty in enumerate(types):
+            v = np.minimum(landings(ty.curve, ty.cap, limit, moved), receive[t, k])
+            slots += v * ty.below[v] - ty.below_sum[v]
+        return bool(np.all(np.arange(1, moved.size + 1) <= slots))
+
+    top = hi
+    while lo < top:
+        mid = (lo + top) // 2
+        if fits(mid):
+            top = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def search(
     curves: Sequence[np.ndarray],
     caps: Sequence[int],
@@ -100,27 +129,7 @@ def search(
     lo = int(np.argmax(ok))  # ok is monotone and holds at the top level (no sheds)
     hi = len(levels) - 1
     if limit != math.inf:
-        rank = np.arange(len(kappa)) - np.repeat(start[:-1], np.diff(start))
-        owner = np.repeat(np.arange(len(have)), np.diff(start))
-
-        def fits(k: int) -> bool:
-            shed = np.maximum(0, have - keep[tidx, k])
-            moved = np.sort(kappa[rank < shed[owner]])[::-1]
-            if moved.size == 0:
-                return True
-            slots = np.zeros(moved.size)
-            for t, ty in enumerate(types):
-                v = np.minimum(landings(ty.curve, ty.cap, limit, moved), receive[t, k])
-                slots += v * ty.below[v] - ty.below_sum[v]
-            return bool(np.all(np.arange(1, moved.size + 1) <= slots))
-
-        top = hi
-        while lo < top:  # lowest level that also passes the transient limit
-            mid = (lo + top) // 2
-            if fits(mid):
-                top = mid
-            else:
-                lo = mid + 1
+        lo = _lowest_within_limit(lo, hi, types, tidx, have, kappa, start, keep, receive, limit)
     cum = np.concatenate(([0.0], np.cumsum(kappa)))
     src = np.nonzero(have > keep[tidx, lo])[0]
     if src.size:

@@ -10,9 +10,10 @@ branch-and-bound, rather than the M**N assignments.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from processors.autoscaler import AutoscalerConfig, resize, shutdowns
 from processors.decisions import Decision, Migrate
@@ -53,15 +54,9 @@ def _lands(moved: list[float], slots: list[tuple[float, float]], config: Rebalan
     return all(config.transient(k, a, b) <= config.max_transient_s for k, (a, b) in zip(moved, slots))
 
 
-def exhaustive_placement(snapshot: Snapshot, model: LatencyModel, config: RebalanceConfig = RebalanceConfig()) -> OracleResult:
-    """Exact minimum of L + eta * sum(kappa) over placements (small instances only).
-
-    It enforces what the controller enforces: at most ``max_moves`` migrations, and the
-    transient limit on each move (its kappa + l(n - 1) + l(n) at the position n it lands
-    on, the epoch's moves onto a GPU landing before its new sessions). A GPU either sends
-    or receives, which per-GPU counts model by construction.
-    """
-    gpus = sorted(snapshot.gpus, key=lambda g: g.id)
+def _kappas(snapshot: Snapshot, gpus: list[Any], config: RebalanceConfig) -> tuple[list[list[float]], int]:
+    """Each GPU's executing sessions' migration costs, ascending, and how many executing
+    sessions wait for a GPU."""
     index = {g.id: i for i, g in enumerate(gpus)}
     kappas: list[list[float]] = [[] for _ in gpus]
     free = 0
@@ -73,13 +68,22 @@ def exhaustive_placement(snapshot: Snapshot, model: LatencyModel, config: Rebala
             free += 1
         else:
             kappas[i].append(config.kappa(s.state_bytes))
-    prefix = []
     for ks in kappas:
         ks.sort()
-        acc = [0.0]
-        for k in ks:
-            acc.append(acc[-1] + k)
-        prefix.append(acc)
+    return kappas, free
+
+
+def exhaustive_placement(snapshot: Snapshot, model: LatencyModel, config: RebalanceConfig = RebalanceConfig()) -> OracleResult:
+    """Exact minimum of L + eta * sum(kappa) over placements (small instances only).
+
+    It enforces what the controller enforces: at most ``max_moves`` migrations, and the
+    transient limit on each move (its kappa + l(n - 1) + l(n) at the position n it lands
+    on, the epoch's moves onto a GPU landing before its new sessions). A GPU either sends
+    or receives, which per-GPU counts model by construction.
+    """
+    gpus = sorted(snapshot.gpus, key=lambda g: g.id)
+    kappas, free = _kappas(snapshot, gpus, config)
+    prefix = [[0.0, *itertools.accumulate(ks)] for ks in kappas]
     have = [len(k) for k in kappas]
     profiles = [model[g.type] for g in gpus]
     usable = [g.state is GpuState.READY for g in gpus]

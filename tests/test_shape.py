@@ -1,0 +1,70 @@
+"""The code's shape, checked: small classes and functions where decisions and protocols live,
+and no session state compared as a bare string outside the lifecycle table and the store."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("processors", "workers", "streams")
+MAX_CLASS_LINES, MAX_FUNCTION_LINES = 250, 60
+STATE_NAMES = {"active", "suspended", "closed", "execution", "terminated"}
+# the table itself, and the store whose scripts spell the states (held to the table by
+# tests/streams/test_generations_equivalence.py)
+STATE_OWNERS = {"processors/lifecycle.py", "streams/generations.py", "streams/generations_memory.py"}
+
+
+def _modules() -> list[tuple[str, ast.Module]]:
+    return [(str(p.relative_to(ROOT)), ast.parse(p.read_text()))
+            for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
+
+
+def _length(node: ast.AST) -> int:
+    return node.end_lineno - node.lineno + 1  # type: ignore[attr-defined]
+
+
+def test_no_class_or_function_too_long():
+    too_long = []
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and _length(node) > MAX_CLASS_LINES:
+                too_long.append(f"{path}: class {node.name} ({_length(node)} lines)")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _length(node) > MAX_FUNCTION_LINES:
+                too_long.append(f"{path}: {node.name} ({_length(node)} lines)")
+    assert not too_long, too_long
+
+
+def _state_literal(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value in STATE_NAMES
+
+
+def test_session_states_are_compared_only_through_the_enums():
+    """A session state written as a bare string in a comparison is a second vocabulary, and
+    the start of a transition encoded outside the table."""
+    found = []
+    for path, tree in _modules():
+        if path in STATE_OWNERS:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                for op in operands:
+                    seq = op.elts if isinstance(op, (ast.Tuple, ast.List, ast.Set)) else [op]
+                    if any(_state_literal(x) for x in seq):
+                        found.append(f"{path}:{node.lineno}")
+    assert not found, found
+
+
+@pytest.mark.parametrize("name", ["TRANSITIONS", "transition"])
+def test_the_table_is_read_where_sessions_change_state(name):
+    """The dispatch core and the control plane's session records go through the one table."""
+    users = {path for path, tree in _modules()
+             for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names)}
+    if name == "TRANSITIONS":
+        assert users == set(), users  # nobody reads the raw table: transition() is the door
+    else:
+        assert "processors/dispatch.py" in users
