@@ -630,6 +630,8 @@ def bench_control_plane(
                                        "Redis Cluster (3 masters, a replica each)."),
     replica_acks: Optional[int] = typer.Option(None, min=0, max=16, help="Replicas a fenced write waits "
                                                "for on the cluster (default 1)."),
+    warmup: float = typer.Option(10.0, min=0.0, help="Seconds of sessions opened (one input each) at the "
+                                 "rate and kept open before measuring."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
 ) -> None:
@@ -639,7 +641,7 @@ def bench_control_plane(
     result = run(_settings(require_endpoints=False), sessions, workers=workers,
                  inputs_per_session=inputs, log_dir=log_dir, rate=rate,
                  dispatch_replicas=dispatch_replicas, timeout_s=timeout,
-                 redis_cluster=redis_cluster, replica_acks=replica_acks)
+                 redis_cluster=redis_cluster, replica_acks=replica_acks, warmup_s=warmup)
     _write_json(result, json_out)
 
 

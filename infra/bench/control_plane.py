@@ -69,7 +69,7 @@ def percentiles(values_ms: list[float]) -> dict[str, float]:
 def run(settings: Settings, sessions: int, workers: int = 4, inputs_per_session: int = 1,
         log_dir: Path | None = None, rate: float = 500.0, dispatch_replicas: int = 1,
         timeout_s: float = 120.0, redis_cluster: bool = False,
-        replica_acks: int | None = None) -> dict[str, Any]:
+        replica_acks: int | None = None, warmup_s: float = 10.0) -> dict[str, Any]:
     """Run the benchmark; without endpoints in ``settings`` it starts embedded ones
     (``redis_cluster``: an embedded Redis Cluster, fenced writes acknowledged by
     ``replica_acks`` replicas, default one)."""
@@ -98,7 +98,7 @@ def run(settings: Settings, sessions: int, workers: int = 4, inputs_per_session:
                      "replica_acks": settings.redis.acks}
         settings = settings.isolated(f"cp-{run_id}")
         result = asyncio.run(_bench(settings, logs, sessions, workers, inputs_per_session, rate,
-                                    dispatch_replicas, timeout_s))
+                                    dispatch_replicas, timeout_s, warmup_s))
         return {"broker": broker, "redis": redis, **result}
 
 
@@ -209,9 +209,11 @@ async def _paced(items: list[Any], rate: float, send: Any) -> None:
 
 
 async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, inputs: int,
-                 rate: float, replicas: int, timeout_s: float) -> dict[str, Any]:
+                 rate: float, replicas: int, timeout_s: float, warmup_s: float = 0.0) -> dict[str, Any]:
     await ensure_topics(settings)
-    warm = [f"warm-{i}" for i in range(max(2, workers))]
+    # opened (one input each) at the rate before the measured sessions, and kept open: the
+    # broker's JIT and every process's code paths are warm when measuring starts
+    warm = [f"warm-{i}" for i in range(max(2, workers, int(warmup_s * rate)))]
     capacity = math.ceil((sessions + len(warm)) / workers * 1.25) + 8
     # light workers hold no model state: let them register the capacity the run needs
     settings = replace(settings, max_sessions_per_worker=max(settings.max_sessions_per_worker, capacity))
@@ -239,9 +241,12 @@ async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, in
                 await producer.send(InputPushed(session_id=item[0], seq=item[1], kind="text",
                                                 payload=f"say {item[1]}", ts=time.time()), wait=False)
 
-            for sid in warm:  # the dispatch group joins; its first admissions are not measured
-                await open_(sid)
-            await _until(lambda: all(s in tracker.claimed for s in warm), 90, "dispatch to start")
+            # the dispatch group joins, then the warm-up; none of it is measured
+            await _paced(warm, rate, open_)
+            await _until(lambda: all(s in tracker.claimed for s in warm), 90 + len(warm) / rate, "dispatch to start")
+            await _paced([(s, 1) for s in warm], rate, push)
+            await _until(lambda: all((s, 1) in tracker.accepted for s in warm), 90 + len(warm) / rate,
+                         "the warm-up's inputs")
             lag_task = asyncio.create_task(
                 _lag_sampler(settings, f"{settings.topic_prefix}dispatch", lag_stop, lags))
             ids = [f"s{i}" for i in range(sessions)]
@@ -282,6 +287,11 @@ async def _bench(settings: Settings, logs: Path, sessions: int, workers: int, in
 
     return {
         "sessions": sessions,
+        "warmup": {"sessions": len(warm), "seconds": round(len(warm) / rate, 1),
+                   "create_live_ms": percentiles([(tracker.claimed[s] - sent[s]) * 1e3 for s in warm
+                                                  if s in tracker.claimed]),
+                   "push_text_ms": percentiles([(tracker.accepted[(s, 1)] - sent[(s, 1)]) * 1e3 for s in warm
+                                                if (s, 1) in tracker.accepted])},
         "create_live_ms": percentiles(create),
         "push_text_ms": percentiles(accept),
         "breakdown_ms": {"create_live": split(ids), "push_text": split(pushes)},

@@ -23,8 +23,10 @@ def test_control_plane_bench_claims_every_session_and_accepts_every_input(
     settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
         kafka_bootstrap, redis_url)
     result = run(settings, sessions=30, workers=2, inputs_per_session=2, log_dir=tmp_path / "logs",
-                 rate=200.0, timeout_s=60.0)
+                 rate=200.0, timeout_s=60.0, warmup_s=0.5)
     assert result["complete"], result
+    warm = result["warmup"]  # opened and fed before measuring, reported on their own
+    assert warm["sessions"] == 100 and warm["create_live_ms"]["p50"] > 0 and warm["push_text_ms"]["p50"] > 0
     assert result["sessions"] == 30 and result["claimed"] == 30
     assert result["inputs_pushed"] == 60 and result["inputs_accepted"] == 60
     for key in ("create_live_ms", "push_text_ms"):
