@@ -164,6 +164,3 @@ class EarlyInputs:
 
     def waiting(self, sid: str) -> list[int]:
         return sorted(self._by_session.get(sid, {}))
-
-    def __len__(self) -> int:
-        return sum(len(e) for e in self._by_session.values())
