@@ -2,7 +2,7 @@
 
 ``MemoryScripts`` re-implements each Lua script of ``streams/lua`` line for line over a dict
 keyspace (hashes and sets, values as str/bytes like Redis keeps them), and the stores below run
-the very same operations (``generations._Ops``) against it, so answers match the Redis store's
+the very same operations (``store_ops._Ops``) against it, so answers match the Redis store's
 (tests/streams/test_generations_equivalence.py holds them to it). One process, no I/O.
 Expiry is recorded, not timed: ``ttl`` holds the milliseconds a script set on a key (as
 PEXPIRE would), and the key stays until ``expire`` is called for it.
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from streams.generations import DEFAULT_PART_SIZE, DEFAULT_RETENTION_S, GenerationStore, SyncGenerationStore
+from streams.generations import GenerationStore, SyncGenerationStore
+from streams.store_ops import DEFAULT_PART_SIZE, DEFAULT_RETENTION_S
 
 __all__ = ["Keyspace", "MemoryScripts", "MemoryGenerationStore", "SyncMemoryGenerationStore"]
 
