@@ -18,6 +18,7 @@ __all__ = [
     "ScaleOut",
     "Drain",
     "Shutdown",
+    "Admit",
     "Command",
     "Decision",
 ]
@@ -102,7 +103,20 @@ class Shutdown:
     gpu_id: str
 
 
-Command = Union[Place, Resume, Migrate, Suspend, Terminate, ScaleOut, Drain, Shutdown]
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Where the sessions that arrive or resume before the next epoch go: ``order`` is
+    (gpu_id, count) entries; each goes to the first entry whose GPU holds fewer than
+    ``count`` sessions (:func:`processors.dispatch.candidate`), past the order to the
+    least-loaded GPU when ``fallback``. Without it (and for a policy that issues no Admit)
+    a session waits for the policy's own Place or Resume at the next epoch."""
+
+    kind: ClassVar[str] = "admit"
+    order: tuple[tuple[str, int], ...]
+    fallback: bool = True
+
+
+Command = Union[Place, Resume, Migrate, Suspend, Terminate, ScaleOut, Drain, Shutdown, Admit]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from schemas.records import (Assign, CommandRejected, Frozen, Generation, PlacementReport, Record,
+from schemas.records import (AdmissionPlan, Assign, CommandRejected, Frozen, Generation, PlacementReport, Record,
                              Resume, Revoke, RoutedInput, SessionActive, SessionClosed, SessionIdle,
                              SessionOpened, Suspend, Terminate)
 from streams.generations import SessionView, StoreState
 
 from .lifecycle import STORE_STATE, Action, EventKind, SessionState, transition
 
-__all__ = ["WorkerLoad", "rank_candidates", "Bucket", "take", "InputGate", "DispatchView", "Facts",
+__all__ = ["WorkerLoad", "rank_candidates", "AdmitPlan", "candidate", "Bucket", "take", "InputGate", "DispatchView", "Facts",
            "Input", "Admission", "Seen", "Committed", "CommitRefused", "Moved", "MoveRefused", "Retry",
            "Event", "Publish", "Commit", "Move", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore", "Refuse", "Note",
            "Command", "decide", "counted"]
@@ -44,6 +44,43 @@ def rank_candidates(view: Mapping[str, WorkerLoad], exclude: frozenset[str] = fr
     feasible = [(w.used / w.capacity, w.used, wid) for wid, w in view.items()
                 if wid not in exclude and not w.draining and not w.down and w.capacity > 0 and w.free > 0]
     return [wid for _, _, wid in sorted(feasible)]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitPlan:
+    """The policy's placement of the sessions to come (its last epoch's ``Admit``, ``Place``
+    and ``Resume``): ``order`` (worker, count) entries, ``pinned`` session -> worker, and
+    whether a session past the order may go to the least-loaded worker (``fallback``)."""
+
+    order: tuple[tuple[str, int], ...] = ()
+    pinned: Mapping[str, str] = field(default_factory=dict)
+    fallback: bool = True
+    ts: float = -1e18  # when the policy made it (a plan only replaces an older one)
+
+
+def candidate(plan: AdmitPlan | None, workers: Mapping[str, WorkerLoad], session_id: str,
+              exclude: frozenset[str] = frozenset()) -> str | None:
+    """Where to try a session next: the worker the plan pinned it to, else the first order
+    entry whose worker runs fewer sessions than the entry's count, else (with ``fallback``)
+    the least-loaded; never a worker full, draining, down or in ``exclude``. No plan (no
+    controller heard yet): the least-loaded. None: wait. The simulator admits by the same rule."""
+    def room(wid: str, below: int) -> bool:
+        w = workers.get(wid)
+        return (w is not None and wid not in exclude and not w.draining and not w.down
+                and w.capacity > 0 and w.free > 0 and w.used < below)
+
+    if plan is not None:
+        pin = plan.pinned.get(session_id)
+        if pin is not None and room(pin, 1 << 30):
+            return pin
+        for wid, count in plan.order:
+            if room(wid, count):
+                return wid
+        if not plan.fallback:
+            return None
+    feasible = [(w.used / w.capacity, w.used, wid) for wid, w in workers.items()
+                if wid not in exclude and not w.draining and not w.down and w.capacity > 0 and w.free > 0]
+    return min(feasible)[2] if feasible else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +137,10 @@ class InputGate:
 @dataclass(frozen=True, slots=True)
 class DispatchView:
     """The dispatch core's state: the workers' loads (a cache the shell refreshes from the
-    store) and when the last placement report went out."""
+    store), the control leader's admission plan, and when the last placement report went out."""
 
     workers: Mapping[str, WorkerLoad]
+    plan: AdmitPlan | None = None  # the control leader's latest (None: no controller heard yet)
     reported_at: float = -1e18
     source: str = "dispatch"  # the replica's name on its placement reports
     admission_retries: int = 150  # passes over a full fleet (RETRY_S apart) before an admission gives up
@@ -287,6 +325,8 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
     match event:
         case Seen(what=Input() as inp, facts=facts):
             return route(view, inp, facts, now)
+        case Seen(what=AdmissionPlan() as rec):
+            return planned(view, rec), []
         case Seen(what=rec, facts=facts) if rec.TAG in _EVENT_KINDS:
             return on_session_event(view, rec, facts, now)
         case Seen(what=rec, facts=facts):
@@ -334,11 +374,20 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
     raise TypeError(f"not a dispatch event: {event!r}")
 
 
+def planned(view: DispatchView, rec: AdmissionPlan) -> DispatchView:
+    """The control leader's newest admission plan replaces the one before."""
+    if view.plan is not None and rec.ts <= view.plan.ts:
+        return view
+    plan = AdmitPlan(tuple((x.worker_id, x.count) for x in rec.order), dict(rec.pinned or {}), rec.fallback, rec.ts)
+    return replace(view, plan=plan)
+
+
 def next_candidate(view: DispatchView, adm: Admission) -> tuple[DispatchView, list[Command]]:
-    """Commit on the best worker not yet tried; when none is left, wait and try again."""
-    candidates = rank_candidates(view.workers, adm.tried)
-    if candidates:
-        return view, [Commit(adm, candidates[0])]
+    """Commit on the best worker not yet tried (the policy's plan, :func:`candidate`); when
+    none is left, wait (for a slot, or the policy's next plan) and try again."""
+    best = candidate(view.plan, view.workers, adm.session_id, adm.tried)
+    if best is not None:
+        return view, [Commit(adm, best)]
     if adm.retries_left <= 0:
         cmds: list[Command] = [Note(f"no worker admitted session {adm.session_id}", error=True)]
         if adm.then_route is not None:

@@ -17,9 +17,11 @@ search then runs on what it leaves.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, replace
 from itertools import repeat
+from typing import Any
 from operator import attrgetter
 
 import numpy as np
@@ -31,7 +33,12 @@ from processors.lifecycle import SessionState
 from processors.snapshot import GpuState, Snapshot
 from schemas.errors import ConfigError
 
-__all__ = ["RebalanceConfig", "PlacementPlan", "plan_placement", "worst_latency"]
+__all__ = ["RebalanceConfig", "PlacementPlan", "plan_placement", "admission_order", "ADMIT_LIMIT",
+           "worst_latency"]
+
+#: the most entries of an admission order (the sessions expected before the next epoch,
+#: with room to spare; past it a session goes least-loaded)
+ADMIT_LIMIT = 128
 
 _EXEC = SessionState.EXECUTION
 _GPU_ID = attrgetter("gpu_id")
@@ -244,6 +251,32 @@ def plan_placement(
     cmds, unplaced = _commands(pz, moves, arrivals, gain, config, drained)
     worst_after = float(pz.lat[pz.tidx, loads].max())
     return PlacementPlan(tuple(cmds), tuple(unplaced), worst_before, worst_after, dict(zip(pz.ids, loads.tolist())))
+
+
+def admission_order(snapshot: Snapshot, model: LatencyModel, loads: dict[str, int],
+                    limit: int = ADMIT_LIMIT) -> tuple[tuple[str, int], ...]:
+    """Where the next ``limit`` sessions go after this epoch's placement (``loads``): the free
+    positions of the ready GPUs, least l(n) first (then fewest sessions, then GPU id), as
+    (gpu_id, n) entries -- the rule the placement gives arrivals, applied ahead of them."""
+    heap: list[tuple[float, int, str]] = []
+    caps: dict[str, tuple[int, Any]] = {}
+    for g in snapshot.gpus:
+        if g.state is not GpuState.READY:
+            continue
+        profile = model[g.type]
+        n = loads.get(g.id, 0) + 1
+        if n <= profile.capacity:
+            caps[g.id] = (profile.capacity, profile.latency)
+            heap.append((profile.latency(n), n, g.id))
+    heapq.heapify(heap)
+    out: list[tuple[str, int]] = []
+    while heap and len(out) < limit:
+        _, n, gid = heapq.heappop(heap)
+        out.append((gid, n))
+        cap, latency = caps[gid]
+        if n < cap:
+            heapq.heappush(heap, (latency(n + 1), n + 1, gid))
+    return tuple(out)
 
 
 def worst_latency(snapshot: Snapshot, model: LatencyModel) -> float:

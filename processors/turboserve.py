@@ -13,10 +13,10 @@ from processors.autoscaler import (
     autoscale,
     shutdowns,
 )
-from processors.decisions import Command, Decision, Drain
+from processors.decisions import Admit, Command, Decision, Drain
 from processors.detector import WorkloadSignal
 from processors.latency import LatencyModel, load_profiles
-from processors.placement import RebalanceConfig, plan_placement
+from processors.placement import RebalanceConfig, admission_order, plan_placement
 from processors.snapshot import GpuState, Snapshot
 
 __all__ = ["TurboServeState", "TurboServe", "apply_drains", "TURBOSERVE_REBALANCE"]
@@ -89,4 +89,5 @@ class TurboServe:
         view = apply_drains(snapshot, scale)
         plan = plan_placement(view, self.model, self.rebalance, rebalance=self.migrate)
         tail = shutdowns(view) if self.autoscale else ()
-        return Decision(scale + plan.commands + tail, TurboServeState(auto, level))
+        admit = Admit(admission_order(view, self.model, plan.loads))
+        return Decision(scale + plan.commands + tail + (admit,), TurboServeState(auto, level))

@@ -74,6 +74,16 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("PolicyState", "state"): ("The policy's state as a msgpack map of its fields (nested "
                                "dataclasses as maps, tuples as arrays); never code.", None),
     ("PolicyState", "decision_id"): ("The decision epoch that left this state.", None),
+    ("AdmissionPlan", "policy"): ("The policy that made the plan.", None),
+    ("AdmissionPlan", "order"): ("Where the next sessions go, in order: each entry a worker and "
+                                 "the session count that admission brings it to (at most 128 "
+                                 "entries).", None),
+    ("AdmissionPlan", "pinned"): ("Sessions the policy placed itself (waiting ones, resumes): "
+                                  "session id -> worker id.", None),
+    ("AdmissionPlan", "fallback"): ("Whether a session past the order goes to the least-loaded "
+                                    "worker; false: it waits for the next plan's pin.", None),
+    ("AdmissionPlan", "decision_id"): ("The decision epoch that made the plan.", None),
+    ("AdmitSlot", "count"): ("The worker's session count once this entry's session is admitted.", None),
     ("Frozen", "target_worker"): ("The worker the Handoff names as the session's next owner.", None),
     ("Frozen", "chunk_index"): ("The last chunk released before the freeze; the snapshot holds "
                                 "the state after it.", None),
@@ -222,4 +232,5 @@ EXAMPLE_VALUES: dict[str, object] = {
 EXAMPLE_VALUES.update({"Released.reason": "closed", "CommandRejected.reason": "stale_epoch",
                        "DeadLetter.reason": "schema: t: unknown type tag 'nope'",
                        "ScalingDecision.reason": "scale-out", "WorkerDown.reason": "shutdown",
-                       "PolicyState.policy": "turboserve"})
+                       "PolicyState.policy": "turboserve", "AdmissionPlan.policy": "turboserve",
+                       "AdmissionPlan.pinned": {"s-41": "default-1"}})

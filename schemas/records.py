@@ -23,7 +23,7 @@ __all__ = [
     "WorkerUp", "Heartbeat", "WorkerDown", "WorkerProvisioned", "Claimed", "Frozen", "Released", "ChunkDone",
     "InputAccepted", "CommandRejected",
     # scaling-commands
-    "ScaleOut", "Drain", "Shutdown", "PolicyState",
+    "ScaleOut", "Drain", "Shutdown", "PolicyState", "AdmissionPlan", "AdmitSlot",
     # metrics
     "WorkloadSignal", "PlacementReport", "ScalingDecision", "CostTick",
     # dead-letters
@@ -405,6 +405,34 @@ class PolicyState(Record):
     ts: Seconds
     policy: str
     state: bytes = b""
+    decision_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitSlot:
+    """One entry of an admission plan: a session admitted to ``worker_id`` brings it to ``count``."""
+
+    worker_id: Id
+    count: Count
+
+    def __post_init__(self) -> None:
+        validate_instance(self)
+
+
+@record("scale.admission_plan")
+class AdmissionPlan(Record):
+    """The control leader's placement of the sessions to come, until its next epoch: dispatch
+    admits each arrival or resume on the first ``order`` entry whose worker runs fewer than
+    its ``count`` sessions, a session the policy placed itself on its ``pinned`` worker, and
+    past the order on the least-loaded worker when ``fallback`` (else it waits for the next
+    plan)."""
+
+    pool: Id
+    ts: Seconds
+    policy: str
+    order: tuple[AdmitSlot, ...] = ()
+    pinned: dict[str, str] | None = None
+    fallback: bool = True
     decision_id: str = ""
 
 

@@ -52,9 +52,10 @@ TOPICS: dict[str, TopicSpec] = {
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
                   "workers, provisioner, control", "dispatch, control, metrics",
                   "What workers did.", max_bytes=192 * 1024),
-        TopicSpec(SCALING_COMMANDS, (r.ScaleOut, r.Drain, r.Shutdown, r.PolicyState), "pool",
+        TopicSpec(SCALING_COMMANDS, (r.ScaleOut, r.Drain, r.Shutdown, r.PolicyState, r.AdmissionPlan), "pool",
                   lambda x: x.pool,  # type: ignore[attr-defined]
-                  "control", "provisioner", "Pool size changes.", max_bytes=16 * 1024),
+                  "control", "provisioner, dispatch (admission plans)",
+                  "Pool size changes; where sessions go next.", max_bytes=64 * 1024),
         TopicSpec(METRICS, (r.WorkloadSignal, r.PlacementReport, r.ScalingDecision, r.CostTick),
                   "t", lambda x: x.TAG,
                   "detector, control, metrics", "any subscriber (the metrics processor, watch)",

@@ -36,8 +36,9 @@ class Role:
 ROLES: dict[str, Role] = {
     # SessionClient: opens, flips and closes sessions, pushes inputs
     "producer": Role(writes=(SESSION_EVENTS, SESSION_INPUTS)),
-    # admits sessions, routes inputs (and reads a session's inputs back on close), recovers
-    "dispatch": Role(reads=(SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS),
+    # admits sessions (where the control leader's admission plans say), routes inputs (and
+    # reads a session's inputs back on close), recovers
+    "dispatch": Role(reads=(SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS, SCALING_COMMANDS),
                      writes=(WORKER_COMMANDS, METRICS, DEAD_LETTERS), faust_app="dispatch"),
     # folds the log without a group; Handoff, scaling, placement reports, WorkerDown
     "control": Role(reads=(SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS),

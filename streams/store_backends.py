@@ -1,7 +1,7 @@
 """How the generation store reaches Redis: its Lua scripts loaded once and called by SHA on
 one server (async or blocking), or on the namespace's slot master of a Redis Cluster with
 replica-acknowledged fenced writes; and the drivers that run the store's sans-IO operations
-(``generations._Ops``) against a backend."""
+(``store_ops._Ops``) against a backend."""
 
 from __future__ import annotations
 

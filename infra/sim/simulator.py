@@ -31,7 +31,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from processors.decisions import Drain, Migrate, Place, Resume, ScaleOut, Shutdown, Suspend, Terminate
+from processors.decisions import Admit, Drain, Migrate, Place, Resume, ScaleOut, Shutdown, Suspend, Terminate
+from processors.dispatch import AdmitPlan, WorkerLoad, candidate
 from processors.detector import DetectorConfig, DetectorState, WorkloadSignal, observe, step
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionEvent, SessionState, on_event
@@ -238,6 +239,7 @@ class _Sim:
         self.waking: set[str] = set()  # activated, first chunk not done yet
         self.transfer: dict[str, float] = {}  # sid -> restore transfer of its activation
         self.state = policy.initial_state()
+        self.plan: AdmitPlan | None = None  # the last epoch's admission plan (none before the first)
         self.decide_at: float | None = None
         self.gpu_s = 0.0
         self.cost = 0.0
@@ -454,6 +456,8 @@ class _Sim:
             if g.state is not GpuState.DRAINING:
                 self.scale_events += 1
             g.state = GpuState.DRAINING
+        elif isinstance(cmd, Admit):
+            self.plan = AdmitPlan(cmd.order, {}, cmd.fallback, now)
         elif isinstance(cmd, Shutdown):
             g = self.gpus.get(cmd.gpu_id)
             if g is None:
@@ -488,11 +492,35 @@ class _Sim:
     def decide(self, now: float) -> None:
         self.decide_at = None
         snap = self.snapshot(now)
+        if self.admit_waiting(snap, now):
+            snap = self.snapshot(now)
         self.fresh, self.seen = [], [0, 0, 0.0]
         d = self.policy.decide(snap, self.signals.at(now), self.state)
         self.state = d.state
+        self.plan = AdmitPlan(fallback=False, ts=now)  # a policy that issues no Admit: its Place
         for cmd in d.commands:
             self.apply(cmd, now)
+
+    def admit_waiting(self, snap: Snapshot, now: float) -> bool:
+        """Dispatch's part: the sessions that arrived or woke since the last epoch go where
+        that epoch's admission plan says (processors.dispatch.candidate, as live), before
+        the policy decides again; whatever the plan leaves waits for the policy's Place."""
+        plan = self.plan
+        if plan is None or not (plan.order or plan.fallback):
+            return False
+        waiting = [s for s in snap.sessions if s.lifecycle is _EXEC and s.gpu_id is None]
+        if not waiting:
+            return False
+        held = snap.resident()
+        workers = {g.id: WorkerLoad(held[g.id], self.model[g.type].capacity, draining=g.state is not GpuState.READY)
+                   for g in snap.gpus}
+        for s in waiting:
+            best = candidate(plan, workers, s.id)
+            if best is not None:
+                w = workers[best]
+                workers[best] = replace(w, used=w.used + 1)
+                self.apply(Resume(s.id, best) if s.restore else Place(s.id, best), now)
+        return True
 
     def schedule_decide(self, t: float) -> None:
         if self.decide_at is None or t < self.decide_at:

@@ -5,8 +5,8 @@ the start of the log into a :class:`~processors.cluster.ClusterView` (a group-le
 so each instance sees every partition); only the leader runs decision epochs, so a leader
 change loses nothing. An epoch runs the configured policy on the view's snapshot and turns
 its commands into records (:func:`command_records`): ``Migrate`` becomes a ``Handoff``,
-scale commands go to ``scaling-commands``. Placing, resuming, suspending and terminating
-sessions is the dispatch's job (it admits through the Redis commit), so those are dropped.
+scale commands go to ``scaling-commands``, and so does the admission plan (``Admit``,
+``Place``, ``Resume``) that dispatch admits sessions by, through the Redis commit.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from processors.cluster import (BOOTING_PREFIX, ClusterView, apply, current_gene
 from processors.detector import DetectorConfig, DetectorState, WorkloadSignal, observe, step
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import EventKind, SessionEvent
-from processors.placement import worst_latency
+from processors.placement import ADMIT_LIMIT, worst_latency
 from processors.policy import BUILTIN_POLICIES, Policy, load_policy
 from processors.policy_state import decode as decode_state
 from processors.policy_state import encode as encode_state
@@ -36,13 +36,20 @@ from processors.turboserve import TurboServeState
 from schemas import records as r
 from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_EVENTS
 
-__all__ = ["ControlConfig", "ControlShell", "command_records", "fit_capacity", "make_policy",
+__all__ = ["ControlConfig", "ControlShell", "command_records", "admission_plan", "fit_capacity", "make_policy",
            "build_app"]
 
 log = logging.getLogger(__name__)
 
 _KINDS = {r.SessionOpened: EventKind.OPEN, r.SessionActive: EventKind.ACTIVE,
           r.SessionIdle: EventKind.IDLE, r.SessionClosed: EventKind.CLOSE}
+
+
+# an admission plan carries at most this many order entries and pinned sessions (the
+# sessions of one epoch; past them a session waits for the next plan, or goes least-loaded)
+ADMIT_ORDER_MAX = ADMIT_LIMIT
+ADMIT_PINS_MAX = 256
+ADMIT_PINS_BYTES = 32 * 1024
 
 
 def command_records(commands: Iterable[d.Command], view: ClusterView, now: float, *,
@@ -55,7 +62,8 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
     ``ScaleOut`` -> a scale-out of ``pool``; ``Drain`` / ``Shutdown`` -> the same for the
     worker's pool (a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not repeated,
     and none goes to a worker no provisioner announced: it was started outside chunkserve).
-    Place, Resume, Suspend and Terminate belong to the dispatch and are dropped.
+    ``Admit``, ``Place`` and ``Resume`` go to dispatch as one plan (:func:`admission_plan`);
+    Suspend and Terminate follow the user's events, which dispatch carries out: dropped.
     """
     out: list[r.Record] = []
     pools = {w.id: w.pool for w in view.workers.values()}
@@ -79,6 +87,39 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
             out.append(r.Shutdown(pool=pools.get(cmd.gpu_id, pool), worker_id=cmd.gpu_id, ts=now,
                                   decision_id=decision_id))
     return tuple(out)
+
+
+def admission_plan(commands: Iterable[d.Command], now: float, *, pool: str = "default",
+                   policy: str = "", decision_id: str = "") -> r.AdmissionPlan:
+    """The plan dispatch admits sessions by until the next epoch (pure): the policy's
+    ``Admit`` order, and the sessions it placed itself (``Place``, ``Resume``) pinned to their
+    GPU. A policy that issues no Admit gets a plan without fallback: its sessions wait for
+    its pins, as in the simulator. Booting placeholders are left out (no worker to commit on)."""
+    order: tuple[tuple[str, int], ...] = ()
+    fallback = False
+    pinned: dict[str, str] = {}
+    for cmd in commands:
+        if isinstance(cmd, d.Admit):
+            order, fallback = cmd.order, cmd.fallback
+        elif isinstance(cmd, (d.Place, d.Resume)) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
+            pinned[cmd.session_id] = cmd.gpu_id
+    slots = tuple(r.AdmitSlot(worker_id=g, count=n) for g, n in order
+                  if not g.startswith(BOOTING_PREFIX))[:ADMIT_ORDER_MAX]
+    return r.AdmissionPlan(pool=pool, ts=now, policy=policy, order=slots, fallback=fallback,
+                           pinned=_bounded(pinned), decision_id=decision_id)
+
+
+def _bounded(pinned: dict[str, str]) -> dict[str, str]:
+    """The first pins, at most ADMIT_PINS_MAX and about ADMIT_PINS_BYTES of ids (the topic's
+    record limit is 64 KiB); the rest wait for the next plan."""
+    out: dict[str, str] = {}
+    size = 0
+    for sid, gpu in pinned.items():
+        size += len(sid) + len(gpu) + 4
+        if len(out) >= ADMIT_PINS_MAX or size > ADMIT_PINS_BYTES:
+            break
+        out[sid] = gpu
+    return out
 
 
 def fit_capacity(model: LatencyModel, view: ClusterView) -> LatencyModel:
@@ -163,6 +204,7 @@ class ControlShell:
         self.state_at = -math.inf  # the time of the epoch that left policy_state
         self.logged: r.PolicyState | None = None  # the latest state a leader put in the log
         self.published: bytes | None = None
+        self.plan_sent: Any = None  # what the last admission plan published said
 
     def fold(self, rec: r.Record) -> None:
         """Fold one record; an arrival, departure or flip (or a worker change) asks for an epoch."""
@@ -220,6 +262,8 @@ class ControlShell:
         self.policy_state, self.state_at = decision.state, now
         decision_id = uuid.uuid4().hex[:12]
         recs = command_records(decision.commands, self.view, now, pool=cfg.pool, decision_id=decision_id)
+        recs += self._new_plan(admission_plan(decision.commands, now, pool=cfg.pool, policy=cfg.policy,
+                                              decision_id=decision_id))
         for rec in recs:
             self.view = apply(self.view, rec)
         out += recs
@@ -231,6 +275,14 @@ class ControlShell:
                                      decision_id=decision_id))
         self.view = prune(self.view, now - 3600.0)
         return out
+
+    def _new_plan(self, plan: r.AdmissionPlan) -> tuple[r.Record, ...]:
+        """The plan, unless it says what the last one published said."""
+        key = (plan.order, plan.pinned, plan.fallback)
+        if key == self.plan_sent:
+            return ()
+        self.plan_sent = key
+        return (plan,)
 
     def _policy_state(self, policy: Policy) -> Any:
         if self.logged is not None and self.logged.ts > self.state_at:  # a later leader's state

@@ -38,6 +38,10 @@ WORKER_EVENTS_ACTED_ON = frozenset({WorkerDown.TAG, Frozen.TAG, CommandRejected.
                                     Heartbeat.TAG, WorkerUp.TAG})
 
 
+# a dispatch replica starting reads scaling-commands from this many records before the end
+# (the control leader's latest admission plan is among them)
+PLAN_LOOKBACK = 64
+
 # every replica looks at the recovery queue this often (a slot freed is used within it)
 RECOVERY_SWEEP_S = 0.25
 
@@ -297,6 +301,32 @@ async def _worker_events(stream: Any, shell: Callable[[], Awaitable[DispatchShel
             await sh.submit(key, lambda rec=rec, sh=sh: sh.on_worker_event(rec))
 
 
+async def _tail_plans(settings: Any, catalogue: Any, shell: Callable[[], Awaitable[DispatchShell]]) -> None:
+    """Every replica reads the control leader's admission plans without a group, from a few
+    records before the end (the latest plan) on."""
+    from aiokafka import TopicPartition
+
+    from schemas.records import AdmissionPlan
+    from schemas.topics import SCALING_COMMANDS
+    from streams.kafka import RecordConsumer
+
+    consumer = RecordConsumer(settings, [SCALING_COMMANDS], None, name="dispatch-plans", catalogue=catalogue)
+    await consumer.start(subscribe=False)
+    try:
+        tps = [TopicPartition(catalogue.name(SCALING_COMMANDS), p) for p in await consumer.partitions(SCALING_COMMANDS)]
+        consumer.raw.assign(tps)
+        for tp, end in (await consumer.raw.end_offsets(tps)).items():
+            consumer.raw.seek(tp, max(0, end - PLAN_LOOKBACK))
+        while True:
+            for delivered in await consumer.poll(timeout_ms=500):
+                if isinstance(delivered.record, AdmissionPlan) and delivered.refused is None:
+                    await (await shell()).feed(Seen(delivered.record, Facts(None)))
+                elif delivered.refused is not None:
+                    log.warning("dispatch: admission plan refused (%s)", delivered.refused)
+    finally:
+        await consumer.stop()
+
+
 def _bound(agent: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> Any:
     async def run(stream: Any) -> None:
         await agent(stream, shell, publisher)
@@ -335,6 +365,10 @@ def build_app(settings: Any) -> Any:
     for topic, agent in ((SESSION_EVENTS, _session_events), (SESSION_INPUTS, _session_inputs),
                          (WORKER_EVENTS, _worker_events)):
         app.agent(publisher.topic(topic), name=f"dispatch-{topic}")(_bound(agent, shell, publisher))
+
+    @app.task
+    async def tail_plans() -> None:
+        await _tail_plans(settings, catalogue, shell)
 
     @app.timer(interval=RECOVERY_SWEEP_S)
     async def recovery_sweep() -> None:

@@ -42,6 +42,8 @@ def for_type(tp: Any) -> st.SearchStrategy[Any]:
     if origin in (Union, types.UnionType):
         (arg,) = [a for a in typing.get_args(tp) if a is not type(None)]
         return st.none() | for_type(arg)
+    if origin is tuple:
+        return st.lists(for_type(typing.get_args(tp)[0]), max_size=4).map(tuple)
     if origin is dict:
         return st.dictionaries(st.text(min_size=1, max_size=8), for_type(typing.get_args(tp)[1]),
                                max_size=4)
