@@ -368,7 +368,14 @@ def build_app(settings: Any) -> Any:
 
     @app.task
     async def tail_plans() -> None:
-        await _tail_plans(settings, catalogue, shell)
+        while True:  # the broker away, the topic not created yet: admissions go on meanwhile
+            try:
+                await _tail_plans(settings, catalogue, shell)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("dispatch: reading admission plans failed (%s); again in 1 s", exc)
+                await asyncio.sleep(1.0)
 
     @app.timer(interval=RECOVERY_SWEEP_S)
     async def recovery_sweep() -> None:

@@ -129,6 +129,50 @@ def test_detector_control_and_metrics_agents_answer_events(kafka_bootstrap, redi
     _run_then_stop(run, procs)
 
 
+def test_dispatch_admits_where_the_published_admission_plan_says(kafka_bootstrap, redis_url, namespace, tmp_path):
+    """A dispatch process reads the admission plans on scaling-commands: where least-loaded
+    would pick w-b, the plan says w-a; past the plan, a session waits for its pin."""
+    from schemas.topics import WORKER_COMMANDS
+    from streams.generations import SyncGenerationStore
+
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+    asyncio.run(ensure_topics(settings))
+    store = SyncGenerationStore.from_url(redis_url, namespace)
+    try:
+        for w in ("w-a", "w-b"):
+            store.register_worker(w, 4)
+    finally:
+        store.client.close()
+    procs = [_spawn_processor("dispatch", settings, tmp_path / "dispatch.log")]
+
+    async def run() -> None:
+        async with RecordProducer(settings) as producer:
+            reader = await Reader(settings, producer, [WORKER_COMMANDS]).start()
+            try:
+                # no plan yet: least-loaded (ties by id); its Assign also says dispatch is up
+                await producer.send(r.SessionOpened(session_id="s0", ts=time.time()))
+                probe = await reader.wait_for(lambda x: isinstance(x, r.Assign) and x.session_id == "s0", 90, "s0 assign")
+                assert probe.worker_id == "w-a"
+                await producer.send(r.AdmissionPlan(pool="default", ts=time.time(), policy="test", fallback=False,
+                                                    order=(r.AdmitSlot(worker_id="w-a", count=2),)))
+                await asyncio.sleep(2.0)  # read by the replica's plan reader
+                await producer.send(r.SessionOpened(session_id="s1", ts=time.time()))
+                first = await reader.wait_for(lambda x: isinstance(x, r.Assign) and x.session_id == "s1", 30, "s1 assign")
+                assert first.worker_id == "w-a"
+                # past the order, without fallback: s2 waits for the policy's pin
+                await producer.send(r.SessionOpened(session_id="s2", ts=time.time()))
+                await asyncio.sleep(1.0)
+                assert not [x for x in reader.records if isinstance(x, r.Assign) and x.session_id == "s2"]
+                await producer.send(r.AdmissionPlan(pool="default", ts=time.time(), policy="test", fallback=False,
+                                                    pinned={"s2": "w-a"}))
+                second = await reader.wait_for(lambda x: isinstance(x, r.Assign) and x.session_id == "s2", 20, "s2 assign")
+                assert second.worker_id == "w-a"  # least-loaded would be w-b
+            finally:
+                await reader.consumer.stop()
+
+    _run_then_stop(run, procs)
+
+
 def test_control_decisions_survive_a_crashed_leader(kafka_bootstrap, redis_url, namespace, tmp_path):
     """Two control instances; the leader asks for a worker and is killed (SIGKILL). The one left
     takes over from the log: it does not ask again for the worker still booting, and when more
