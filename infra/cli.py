@@ -388,7 +388,7 @@ def bench_scheduler(
     seed: int = typer.Option(0, help="Seed of the generated pools and instances."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
 ) -> None:
-    """Time one decision epoch on loaded pools; measure the gap to exhaustive placement."""
+    """Time one decision round on loaded pools; measure the gap to exhaustive placement."""
     from infra.bench.scheduler import run
 
     result = run(_int_list(gpus, "--gpus"), instances=instances, seed=seed)

@@ -74,7 +74,7 @@ def simulate_cmd(
     pool: Optional[int] = typer.Option(None, "--pool", min=1, help="Pool size for fixed-pool policies when no subject runs (default: peak-provisioned), and the starting pool of module:Name policies (default: elastic, like turboserve)."),
     deadline: float = typer.Option(1.0, "--deadline", min=0.001, help="Chunk deadline = media duration of a chunk, s."),
     boot: float = typer.Option(60.0, "--boot", min=0.0, help="GPU boot time, s."),
-    epoch: float = typer.Option(0.5, "--epoch", min=0.0, help="Decision epoch grid, s (events are quantized up to it; 0: exact)."),
+    round_s: float = typer.Option(0.5, "--round", min=0.0, help="Decision round grid, s (events are quantized up to it; 0: exact)."),
     burst_memory: float = typer.Option(900.0, "--burst-memory", min=0.0, help="How long the autoscaler's burst reserve remembers a rise of executing sessions, s (0: no reserve)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, help="SLO: slowest chunk allowed, s."),
@@ -99,7 +99,7 @@ def simulate_cmd(
         tr = load_trace(trace)
         if not tr.events:
             raise ChunkserveError(f"{trace}: the trace has no events")
-        cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, epoch_s=epoch, warm_start=not cold_start)
+        cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, round_s=round_s, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory)
         options = _builtin_options(vt, auto)
         offer = {"table": vt, "autoscaler": auto, "slo": slo}

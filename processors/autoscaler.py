@@ -48,7 +48,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from processors.decisions import Command, Drain, ScaleOut, Shutdown
+from processors.decisions import Command, Vacate, Boot, Retire
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState, Snapshot
@@ -301,13 +301,13 @@ def slo_feedback(state: AutoscalerState, snapshot: Snapshot, config: AutoscalerC
     return replace(state, headroom=headroom, measured=measured)
 
 
-def shutdowns(snapshot: Snapshot) -> tuple[Shutdown, ...]:
-    """Shutdown for each draining GPU no session (in any lifecycle state) still names;
+def shutdowns(snapshot: Snapshot) -> tuple[Retire, ...]:
+    """Retire for each draining GPU no session (in any lifecycle state) still names;
     never for an external one (chunkserve cannot stop it)."""
     if not any(g.state is GpuState.DRAINING for g in snapshot.gpus):
         return ()
     held = {s.gpu_id for s in snapshot.sessions if s.gpu_id is not None and s.lifecycle is not SessionState.TERMINATED}
-    return tuple(Shutdown(g.id) for g in sorted(snapshot.gpus, key=lambda g: g.id)
+    return tuple(Retire(g.id) for g in sorted(snapshot.gpus, key=lambda g: g.id)
                  if g.state is GpuState.DRAINING and not g.external and g.id not in held)
 
 
@@ -320,12 +320,12 @@ def autoscale(
     state: AutoscalerState = AutoscalerState(),
     foresight: int | None = None,
 ) -> tuple[tuple[Command, ...], AutoscalerState]:
-    """One autoscaling decision: ScaleOut, or Drain of the GPUs to empty, or nothing.
+    """One autoscaling decision: Boot, or Vacate of the GPUs to empty, or nothing.
 
     ``foresight`` (an oracle's): the peak executing sessions of the coming boot time,
     known in advance; it replaces the burst reserve.
 
-    Shutdown commands are not issued here (see :func:`shutdowns`): they depend on the
+    Retire commands are not issued here (see :func:`shutdowns`): they depend on the
     migrations the placement controller issues for the drained GPUs.
     """
     now = snapshot.now
@@ -409,7 +409,7 @@ def resize(snapshot: Snapshot, model: LatencyModel, need: float, config: Autosca
             return ()
         k = model[config.gpu_type].capacity
         count = min(math.ceil((need - have) / k - 1e-9), config.max_gpus - len(pool))
-        return (ScaleOut(count, config.gpu_type),) if count > 0 else ()
+        return (Boot(count, config.gpu_type),) if count > 0 else ()
     if any(g.state is GpuState.BOOTING for g in pool):
         return ()
     active, loads = execution_counts(snapshot)
@@ -424,7 +424,7 @@ def resize(snapshot: Snapshot, model: LatencyModel, need: float, config: Autosca
         k = model[g.type].capacity
         if g.external or left <= config.min_gpus or have - k < need or have - k < active:
             continue
-        drains.append(Drain(g.id))
+        drains.append(Vacate(g.id))
         have -= k
         left -= 1
     return tuple(drains)

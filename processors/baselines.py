@@ -21,8 +21,8 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from processors.decisions import Command, Decision, Place, Resume
-from processors.detector import WorkloadSignal
+from processors.decisions import Command, Decision, Place, Restore
+from processors.detector import Signal
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState, Session, Snapshot
@@ -99,7 +99,7 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
             free.discard(g)
         elif heap is not None:
             heapq.heappush(heap, (key(g), g))  # type: ignore[misc]
-        out.append(Resume(s.id, g) if s.restore or s.gpu_id is not None else Place(s.id, g))
+        out.append(Restore(s.id, g) if s.restore or s.gpu_id is not None else Place(s.id, g))
     return tuple(out), start
 
 
@@ -142,7 +142,7 @@ class _Greedy:
     def initial_state(self) -> int:
         return 0
 
-    def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: int | None) -> Decision:
+    def decide(self, snapshot: Snapshot, signal: Signal | None, state: int | None) -> Decision:
         cmds, cursor = greedy_place(snapshot, self.model, self.score, pinned=self.keep_idle_resident, start=state or 0)
         return Decision(cmds, cursor)
 

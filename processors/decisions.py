@@ -11,13 +11,13 @@ from typing import Any, ClassVar, Union
 
 __all__ = [
     "Place",
-    "Resume",
+    "Restore",
     "Migrate",
-    "Suspend",
-    "Terminate",
-    "ScaleOut",
-    "Drain",
-    "Shutdown",
+    "Offload",
+    "Discard",
+    "Boot",
+    "Vacate",
+    "Retire",
     "Admit",
     "Command",
     "Decision",
@@ -34,10 +34,10 @@ class Place:
 
 
 @dataclass(frozen=True, slots=True)
-class Resume:
+class Restore:
     """Restore a suspended (or orphaned) session's state onto ``gpu_id``."""
 
-    kind: ClassVar[str] = "resume"
+    kind: ClassVar[str] = "restore"
     session_id: str
     gpu_id: str
 
@@ -61,67 +61,67 @@ class Migrate:
 
 
 @dataclass(frozen=True, slots=True)
-class Suspend:
+class Offload:
     """Offload an idle session's state off ``gpu_id`` (GPU -> host -> snapshot)."""
 
-    kind: ClassVar[str] = "suspend"
+    kind: ClassVar[str] = "offload"
     session_id: str
     gpu_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class Terminate:
+class Discard:
     """End a session and free its state; ``gpu_id`` is where it ran, if anywhere."""
 
-    kind: ClassVar[str] = "terminate"
+    kind: ClassVar[str] = "discard"
     session_id: str
     gpu_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class ScaleOut:
+class Boot:
     """Boot ``count`` GPUs of ``gpu_type``; they are unusable until booted."""
 
-    kind: ClassVar[str] = "scale_out"
+    kind: ClassVar[str] = "boot"
     count: int
     gpu_type: str
 
 
 @dataclass(frozen=True, slots=True)
-class Drain:
+class Vacate:
     """Stop placing on ``gpu_id``; its sessions are migrated off before shutdown."""
 
-    kind: ClassVar[str] = "drain"
+    kind: ClassVar[str] = "vacate"
     gpu_id: str
 
 
 @dataclass(frozen=True, slots=True)
-class Shutdown:
+class Retire:
     """Release ``gpu_id``; only ever issued for a draining GPU that holds no session."""
 
-    kind: ClassVar[str] = "shutdown"
+    kind: ClassVar[str] = "retire"
     gpu_id: str
 
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Where the sessions that arrive or resume before the next epoch go: ``order`` is
+    """Where the sessions that arrive or resume before the next round go: ``order`` is
     (gpu_id, count) entries; each goes to the first entry whose GPU holds fewer than
     ``count`` sessions (:func:`processors.dispatch.candidate`), past the order to the
     least-loaded GPU when ``fallback``. Without it (and for a policy that issues no Admit)
-    a session waits for the policy's own Place or Resume at the next epoch."""
+    a session waits for the policy's own Place or Restore at the next round."""
 
     kind: ClassVar[str] = "admit"
     order: tuple[tuple[str, int], ...]
     fallback: bool = True
 
 
-Command = Union[Place, Resume, Migrate, Suspend, Terminate, ScaleOut, Drain, Shutdown, Admit]
+Command = Union[Place, Restore, Migrate, Offload, Discard, Boot, Vacate, Retire, Admit]
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What one decision epoch returns: commands in execution order, and the new state."""
+    """What one decision round returns: commands in execution order, and the new state."""
 
     commands: tuple[Command, ...]
     state: Any = None

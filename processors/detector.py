@@ -22,7 +22,7 @@ from schemas.errors import ConfigError
 __all__ = [
     "DetectorConfig",
     "DetectorState",
-    "WorkloadSignal",
+    "Signal",
     "step",
     "observe",
     "volatility",
@@ -67,7 +67,7 @@ class DetectorState:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkloadSignal:
+class Signal:
     """What the detector tells the controllers at ``now``."""
 
     now: float
@@ -109,7 +109,7 @@ def _advance(state: DetectorState, slot: int, config: DetectorConfig) -> tuple[_
     return tuple(s for s in state.window if s[0] >= lo)
 
 
-def _signal(state: DetectorState, now: float, config: DetectorConfig) -> WorkloadSignal:
+def _signal(state: DetectorState, now: float, config: DetectorConfig) -> Signal:
     cur = state.last_slot if state.last_slot is not None else 0
     first = state.first_slot if state.first_slot is not None else cur
     lo = max(first, cur - config.slots + 1)
@@ -118,7 +118,7 @@ def _signal(state: DetectorState, now: float, config: DetectorConfig) -> Workloa
     vol = volatility(counts)
     cv = variation(counts)
     rows = by_slot.values()
-    return WorkloadSignal(
+    return Signal(
         now=now,
         active=len(state.active),
         idle=len(state.idle),
@@ -131,8 +131,8 @@ def _signal(state: DetectorState, now: float, config: DetectorConfig) -> Workloa
     )
 
 
-def observe(state: DetectorState, now: float, config: DetectorConfig) -> tuple[DetectorState, WorkloadSignal]:
-    """Roll the window forward to ``now`` without an event (for periodic epochs)."""
+def observe(state: DetectorState, now: float, config: DetectorConfig) -> tuple[DetectorState, Signal]:
+    """Roll the window forward to ``now`` without an event (for periodic rounds)."""
     slot = math.floor(now / config.slot_s)
     if state.last_slot is not None and slot <= state.last_slot:
         return state, _signal(state, now, config)
@@ -141,7 +141,7 @@ def observe(state: DetectorState, now: float, config: DetectorConfig) -> tuple[D
     return new, _signal(new, now, config)
 
 
-def step(state: DetectorState, event: SessionEvent, config: DetectorConfig) -> tuple[DetectorState, WorkloadSignal]:
+def step(state: DetectorState, event: SessionEvent, config: DetectorConfig) -> tuple[DetectorState, Signal]:
     """Fold one session event into the window; returns the new state and the signal."""
     slot = math.floor(event.t / config.slot_s)
     cur = slot if state.last_slot is None else max(state.last_slot, slot)

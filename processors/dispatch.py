@@ -48,7 +48,7 @@ def rank_candidates(view: Mapping[str, WorkerLoad], exclude: frozenset[str] = fr
 
 @dataclass(frozen=True, slots=True)
 class AdmitPlan:
-    """The policy's placement of the sessions to come (its last epoch's ``Admit``, ``Place``
+    """The policy's placement of the sessions to come (its last round's ``Admit``, ``Place``
     and ``Resume``): ``order`` (worker, count) entries, ``pinned`` session -> worker, and
     whether a session past the order may go to the least-loaded worker (``fallback``)."""
 

@@ -13,7 +13,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
-from processors.decisions import Command, Suspend, Terminate
+from processors.decisions import Command, Offload, Discard
 from streams.generations import StoreState
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def on_event(session: "Session | None", event: SessionEvent) -> tuple["Session",
     """Apply ``event`` to one session record; returns the new record and its commands.
 
     A session that must run comes back in EXECUTION with ``gpu_id=None`` (``restore`` set when
-    its state was offloaded): the placement controller gives it a GPU at the next epoch.
+    its state was offloaded): the placement controller gives it a GPU at the next round.
     """
     from processors.snapshot import Session
 
@@ -127,7 +127,7 @@ def on_event(session: "Session | None", event: SessionEvent) -> tuple["Session",
     if action is Action.RESUME:
         return replace(session, lifecycle=nxt, gpu_id=None, restore=True), ()
     if action is Action.SUSPEND:
-        return replace(session, lifecycle=nxt, gpu_id=None), (Suspend(session.id, session.gpu_id),)
+        return replace(session, lifecycle=nxt, gpu_id=None), (Offload(session.id, session.gpu_id),)
     if action is Action.TERMINATE:
-        return replace(session, lifecycle=nxt, gpu_id=None), (Terminate(session.id, session.gpu_id),)
+        return replace(session, lifecycle=nxt, gpu_id=None), (Discard(session.id, session.gpu_id),)
     return replace(session, lifecycle=nxt), ()

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 from processors.autoscaler import AutoscalerConfig, resize, shutdowns
 from processors.decisions import Decision, Migrate
-from processors.detector import WorkloadSignal
+from processors.detector import Signal
 from processors.latency import LatencyModel, load_profiles
 from processors.lifecycle import SessionEvent, SessionState, transition
 from processors.placement import PlacementPlan, RebalanceConfig, plan_placement
@@ -78,7 +78,7 @@ def exhaustive_placement(snapshot: Snapshot, model: LatencyModel, config: Rebala
 
     It enforces what the controller enforces: at most ``max_moves`` migrations, and the
     transient limit on each move (its kappa + l(n - 1) + l(n) at the position n it lands
-    on, the epoch's moves onto a GPU landing before its new sessions). A GPU either sends
+    on, the round's moves onto a GPU landing before its new sessions). A GPU either sends
     or receives, which per-GPU counts model by construction.
     """
     gpus = sorted(snapshot.gpus, key=lambda g: g.id)
@@ -177,7 +177,7 @@ class OracleAutoscale:
     def initial_state(self) -> None:
         return None
 
-    def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: None) -> Decision:
+    def decide(self, snapshot: Snapshot, signal: Signal | None, state: None) -> Decision:
         boot, now, active = self.autoscaler.boot_s, snapshot.now, snapshot.active_count()
         hold = boot if self.hold_s is None else self.hold_s
         grow = max(oracle_need(self.future, self.window_s, now, boot), active) / self.u_target

@@ -1,8 +1,8 @@
 """Placement controller: arrivals, draining GPUs, and exact migration-aware min-max rebalancing.
 
-One epoch minimises L + eta * sum(kappa_i) over the sessions it migrates, where L is the
-worst per-chunk latency after the epoch and kappa_i = alpha + beta * state_bytes_i, from the
-previous placement, with the epoch's arrivals placed too. The minimum is exact
+One round minimises L + eta * sum(kappa_i) over the sessions it migrates, where L is the
+worst per-chunk latency after the round and kappa_i = alpha + beta * state_bytes_i, from the
+previous placement, with the round's arrivals placed too. The minimum is exact
 (:mod:`processors._levels`: a search over the worst-latency level) under the product's
 constraints: at most ``max_moves`` migrations, no GPU above K after receiving, a GPU either
 sends or receives, and the transient limit on every move (its kappa plus the target's
@@ -27,7 +27,7 @@ from operator import attrgetter
 import numpy as np
 
 from processors._levels import search
-from processors.decisions import Command, Migrate, Place, Resume
+from processors.decisions import Command, Migrate, Place, Restore
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState, Snapshot
@@ -36,7 +36,7 @@ from schemas.errors import ConfigError
 __all__ = ["RebalanceConfig", "PlacementPlan", "plan_placement", "admission_order", "ADMIT_LIMIT",
            "worst_latency"]
 
-#: the most entries of an admission order (the sessions expected before the next epoch,
+#: the most entries of an admission order (the sessions expected before the next round,
 #: with room to spare; past it a session goes least-loaded)
 ADMIT_LIMIT = 128
 
@@ -47,7 +47,7 @@ _BYTES = attrgetter("state_bytes")
 
 @dataclass(frozen=True, slots=True)
 class RebalanceConfig:
-    """Migration cost model (alpha-beta), its weight eta, and the per-epoch move budget.
+    """Migration cost model (alpha-beta), its weight eta, and the per-round move budget.
 
     ``drain_max_kappa_s`` bounds which sessions a draining GPU sheds by migration: a larger
     one would stall its next chunk longer than that, so it stays until it goes idle or
@@ -81,7 +81,7 @@ class RebalanceConfig:
 
 @dataclass(frozen=True, slots=True)
 class PlacementPlan:
-    """Commands of one placement epoch, sessions left without a GPU, L before and after."""
+    """Commands of one placement round, sessions left without a GPU, L before and after."""
 
     commands: tuple[Command, ...]
     unplaced: tuple[str, ...]
@@ -160,7 +160,7 @@ def _assign(pz: _Parsed, receive: np.ndarray, shed: np.ndarray, limit: float) ->
 
 def _commands(pz: _Parsed, moves: list[tuple[int, int, int]], arrivals: list[int | None], gain: float,
               cfg: RebalanceConfig, drained: dict[str, tuple[str, float]]) -> tuple[list[Command], list[str]]:
-    """Place/Resume for arrivals, then Migrate from each moved session's original GPU."""
+    """Place/Restore for arrivals, then Migrate from each moved session's original GPU."""
     ids = pz.ids
     cmds: list[Command] = []
     unplaced: list[str] = []
@@ -168,7 +168,7 @@ def _commands(pz: _Parsed, moves: list[tuple[int, int, int]], arrivals: list[int
         if dst is None:
             unplaced.append(sid)
         else:
-            cmds.append(Resume(sid, ids[dst]) if restore else Place(sid, ids[dst]))
+            cmds.append(Restore(sid, ids[dst]) if restore else Place(sid, ids[dst]))
     moved = set()
     for k, src, dst in moves:
         s = pz.execs[k]
@@ -228,7 +228,7 @@ def plan_placement(
     """Evacuate draining GPUs, place waiting sessions and rebalance exactly (when
     ``rebalance``; otherwise only place waiting sessions, least-latency first).
 
-    Returns Place/Resume for sessions that get a GPU, then Migrate commands (largest kappa
+    Returns Place/Restore for sessions that get a GPU, then Migrate commands (largest kappa
     first; a session moved twice gets one Migrate from its old GPU to its final one).
     """
     drained: dict[str, tuple[str, float]] = {}
@@ -255,7 +255,7 @@ def plan_placement(
 
 def admission_order(snapshot: Snapshot, model: LatencyModel, loads: dict[str, int],
                     limit: int = ADMIT_LIMIT) -> tuple[tuple[str, int], ...]:
-    """Where the next ``limit`` sessions go after this epoch's placement (``loads``): the free
+    """Where the next ``limit`` sessions go after this round's placement (``loads``): the free
     positions of the ready GPUs, least l(n) first (then fewest sessions, then GPU id), as
     (gpu_id, n) entries -- the rule the placement gives arrivals, applied ahead of them."""
     heap: list[tuple[float, int, str]] = []

@@ -2,7 +2,7 @@
 
 A policy is anything with a ``name``, ``initial_state()`` and
 ``decide(snapshot, signal, state) -> Decision``. The simulator and the live pipeline hold
-the state between epochs (in the log or Redis, never on the policy object) and carry out
+the state between rounds (in the log or Redis, never on the policy object) and carry out
 the commands; they never look inside a policy, so any policy runs unchanged in both. A
 policy with ``keep_idle_resident = True`` keeps idle sessions' state on their GPU (it may
 still offload one with ``Suspend``); otherwise idle sessions are offloaded.
@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from processors.baselines import Base, Lag, Mag, PinnedLag, PinnedMag, RoundRobin
 from processors.decisions import Decision
-from processors.detector import WorkloadSignal
+from processors.detector import Signal
 from processors.oracles import OracleAutoscale
 from processors.snapshot import Snapshot
 from processors.turboserve import TurboServe
@@ -34,7 +34,7 @@ OPTION_NAMES = ("model", "gpu_type", "boot_s", "table", "autoscaler", "slo")
 
 @runtime_checkable
 class Policy(Protocol):
-    """One decision epoch: snapshot (with ``now``) and the detector's signal in, commands out."""
+    """One decision round: snapshot (with ``now``) and the detector's signal in, commands out."""
 
     name: str
 
@@ -42,7 +42,7 @@ class Policy(Protocol):
         """The state to pass to the first ``decide``."""
         ...
 
-    def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: Any) -> Decision:
+    def decide(self, snapshot: Snapshot, signal: Signal | None, state: Any) -> Decision:
         """Pure: the same (snapshot, signal, state) always gives the same Decision."""
         ...
 

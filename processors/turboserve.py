@@ -13,8 +13,8 @@ from processors.autoscaler import (
     autoscale,
     shutdowns,
 )
-from processors.decisions import Admit, Command, Decision, Drain
-from processors.detector import WorkloadSignal
+from processors.decisions import Admit, Command, Decision, Vacate
+from processors.detector import Signal
 from processors.latency import LatencyModel, load_profiles
 from processors.placement import RebalanceConfig, admission_order, plan_placement
 from processors.snapshot import GpuState, Snapshot
@@ -39,8 +39,8 @@ class TurboServeState:
 
 
 def apply_drains(snapshot: Snapshot, commands: tuple[Command, ...]) -> Snapshot:
-    """The snapshot as the placement controller must see it after these Drain commands."""
-    drained = {c.gpu_id for c in commands if isinstance(c, Drain)}
+    """The snapshot as the placement controller must see it after these Vacate commands."""
+    drained = {c.gpu_id for c in commands if isinstance(c, Vacate)}
     if not drained:
         return snapshot
     gpus = tuple(replace(g, state=GpuState.DRAINING) if g.id in drained else g for g in snapshot.gpus)
@@ -76,7 +76,7 @@ class TurboServe:
     def initial_state(self) -> TurboServeState:
         return TurboServeState()
 
-    def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: TurboServeState) -> Decision:
+    def decide(self, snapshot: Snapshot, signal: Signal | None, state: TurboServeState) -> Decision:
         level = signal.level if signal is not None else state.level
         scale: tuple[Command, ...] = ()
         auto = state.autoscaler

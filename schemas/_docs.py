@@ -73,7 +73,7 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
                                 "`module:Name`); a leader running another policy ignores it.", None),
     ("PolicyState", "state"): ("The policy's state as a msgpack map of its fields (nested "
                                "dataclasses as maps, tuples as arrays); never code.", None),
-    ("PolicyState", "decision_id"): ("The decision epoch that left this state.", None),
+    ("PolicyState", "decision_id"): ("The decision round that left this state.", None),
     ("AdmissionPlan", "policy"): ("The policy that made the plan.", None),
     ("AdmissionPlan", "order"): ("Where the next sessions go, in order: each entry a worker and "
                                  "the session count that admission brings it to (at most 128 "
@@ -82,7 +82,7 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
                                   "session id -> worker id.", None),
     ("AdmissionPlan", "fallback"): ("Whether a session past the order goes to the least-loaded "
                                     "worker; false: it waits for the next plan's pin.", None),
-    ("AdmissionPlan", "decision_id"): ("The decision epoch that made the plan.", None),
+    ("AdmissionPlan", "decision_id"): ("The decision round that made the plan.", None),
     ("AdmitSlot", "count"): ("The worker's session count once this entry's session is admitted.", None),
     ("Frozen", "target_worker"): ("The worker the Handoff names as the session's next owner.", None),
     ("Frozen", "chunk_index"): ("The last chunk released before the freeze; the snapshot holds "

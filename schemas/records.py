@@ -398,7 +398,7 @@ class Shutdown(Record):
 
 @record("scale.policy_state")
 class PolicyState(Record):
-    """The control leader's policy state after a decision epoch (the autoscaler's last action,
+    """The control leader's policy state after a decision round (the autoscaler's last action,
     low-load timer, burst history, SLO feedback), so the next leader goes on from it."""
 
     pool: Id
@@ -455,7 +455,7 @@ class WorkloadSignal(Record):
 
 @record("metric.placement")
 class PlacementReport(Record):
-    """The placement after a decision epoch."""
+    """The placement after a decision round."""
 
     ts: Seconds
     workers: Count

@@ -1,6 +1,6 @@
-"""Scheduler benchmark: decision-epoch time on large pools, placement gap to the exhaustive oracle.
+"""Scheduler benchmark: decision-round time on large pools, placement gap to the exhaustive oracle.
 
-``run(gpus)`` times one full placement epoch (place the epoch's arrivals, rebalance) on
+``run(gpus)`` times one full placement round (place the round's arrivals, rebalance) on
 pools of each size with 16 sessions per GPU on average and skewed loads, under the shipped
 rebalance settings and with every move free (eta 0, no budget or transient limit). It compares the placement
 objective (L + eta * migration seconds) with the exhaustive oracle's on small random
@@ -33,7 +33,7 @@ SETTINGS: dict[str, RebalanceConfig] = {
 }
 
 # timed on pools of paper b300 GPUs (and a b300/h20 mix under the shipped settings); eta 0
-# makes every move free, the most migrations an epoch can make
+# makes every move free, the most migrations a round can make
 TIMED: dict[str, RebalanceConfig] = {
     "shipped": TURBOSERVE_REBALANCE,
     "eta0-unlimited": RebalanceConfig(eta=0.0, max_moves=1 << 30),
@@ -120,7 +120,7 @@ def small_instance(rng: random.Random, family: str = "paper") -> tuple[Snapshot,
     return Snapshot(0.0, gpus, tuple(sessions)), model
 
 
-def _epochs(sizes: list[int], rng: random.Random, model: LatencyModel, cfg: RebalanceConfig, reps: int, types: tuple[str, ...]) -> dict[str, Any]:
+def _rounds(sizes: list[int], rng: random.Random, model: LatencyModel, cfg: RebalanceConfig, reps: int, types: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for m in sizes:
         times, counts, moves = [], [], []
@@ -165,14 +165,14 @@ FAMILIES = ("paper", "flat-step", "concave", "convex", "crossing", "skewed")
 
 
 def run(gpus: list[int], instances: int = 200, seed: int = 0, reps: int = 30) -> dict:
-    """{"epochs": {setting: {size: {sessions, migrations, median_ms, p99_ms}}},
+    """{"rounds": {setting: {size: {sessions, migrations, median_ms, p99_ms}}},
     "oracle_gap": {setting: {family: {instances, mean_pct, max_pct, ...}}}, "settings", "not_covered"}."""
     model = load_profiles("paper")
     rng = random.Random(seed)
     timed = {name: (c, ("b300",)) for name, c in TIMED.items()}
     timed["shipped-mixed"] = (SETTINGS["shipped"], ("b300", "h20"))
-    epochs = {name: _epochs(list(gpus), rng, model, cfg, reps, types) for name, (cfg, types) in timed.items()}
+    rounds = {name: _rounds(list(gpus), rng, model, cfg, reps, types) for name, (cfg, types) in timed.items()}
     gap = {name: {f: _gap(f, instances, random.Random(f"{seed}/{name}/{f}"), cfg) for f in FAMILIES} for name, cfg in SETTINGS.items()}
     settings = {name: {"eta": c.eta, "max_moves": c.max_moves, "max_transient_s": c.max_transient_s if math.isfinite(c.max_transient_s) else None}
                 for name, c in {**SETTINGS, **TIMED}.items()}
-    return {"epochs": epochs, "oracle_gap": gap, "settings": settings, "not_covered": NOT_COVERED}
+    return {"rounds": rounds, "oracle_gap": gap, "settings": settings, "not_covered": NOT_COVERED}

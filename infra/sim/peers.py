@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from processors.autoscaler import shutdowns
-from processors.decisions import Command, Decision, Drain, Migrate, Place, Resume, ScaleOut
-from processors.detector import WorkloadSignal
+from processors.decisions import Command, Decision, Vacate, Migrate, Place, Restore, Boot
+from processors.detector import Signal
 from processors.latency import LatencyModel, load_profiles
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState, Snapshot
@@ -60,19 +60,19 @@ class TeleFuser:
         need = max(math.ceil(active / k), math.ceil(active / (k * self.target_utilization) - 1e-9))
         return min(self.max_gpus, max(self.min_gpus, need))
 
-    def decide(self, snapshot: Snapshot, signal: WorkloadSignal | None, state: TeleFuserState) -> Decision:
+    def decide(self, snapshot: Snapshot, signal: Signal | None, state: TeleFuserState) -> Decision:
         pool = [g for g in snapshot.gpus if g.state is not GpuState.DRAINING]
         target = self.budget(snapshot.active_count())
         scale: tuple[Command, ...] = ()
         if target > len(pool):
-            scale, state = (ScaleOut(target - len(pool), self.gpu_type),), TeleFuserState()
+            scale, state = (Boot(target - len(pool), self.gpu_type),), TeleFuserState()
         elif target < len(pool):
             if state.scale_in_to != target or state.due_at is None:
                 state = TeleFuserState(target, snapshot.now + self.scale_in_hold_s)
             if snapshot.now >= state.due_at:  # type: ignore[operator]
                 loads = snapshot.resident()
                 cut = sorted(pool, key=lambda g: (g.state is GpuState.READY, loads[g.id], g.id))[: len(pool) - target]
-                scale, state = tuple(Drain(g.id) for g in cut), TeleFuserState()
+                scale, state = tuple(Vacate(g.id) for g in cut), TeleFuserState()
         else:
             state = TeleFuserState()
         view = apply_drains(snapshot, scale)
@@ -100,7 +100,7 @@ class TeleFuser:
             g = min(room, key=lambda g: (len(on[g]), g))
             on[g].append(s)
             if s.gpu_id is None:
-                out.append(Resume(s.id, g) if s.restore else Place(s.id, g))
+                out.append(Restore(s.id, g) if s.restore else Place(s.id, g))
             else:
                 out.append(Migrate(s.id, s.gpu_id, g, 0.0, self._kappa(s.state_bytes), "drain"))
         for _ in range(self.max_moves):

@@ -102,7 +102,7 @@ class Runner:
         self.elastic_start = 0 if self.config.warm_start else max(1, math.ceil(first / k))
         self.peak_pool = max(1, math.ceil(max(self.future, default=0) / k))
         self.pinned_pool = max(1, math.ceil(_peak_open(self.trace) / k))
-        self.chunk_bound = chunk_bound(self.trace.events, self.model, self.config.epoch_s)
+        self.chunk_bound = chunk_bound(self.trace.events, self.model, self.config.round_s)
         self.offer = {"model": self.model, "gpu_type": self.config.gpu_type, "boot_s": self.config.boot_s, **self.offer}
 
     def fixed(self, spec: str) -> bool:
@@ -135,7 +135,7 @@ class Runner:
 
     @property
     def trace_end(self) -> float:
-        q = self.config.epoch_s
+        q = self.config.round_s
         last = self.trace.duration_s
         return math.ceil(last / q - 1e-9) * q if q > 0 else last
 

@@ -16,7 +16,7 @@ state is not fresh is put on a GPU, whatever command put it there, a migration
 (``migrate_*``) for ``Migrate``. Idle sessions are offloaded unless the policy keeps them
 resident (:func:`processors.policy.keeps_idle_resident`): then an idle session keeps its
 GPU (and the slot the policy counts) until it is active again, at no restore, or until
-the policy offloads it with ``Suspend``. The snapshot shows what a live controller sees:
+the policy offloads it with ``Offload``. The snapshot shows what a live controller sees:
 executing and idle sessions (with ``since``), the events since the previous decision and
 the chunk latencies measured since then.
 """
@@ -31,9 +31,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from processors.decisions import Admit, Drain, Migrate, Place, Resume, ScaleOut, Shutdown, Suspend, Terminate
+from processors.decisions import Admit, Vacate, Migrate, Place, Restore, Boot, Retire, Offload, Discard
 from processors.dispatch import AdmitPlan, WorkerLoad, candidate
-from processors.detector import DetectorConfig, DetectorState, WorkloadSignal, observe, step
+from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionEvent, SessionState, on_event
 from processors.policy import Policy, keeps_idle_resident
@@ -65,8 +65,8 @@ class SimConfig:
     initial_gpus: int = 1
     boot_s: float = 60.0
     deadline_s: float = 1.0  # a chunk's media duration
-    tick_s: float = 5.0  # periodic decision epochs besides the event-driven ones
-    epoch_s: float = 0.5  # events are quantized up to this grid (one decision epoch per step); 0: exact
+    tick_s: float = 5.0  # periodic decision rounds besides the event-driven ones
+    round_s: float = 0.5  # events are quantized up to this grid (one decision round per step); 0: exact
     migrate_alpha_s: float = 0.02
     migrate_beta_s_per_byte: float = 1.0 / 25e9
     restore_alpha_s: float = 0.05
@@ -96,8 +96,8 @@ class ChunkBound:
         return self.left[min(max(0, int(t // self.step_s)), len(self.left) - 1)]
 
 
-def chunk_bound(events: Sequence[SessionEvent], model: LatencyModel, epoch_s: float, step_s: float = 10.0) -> ChunkBound:
-    """:class:`ChunkBound` of ``events`` (events quantized up to ``epoch_s``)."""
+def chunk_bound(events: Sequence[SessionEvent], model: LatencyModel, round_s: float, step_s: float = 10.0) -> ChunkBound:
+    """:class:`ChunkBound` of ``events`` (events quantized up to ``round_s``)."""
     fastest = min(p.latency(1) for p in model.values())
     start: dict[str, float] = {}
     spells: list[tuple[float, float]] = []
@@ -106,8 +106,8 @@ def chunk_bound(events: Sequence[SessionEvent], model: LatencyModel, epoch_s: fl
         if run and ev.session_id not in start:
             start[ev.session_id] = ev.t
         elif not run and ev.session_id in start:
-            spells.append((start.pop(ev.session_id), ev.t + epoch_s))
-    end = events[-1].t + epoch_s if events else 0.0
+            spells.append((start.pop(ev.session_id), ev.t + round_s))
+    end = events[-1].t + round_s if events else 0.0
     spells.extend((t, end) for t in start.values())
     a = np.array([x for x, _ in spells] or [0.0])
     b = np.array([y for _, y in spells] or [0.0])
@@ -145,9 +145,9 @@ class Signals:
     """The detector's signals along a trace (shared by every policy run on it)."""
 
     times: tuple[float, ...]
-    signals: tuple[WorkloadSignal, ...]
+    signals: tuple[Signal, ...]
 
-    def at(self, t: float) -> WorkloadSignal | None:
+    def at(self, t: float) -> Signal | None:
         i = bisect_right(self.times, t) - 1
         return self.signals[i] if i >= 0 else None
 
@@ -156,7 +156,7 @@ def signals_for(events: Sequence[SessionEvent], tick_s: float, config: DetectorC
     """Run the real detector over the events, plus an ``observe`` on every tick."""
     state = DetectorState()
     times: list[float] = []
-    sigs: list[WorkloadSignal] = []
+    sigs: list[Signal] = []
     tick = tick_s
     for ev in events:
         while tick < ev.t:
@@ -239,12 +239,12 @@ class _Sim:
         self.waking: set[str] = set()  # activated, first chunk not done yet
         self.transfer: dict[str, float] = {}  # sid -> restore transfer of its activation
         self.state = policy.initial_state()
-        self.plan: AdmitPlan | None = None  # the last epoch's admission plan (none before the first)
+        self.plan: AdmitPlan | None = None  # the last round's admission plan (none before the first)
         self.decide_at: float | None = None
         self.gpu_s = 0.0
         self.cost = 0.0
         self.migrations = self.scale_events = self.invalid = 0
-        q = cfg.epoch_s
+        q = cfg.round_s
         last = events[-1].t if events else 0.0
         self.end = math.ceil(last / q - 1e-9) * q if q > 0 else last
         first = events[0].t if events else 0.0
@@ -388,7 +388,7 @@ class _Sim:
     def apply(self, cmd: Any, now: float) -> None:
         sid = getattr(cmd, "session_id", "")
         s = self.sessions.get(sid, None)
-        if isinstance(cmd, (Place, Resume)):
+        if isinstance(cmd, (Place, Restore)):
             g = self.gpus.get(cmd.gpu_id)
             if s is None or s.gpu_id is not None or g is None or g.state is not GpuState.READY:
                 self.invalid += 1
@@ -410,7 +410,7 @@ class _Sim:
             self.where[sid] = dst.id
             self.migrations += 1
             self.tl["migrations"][self.win(now)] += 1
-        elif isinstance(cmd, Suspend):
+        elif isinstance(cmd, Offload):
             i = self.idle.get(sid)
             if i is None or i.gpu_id is None:
                 self.invalid += 1
@@ -435,7 +435,7 @@ class _Sim:
                     src.roster.discard(s.id)
                     self.req.setdefault(s.id, now)
                 self.push(now + cost, _ARRIVE, (s.id, dst.id))
-        elif isinstance(cmd, ScaleOut):
+        elif isinstance(cmd, Boot):
             if cmd.count < 1:
                 self.invalid += 1
                 return
@@ -448,7 +448,7 @@ class _Sim:
             if warm:  # place onto them at once (a few rounds at most)
                 self.warm_rounds += 1
                 self.schedule_decide(now)
-        elif isinstance(cmd, Drain):
+        elif isinstance(cmd, Vacate):
             g = self.gpus.get(cmd.gpu_id)
             if g is None:
                 self.invalid += 1
@@ -458,7 +458,7 @@ class _Sim:
             g.state = GpuState.DRAINING
         elif isinstance(cmd, Admit):
             self.plan = AdmitPlan(cmd.order, {}, cmd.fallback, now)
-        elif isinstance(cmd, Shutdown):
+        elif isinstance(cmd, Retire):
             g = self.gpus.get(cmd.gpu_id)
             if g is None:
                 self.invalid += 1
@@ -482,7 +482,7 @@ class _Sim:
             self.req[sid] = now
             self.transfer.pop(sid, None)
 
-    # -- epochs ------------------------------------------------------------------------
+    # -- rounds ------------------------------------------------------------------------
     def snapshot(self, now: float) -> Snapshot:
         gpus = tuple(Gpu(g.id, g.type, g.state) for g in self.gpus.values())
         chunks = ChunkStats(self.seen[0], self.seen[1], self.seen[2])
@@ -502,8 +502,8 @@ class _Sim:
             self.apply(cmd, now)
 
     def admit_waiting(self, snap: Snapshot, now: float) -> bool:
-        """Dispatch's part: the sessions that arrived or woke since the last epoch go where
-        that epoch's admission plan says (processors.dispatch.candidate, as live), before
+        """Dispatch's part: the sessions that arrived or woke since the last round go where
+        that round's admission plan says (processors.dispatch.candidate, as live), before
         the policy decides again; whatever the plan leaves waits for the policy's Place."""
         plan = self.plan
         if plan is None or not (plan.order or plan.fallback):
@@ -519,7 +519,7 @@ class _Sim:
             if best is not None:
                 w = workers[best]
                 workers[best] = replace(w, used=w.used + 1)
-                self.apply(Resume(s.id, best) if s.restore else Place(s.id, best), now)
+                self.apply(Restore(s.id, best) if s.restore else Place(s.id, best), now)
         return True
 
     def schedule_decide(self, t: float) -> None:
@@ -561,7 +561,7 @@ class _Sim:
                 self.waking.discard(sid)
                 self.idle[sid] = Session(sid, new.state_bytes, SessionState.SUSPENDED, g.id, since=now)
             else:
-                if any(isinstance(c, (Suspend, Terminate)) for c in cmds) or was_exec:
+                if any(isinstance(c, (Offload, Discard)) for c in cmds) or was_exec:
                     self.leave(sid, now)
                 self.where.pop(sid, None)
                 if new.lifecycle is SessionState.SUSPENDED:
@@ -574,7 +574,7 @@ class _Sim:
         self.schedule_decide(now)
 
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
-        q = self.cfg.epoch_s
+        q = self.cfg.round_s
         for i, ev in enumerate(self.events):
             self.push(math.ceil(ev.t / q - 1e-9) * q if q > 0 else ev.t, _EVENT, i)
         t = self.cfg.tick_s

@@ -2,8 +2,8 @@
 
 Every instance folds ``session-events``, ``worker-events`` and ``scaling-commands`` from
 the start of the log into a :class:`~processors.cluster.ClusterView` (a group-less reader,
-so each instance sees every partition); only the leader runs decision epochs, so a leader
-change loses nothing. An epoch runs the configured policy on the view's snapshot and turns
+so each instance sees every partition); only the leader runs decision rounds, so a leader
+change loses nothing. A round runs the configured policy on the view's snapshot and turns
 its commands into records (:func:`command_records`): ``Migrate`` becomes a ``Handoff``,
 scale commands go to ``scaling-commands``, and so does the admission plan (``Admit``,
 ``Place``, ``Resume``) that dispatch admits sessions by, through the Redis commit.
@@ -24,7 +24,7 @@ from processors import decisions as d
 from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, AutoscalerConfig, utilization
 from processors.cluster import (BOOTING_PREFIX, ClusterView, apply, current_generation,
                                 dead_workers, prune, to_snapshot)
-from processors.detector import DetectorConfig, DetectorState, WorkloadSignal, observe, step
+from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import EventKind, SessionEvent
 from processors.placement import ADMIT_LIMIT, worst_latency
@@ -46,7 +46,7 @@ _KINDS = {r.SessionOpened: EventKind.OPEN, r.SessionActive: EventKind.ACTIVE,
 
 
 # an admission plan carries at most this many order entries and pinned sessions (the
-# sessions of one epoch; past them a session waits for the next plan, or goes least-loaded)
+# sessions of one round; past them a session waits for the next plan, or goes least-loaded)
 ADMIT_ORDER_MAX = ADMIT_LIMIT
 ADMIT_PINS_MAX = 256
 ADMIT_PINS_BYTES = 32 * 1024
@@ -74,13 +74,13 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
                 continue
             out.append(r.Handoff(worker_id=cmd.src, session_id=cmd.session_id, generation=gen,
                                  target_worker=cmd.dst, ts=now, reason=cmd.reason))
-        elif isinstance(cmd, d.ScaleOut):
+        elif isinstance(cmd, d.Boot):
             out.append(r.ScaleOut(pool=pool, count=cmd.count, ts=now, gpu_type=cmd.gpu_type,
                                   decision_id=decision_id))
-        elif isinstance(cmd, d.Drain) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
+        elif isinstance(cmd, d.Vacate) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
             out.append(r.Drain(pool=pools.get(cmd.gpu_id, pool), worker_id=cmd.gpu_id, ts=now,
                                decision_id=decision_id))
-        elif isinstance(cmd, d.Shutdown) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
+        elif isinstance(cmd, d.Retire) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
             w = view.workers.get(cmd.gpu_id)
             if w is None or not w.provisioned or now - w.shutdown_ts < shutdown_resend_s:
                 continue  # unknown or started outside chunkserve: no provisioner here can stop it
@@ -91,7 +91,7 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
 
 def admission_plan(commands: Iterable[d.Command], now: float, *, pool: str = "default",
                    policy: str = "", decision_id: str = "") -> r.AdmissionPlan:
-    """The plan dispatch admits sessions by until the next epoch (pure): the policy's
+    """The plan dispatch admits sessions by until the next round (pure): the policy's
     ``Admit`` order, and the sessions it placed itself (``Place``, ``Resume``) pinned to their
     GPU. A policy that issues no Admit gets a plan without fallback: its sessions wait for
     its pins, as in the simulator. Booting placeholders are left out (no worker to commit on)."""
@@ -101,7 +101,7 @@ def admission_plan(commands: Iterable[d.Command], now: float, *, pool: str = "de
     for cmd in commands:
         if isinstance(cmd, d.Admit):
             order, fallback = cmd.order, cmd.fallback
-        elif isinstance(cmd, (d.Place, d.Resume)) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
+        elif isinstance(cmd, (d.Place, d.Restore)) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
             pinned[cmd.session_id] = cmd.gpu_id
     slots = tuple(r.AdmitSlot(worker_id=g, count=n) for g, n in order
                   if not g.startswith(BOOTING_PREFIX))[:ADMIT_ORDER_MAX]
@@ -158,8 +158,8 @@ class ControlConfig:
     profile: str = "reference-cpu"
     gpu_type: str = "cpu"
     pool: str = "default"
-    tick_s: float = 0.5  # how often the leader looks for a pending epoch
-    period_s: float = 5.0  # an epoch at least this often, even without events
+    tick_s: float = 0.5  # how often the leader looks for a pending round
+    period_s: float = 5.0  # a round at least this often, even without events
     heartbeat_timeout_s: float = 10.0  # then a worker is declared down
     boot_s: float = 10.0  # expected worker boot time (the autoscaler's; also its scale-in delay)
     boot_timeout_s: float = 120.0  # a scale-out not answered by WorkerUp by then is forgotten
@@ -185,7 +185,7 @@ class ControlConfig:
 
 @dataclass
 class ControlShell:
-    """The view, the detector window and the policy state; ``epoch`` is one decision."""
+    """The view, the detector window and the policy state; ``round`` is one decision."""
 
     config: ControlConfig = field(default_factory=ControlConfig)
     clock: Callable[[], float] = time.time
@@ -193,7 +193,7 @@ class ControlShell:
     detector: DetectorState = field(default_factory=DetectorState)
     detector_config: DetectorConfig = field(default_factory=DetectorConfig)
     dirty: bool = True
-    last_epoch: float = -math.inf
+    last_round: float = -math.inf
     last_report: Any = None
     log_up: bool = True  # whether the broker answered the last probe
     log_up_since: float = -math.inf  # when it answered again after an outage
@@ -201,14 +201,14 @@ class ControlShell:
     def __post_init__(self) -> None:
         self.model = load_profiles(self.config.profile)
         self.policy_state: Any = None
-        self.state_at = -math.inf  # the time of the epoch that left policy_state
+        self.state_at = -math.inf  # the time of the round that left policy_state
         self.logged: r.PolicyState | None = None  # the latest state a leader put in the log
         self.published: bytes | None = None
         self.plan_sent: Any = None  # what the last admission plan published said
 
     def fold(self, rec: r.Record) -> None:
-        """Fold one record; an arrival, departure or flip (or a worker change) asks for an epoch."""
-        if isinstance(rec, r.PolicyState):  # another leader's (or an earlier) epoch left it
+        """Fold one record; an arrival, departure or flip (or a worker change) asks for a round."""
+        if isinstance(rec, r.PolicyState):  # another leader's (or an earlier) round left it
             if rec.policy == self.config.policy and rec.ts > self.state_at:
                 self.logged = rec
             return
@@ -234,19 +234,19 @@ class ControlShell:
         self.log_up = up
 
     def due(self, now: float) -> bool:
-        """An epoch is due on a change or once a period, but never while the broker is away
+        """A round is due on a change or once a period, but never while the broker is away
         nor within two heartbeat timeouts of its return: no worker could be heard meanwhile
         (and each client reconnects at its own pace), so missed heartbeats would read as
         deaths."""
         if not self.log_up or now - self.log_up_since <= 2 * self.config.heartbeat_timeout_s:
             return False
-        return self.dirty or now - self.last_epoch >= self.config.period_s
+        return self.dirty or now - self.last_round >= self.config.period_s
 
-    def epoch(self, now: float | None = None) -> list[r.Record]:
-        """One decision epoch: the records to publish (already folded into the view)."""
+    def decide(self, now: float | None = None) -> list[r.Record]:
+        """One decision round: the records to publish (already folded into the view)."""
         now = self.clock() if now is None else now
         cfg = self.config
-        self.dirty, self.last_epoch = False, now
+        self.dirty, self.last_round = False, now
         out: list[r.Record] = [r.WorkerDown(worker_id=w, ts=now, reason="missed heartbeats")
                                for w in dead_workers(self.view, now, cfg.heartbeat_timeout_s)]
         for rec in out:
@@ -298,7 +298,7 @@ class ControlShell:
             state = replace(state, autoscaler=replace(state.autoscaler, last_action_at=at))
         return state
 
-    def _reports(self, snap: Snapshot, model: LatencyModel, signal: WorkloadSignal, recs: tuple[r.Record, ...],
+    def _reports(self, snap: Snapshot, model: LatencyModel, signal: Signal, recs: tuple[r.Record, ...],
                  now: float, policy: Any) -> list[r.Record]:
         out: list[r.Record] = []
         handoffs = [x for x in recs if isinstance(x, r.Handoff)]
@@ -383,7 +383,7 @@ async def _probe_log(settings: Any, catalogue: Any, shell: "ControlShell", tick_
 
 
 def build_app(settings: Any) -> Any:
-    """The faust app: every instance folds the log; the leader runs the epochs."""
+    """The faust app: every instance folds the log; the leader runs the rounds."""
     from streams.faust_app import FaustPublisher, make_app
     from streams.topics import TopicCatalogue
 
@@ -406,7 +406,7 @@ def build_app(settings: Any) -> Any:
     async def decide() -> None:
         if not caught_up["done"] or not shell.due(shell.clock()):
             return
-        for rec in shell.epoch():
+        for rec in shell.decide():
             await publisher.send(rec)
 
     return app

@@ -1,6 +1,6 @@
 """The detector agent: feeds ``session-events`` to :func:`processors.detector.step`.
 
-It publishes a ``WorkloadSignal`` on ``metrics`` after session events (at most one per
+It publishes a ``WorkloadSignal`` record on ``metrics`` after session events (at most one per
 ``min_interval_s``; a held-back one goes out at the next tick) and on a periodic tick that
 rolls the window forward with :func:`~processors.detector.observe`. Run one replica: the
 window must see every partition.
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from processors.detector import DetectorConfig, DetectorState, WorkloadSignal, observe, step
+from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.lifecycle import EventKind, SessionEvent
 from schemas import records as r
 
@@ -24,7 +24,7 @@ _KINDS = {r.SessionOpened: EventKind.OPEN, r.SessionActive: EventKind.ACTIVE,
           r.SessionIdle: EventKind.IDLE, r.SessionClosed: EventKind.CLOSE}
 
 
-def signal_record(signal: WorkloadSignal, state: DetectorState, config: DetectorConfig) -> r.WorkloadSignal:
+def signal_record(signal: Signal, state: DetectorState, config: DetectorConfig) -> r.WorkloadSignal:
     """The wire record of a detector signal (flips split by direction from the window)."""
     lo = (state.last_slot or 0) - config.slots + 1
     rows = [row for row in state.window if row[0] >= lo]

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from processors.decisions import Command, Drain, Migrate, Place, Resume, ScaleOut, Shutdown
+from processors.decisions import Command, Vacate, Migrate, Place, Restore, Boot, Retire
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import SessionState
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
@@ -53,18 +53,18 @@ def apply(snapshot: Snapshot, commands: tuple[Command, ...], model: LatencyModel
     sessions = {s.id: s for s in snapshot.sessions}
     gpus = {g.id: g for g in snapshot.gpus}
     for c in commands:
-        if isinstance(c, (Place, Resume)):
+        if isinstance(c, (Place, Restore)):
             assert sessions[c.session_id].gpu_id is None or sessions[c.session_id].gpu_id not in gpus
             sessions[c.session_id] = replace(sessions[c.session_id], gpu_id=c.gpu_id, restore=False)
         elif isinstance(c, Migrate):
             assert sessions[c.session_id].gpu_id == c.src
             sessions[c.session_id] = replace(sessions[c.session_id], gpu_id=c.dst)
-        elif isinstance(c, Drain):
+        elif isinstance(c, Vacate):
             gpus[c.gpu_id] = replace(gpus[c.gpu_id], state=GpuState.DRAINING)
-        elif isinstance(c, Shutdown):
+        elif isinstance(c, Retire):
             assert all(s.gpu_id != c.gpu_id for s in sessions.values())
             del gpus[c.gpu_id]
-        elif isinstance(c, ScaleOut):
+        elif isinstance(c, Boot):
             for k in range(c.count):
                 gid = f"new{len(gpus):04d}"
                 gpus[gid] = Gpu(gid, c.gpu_type, GpuState.BOOTING)

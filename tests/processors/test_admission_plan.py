@@ -75,7 +75,7 @@ def test_admission_order_fills_the_least_latency_positions_of_ready_gpus():
 
 
 def test_control_turns_admit_place_and_resume_into_one_plan_and_sends_it_only_when_it_changes():
-    cmds = [d.Admit((("w1", 2), ("booting:1", 1))), d.Place("s1", "w2"), d.Resume("s2", "booting:3"),
+    cmds = [d.Admit((("w1", 2), ("booting:1", 1))), d.Place("s1", "w2"), d.Restore("s2", "booting:3"),
             d.Migrate("s3", "w1", "w2", 0.1, 0.01)]
     plan = admission_plan(cmds, 4.0, pool="p", policy="turboserve", decision_id="x")
     assert plan.order == (r.AdmitSlot(worker_id="w1", count=2),) and plan.fallback
@@ -83,8 +83,8 @@ def test_control_turns_admit_place_and_resume_into_one_plan_and_sends_it_only_wh
     assert not admission_plan([d.Place("s1", "w2")], 4.0).fallback  # no Admit: wait for the pins
     shell = ControlShell(ControlConfig(policy="turboserve-no-autoscale"), clock=lambda: 100.0)
     shell.fold(r.WorkerUp(worker_id="w1", ts=99.0, capacity=4, gpu_type="cpu", pool="default"))
-    first = [x for x in shell.epoch(100.0) if isinstance(x, r.AdmissionPlan)]
-    again = [x for x in shell.epoch(100.5) if isinstance(x, r.AdmissionPlan)]
+    first = [x for x in shell.decide(100.0) if isinstance(x, r.AdmissionPlan)]
+    again = [x for x in shell.decide(100.5) if isinstance(x, r.AdmissionPlan)]
     assert len(first) == 1 and first[0].order and again == []
 
 

@@ -15,7 +15,7 @@ from processors.autoscaler import (
     autoscale,
     load_volatility_table,
 )
-from processors.decisions import Drain, ScaleOut, Shutdown
+from processors.decisions import Vacate, Boot, Retire
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
 from processors.turboserve import TurboServe, TurboServeState
 from schemas.errors import ConfigError
@@ -34,7 +34,7 @@ def test_scale_out_to_the_formula_then_dwell():
     snap = _pool([16, 15, 14, 15])  # A = 60, K = 16
     u, d = DEFAULT_VOLATILITY_TABLE.lookup(1)
     cmds, state = autoscale(snap, 1, PAPER, CFG)
-    assert cmds == (ScaleOut(math.ceil(60 / (u * 16)) - 4, "h20"),)
+    assert cmds == (Boot(math.ceil(60 / (u * 16)) - 4, "h20"),)
     assert state.last_action_at == 100.0
     assert autoscale(_pool([16, 15, 14, 15], now=105.0), 1, PAPER, CFG, state=state)[0] == ()
     assert autoscale(_pool([16, 15, 14, 15], now=111.0), 1, PAPER, CFG, state=state)[0] != ()
@@ -45,7 +45,7 @@ def test_hysteresis_band_and_volatility():
     inside = _pool([round(16 * u)] * 4)
     assert autoscale(inside, 1, PAPER, CFG, PAPER_VOLATILITY_TABLE)[0] == ()
     cmds, _ = autoscale(inside, 10, PAPER, CFG, PAPER_VOLATILITY_TABLE)  # bursty: u* 0.25, so the same load needs more GPUs
-    assert cmds and isinstance(cmds[0], ScaleOut)
+    assert cmds and isinstance(cmds[0], Boot)
 
 
 def test_scale_in_drains_least_loaded_and_waits_for_boots():
@@ -54,7 +54,7 @@ def test_scale_in_drains_least_loaded_and_waits_for_boots():
     assert cmds == () and low.low_since == 100.0
     later = _pool([2, 1, 0, 3], now=100.0 + CFG.boot_s)
     cmds, _ = autoscale(later, 1, PAPER, CFG, state=low)
-    assert cmds == (Drain("g02"), Drain("g01"), Drain("g00"))
+    assert cmds == (Vacate("g02"), Vacate("g01"), Vacate("g00"))
     assert autoscale(snap, 1, PAPER, AutoscalerConfig(gpu_type="h20", scale_in_delay_s=0.0))[0] == cmds
     booting = Snapshot(later.now, later.gpus + (Gpu("new", "h20", GpuState.BOOTING),), later.sessions)
     assert autoscale(booting, 1, PAPER, CFG, state=low)[0] == ()
@@ -67,7 +67,7 @@ def test_scale_in_never_shuts_a_gpu_holding_a_session(snap, level, migrate):
     decision = policy.decide(snap, None, TurboServeState(AutoscalerState(), level))
     held = {s.gpu_id for s in snap.sessions if s.gpu_id is not None}
     for c in decision.commands:
-        if isinstance(c, Shutdown):
+        if isinstance(c, Retire):
             assert c.gpu_id not in held
     apply(snap, decision.commands)  # asserts the same on the post-decision view
     assert decision == policy.decide(snap, None, TurboServeState(AutoscalerState(), level))
@@ -92,9 +92,9 @@ def test_offline_oracle_keeps_a_gpu_it_needs_again_within_a_boot_time():
     future = (80, 0, 0, 0, 80, 80)
     snap = Snapshot(30.0, (Gpu("g0", "b300", GpuState.READY), Gpu("g1", "b300", GpuState.READY)), ())
     kept = OracleAutoscale(future=future, model=PAPER).decide(snap, None, None)
-    assert not any(isinstance(c, Drain) for c in kept.commands)  # needed at 120 s < 30 + 60 + 60
+    assert not any(isinstance(c, Vacate) for c in kept.commands)  # needed at 120 s < 30 + 60 + 60
     short = OracleAutoscale(future=future, model=PAPER, hold_s=0.0).decide(snap, None, None)
-    assert [c.gpu_id for c in short.commands if isinstance(c, Drain)] == ["g0"]
+    assert [c.gpu_id for c in short.commands if isinstance(c, Vacate)] == ["g0"]
 
 
 @settings(max_examples=150, deadline=None)
@@ -125,7 +125,7 @@ def test_burst_reserve_raises_the_demand_the_pool_is_sized_for():
     burst = _pool([12, 12, 12, 12], now=130.0)  # +32 within one boot time
     cmds, state = autoscale(burst, 1, PAPER, cfg, state=state)
     u, _ = DEFAULT_VOLATILITY_TABLE.lookup(1)
-    assert cmds == (ScaleOut(math.ceil((48 / u + 32) / 16) - 4, "h20"),)  # the reserve at full capacity
+    assert cmds == (Boot(math.ceil((48 / u + 32) / 16) - 4, "h20"),)  # the reserve at full capacity
     assert state.recent[-1][3] == 32
 
 
@@ -136,7 +136,7 @@ def test_a_rise_the_pool_absorbs_below_the_burst_utilization_needs_no_reserve():
     for rise, reserve in ((40, 0), (120, 120 - math.floor((0.75 - u) / u * 360))):  # A = 280 / 360 after it
         after = _pool([(240 + rise) // 4] * 4, now=130.0, gpu_type="b300")
         cmds, _ = autoscale(after, 1, PAPER, cfg, state=state)
-        assert cmds == (ScaleOut(math.ceil(((240 + rise) / u + reserve) / 40 - 1e-9) - 4, "b300"),)
+        assert cmds == (Boot(math.ceil(((240 + rise) / u + reserve) / 40 - 1e-9) - 4, "b300"),)
 
 
 def _measured(now, count, missed, worst=0.5, gpus=4, active=80):
@@ -169,11 +169,11 @@ def test_slo_mode_grows_when_short_and_shrinks_after_the_delay():
     cfg = AutoscalerConfig(slo=Slo(), headroom_start=1.0, burst_memory_s=0.0, dwell_s=0.0, boot_s=60.0)
     table = PAPER_VOLATILITY_TABLE  # level 1: u* 0.80
     cmds, state = autoscale(_measured(0.0, 0, 0, gpus=2, active=80), 1, PAPER, cfg, table)
-    assert cmds == (ScaleOut(1, "b300"),)  # 80 / 0.8 = 100 slots > 2 x 40
+    assert cmds == (Boot(1, "b300"),)  # 80 / 0.8 = 100 slots > 2 x 40
     cmds, low = autoscale(_measured(100.0, 0, 0, gpus=4, active=40), 1, PAPER, cfg, table, state)
     assert cmds == () and low.low_since == 100.0  # 50 slots needed, 160 held: waits a scale-in delay
     cmds, _ = autoscale(_measured(160.0, 0, 0, gpus=4, active=40), 1, PAPER, cfg, table, low)
-    assert len(cmds) == 2 and all(isinstance(c, Drain) for c in cmds)  # down to the 50 slots it needed
+    assert len(cmds) == 2 and all(isinstance(c, Vacate) for c in cmds)  # down to the 50 slots it needed
 
 
 def test_burst_reserve_decays_with_age_and_is_held_at_full_capacity():
@@ -189,4 +189,4 @@ def test_burst_reserve_decays_with_age_and_is_held_at_full_capacity():
     snap = _pool([20, 20], now=180.0, gpu_type="b300")  # A = 40 on 2 x 40 slots
     flat = VolatilityTable(((0.5, 0.05),) * 10)
     cmds, _ = autoscale(snap, 1, PAPER, replace(cfg, dwell_s=0.0), flat, AutoscalerState(recent=later[:-1]))
-    assert cmds == (ScaleOut(1, "b300"),)  # 40 / 0.5 + 30 = 110 slots: three GPUs, not (40 + 30) / 0.5 = 140
+    assert cmds == (Boot(1, "b300"),)  # 40 / 0.5 + 30 = 110 slots: three GPUs, not (40 + 30) / 0.5 = 140

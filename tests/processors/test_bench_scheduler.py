@@ -3,8 +3,8 @@ from infra.bench.scheduler import FAMILIES, SETTINGS, run
 
 def test_result_shape():
     out = run([8, 16], instances=3, seed=1, reps=2)
-    assert set(out) == {"epochs", "oracle_gap", "settings", "not_covered"}
-    for rows in out["epochs"].values():
+    assert set(out) == {"rounds", "oracle_gap", "settings", "not_covered"}
+    for rows in out["rounds"].values():
         assert set(rows) == {"8", "16"}
         for row in rows.values():
             assert set(row) == {"sessions", "migrations", "median_ms", "p99_ms"} and row["sessions"] > 0

@@ -1,4 +1,4 @@
-"""The control agent's pure parts: commands -> records, capacity fitting, one decision epoch."""
+"""The control agent's pure parts: commands -> records, capacity fitting, one decision round."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def test_migrations_the_view_cannot_stamp_are_dropped():
 
 
 def test_scale_commands_go_to_the_pool_and_session_commands_are_the_dispatchs():
-    cmds = [d.Place("b", "p-1"), d.Resume("b", "p-1"), d.Suspend("a", "p-0"), d.Terminate("a", "p-0"),
-            d.ScaleOut(2, "cpu"), d.Drain("p-1"), d.Shutdown("p-1"), d.Drain(BOOTING_PREFIX + "p:0")]
+    cmds = [d.Place("b", "p-1"), d.Restore("b", "p-1"), d.Offload("a", "p-0"), d.Discard("a", "p-0"),
+            d.Boot(2, "cpu"), d.Vacate("p-1"), d.Retire("p-1"), d.Vacate(BOOTING_PREFIX + "p:0")]
     recs = command_records(cmds, _view(), 10.0, pool="p", decision_id="x")
     assert recs == (
         r.ScaleOut(pool="p", count=2, ts=10.0, gpu_type="cpu", decision_id="x"),
@@ -51,8 +51,8 @@ def test_scale_commands_go_to_the_pool_and_session_commands_are_the_dispatchs():
 
 def test_a_shutdown_is_not_repeated_within_the_resend_interval():
     view = apply_all(_view(), [r.Shutdown(pool="p", worker_id="p-1", ts=9.0)])
-    assert command_records([d.Shutdown("p-1")], view, 12.0, shutdown_resend_s=10) == ()
-    assert len(command_records([d.Shutdown("p-1")], view, 20.0, shutdown_resend_s=10)) == 1
+    assert command_records([d.Retire("p-1")], view, 12.0, shutdown_resend_s=10) == ()
+    assert len(command_records([d.Retire("p-1")], view, 20.0, shutdown_resend_s=10)) == 1
 
 
 def test_fit_capacity_uses_the_workers_k():
@@ -62,7 +62,7 @@ def test_fit_capacity_uses_the_workers_k():
     assert fit_capacity(model, ClusterView()) is model
 
 
-def test_an_epoch_scales_out_when_sessions_outgrow_the_pool_and_remembers_it():
+def test_a_round_scales_out_when_sessions_outgrow_the_pool_and_remembers_it():
     shell = ControlShell(ControlConfig(dwell_s=30.0), clock=lambda: 100.0)
     shell.fold(r.WorkerUp(worker_id="p-0", ts=1, capacity=2, pool="default"))
     shell.fold(r.Heartbeat(worker_id="p-0", ts=99, sessions=6, executing=6, capacity=2))
@@ -70,7 +70,7 @@ def test_an_epoch_scales_out_when_sessions_outgrow_the_pool_and_remembers_it():
         shell.fold(r.SessionOpened(session_id=f"s{i}", ts=90.0 + i))
         shell.fold(r.Claimed(worker_id="p-0", session_id=f"s{i}", generation=G("p-0", 1), ts=99.0))
     assert shell.due(100.0)
-    out = shell.epoch(100.0)
+    out = shell.decide(100.0)
     (scale,) = [x for x in out if isinstance(x, r.ScaleOut)]
     assert scale.pool == "default" and scale.count >= 2 and scale.gpu_type == "cpu"
     (decision,) = [x for x in out if isinstance(x, r.ScalingDecision)]
@@ -78,31 +78,31 @@ def test_an_epoch_scales_out_when_sessions_outgrow_the_pool_and_remembers_it():
     assert any(isinstance(x, r.PlacementReport) for x in out)
     assert not any(isinstance(x, (r.Assign, r.Handoff)) for x in out)
     assert not shell.due(101.0)
-    # the scale-out is in the view: booting workers count, so the next epoch does not repeat it
-    assert not any(isinstance(x, r.ScaleOut) for x in shell.epoch(140.0))
+    # the scale-out is in the view: booting workers count, so the next round does not repeat it
+    assert not any(isinstance(x, r.ScaleOut) for x in shell.decide(140.0))
 
 
-def test_an_epoch_declares_silent_workers_down():
+def test_a_round_declares_silent_workers_down():
     shell = ControlShell(ControlConfig(heartbeat_timeout_s=5.0))
     shell.fold(r.WorkerUp(worker_id="p-0", ts=1, capacity=2))
-    out = shell.epoch(50.0)
+    out = shell.decide(50.0)
     assert r.WorkerDown(worker_id="p-0", ts=50.0, reason="missed heartbeats") in out
     assert not shell.view.workers["p-0"].alive
 
 
-def test_an_epoch_rebalances_with_handoffs():
+def test_a_round_rebalances_with_handoffs():
     shell = ControlShell(ControlConfig(policy="turboserve-no-autoscale", profile="paper", gpu_type="h20"))
     shell.fold(r.WorkerUp(worker_id="w0", ts=1, capacity=16, gpu_type="h20"))
     shell.fold(r.WorkerUp(worker_id="w1", ts=1, capacity=16, gpu_type="h20"))
     for i in range(8):
         shell.fold(r.SessionOpened(session_id=f"s{i}", ts=1))
         shell.fold(r.Claimed(worker_id="w0", session_id=f"s{i}", generation=G("w0", 1), ts=2))
-    out = shell.epoch(3.0)
+    out = shell.decide(3.0)
     handoffs = [x for x in out if isinstance(x, r.Handoff)]
     assert handoffs and all(h.worker_id == "w0" and h.target_worker == "w1" for h in handoffs)
     (report,) = [x for x in out if isinstance(x, r.PlacementReport)]
     assert report.migrations == len(handoffs) and report.loads == {"w0": 8 - len(handoffs), "w1": len(handoffs)}
-    assert not [x for x in shell.epoch(4.0) if isinstance(x, r.Handoff)]  # in flight: not asked twice
+    assert not [x for x in shell.decide(4.0) if isinstance(x, r.Handoff)]  # in flight: not asked twice
 
 
 def test_config_from_env():
@@ -127,14 +127,14 @@ def _world(shell: ControlShell) -> list[r.Record]:
 
 
 def test_the_policy_state_survives_a_leader_change_through_the_log():
-    """The leader puts its policy state in the log after each epoch that changed it; an
+    """The leader puts its policy state in the log after each round that changed it; an
     instance that folded the log takes over with that state, not a fresh one."""
     cfg = ControlConfig(dwell_s=30.0, heartbeat_timeout_s=1e9)
     leader = ControlShell(cfg)
     log = _world(leader)
     for t in (10.0, 20.0, 30.0, 40.0):
         leader.fold(r.SessionIdle(session_id=f"s{int(t) // 10}", ts=t - 1))
-        out = leader.epoch(t)
+        out = leader.decide(t)
         log += [r.SessionIdle(session_id=f"s{int(t) // 10}", ts=t - 1), *out]
     states = [x for x in log if isinstance(x, r.PolicyState)]
     assert states and states[-1].policy == cfg.policy and states[-1].ts <= 40.0

@@ -39,23 +39,23 @@ def test_scale_in_never_drains_an_external_worker_but_counts_its_slots():
     k = PAPER["h20"].capacity
     only_hand = Snapshot(100.0, gpus[:1], tuple(Session(f"s{i}", gpu_id="a-hand") for i in range(k - 1)))
     assert resize(only_hand, PAPER, k, CFG, grow=True) == ()
-    assert resize(only_hand, PAPER, k + 1, CFG, grow=True) == (d.ScaleOut(1, "h20"),)
+    assert resize(only_hand, PAPER, k + 1, CFG, grow=True) == (d.Boot(1, "h20"),)
 
 
 def Drain_ids(cmds: tuple[d.Command, ...]) -> list[str]:
-    assert all(isinstance(c, d.Drain) for c in cmds)
+    assert all(isinstance(c, d.Vacate) for c in cmds)
     return [c.gpu_id for c in cmds]  # type: ignore[union-attr]
 
 
 def test_an_external_worker_drained_by_an_operator_is_never_shut_down():
     snap = Snapshot(100.0, (Gpu("by-hand", "h20", GpuState.DRAINING, external=True),
                             Gpu("g1", "h20", GpuState.DRAINING)), ())
-    assert shutdowns(snap) == (d.Shutdown("g1"),)
+    assert shutdowns(snap) == (d.Retire("g1"),)
     # and whatever a policy asks, the shell sends none to a worker no provisioner announced
     view = apply_all(ClusterView(), [r.WorkerUp(worker_id="by-hand", ts=1, capacity=4),
                                      r.Drain(pool="default", worker_id="by-hand", ts=2)])
-    assert command_records([d.Shutdown("by-hand")], view, 50.0) == ()
-    assert command_records([d.Drain("by-hand")], view, 50.0) != ()  # draining it is allowed
+    assert command_records([d.Retire("by-hand")], view, 50.0) == ()
+    assert command_records([d.Vacate("by-hand")], view, 50.0) != ()  # draining it is allowed
 
 
 def test_a_hand_started_worker_does_not_answer_a_scale_out():
@@ -71,7 +71,7 @@ def test_a_hand_started_worker_does_not_answer_a_scale_out():
 
 
 def test_control_shell_scales_in_around_a_hand_started_worker_and_sends_nothing_forever():
-    """Ten idle minutes of epochs with a hand-started worker beside three provisioned ones:
+    """Ten idle minutes of rounds with a hand-started worker beside three provisioned ones:
     the spare provisioned ones are drained and shut down (once each: the provisioner stops
     them), the hand-started one never gets a scaling command."""
     shell = ControlShell(ControlConfig(dwell_s=1.0, boot_s=2.0, burst_memory_s=0.0, min_gpus=1))
@@ -85,7 +85,7 @@ def test_control_shell_scales_in_around_a_hand_started_worker_and_sends_nothing_
         for w in shell.view.workers.values():
             if w.alive:
                 shell.fold(r.Heartbeat(worker_id=w.id, ts=now - 0.5, sessions=0, executing=0, capacity=8))
-        for rec in shell.epoch(now):
+        for rec in shell.decide(now):
             if isinstance(rec, (r.ScaleOut, r.Drain, r.Shutdown)):
                 sent.append(rec)
             if isinstance(rec, r.Shutdown):  # the provisioner stops it
@@ -97,12 +97,12 @@ def test_control_shell_scales_in_around_a_hand_started_worker_and_sends_nothing_
 
 
 def test_an_announcement_outlives_the_epochs_before_its_worker_comes_up():
-    """The provisioner announces a worker seconds before its model is loaded; the epochs
+    """The provisioner announces a worker seconds before its model is loaded; the rounds
     between (each pruning the view) must not forget it."""
     shell = ControlShell(ControlConfig())
     shell.fold(_provisioned("default-0", ts=100.0))
     for now in (101.0, 102.0, 103.0):
-        shell.epoch(now)
+        shell.decide(now)
     shell.fold(r.WorkerUp(worker_id="default-0", ts=104.0, capacity=8))
     (gpu,) = to_snapshot(shell.view, 104.5).gpus
     assert gpu.id == "default-0" and not gpu.external

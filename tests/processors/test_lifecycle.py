@@ -1,6 +1,6 @@
 import itertools
 
-from processors.decisions import Suspend, Terminate
+from processors.decisions import Offload, Discard
 from processors.lifecycle import TRANSITIONS, Action, EventKind, SessionEvent, SessionState, on_event, transition
 
 
@@ -18,11 +18,11 @@ def test_idle_suspends_and_active_resumes():
 
     s = replace(s, gpu_id="g1")
     s, cmds = on_event(s, SessionEvent(1.0, "a", EventKind.IDLE))
-    assert s.lifecycle is SessionState.SUSPENDED and s.gpu_id is None and cmds == (Suspend("a", "g1"),)
+    assert s.lifecycle is SessionState.SUSPENDED and s.gpu_id is None and cmds == (Offload("a", "g1"),)
     s, cmds = on_event(s, SessionEvent(2.0, "a", EventKind.ACTIVE))
     assert s.lifecycle is SessionState.EXECUTION and s.restore and cmds == ()
     s, cmds = on_event(s, SessionEvent(3.0, "a", EventKind.CLOSE))
-    assert s.lifecycle is SessionState.TERMINATED and cmds == (Terminate("a", None),)
+    assert s.lifecycle is SessionState.TERMINATED and cmds == (Discard("a", None),)
     again, cmds = on_event(s, SessionEvent(4.0, "a", EventKind.ACTIVE))
     assert again.lifecycle is SessionState.TERMINATED and cmds == ()
 

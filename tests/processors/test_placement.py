@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.decisions import Migrate, Place, Resume
+from processors.decisions import Migrate, Place, Restore
 from processors.lifecycle import SessionState
 from processors.oracles import exhaustive_placement, plan_objective
 from processors.placement import RebalanceConfig, plan_placement, worst_latency
@@ -36,7 +36,7 @@ def _check_invariants(snap, plan, model):
     if len(waiting) <= room:
         assert plan.unplaced == ()  # every executing session on exactly one GPU
     for c in plan.commands:
-        if isinstance(c, (Place, Resume, Migrate)):
+        if isinstance(c, (Place, Restore, Migrate)):
             target = c.gpu_id if not isinstance(c, Migrate) else c.dst
             assert gpus[target].state is GpuState.READY
     assert plan.loads == loads
@@ -64,7 +64,7 @@ def test_rebalance_never_raises_worst_latency(snap, cfg):
     settled = apply(snap, plan_placement(snap, PAPER, cfg, rebalance=False).commands)
     plan = plan_placement(settled, PAPER, cfg)
     assert plan.worst_after <= plan.worst_before + 1e-12
-    assert not any(isinstance(c, (Place, Resume)) for c in plan.commands) or plan.unplaced == ()
+    assert not any(isinstance(c, (Place, Restore)) for c in plan.commands) or plan.unplaced == ()
     again = plan_placement(apply(settled, plan.commands), PAPER, cfg)
     if cfg.max_moves > 100:  # converged: nothing left with Gamma > 0
         assert not any(isinstance(c, Migrate) for c in again.commands)

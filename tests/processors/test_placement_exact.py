@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infra.bench.scheduler import FAMILIES, SETTINGS, small_instance
-from processors.decisions import Migrate, Place, Resume
+from processors.decisions import Migrate, Place, Restore
 from processors.latency import GpuProfile, LatencyModel
 from processors.lifecycle import SessionState
 from processors.oracles import exhaustive_placement, plan_objective
@@ -119,7 +119,7 @@ def _check_plan(snap, model, cfg, plan):
     onto a GPU landing largest kappa first, ahead of its new sessions)."""
     moves = [c for c in plan.commands if isinstance(c, Migrate)]
     assert len(moves) <= cfg.max_moves
-    gets = {c.dst for c in moves} | {c.gpu_id for c in plan.commands if isinstance(c, (Place, Resume))}
+    gets = {c.dst for c in moves} | {c.gpu_id for c in plan.commands if isinstance(c, (Place, Restore))}
     assert not gets & {c.src for c in moves}
     types = {g.id: g.type for g in snap.gpus}
     before = snap.loads()

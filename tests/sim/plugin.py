@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from processors.decisions import Decision, Migrate, Place, ScaleOut
+from processors.decisions import Decision, Migrate, Place, Boot
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState
 
@@ -40,7 +40,7 @@ class BootOne:
         return False
 
     def decide(self, snapshot, signal, booted):
-        cmds = [] if booted else [ScaleOut(1, "b300")]
+        cmds = [] if booted else [Boot(1, "b300")]
         ready = [g.id for g in snapshot.gpus if g.state is GpuState.READY]
         if ready:
             cmds += [Place(s.id, ready[0]) for s in snapshot.sessions if s.gpu_id is None]
@@ -60,7 +60,7 @@ class BootAt:
     def decide(self, snapshot, signal, booted):
         cmds = []
         if not booted and snapshot.now >= self.at:
-            cmds, booted = [ScaleOut(1, "b300")], True
+            cmds, booted = [Boot(1, "b300")], True
         ready = [g.id for g in snapshot.gpus if g.state is GpuState.READY]
         if ready:
             cmds += [Place(s.id, ready[0]) for s in snapshot.sessions if s.gpu_id is None]
@@ -97,7 +97,7 @@ class Optioned:
         return False
 
     def decide(self, snapshot, signal, booted):
-        cmds = [] if booted or snapshot.gpus else [ScaleOut(1, self.gpu_type)]
+        cmds = [] if booted or snapshot.gpus else [Boot(1, self.gpu_type)]
         ready = sorted(g.id for g in snapshot.gpus if g.state is GpuState.READY)
         if ready:
             cmds += [Place(s.id, ready[0]) for s in snapshot.sessions if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION]

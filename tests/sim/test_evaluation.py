@@ -29,7 +29,7 @@ def _ev(*rows):
 @pytest.mark.parametrize("name", ["rr", "lag", "mag"])
 def test_paper_baselines_pin_sessions_and_idle_state_holds_its_slot(name):
     ev = _ev((0, "a", O, 10**9), (5, "a", I, 0), (6, "b", O, 10**9), (9, "a", A, 0), (20, "a", C, 0), (30, "b", C, 0))
-    cfg = SimConfig(initial_gpus=1, epoch_s=0)
+    cfg = SimConfig(initial_gpus=1, round_s=0)
     pinned = simulate(load_policy(name, model=ONE), ev, ONE, cfg)
     assert pinned.migrations == 0 and pinned.invalid_commands == 0
     # a stays resident while idle (no offload), resumes where it was at no restore, and its
@@ -56,7 +56,7 @@ def test_paper_baselines_place_by_their_rule():
 
 def test_restore_is_charged_whatever_command_places_a_resumed_session():
     ev = _ev((0, "a", O, 10**9), (5, "a", I, 0), (10, "a", A, 0), (20, "a", C, 0))
-    cfg = SimConfig(initial_gpus=1, epoch_s=0)
+    cfg = SimConfig(initial_gpus=1, round_s=0)
     restore = 0.05 + 1e9 / 12e9
     for spec in ("tests.sim.plugin:PlaceAlways", "least-loaded-offload"):
         r = simulate(load_policy(spec), ev, MODEL, cfg)
@@ -77,7 +77,7 @@ def test_snapshot_shows_idle_sessions_events_and_measured_chunks():
             return load_policy("least-loaded-offload", model=MODEL).decide(snapshot, signal, 0)
 
     ev = _ev((0, "a", O, 0), (0, "b", O, 0), (3, "a", I, 0), (12, "b", C, 0), (12, "a", C, 0))
-    simulate(Spy(), ev, MODEL, SimConfig(initial_gpus=1, epoch_s=0, tick_s=5.0))
+    simulate(Spy(), ev, MODEL, SimConfig(initial_gpus=1, round_s=0, tick_s=5.0))
     at5 = next(s for s in seen if s.now == 5.0)
     idle = [s for s in at5.sessions if s.id == "a"]
     assert idle and idle[0].gpu_id is None and at5.now - idle[0].since == pytest.approx(2.0)  # offloaded, idle 2 s

@@ -91,7 +91,7 @@ def test_simulator_and_control_plane_decide_alike(policy: str):
     epochs: dict[str, int] = {}
     dispatch = DispatchView({}, admission_retries=0)
     plan = None
-    # the trace starts with the controller's first epoch: until its plan, sessions wait for it
+    # the trace starts with the controller's first round: until its plan, sessions wait for it
     dispatch = DispatchView({}, plan=AdmitPlan(fallback=False), admission_retries=5)
     waiting: list = []
 
@@ -123,7 +123,7 @@ def test_simulator_and_control_plane_decide_alike(policy: str):
             else:
                 control.fold(r.SessionClosed(session_id=ev.session_id, ts=now))
                 where.pop(ev.session_id, None)
-        out = control.epoch(now)
+        out = control.decide(now)
         for rec in out:
             if isinstance(rec, r.AdmissionPlan):
                 plan = rec
@@ -142,7 +142,7 @@ def test_simulator_and_control_plane_decide_alike(policy: str):
         live_moves = sorted((x.session_id, x.worker_id, x.target_worker) for x in out if isinstance(x, r.Handoff))
         assert live_moves == sim_moves, f"moves differ at {now}"
         after = {k: v for k, v in sim_placed.items() if v is not None}
-        after.update({c.session_id: c.gpu_id for c in sim_commands if isinstance(c, (d.Place, d.Resume))})
+        after.update({c.session_id: c.gpu_id for c in sim_commands if isinstance(c, (d.Place, d.Restore))})
         after.update({c.session_id: c.dst for c in sim_commands if isinstance(c, d.Migrate)})
         assert where == after, f"placements differ at {now}"
         (sim_admit,) = [c for c in sim_commands if isinstance(c, d.Admit)]

@@ -25,7 +25,7 @@ def _ev(*rows):
 
 def test_one_gpu_two_sessions():
     ev = _ev((0, "a", O, 0), (0, "b", O, 0), (10, "a", C, 0), (10, "b", C, 0))
-    r = simulate(load_policy("least-loaded-offload", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, epoch_s=0))
+    r = simulate(load_policy("least-loaded-offload", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
     assert r.worst_chunk_latency_s == pytest.approx(0.32)
     assert r.chunks == 2 * 31 and r.deadline_miss_rate == 0
     assert r.gpu_seconds == pytest.approx(10) and r.cost == pytest.approx(10 * 6.5 / 3600)
@@ -34,7 +34,7 @@ def test_one_gpu_two_sessions():
 def test_forced_migration_pauses_for_its_cost():
     ev = _ev((0, "a", O, 10**9), (0, "b", O, 10**9), (10, "a", C, 0), (10, "b", C, 0))
     pol = load_policy("tests.sim.plugin:PackThenMigrate")
-    r = simulate(pol, ev, MODEL, SimConfig(initial_gpus=2, epoch_s=0))
+    r = simulate(pol, ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
     # b leaves at the chunk boundary 5.12, travels 0.02 + 1e9 / 25e9 = 0.06 s, runs alone 0.30 s
     assert r.migrations == 1 and r.invalid_commands == 0
     assert r.worst_chunk_latency_s == pytest.approx(5.12 + 0.06 + 0.30 - 5.12)
@@ -42,7 +42,7 @@ def test_forced_migration_pauses_for_its_cost():
 
 def test_scale_out_waits_for_boot():
     ev = _ev((0, "a", O, 0), (100, "a", C, 0))
-    r = simulate(load_policy("tests.sim.plugin:BootOne"), ev, MODEL, SimConfig(initial_gpus=0, boot_s=60, epoch_s=0))
+    r = simulate(load_policy("tests.sim.plugin:BootOne"), ev, MODEL, SimConfig(initial_gpus=0, boot_s=60, round_s=0))
     assert r.scale_events == 1
     assert r.worst_chunk_latency_s == pytest.approx(60.30)
     assert r.gpu_seconds == pytest.approx(100)  # billed from the boot request
@@ -51,12 +51,12 @@ def test_scale_out_waits_for_boot():
 def test_warm_start_readies_the_first_instants_scale_out_only():
     ev = _ev((0, "a", O, 0), (0, "b", O, 0), (100, "a", C, 0), (100, "b", C, 0))
     pol = load_policy("tests.sim.plugin:BootOne")
-    r = simulate(pol, ev, MODEL, SimConfig(initial_gpus=0, boot_s=60, epoch_s=0, warm_start=True))
+    r = simulate(pol, ev, MODEL, SimConfig(initial_gpus=0, boot_s=60, round_s=0, warm_start=True))
     assert r.scale_events == 1 and r.invalid_commands == 0
     assert r.worst_chunk_latency_s == pytest.approx(0.32)  # no boot wait
     assert r.gpu_seconds == pytest.approx(100)
     late = _ev((0, "a", O, 0), (100, "a", C, 0))
-    again = simulate(load_policy("tests.sim.plugin:BootAt", at=10.0), late, MODEL, SimConfig(initial_gpus=0, boot_s=60, epoch_s=0, warm_start=True))
+    again = simulate(load_policy("tests.sim.plugin:BootAt", at=10.0), late, MODEL, SimConfig(initial_gpus=0, boot_s=60, round_s=0, warm_start=True))
     assert again.worst_chunk_latency_s == pytest.approx(70.30)  # asked after the first instant: boots
 
 
