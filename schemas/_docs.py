@@ -115,7 +115,10 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("Claimed", "generation"): ("The generation claimed: from now on only this worker "
                                 "releases the session's chunks and inputs.", None),
     ("Released", "reason"): ("`closed`, `suspended` (offloaded, slot freed), `migrated` (then "
-                             "`successor` is set), `revoked: ...` or `fenced: ...`.", None),
+                             "`successor` is set), `revoked` (a Revoke without a successor) or "
+                             "`fenced` (the store refused the worker's write: its generation had "
+                             "passed).", None),
+    ("Released", "detail"): ("Prose for operators: the Revoke's reason, the store's refusal.", None),
     ("Released", "successor"): ("For `migrated`: the target's new generation; else null.", None),
     ("Released", "chunk_index"): ("The last chunk index released under this generation; -1: "
                                   "none.", None),
@@ -128,12 +131,13 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
                                         "pool's command.", None),
     ("CommandRejected", "command"): ("Type tag of the refused command (`cmd.assign`, "
                                      "`scale.out`...).", None),
-    ("CommandRejected", "reason"): ("A short code: `stale_epoch`, `not_owner`, `no_capacity`, "
-                                    "`unknown_session`, `over_limit`, `snapshot_corrupt`, "
-                                    "`unsigned`, `unknown_key`, `forged`, `replayed`, "
-                                    "`not-provisioned`; for an input: `late` (after its gap was "
-                                    "given up on), `closed` (still waiting at the close), "
-                                    "`too_many_pending`...", None),
+    ("CommandRejected", "reason"): ("A code, one of the schema's enum: ownership (`stale_epoch`, "
+                                    "`not_owner`, `unknown_session`, `ownership`), `no_capacity`, "
+                                    "bounds (`over_limit`, `snapshot_corrupt`), command signing "
+                                    "(`unsigned`, `unknown_key`, `forged`), the provisioner "
+                                    "(`replayed`, `not-provisioned`), `access_denied`, `error`; "
+                                    "for an input: `late` (after its gap was given up on), "
+                                    "`closed` (still waiting at the close), `too_many_pending`.", None),
     ("CommandRejected", "generation"): ("The generation the refused command carried; null for "
                                         "a pool's command.", None),
     ("CommandRejected", "seq"): ("For a refused input: its seq; -1 otherwise.", None),

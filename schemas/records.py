@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 from ._fields import Count, Fraction, Id, Seconds, validate_instance
 
 __all__ = [
-    "Record", "Generation", "record_types",
+    "Record", "Generation", "record_types", "ReleaseReason", "RejectReason",
     # session-events
     "SessionOpened", "SessionActive", "SessionIdle", "SessionClosed",
     # session-inputs
@@ -31,6 +31,18 @@ __all__ = [
 ]
 
 InputKind = Literal["text", "prompt", "control"]
+
+#: why a worker stopped executing a session (``Released.reason``; prose in ``detail``)
+ReleaseReason = Literal["closed", "suspended", "migrated", "revoked", "fenced"]
+#: why a command or routed input was refused (``CommandRejected.reason``; prose in ``detail``):
+#: ownership (``stale_epoch``, ``not_owner``, ``unknown_session``, ``ownership``), capacity
+#: (``no_capacity``), inputs (``late``, ``too_many_pending``, ``closed``), bounds
+#: (``over_limit``, ``snapshot_corrupt``), command signing (``unsigned``, ``unknown_key``,
+#: ``forged``), the provisioner (``replayed``, ``not-provisioned``), the store's ACL
+#: (``access_denied``), other failures (``error``)
+RejectReason = Literal["stale_epoch", "not_owner", "unknown_session", "ownership", "no_capacity", "late",
+                       "too_many_pending", "closed", "over_limit", "snapshot_corrupt", "unsigned",
+                       "unknown_key", "forged", "replayed", "not-provisioned", "access_denied", "error"]
 
 _REGISTRY: dict[str, type["Record"]] = {}
 
@@ -305,16 +317,18 @@ class Released(Record):
     """The worker stopped executing the session under ``generation``.
 
     ``reason`` is ``closed``, ``suspended`` (offloaded, slot freed), ``migrated`` (then
-    ``successor`` is the target's new generation), ``revoked: ...`` or ``fenced: ...``.
+    ``successor`` is the target's new generation), ``revoked`` or ``fenced`` (the store
+    refused its write: the generation had passed); ``detail`` says more in prose.
     """
 
     worker_id: Id
     session_id: Id
     generation: Generation
     ts: Seconds
-    reason: str = ""
+    reason: ReleaseReason
     successor: Generation | None = None
     chunk_index: int = -1
+    detail: str = ""
 
 
 @record("worker.chunk")
@@ -354,7 +368,7 @@ class CommandRejected(Record):
     worker_id: Id
     session_id: str
     command: str
-    reason: str
+    reason: RejectReason
     ts: Seconds
     generation: Generation | None = None
     seq: int = -1

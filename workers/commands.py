@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from schemas.errors import ChunkserveError, LimitError, OwnershipError
-from schemas.records import (Assign, Claimed, CommandRejected, Frozen, Generation, Handoff,
+from schemas.records import (Assign, RejectReason, ReleaseReason, Claimed, CommandRejected, Frozen, Generation, Handoff,
                              InputAccepted, Record, Released, Resume, Revoke, RoutedInput, Suspend,
                              Terminate)
 from streams.prom import metrics
@@ -80,7 +80,7 @@ class CommandHandler:
                     self.schedule.add(rec.session_id, sess)
                     await self.apply_pending(rec.session_id, sess)
 
-    async def reject(self, rec: Record, reason: str, detail: str = "") -> None:
+    async def reject(self, rec: Record, reason: RejectReason, detail: str = "") -> None:
         metrics().rejected.labels(reason).inc()
         await self.p.send(CommandRejected(
             worker_id=self.p.worker_id, session_id=getattr(rec, "session_id", ""),
@@ -91,11 +91,11 @@ class CommandHandler:
     async def refuse(self, rec: Record, why: Refusal) -> None:
         await self.reject(rec, why.reason, why.detail)
 
-    async def released(self, sid: str, gen: Generation, reason: str, chunk_index: int = -1,
-                       successor: Generation | None = None) -> None:
+    async def released(self, sid: str, gen: Generation, reason: ReleaseReason, chunk_index: int = -1,
+                       successor: Generation | None = None, detail: str = "") -> None:
         await self.p.send(Released(worker_id=self.p.worker_id, session_id=sid, generation=gen,
                                    ts=self.p.clock(), reason=reason, chunk_index=chunk_index,
-                                   successor=successor))
+                                   successor=successor, detail=detail[:500]))
 
     async def on_assign(self, rec: Assign) -> None:
         sid, held = rec.session_id, self.sessions.get(rec.session_id)
@@ -169,7 +169,7 @@ class CommandHandler:
             await self.reject(rec, exc.reason_code, str(exc))
             return
         except OwnershipError as exc:
-            await self.drop(sid, sess, f"fenced: {exc}")
+            await self.drop(sid, sess, str(exc))
             return
         self.sessions.pop(sid, None)
         self.host_cache[sid] = (manifest.snap_id, sess.state, sess.input_pos)
@@ -191,7 +191,7 @@ class CommandHandler:
                 await self.reject(rec, exc.reason_code, str(exc))
                 return
             except OwnershipError as exc:
-                await self.drop(sid, sess, f"fenced: {exc}")
+                await self.drop(sid, sess, str(exc))
                 return
             sess.freeze(self.p.monotonic())
         await self.p.send(Frozen(worker_id=self.p.worker_id, session_id=sid, generation=sess.generation,
@@ -248,7 +248,7 @@ class CommandHandler:
                 await self.p.store.set_input_seq(sid, sess.generation, rec.seq)
             except OwnershipError as exc:
                 sess.pending[rec.seq] = rec
-                await self.drop(sid, sess, f"fenced: {exc}")
+                await self.drop(sid, sess, str(exc))
                 return
             self.p.model.apply_input(sess.state, rec.payload, rec.seq)
             sess.applied(rec)
@@ -264,7 +264,7 @@ class CommandHandler:
             await self.apply_pending(sid, sess, skip_gaps=True)
         return len(due)
 
-    async def refuse_pending(self, sess: Held, reason: str, detail: str) -> None:
+    async def refuse_pending(self, sess: Held, reason: RejectReason, detail: str) -> None:
         for rec in sess.take_pending():
             await self.reject(rec, reason, detail)
 
@@ -288,12 +288,12 @@ class CommandHandler:
         elif successor is not None:  # a handoff dispatch completed
             await self.released(rec.session_id, rec.generation, "migrated", sess.state.chunk_index, successor)
         else:
-            await self.released(rec.session_id, rec.generation, f"revoked: {getattr(rec, 'reason', '')}")
+            await self.released(rec.session_id, rec.generation, "revoked", detail=getattr(rec, "reason", ""))
 
-    async def drop(self, sid: str, sess: Held, reason: str) -> None:
-        """Forget a session whose generation is no longer ours; its waiting inputs are
-        refused as stale, so dispatch routes them to the current owner."""
+    async def drop(self, sid: str, sess: Held, why: str) -> None:
+        """Forget a session whose generation the store fenced (``why``: the refusal); its
+        waiting inputs are refused as stale, so dispatch routes them to the current owner."""
         if self.sessions.get(sid) is sess:
             del self.sessions[sid]
-        await self.refuse_pending(sess, "stale_epoch", reason)
-        await self.released(sid, sess.generation, reason)
+        await self.refuse_pending(sess, "stale_epoch", f"fenced: {why}")
+        await self.released(sid, sess.generation, "fenced", detail=why)

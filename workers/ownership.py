@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.records import Generation, RoutedInput
+from schemas.records import Generation, RejectReason, RoutedInput
 from streams.generations import StoreState
 
 __all__ = ["MAX_PENDING_INPUTS", "Held", "Refusal", "EarlyInputs", "command_refusal",
@@ -36,7 +36,7 @@ MAX_PENDING_INPUTS = 1024
 class Refusal:
     """Why a command or input is refused (``CommandRejected.reason``, and detail)."""
 
-    reason: str
+    reason: RejectReason
     detail: str = ""
 
 

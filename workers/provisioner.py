@@ -172,7 +172,7 @@ class ProvisionerService:
         self.seen: set[str] = set()  # decision ids of scale-outs carried out
         self.refused: set[str] = set()  # workers asked to stop that this provisioner did not start
 
-    async def reject(self, rec: r.Record, reason: str, detail: str) -> None:
+    async def reject(self, rec: r.Record, reason: r.RejectReason, detail: str) -> None:
         """Refuse a command without acting on it: counted and reported as CommandRejected."""
         from streams.prom import metrics
 

@@ -198,7 +198,7 @@ class Worker:
         released = []
         for (sid, sess), out, (ok, why) in zip(due, outputs, verdicts):
             if not ok and why != "released":
-                await self.commands.drop(sid, sess, f"fenced: {why}")
+                await self.commands.drop(sid, sess, str(why))
                 continue
             sess.next_due = max(sess.next_due + self.config.chunk_interval_s, now)
             self.schedule.add(sid, sess)
@@ -228,7 +228,7 @@ class Worker:
                     metrics().rejected.labels(exc.reason_code).inc()
                     log.warning("worker %s: periodic snapshot skipped: %s", self.config.worker_id, exc)
                 except OwnershipError as exc:
-                    await self.commands.drop(sid, sess, f"fenced: {exc}")
+                    await self.commands.drop(sid, sess, str(exc))
 
     async def heartbeat(self) -> None:
         sample = self._telemetry.sample() if self._telemetry is not None else None

@@ -75,7 +75,7 @@ def test_fleet_figures_from_the_records_that_carry_them():
                 r.ChunkDone(worker_id="w1", session_id="a", generation=G, chunk_index=1, ts=2, latency_s=0.3),
                 r.Released(worker_id="w1", session_id="a", generation=G, ts=3, reason="migrated"),
                 r.Released(worker_id="w1", session_id="b", generation=G, ts=3, reason="closed"),
-                r.CommandRejected(worker_id="w1", session_id="a", command="cmd.assign", reason="stale", ts=4),
+                r.CommandRejected(worker_id="w1", session_id="a", command="cmd.assign", reason="stale_epoch", ts=4),
                 r.ScalingDecision(ts=5, current=1, target=2, u_max=0.9, u_target=0.5, delta=0.1, level=1,
                                   reason="scale-out"),
                 r.CostTick(ts=6, gpus=2, gpu_seconds=120.0, cost=0.5),
@@ -85,7 +85,7 @@ def test_fleet_figures_from_the_records_that_carry_them():
     assert "chunkserve_fleet_chunk_latency_seconds_count 2.0" in body
     assert 'chunkserve_fleet_chunk_latency_seconds_bucket{le="0.05"} 1.0' in body
     assert "chunkserve_fleet_migrations_total 1.0" in body
-    assert 'chunkserve_fleet_commands_rejected_total{reason="stale"} 1.0' in body
+    assert 'chunkserve_fleet_commands_rejected_total{reason="stale_epoch"} 1.0' in body
     assert 'chunkserve_fleet_scale_events_total{direction="scale-out"} 1.0' in body
     assert "chunkserve_fleet_workers 2.0" in body and "chunkserve_fleet_cost_dollars 0.5" in body
     assert "chunkserve_fleet_gpu_seconds 120.0" in body
