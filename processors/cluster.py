@@ -153,50 +153,52 @@ def _on_session_event(view: ClusterView, rec: r.Record, kind: EventKind) -> Clus
 
 def apply(view: ClusterView, rec: r.Record) -> ClusterView:
     """Fold one record into the view; records the view does not track leave it unchanged."""
-    kind = _SESSION_EVENTS.get(type(rec))
-    if kind is not None:
-        return _on_session_event(view, rec, kind)
-    if isinstance(rec, r.WorkerUp):
-        w = view.workers.get(rec.worker_id) or WorkerInfo(rec.worker_id)
-        up = max(w.up, (rec.ts, rec.capacity, rec.gpu_type, rec.pool))
-        return _worker(view, rec.worker_id, up=up)
-    if isinstance(rec, r.Heartbeat):
-        w = view.workers.get(rec.worker_id) or WorkerInfo(rec.worker_id)
-        beat = max(w.beat, (rec.ts, rec.chunk_latency_s, rec.sessions, rec.executing, rec.capacity))
-        return _worker(view, rec.worker_id, beat=beat)
-    if isinstance(rec, r.WorkerDown):
-        w = view.workers.get(rec.worker_id) or WorkerInfo(rec.worker_id)
-        return _worker(view, rec.worker_id, down_ts=max(w.down_ts, rec.ts))
-    if isinstance(rec, r.WorkerProvisioned):
-        w = view.workers.get(rec.worker_id) or WorkerInfo(rec.worker_id)
-        return _worker(view, rec.worker_id, provisioned_ts=max(w.provisioned_ts, rec.ts))
-    if isinstance(rec, r.Claimed):
-        s = view.sessions.get(rec.session_id) or SessionInfo(rec.session_id)
-        gen = rec.generation
-        return _session(view, rec.session_id, owner=max(s.owner, (gen.epoch, gen.worker_id)))
-    if isinstance(rec, r.Released):
-        s = view.sessions.get(rec.session_id) or SessionInfo(rec.session_id)
-        owner = s.owner
-        if rec.successor is not None:
-            owner = max(owner, (rec.successor.epoch, rec.successor.worker_id))
-        return _session(view, rec.session_id, owner=owner, released=max(s.released, rec.generation.epoch))
-    if isinstance(rec, r.Handoff):
-        s = view.sessions.get(rec.session_id) or SessionInfo(rec.session_id)
-        mine = (rec.generation.epoch, rec.target_worker, rec.ts)
-        return _session(view, rec.session_id, handoff=mine if s.handoff is None else max(s.handoff, mine))
-    if isinstance(rec, r.ScaleOut):
-        key = rec.decision_id or f"{rec.pool}@{rec.ts!r}"
-        entry = max(view.scale_outs.get(key, (_NEVER, "", "", 0)), (rec.ts, rec.pool, rec.gpu_type, rec.count))
-        return replace(view, scale_outs={**view.scale_outs, key: entry},
-                       last_scale_ts=max(view.last_scale_ts, rec.ts))
-    if isinstance(rec, r.Drain):
-        w = view.workers.get(rec.worker_id) or WorkerInfo(rec.worker_id)
-        view = _worker(view, rec.worker_id, drain_ts=max(w.drain_ts, rec.ts))
-        return replace(view, last_scale_ts=max(view.last_scale_ts, rec.ts))
-    if isinstance(rec, r.Shutdown):
-        w = view.workers.get(rec.worker_id) or WorkerInfo(rec.worker_id)
-        return _worker(view, rec.worker_id, shutdown_ts=max(w.shutdown_ts, rec.ts))
+    match rec:
+        case r.SessionOpened() | r.SessionActive() | r.SessionIdle() | r.SessionClosed():
+            return _on_session_event(view, rec, _SESSION_EVENTS[type(rec)])
+        case r.WorkerUp() | r.Heartbeat() | r.WorkerDown() | r.WorkerProvisioned():
+            return _on_worker(view, rec)
+        case r.Claimed() | r.Released() | r.Handoff():
+            return _on_owner(view, rec)
+        case r.ScaleOut(decision_id=did, pool=pool, ts=ts):
+            key = did or f"{pool}@{ts!r}"
+            entry = max(view.scale_outs.get(key, (_NEVER, "", "", 0)), (ts, pool, rec.gpu_type, rec.count))
+            return replace(view, scale_outs={**view.scale_outs, key: entry},
+                           last_scale_ts=max(view.last_scale_ts, ts))
+        case r.Drain(worker_id=wid, ts=ts):
+            w = view.workers.get(wid) or WorkerInfo(wid)
+            view = _worker(view, wid, drain_ts=max(w.drain_ts, ts))
+            return replace(view, last_scale_ts=max(view.last_scale_ts, ts))
+        case r.Shutdown(worker_id=wid, ts=ts):
+            w = view.workers.get(wid) or WorkerInfo(wid)
+            return _worker(view, wid, shutdown_ts=max(w.shutdown_ts, ts))
     return view
+
+
+def _on_worker(view: ClusterView, rec: r.WorkerUp | r.Heartbeat | r.WorkerDown | r.WorkerProvisioned) -> ClusterView:
+    w = view.workers.get(rec.worker_id) or WorkerInfo(rec.worker_id)
+    match rec:
+        case r.WorkerUp():
+            return _worker(view, rec.worker_id, up=max(w.up, (rec.ts, rec.capacity, rec.gpu_type, rec.pool)))
+        case r.Heartbeat():
+            beat = max(w.beat, (rec.ts, rec.chunk_latency_s, rec.sessions, rec.executing, rec.capacity))
+            return _worker(view, rec.worker_id, beat=beat)
+        case r.WorkerDown():
+            return _worker(view, rec.worker_id, down_ts=max(w.down_ts, rec.ts))
+    return _worker(view, rec.worker_id, provisioned_ts=max(w.provisioned_ts, rec.ts))
+
+
+def _on_owner(view: ClusterView, rec: r.Claimed | r.Released | r.Handoff) -> ClusterView:
+    s = view.sessions.get(rec.session_id) or SessionInfo(rec.session_id)
+    gen = rec.generation
+    match rec:
+        case r.Claimed():
+            return _session(view, rec.session_id, owner=max(s.owner, (gen.epoch, gen.worker_id)))
+        case r.Released(successor=succ):
+            owner = s.owner if succ is None else max(s.owner, (succ.epoch, succ.worker_id))
+            return _session(view, rec.session_id, owner=owner, released=max(s.released, gen.epoch))
+    mine = (gen.epoch, rec.target_worker, rec.ts)
+    return _session(view, rec.session_id, handoff=mine if s.handoff is None else max(s.handoff, mine))
 
 
 def apply_all(view: ClusterView, recs: Iterable[r.Record]) -> ClusterView:

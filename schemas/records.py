@@ -28,6 +28,8 @@ __all__ = [
     "WorkloadSignal", "PlacementReport", "ScalingDecision", "CostTick",
     # dead-letters
     "DeadLetter",
+    # each topic's records as one type
+    "SessionEventRecord", "InputRecord", "WorkerCommand", "WorkerEvent", "ScalingCommand", "MetricRecord",
 ]
 
 InputKind = Literal["text", "prompt", "control"]
@@ -520,3 +522,14 @@ class DeadLetter(Record):
     raw: bytes = b""
     raw_size: Count = 0
     key: bytes | None = None
+
+
+# --- what each topic carries, as one type (``match`` on it) --------------------------
+
+SessionEventRecord = SessionOpened | SessionActive | SessionIdle | SessionClosed
+InputRecord = InputPushed
+WorkerCommand = Assign | Revoke | Suspend | Resume | Terminate | Handoff | RoutedInput
+WorkerEvent = (WorkerUp | Heartbeat | WorkerDown | WorkerProvisioned | Claimed | Frozen | Released | ChunkDone
+               | InputAccepted | CommandRejected)
+ScalingCommand = ScaleOut | Drain | Shutdown | PolicyState | AdmissionPlan
+MetricRecord = WorkloadSignal | PlacementReport | ScalingDecision | CostTick

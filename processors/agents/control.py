@@ -6,7 +6,7 @@ so each instance sees every partition); only the leader runs decision rounds, so
 change loses nothing. A round runs the configured policy on the view's snapshot and turns
 its commands into records (:func:`command_records`): ``Migrate`` becomes a ``Handoff``,
 scale commands go to ``scaling-commands``, and so does the admission plan (``Admit``,
-``Place``, ``Resume``) that dispatch admits sessions by, through the Redis commit.
+``Place``, ``Restore``) that dispatch admits sessions by, through the Redis commit.
 """
 
 from __future__ import annotations
@@ -59,50 +59,50 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
 
     ``Migrate`` -> ``Handoff`` stamped with the view's current generation of the session
     (dropped when the view has none on the source, or the target is a booting placeholder);
-    ``ScaleOut`` -> a scale-out of ``pool``; ``Drain`` / ``Shutdown`` -> the same for the
-    worker's pool (a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not repeated,
-    and none goes to a worker no provisioner announced: it was started outside chunkserve).
-    ``Admit``, ``Place`` and ``Resume`` go to dispatch as one plan (:func:`admission_plan`);
-    Suspend and Terminate follow the user's events, which dispatch carries out: dropped.
+    ``Boot`` -> a ``ScaleOut`` of ``pool``; ``Vacate`` / ``Retire`` -> ``Drain`` / ``Shutdown``
+    for the worker's pool (a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not
+    repeated, and none goes to a worker no provisioner announced: it was started outside
+    chunkserve). ``Admit``, ``Place`` and ``Restore`` go to dispatch as one plan
+    (:func:`admission_plan`); Offload and Discard follow the user's events, which dispatch
+    carries out: dropped.
     """
     out: list[r.Record] = []
     pools = {w.id: w.pool for w in view.workers.values()}
     for cmd in commands:
-        if isinstance(cmd, d.Migrate):
-            gen = current_generation(view, cmd.session_id)
-            if gen is None or gen.worker_id != cmd.src or cmd.dst.startswith(BOOTING_PREFIX):
-                continue
-            out.append(r.Handoff(worker_id=cmd.src, session_id=cmd.session_id, generation=gen,
-                                 target_worker=cmd.dst, ts=now, reason=cmd.reason))
-        elif isinstance(cmd, d.Boot):
-            out.append(r.ScaleOut(pool=pool, count=cmd.count, ts=now, gpu_type=cmd.gpu_type,
-                                  decision_id=decision_id))
-        elif isinstance(cmd, d.Vacate) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
-            out.append(r.Drain(pool=pools.get(cmd.gpu_id, pool), worker_id=cmd.gpu_id, ts=now,
-                               decision_id=decision_id))
-        elif isinstance(cmd, d.Retire) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
-            w = view.workers.get(cmd.gpu_id)
-            if w is None or not w.provisioned or now - w.shutdown_ts < shutdown_resend_s:
-                continue  # unknown or started outside chunkserve: no provisioner here can stop it
-            out.append(r.Shutdown(pool=pools.get(cmd.gpu_id, pool), worker_id=cmd.gpu_id, ts=now,
-                                  decision_id=decision_id))
+        match cmd:
+            case d.Migrate(session_id=sid, src=src, dst=dst) if not dst.startswith(BOOTING_PREFIX):
+                gen = current_generation(view, sid)
+                if gen is not None and gen.worker_id == src:
+                    out.append(r.Handoff(worker_id=src, session_id=sid, generation=gen, target_worker=dst,
+                                         ts=now, reason=cmd.reason))
+            case d.Boot(count=count, gpu_type=gpu_type):
+                out.append(r.ScaleOut(pool=pool, count=count, ts=now, gpu_type=gpu_type, decision_id=decision_id))
+            case d.Vacate(gpu_id=gid) if not gid.startswith(BOOTING_PREFIX):
+                out.append(r.Drain(pool=pools.get(gid, pool), worker_id=gid, ts=now, decision_id=decision_id))
+            case d.Retire(gpu_id=gid) if not gid.startswith(BOOTING_PREFIX):
+                w = view.workers.get(gid)
+                if w is not None and w.provisioned and now - w.shutdown_ts >= shutdown_resend_s:
+                    out.append(r.Shutdown(pool=pools.get(gid, pool), worker_id=gid, ts=now, decision_id=decision_id))
+                # else: unknown or started outside chunkserve: no provisioner here can stop it
     return tuple(out)
 
 
 def admission_plan(commands: Iterable[d.Command], now: float, *, pool: str = "default",
                    policy: str = "", decision_id: str = "") -> r.AdmissionPlan:
     """The plan dispatch admits sessions by until the next round (pure): the policy's
-    ``Admit`` order, and the sessions it placed itself (``Place``, ``Resume``) pinned to their
+    ``Admit`` order, and the sessions it placed itself (``Place``, ``Restore``) pinned to their
     GPU. A policy that issues no Admit gets a plan without fallback: its sessions wait for
     its pins, as in the simulator. Booting placeholders are left out (no worker to commit on)."""
     order: tuple[tuple[str, int], ...] = ()
     fallback = False
     pinned: dict[str, str] = {}
     for cmd in commands:
-        if isinstance(cmd, d.Admit):
-            order, fallback = cmd.order, cmd.fallback
-        elif isinstance(cmd, (d.Place, d.Restore)) and not cmd.gpu_id.startswith(BOOTING_PREFIX):
-            pinned[cmd.session_id] = cmd.gpu_id
+        match cmd:
+            case d.Admit():
+                order, fallback = cmd.order, cmd.fallback
+            case d.Place(session_id=sid, gpu_id=gid) | d.Restore(session_id=sid, gpu_id=gid) if (
+                    not gid.startswith(BOOTING_PREFIX)):
+                pinned[sid] = gid
     slots = tuple(r.AdmitSlot(worker_id=g, count=n) for g, n in order
                   if not g.startswith(BOOTING_PREFIX))[:ADMIT_ORDER_MAX]
     return r.AdmissionPlan(pool=pool, ts=now, policy=policy, order=slots, fallback=fallback,

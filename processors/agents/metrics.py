@@ -50,15 +50,14 @@ def fold_cost(state: Mapping[str, WorkerSpan], rec: r.Record) -> dict[str, Worke
     if not isinstance(rec, BILLED):
         return dict(state)
     span = state.get(rec.worker_id) or WorkerSpan()
-    if isinstance(rec, r.WorkerUp):
-        if span.up_since is None and rec.ts > span.last_down:
-            span = replace(span, gpu_type=rec.gpu_type, up_since=rec.ts, last_seen=rec.ts)
-    elif isinstance(rec, r.Heartbeat):
-        span = replace(span, last_seen=max(span.last_seen, rec.ts))
-    elif span.up_since is not None:
-        end = max(rec.ts, span.up_since)
-        span = replace(span, accrued_s=span.accrued_s + end - span.up_since, up_since=None,
-                       last_down=rec.ts)
+    match rec:
+        case r.WorkerUp(ts=ts) if span.up_since is None and ts > span.last_down:
+            span = replace(span, gpu_type=rec.gpu_type, up_since=ts, last_seen=ts)
+        case r.Heartbeat(ts=ts):
+            span = replace(span, last_seen=max(span.last_seen, ts))
+        case r.WorkerDown(ts=ts) if span.up_since is not None:
+            end = max(ts, span.up_since)
+            span = replace(span, accrued_s=span.accrued_s + end - span.up_since, up_since=None, last_down=ts)
     return {**state, rec.worker_id: span}
 
 
@@ -99,18 +98,19 @@ def session_counts(states: Mapping[str, SessionState]) -> dict[str, int]:
 def observe_fleet(fleet: Any, rec: r.Record) -> None:
     """Count one record in the fleet figures (chunk latency, migrations, scale events,
     rejections, cost); records that carry none leave them as they are."""
-    if isinstance(rec, r.ChunkDone):
-        fleet.chunk_latency.observe(rec.latency_s)
-    elif isinstance(rec, r.Released) and rec.reason == "migrated":
-        fleet.migrations.inc()
-    elif isinstance(rec, r.CommandRejected):
-        fleet.rejected.labels(rec.reason).inc()
-    elif isinstance(rec, r.ScalingDecision):
-        fleet.scale_events.labels(rec.reason or "unknown").inc()
-    elif isinstance(rec, r.CostTick) and not rec.pool:
-        fleet.workers.set(rec.gpus)
-        fleet.gpu_seconds.set(rec.gpu_seconds)
-        fleet.cost.set(rec.cost)
+    match rec:
+        case r.ChunkDone(latency_s=latency):
+            fleet.chunk_latency.observe(latency)
+        case r.Released(reason="migrated"):
+            fleet.migrations.inc()
+        case r.CommandRejected(reason=reason):
+            fleet.rejected.labels(reason).inc()
+        case r.ScalingDecision(reason=reason):
+            fleet.scale_events.labels(reason or "unknown").inc()
+        case r.CostTick(pool=""):
+            fleet.workers.set(rec.gpus)
+            fleet.gpu_seconds.set(rec.gpu_seconds)
+            fleet.cost.set(rec.cost)
 
 
 def build_app(settings: Any) -> Any:
