@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, get_args
 
 from . import records as r
 
@@ -36,27 +36,25 @@ class TopicSpec:
 TOPICS: dict[str, TopicSpec] = {
     spec.name: spec
     for spec in (
-        TopicSpec(SESSION_EVENTS, (r.SessionOpened, r.SessionActive, r.SessionIdle, r.SessionClosed),
+        TopicSpec(SESSION_EVENTS, get_args(r.SessionEventRecord),
                   "session id", lambda x: x.session_id,  # type: ignore[attr-defined]
                   "producers (front end)", "detector, dispatch, control, metrics", "Session lifecycle events."),
-        TopicSpec(SESSION_INPUTS, (r.InputPushed,), "session id", lambda x: x.session_id,  # type: ignore[attr-defined]
+        TopicSpec(SESSION_INPUTS, (r.InputRecord,), "session id", lambda x: x.session_id,  # type: ignore[attr-defined]
                   "producers", "dispatch (input router)", "User inputs with per-session seq.",
                   max_bytes=128 * 1024),
-        TopicSpec(WORKER_COMMANDS, (r.Assign, r.Revoke, r.Suspend, r.Resume, r.Terminate, r.Handoff,
-                                    r.RoutedInput),
+        TopicSpec(WORKER_COMMANDS, get_args(r.WorkerCommand),
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
                   "dispatch, control", "workers", "Commands stamped with a generation.",
                   max_bytes=128 * 1024),
-        TopicSpec(WORKER_EVENTS, (r.WorkerUp, r.Heartbeat, r.WorkerDown, r.WorkerProvisioned, r.Claimed,
-                                  r.Frozen, r.Released, r.ChunkDone, r.InputAccepted, r.CommandRejected),
+        TopicSpec(WORKER_EVENTS, get_args(r.WorkerEvent),
                   "worker id", lambda x: x.worker_id,  # type: ignore[attr-defined]
                   "workers, provisioner, control", "dispatch, control, metrics",
                   "What workers did.", max_bytes=192 * 1024),
-        TopicSpec(SCALING_COMMANDS, (r.ScaleOut, r.Drain, r.Shutdown, r.PolicyState, r.AdmissionPlan), "pool",
+        TopicSpec(SCALING_COMMANDS, get_args(r.ScalingCommand), "pool",
                   lambda x: x.pool,  # type: ignore[attr-defined]
                   "control", "provisioner, dispatch (admission plans)",
                   "Pool size changes; where sessions go next.", max_bytes=64 * 1024),
-        TopicSpec(METRICS, (r.WorkloadSignal, r.PlacementReport, r.ScalingDecision, r.CostTick),
+        TopicSpec(METRICS, get_args(r.MetricRecord),
                   "t", lambda x: x.TAG,
                   "detector, control, metrics", "any subscriber (the metrics processor, watch)",
                   "Signals, reports and costs.", max_bytes=1024 * 1024),
