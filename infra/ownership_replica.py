@@ -24,7 +24,7 @@ from streams.store_backends import FENCED_WRITES
 
 __all__ = ["READS", "PlacementScripts", "ReplicatedScripts", "make_replica_plan"]
 
-READS = frozenset({"session", "snap_read", "sessions_of", "load_view", "revalidate", "recovery_due"})
+READS = frozenset({"session", "snap_read", "sessions_of", "load_view", "recovery_due"})
 
 
 def make_replica_plan(rng: random.Random, ticks: int) -> dict[str, Any]:

@@ -180,10 +180,6 @@ class GenerationStore:
         """The worker takes up ``gen``; refused unless current and holding its slot."""
         await _drive_async(self._backend, self._ops.claim(session_id, gen))
 
-    async def revalidate(self, items: Iterable[tuple[str, Generation]]) -> list[tuple[bool, str]]:
-        """One round trip: ``(ok, reason)`` per item; reason is "ok", a reason_code or "closed"."""
-        return await _drive_async(self._backend, self._ops.revalidate(list(items)))
-
     async def release_chunks(self, items: Iterable[tuple[str, Generation, int]]) -> list[tuple[bool, str]]:
         """Revalidate a batch and advance each released chunk index, in one round trip:
         ``(ok, reason)`` per item; reason "released" means an earlier owner released it."""
@@ -197,9 +193,6 @@ class GenerationStore:
                              input_seq: int | None = None) -> None:
         """Fenced write of the chunk index and/or the last applied input seq."""
         await _drive_async(self._backend, self._ops.write_progress(session_id, gen, chunk_index, input_seq))
-
-    async def set_chunk_index(self, session_id: str, gen: Generation, index: int) -> None:
-        await self.write_progress(session_id, gen, chunk_index=index)
 
     async def set_input_seq(self, session_id: str, gen: Generation, seq: int) -> None:
         await self.write_progress(session_id, gen, input_seq=seq)
@@ -289,8 +282,6 @@ class SyncGenerationStore:
     def release_chunks(self, items: Iterable[tuple[str, Generation, int]]) -> list[tuple[bool, str]]:
         return _drive_sync(self._backend, self._ops.release_chunks(list(items)))
 
-    def revalidate(self, items: Iterable[tuple[str, Generation]]) -> list[tuple[bool, str]]:
-        return _drive_sync(self._backend, self._ops.revalidate(list(items)))
 
     def release(self, session_id: str, gen: Generation, close: bool = False) -> None:
         _drive_sync(self._backend, self._ops.release(session_id, gen, close))
@@ -298,9 +289,6 @@ class SyncGenerationStore:
     def write_progress(self, session_id: str, gen: Generation, chunk_index: int | None = None,
                        input_seq: int | None = None) -> None:
         _drive_sync(self._backend, self._ops.write_progress(session_id, gen, chunk_index, input_seq))
-
-    def set_chunk_index(self, session_id: str, gen: Generation, index: int) -> None:
-        self.write_progress(session_id, gen, chunk_index=index)
 
     def set_input_seq(self, session_id: str, gen: Generation, seq: int) -> None:
         self.write_progress(session_id, gen, input_seq=seq)

@@ -229,13 +229,6 @@ class MemoryScripts(Keyspace):
         self._hset(k[0], cl="1")
         return ["ok"]
 
-    def _revalidate(self, k: list[str], a: list[Any]) -> Reply:
-        out = []
-        for i in range(len(k) // 2):
-            bad = self._fence(k[2 * i], k[2 * i + 1], a[3 * i], a[3 * i + 1], int(a[3 * i + 2]), True)
-            out.append(bad[1] if bad else "ok")
-        return out
-
     def _release_chunks(self, k: list[str], a: list[Any]) -> Reply:
         out = []
         for i in range(len(k) // 2):

@@ -196,17 +196,6 @@ class _Ops:
         k, a = self._fenced(session_id, gen)
         _check((yield "claim", k, a))
 
-    def revalidate(self, items: Iterable[tuple[str, Generation]]) -> Op:
-        keys: list[str] = []
-        args: list[Any] = []
-        for sid, gen in items:
-            k, a = self._fenced(sid, gen)
-            keys += k
-            args += a
-        if not keys:
-            return []
-        return [(_s(r) == "ok", _s(r)) for r in (yield "revalidate", keys, args)]
-
     def release_chunks(self, items: Iterable[tuple[str, Generation, int]]) -> Op:
         keys: list[str] = []
         args: list[Any] = []

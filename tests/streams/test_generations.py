@@ -110,7 +110,7 @@ def test_migration_is_guarded_by_the_source_generation(redis_url: str, namespace
     arun(redis_url, namespace, body)
 
 
-def test_claim_revalidate_release(redis_url: str, namespace: str) -> None:
+def test_claim_release_chunks_release(redis_url: str, namespace: str) -> None:
     async def body(s: GenerationStore) -> None:
         await s.register_worker("w1", 2)
         await s.register_worker("w2", 2)
@@ -131,8 +131,9 @@ def test_claim_revalidate_release(redis_url: str, namespace: str) -> None:
             return await real(name, keys, args)
 
         s._backend.call = counting  # type: ignore[method-assign]
-        verdicts = await s.revalidate([("a", g1), ("a", g2), ("b", b1), ("zz", g1), ("a", Generation("w1", 2))])
-        assert calls == ["revalidate"]
+        verdicts = await s.release_chunks([("a", g1, 0), ("a", g2, 0), ("b", b1, 0), ("zz", g1, 0),
+                                           ("a", Generation("w1", 2), 0)])
+        assert calls == ["release_chunks"]  # one round trip for the batch
         assert verdicts == [(False, "stale_epoch"), (True, "ok"), (True, "ok"), (False, "unknown_session"),
                             (False, "not_owner")]
         await s.release("a", g2)
@@ -148,7 +149,7 @@ def test_claim_revalidate_release(redis_url: str, namespace: str) -> None:
             await s.commit("a", 3, "w1")
         with pytest.raises(UnknownSessionError, match="closed"):
             await s.commit("a", 0, "w1")
-        assert await s.revalidate([("a", g3)]) == [(False, "closed")]
+        assert await s.release_chunks([("a", g3, 1)]) == [(False, "closed")]
         with pytest.raises(StaleGenerationError):
             await s.release("b", Generation("w1", 7))
 
@@ -182,7 +183,7 @@ def test_fenced_progress_and_snapshots(redis_url: str, namespace: str, redis_cli
         await s.register_worker("w1", 1)
         await s.register_worker("w2", 1)
         g1 = await s.commit("a", 0, "w1")
-        await s.set_chunk_index("a", g1, 4)
+        await s.write_progress("a", g1, chunk_index=4)
         await s.set_input_seq("a", g1, 9)
         data = bytes(range(256)) * 5
         m = await s.put_snapshot("a", g1, data, chunk_index=4, input_seq=9)
@@ -259,7 +260,7 @@ def test_sync_facade(redis_url: str, namespace: str) -> None:
         s.register_worker("w1", 1)
         g = s.commit("a", 0, "w1")
         s.claim("a", g)
-        assert s.revalidate([("a", g)]) == [(True, "ok")]
+        assert s.release_chunks([("a", g, 0)]) == [(True, "ok")]
         s.release("a", g)
         assert s.load_view() == {"w1": WorkerLoad(0, 1, False)}
     finally:

@@ -34,7 +34,6 @@ OPS = st.one_of(
     st.tuples(st.just("claim"), S, GEN),
     st.tuples(st.just("release"), S, GEN, st.booleans()),
     st.tuples(st.just("write_progress"), S, GEN, st.none() | st.integers(0, 9), st.none() | st.integers(0, 9)),
-    st.tuples(st.just("revalidate"), st.lists(st.tuples(S, GEN), max_size=3)),
     st.tuples(st.just("put_snapshot"), S, GEN, st.binary(max_size=20)),
     st.tuples(st.just("read_snapshot"), S),
     st.tuples(st.just("session"), S),
@@ -115,7 +114,7 @@ def test_sync_twin_and_round_trips() -> None:
     s.register_worker("w1", 1)
     g = s.commit("a", 0, "w1")
     before = s.scripts.calls
-    assert s.revalidate([("a", g), ("a", Generation("w1", 9))]) == [(True, "ok"), (False, "stale_epoch")]
+    assert s.release_chunks([("a", g, 0), ("a", Generation("w1", 9), 1)]) == [(True, "ok"), (False, "stale_epoch")]
     assert s.scripts.calls == before + 1
     m = s.put_snapshot("a", g, b"0123456789")
     assert m.parts == 3 and s.read_snapshot("a") == (m, b"0123456789")

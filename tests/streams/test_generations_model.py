@@ -186,14 +186,6 @@ class StoreVsModel(RuleBasedStateMachine):
         gen = self.gen_for(sid, current, w, epoch)
         assert self.run(self.store.release(sid, gen, close)) == self.model.release(sid, gen, close)
 
-    @precondition(lambda self: bool(self.model.sess))
-    @rule(picks=st.lists(st.tuples(st.sampled_from(SESSIONS), st.booleans(), st.sampled_from(WORKERS),
-                                   st.integers(1, 5)), min_size=1, max_size=4))
-    def revalidate(self, picks: list[tuple[str, bool, str, int]]) -> None:
-        items = [(sid, self.gen_for(sid, cur, w, e)) for sid, cur, w, e in picks]
-        want = [(v == "ok", v) for v in (self.model.fence(sid, g) for sid, g in items)]
-        assert self.run(self.store.revalidate(items)) == want
-
     @invariant()
     def one_current_generation_per_session(self) -> None:
         for sid in SESSIONS:
