@@ -10,7 +10,7 @@ import hypothesis.strategies as st
 import pytest
 import redis
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from schemas.errors import NoCapacityError, NotOwnerError, StaleGenerationError, UnknownSessionError
 from schemas.records import Generation
