@@ -50,6 +50,8 @@ def _value(tp: Any, rng: random.Random) -> Any:
         return None if rng.random() < 0.3 else _value(arg, rng)
     if origin is dict:
         return {f"k{i}": _value(typing.get_args(tp)[1], rng) for i in range(rng.randrange(0, 3))}
+    if origin is tuple:
+        return tuple(_value(typing.get_args(tp)[0], rng) for _ in range(rng.randrange(0, 3)))
     if dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp, include_extras=True)
         return tp(**{f.name: _value(hints[f.name], rng) for f in dataclasses.fields(tp)})
