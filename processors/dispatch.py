@@ -19,7 +19,7 @@ from streams.generations import SessionView, StoreState
 
 from .lifecycle import STORE_STATE, Action, EventKind, SessionState, transition
 
-__all__ = ["WorkerLoad", "rank_candidates", "AdmitPlan", "candidate", "Bucket", "take", "InputGate", "DispatchView", "Facts",
+__all__ = ["WorkerLoad", "AdmitPlan", "candidate", "Bucket", "take", "InputGate", "DispatchView", "Facts",
            "Input", "Admission", "Seen", "Committed", "CommitRefused", "Moved", "MoveRefused", "Retry",
            "Event", "Publish", "Commit", "Move", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore", "Refuse", "Note",
            "Command", "decide", "counted"]
@@ -37,13 +37,6 @@ class WorkerLoad:
     @property
     def free(self) -> int:
         return self.capacity - self.used
-
-
-def rank_candidates(view: Mapping[str, WorkerLoad], exclude: frozenset[str] = frozenset()) -> list[str]:
-    """Feasible workers (registered, not draining, not down, a free slot), least loaded (by utilization, then used slots) first; ties by id."""
-    feasible = [(w.used / w.capacity, w.used, wid) for wid, w in view.items()
-                if wid not in exclude and not w.draining and not w.down and w.capacity > 0 and w.free > 0]
-    return [wid for _, _, wid in sorted(feasible)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,8 @@ from streams.kafka import dead_letter_record
 
 from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Commit, Committed,
                         CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, InputGate, Note, Publish,
-                        ReadAgain, Refuse, RequestClose, Retry, RetryLater, Seen, WorkerLoad, counted,
-                        decide, rank_candidates)
+                        ReadAgain, Refuse, RequestClose, Retry, RetryLater, Seen, WorkerLoad, candidate,
+                        counted, decide)
 from .recovery import Recovery
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
@@ -227,19 +227,21 @@ class DispatchShell:
         refused = await self.feed(Seen(inp, await self.facts(sid)))
         return refused[0] if refused else None
 
-    async def commit_on_best(self, sid: str, expected_epoch: int,
-                             exclude: frozenset[str]) -> Generation | None:
-        """The recovery's commit: one pass over the candidates, best first; None when none
-        has a free slot. Refusals other than capacity raise."""
-        tried: set[str] = set(exclude)
+    async def commit_planned(self, sid: str, expected_epoch: int) -> Generation | None:
+        """The recovery's commit, on the worker an admission would take (the policy's plan,
+        :func:`~processors.dispatch.candidate`), the next one when that one is full; None
+        when none is left (the next sweep tries again, by then maybe with the policy's pin).
+        Refusals other than capacity raise."""
+        tried: set[str] = set()
         while True:
-            candidates = rank_candidates(await self.load_view(force=len(tried) > len(exclude)), frozenset(tried))
-            if not candidates:
+            workers = await self.load_view(force=bool(tried))
+            best = candidate(self.view.plan, workers, sid, frozenset(tried))
+            if best is None:
                 return None
             try:
-                return await self.store.commit(sid, expected_epoch, candidates[0])
+                return await self.store.commit(sid, expected_epoch, best)
             except NoCapacityError:
-                tried.add(candidates[0])
+                tried.add(best)
 
     async def report(self, worker: str) -> None:
         """Count a slot the recovery filled (and report the placement now and then)."""

@@ -103,7 +103,7 @@ class Recovery:
         if step is Step.RECOVER:
             try:  # an owner that is up again (restarted) takes it back in its own slot
                 gen = None if owner_down else await self._commit_in_place(sid, sv.generation)
-                gen = gen or await self.shell.commit_on_best(sid, sv.generation.epoch, frozenset())
+                gen = gen or await self.shell.commit_planned(sid, sv.generation.epoch)
             except OwnershipError:  # another replica moved it, or its user closed it
                 return True
             if gen is None:
