@@ -11,12 +11,8 @@ owner is down come in, one step goes out.
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING
 
-from streams.generations import StoreState
-
-if TYPE_CHECKING:
-    from streams.generations import SessionView
+from streams.generations import SessionView, StoreState
 
 __all__ = ["Step", "next_step", "CLAIM_GRACE_S"]
 
