@@ -1,5 +1,7 @@
-"""Model-based test of recovery: capacity shortage, worker pause and resume, worker death,
-restarts and a dispatch replica dying between its commit and its Assign, interleaved.
+"""Model-based test of dispatch and recovery: capacity shortage, idles and returns (offload and
+restore), migrations (the source froze, dispatch commits the move), worker pause and resume,
+worker death, restarts and a dispatch replica dying between its commit and its Assign,
+interleaved.
 
 Two dispatch replicas share the in-memory store twin; workers claim what they are assigned
 while they are alive. Invariants after every step: no input is routed to a worker marked
@@ -20,8 +22,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from infra.chaos import refused_inputs
 from processors.agents.dispatch import DispatchShell
 from processors.recovery import CLAIM_GRACE_S
-from schemas.records import (Assign, DeadLetter, Heartbeat, InputPushed, Record, RoutedInput,
-                             SessionClosed, SessionOpened, Terminate, WorkerDown)
+from schemas.records import (Assign, CommandRejected, DeadLetter, Frozen, Heartbeat, InputPushed, Record,
+                             Resume, Revoke, RoutedInput, SessionActive, SessionClosed, SessionIdle,
+                             SessionOpened, Suspend, Terminate, WorkerDown)
 from streams.generations_memory import MemoryGenerationStore
 from streams.input_log import LoggedInput
 
@@ -80,7 +83,7 @@ class RecoveryMachine(RuleBasedStateMachine):
                 for s, q in sorted(self.pushed) if s == sid and q > after_seq]
 
     def on_sent(self, rec: Record) -> None:
-        if isinstance(rec, (Assign, Terminate, RoutedInput)):
+        if isinstance(rec, (Assign, Terminate, RoutedInput, Suspend, Resume, Revoke)):
             self.pending.append(rec)
         if isinstance(rec, RoutedInput):
             if self.run_view()[rec.worker_id].down:
@@ -116,6 +119,28 @@ class RecoveryMachine(RuleBasedStateMachine):
         why = self.run(self.replicas[r].route_input(sid, self.seq[sid], "text", "x", ts=self.now))
         if why is not None:
             self.refused.add((sid, self.seq[sid]))
+
+    @precondition(lambda self: bool(self.opened - self.closed))
+    @rule(data=st.data(), r=st.integers(0, 1), active=st.booleans())
+    def flip(self, data: st.DataObject, r: int, active: bool) -> None:
+        """The user goes idle (offload) or comes back (restore), duplicates included."""
+        sid = data.draw(st.sampled_from(sorted(self.opened - self.closed)))
+        rec = SessionActive(session_id=sid, ts=self.now) if active else SessionIdle(session_id=sid, ts=self.now)
+        self.run(self.replicas[r].on_session_event(rec))
+
+    @precondition(lambda self: bool(self.opened - self.closed))
+    @rule(data=st.data(), r=st.integers(0, 1))
+    def migrate(self, data: st.DataObject, r: int) -> None:
+        """Control asked for a handoff and the source froze at a chunk boundary: it reports
+        Frozen, and dispatch commits the move (or resumes the source when the store refuses)."""
+        sid = data.draw(st.sampled_from(sorted(self.opened - self.closed)))
+        view = self.run(self.store.session(sid))
+        if view is None or view.state != "active" or not view.claimed or not self.alive[view.generation.worker_id]:
+            return
+        target = data.draw(st.sampled_from([w for w in WORKERS if w != view.generation.worker_id]))
+        self.run(self.replicas[r].on_worker_event(Frozen(worker_id=view.generation.worker_id, session_id=sid,
+                                                         generation=view.generation, target_worker=target,
+                                                         ts=self.now)))
 
     @precondition(lambda self: any(self.alive.values()))
     @rule(data=st.data(), r=st.integers(0, 1))
@@ -156,17 +181,31 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.deliver()
 
     def deliver(self) -> None:
-        """Live workers take their commands, each only while its generation is current: an
-        Assign is claimed (a recovering one replays the session's inputs after the last one
-        applied, from the log), an input is applied once its generation is claimed (kept until
-        then), a Terminate releases the session for good. A dead process loses them."""
+        """Live workers take their commands, as the real one does: an Assign of the current
+        generation is claimed (a recovering one replays the session's inputs after the last one
+        applied, from the log); an input is applied once its generation is claimed (kept until
+        then) and refused back to dispatch when its generation is not the active one; a Suspend
+        or Terminate of the current generation ends it in the store (offloaded, closed); a
+        Resume that finds it offloaded is refused (dispatch restores it). A dead process loses
+        them."""
         pending, self.pending = self.pending, []
         for c in pending:
             if not self.alive[c.worker_id]:
                 continue
             view = self.run(self.store.session(c.session_id))
-            if view is None or view.generation != c.generation or view.state != "active":
+            mine = view is not None and view.generation == c.generation
+            if isinstance(c, RoutedInput) and not (mine and view.state == "active"):
+                self.refuse(c, "stale_epoch")  # the worker refuses what is not its own: routed again
                 continue
+            if isinstance(c, Resume) and mine and view.state == "suspended":
+                self.refuse(c, "not_owner")  # the Resume came after the Suspend: restored elsewhere
+                continue
+            if isinstance(c, (Suspend, Terminate)) and mine and view.state != "closed":
+                # held or not yet claimed (the command overtook the Assign): ended in the store
+                self.run(self.store.release(c.session_id, c.generation, close=isinstance(c, Terminate)))
+                continue
+            if not mine or view.state != "active" or isinstance(c, (Resume, Revoke, Suspend, Terminate)):
+                continue  # stale, or kept where it is / moved away (waiting inputs come back refused)
             if isinstance(c, Assign):
                 self.run(self.store.claim(c.session_id, c.generation))
                 if c.recover:
@@ -177,8 +216,12 @@ class RecoveryMachine(RuleBasedStateMachine):
                     self.pending.append(c)
                     continue
                 self.apply(c.session_id, c.generation, c.seq)
-            elif view.claimed:  # a Terminate for a generation the worker never claimed is ignored
-                self.run(self.store.release(c.session_id, c.generation, close=True))
+
+    def refuse(self, c: Any, reason: str) -> None:
+        rec = CommandRejected(worker_id=c.worker_id, session_id=c.session_id, command=c.TAG, reason=reason,
+                              ts=self.now, generation=c.generation, seq=getattr(c, "seq", -1),
+                              kind=getattr(c, "kind", ""), payload=getattr(c, "payload", ""))
+        self.run(self.replicas[0].on_worker_event(rec))
 
     def apply(self, sid: str, gen: Any, seq: int) -> None:
         view = self.run(self.store.session(sid))
