@@ -341,8 +341,12 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
                 cmds.append(Refuse(adm.then_route, _refusal(adm.then_route, f"the session was not resumed: {detail}")))
             return view, cmds
         case Moved(session_id=sid, source=src, successor=succ):
+            # the target also replays the inputs after the frozen snapshot from the log: one
+            # routed to the source that dies before refusing it back is not lost (duplicates
+            # of the rest are applied once, by seq)
             return counted(view, succ.worker_id, now)[0], [
-                Publish(Assign(worker_id=succ.worker_id, session_id=sid, generation=succ, ts=now, restore=True)),
+                Publish(Assign(worker_id=succ.worker_id, session_id=sid, generation=succ, ts=now, restore=True,
+                               recover=True)),
                 Publish(Revoke(worker_id=src.worker_id, session_id=sid, generation=src, ts=now,
                                reason="migrated", successor=succ))]
         case MoveRefused(session_id=sid, source=src, reason=reason) if reason in ("stale_epoch", "not_owner",

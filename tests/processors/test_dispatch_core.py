@@ -144,7 +144,7 @@ def test_dispatch_commits_a_handoff_then_assigns_the_target_and_revokes_the_sour
     succ = Generation("w2", 4)
     view, cmds = decide(VIEW, Moved("s", GEN, succ), 2.0)
     assert [c.record for c in cmds] == [
-        Assign(worker_id="w2", session_id="s", generation=succ, ts=2.0, restore=True),
+        Assign(worker_id="w2", session_id="s", generation=succ, ts=2.0, restore=True, recover=True),
         Revoke(worker_id="w1", session_id="s", generation=GEN, ts=2.0, reason="migrated", successor=succ)]
     assert view.workers["w2"].used == 1
     _, cmds = decide(VIEW, MoveRefused("s", GEN, "w2", "no_capacity"), 2.0)  # kept where it is

@@ -264,6 +264,33 @@ class RecoveryMachine(RuleBasedStateMachine):
         assert not unaccounted, sorted(unaccounted)
 
 
+def test_an_input_routed_to_a_migration_source_that_dies_is_not_lost() -> None:
+    """Input 1 goes to the owner; the owner freezes for a handoff and dispatch moves the
+    session; the source dies with the input unread. The target replays the log after the
+    frozen snapshot, so the input is applied."""
+    m = RecoveryMachine()
+    m.start()
+    try:
+        m.open("s0", 0)
+        m.deliver()
+        src = m.run(m.store.session("s0")).generation
+        m.seq["s0"] = 1
+        m.pushed.add(("s0", 1))
+        assert m.run(m.replicas[0].route_input("s0", 1, "text", "x", ts=m.now)) is None
+        target = next(w for w in WORKERS if w != src.worker_id)
+        m.run(m.replicas[1].on_worker_event(Frozen(worker_id=src.worker_id, session_id="s0", generation=src,
+                                                   target_worker=target, ts=m.now)))
+        assert m.run(m.store.session("s0")).generation.worker_id == target
+        m.alive[src.worker_id] = False
+        m.now += 1
+        m.run(m.replicas[0].on_worker_event(WorkerDown(worker_id=src.worker_id, ts=m.now, reason="missed heartbeats")))
+        m.deliver()  # the dead source's commands are gone
+        m.settle()
+        assert ("s0", 1) in m.accepted
+    finally:
+        m.teardown()
+
+
 def _sync_view(store: MemoryGenerationStore) -> Any:
     from streams.generations import _drive_sync
 
