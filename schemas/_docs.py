@@ -63,8 +63,9 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("Assign", "prompt"): ("The prompt from the session's SessionOpened.", None),
     ("Assign", "restore"): ("Start from the session's last fenced snapshot rather than from "
                             "its prompt.", None),
-    ("Assign", "recover"): ("The previous owner died: restore and also replay the inputs after "
-                            "the snapshot from session-inputs.", None),
+    ("Assign", "recover"): ("Restore and also replay the inputs after the snapshot from "
+                            "session-inputs (a recovery: the previous owner died; a migration: "
+                            "an input the source never got to is not lost).", None),
     ("Revoke", "reason"): ("Why the generation stopped being current: `migrated` after a "
                            "handoff, or the store's refusal.", None),
     ("Revoke", "successor"): ("After a handoff: the target's new generation (the source then "

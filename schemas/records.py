@@ -149,8 +149,8 @@ class InputPushed(Record):
 @record("cmd.assign")
 class Assign(Record):
     """Run the session under ``generation``; ``restore`` means start from its last snapshot;
-    ``recover`` (the previous owner died) also replays the inputs after the snapshot from
-    ``session-inputs``."""
+    ``recover`` (a recovery, or a migration's target) also replays the inputs after the
+    snapshot from ``session-inputs``."""
 
     worker_id: Id
     session_id: Id
