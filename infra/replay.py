@@ -77,16 +77,13 @@ def cluster_view(records: list[Record]) -> ClusterView:
 def detector_signal(records: list[Record]) -> dict[str, Any] | None:
     """The detector's last signal over these session events, folded in timestamp order."""
     from processors.detector import DetectorConfig, DetectorState, step
-    from processors.lifecycle import EventKind, SessionEvent
-    from schemas.records import SessionActive, SessionClosed, SessionIdle, SessionOpened
+    from processors.lifecycle import session_event
 
-    kinds = {SessionOpened: EventKind.OPEN, SessionActive: EventKind.ACTIVE,
-             SessionIdle: EventKind.IDLE, SessionClosed: EventKind.CLOSE}
     state, signal, config = DetectorState(), None, DetectorConfig()
     for rec in sorted(records, key=lambda r: r.ts):  # type: ignore[attr-defined]
-        event = SessionEvent(rec.ts, rec.session_id, kinds[type(rec)],  # type: ignore[attr-defined]
-                             getattr(rec, "state_bytes", 0))
-        state, signal = step(state, event, config)
+        event = session_event(rec)
+        if event is not None:
+            state, signal = step(state, event, config)
     return None if signal is None else dataclasses.asdict(signal)
 
 

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Collection, Iterable
 
-from processors.lifecycle import EventKind, SessionState, transition
+from processors.lifecycle import EVENT_KIND, EventKind, SessionState, transition
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
 from schemas import records as r
 
@@ -35,12 +35,6 @@ __all__ = [
 _NEVER = -math.inf
 BOOTING_PREFIX = "booting:"  # ids of placeholder GPUs for workers still booting
 
-_SESSION_EVENTS = {
-    r.SessionOpened: EventKind.OPEN,
-    r.SessionActive: EventKind.ACTIVE,
-    r.SessionIdle: EventKind.IDLE,
-    r.SessionClosed: EventKind.CLOSE,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +149,7 @@ def apply(view: ClusterView, rec: r.Record) -> ClusterView:
     """Fold one record into the view; records the view does not track leave it unchanged."""
     match rec:
         case r.SessionOpened() | r.SessionActive() | r.SessionIdle() | r.SessionClosed():
-            return _on_session_event(view, rec, _SESSION_EVENTS[type(rec)])
+            return _on_session_event(view, rec, EVENT_KIND[type(rec)])
         case r.WorkerUp() | r.Heartbeat() | r.WorkerDown() | r.WorkerProvisioned():
             return _on_worker(view, rec)
         case r.Claimed() | r.Released() | r.Handoff():

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from schemas.records import (AdmissionPlan, Assign, CommandRejected, Frozen, Generation, PlacementReport, Record,
-                             Resume, Revoke, RoutedInput, SessionActive, SessionClosed, SessionIdle,
-                             SessionOpened, Suspend, Terminate)
+                             Resume, Revoke, RoutedInput, Suspend, Terminate)
 from streams.generations import SessionView, StoreState
 
-from .lifecycle import STORE_STATE, Action, EventKind, SessionState, transition
+from .lifecycle import EVENT_KIND, STORE_STATE, Action, EventKind, SessionState, transition
 
 __all__ = ["WorkerLoad", "AdmitPlan", "candidate", "Bucket", "take", "InputGate", "DispatchView", "Facts",
            "Input", "Admission", "Seen", "Committed", "CommitRefused", "Moved", "MoveRefused", "Retry",
@@ -308,8 +307,6 @@ Command = Publish | Commit | Move | RetryLater | ReadAgain | RequestClose | Clos
 RETRY_S = 0.2  # an admission that found every worker full tries again after this
 REREAD_S = 0.05
 REPORT_EVERY_S = 0.1
-_EVENT_KINDS = {SessionOpened.TAG: EventKind.OPEN, SessionActive.TAG: EventKind.ACTIVE,
-                SessionIdle.TAG: EventKind.IDLE, SessionClosed.TAG: EventKind.CLOSE}
 _LIFECYCLE = {store: life for life, store in STORE_STATE.items()}
 
 
@@ -320,7 +317,7 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
             return route(view, inp, facts, now)
         case Seen(what=AdmissionPlan() as rec):
             return planned(view, rec), []
-        case Seen(what=rec, facts=facts) if rec.TAG in _EVENT_KINDS:
+        case Seen(what=rec, facts=facts) if type(rec) in EVENT_KIND:
             return on_session_event(view, rec, facts, now)
         case Seen(what=rec, facts=facts):
             return on_worker_event(view, rec, facts, now)
@@ -423,7 +420,7 @@ def on_session_event(view: DispatchView, rec: Record, facts: Facts,
     """A session event, through the lifecycle table from the state the store holds."""
     sv, sid = facts.session, rec.session_id  # type: ignore[attr-defined]
     state = _LIFECYCLE[StoreState(sv.state)] if sv is not None else None
-    kind = _EVENT_KINDS[rec.TAG]
+    kind = EVENT_KIND[type(rec)]
     _, action = transition(state, kind)
     if action is Action.PLACE:
         return next_candidate(view, _admission(view, sid, prompt=getattr(rec, "prompt", "")))

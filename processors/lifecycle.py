@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
 from processors.decisions import Command, Offload, Discard
+from schemas import records as r
 from streams.generations import StoreState
 
 if TYPE_CHECKING:
@@ -27,6 +28,8 @@ __all__ = [
     "TRANSITIONS",
     "transition",
     "on_event",
+    "EVENT_KIND",
+    "session_event",
     "STORE_STATE",
 ]
 
@@ -101,6 +104,20 @@ TRANSITIONS: Mapping[tuple[SessionState | None, EventKind], tuple[SessionState, 
         }
     )
 )
+
+
+#: the lifecycle event each ``session-events`` record is
+EVENT_KIND: Mapping[type, EventKind] = MappingProxyType({
+    r.SessionOpened: EventKind.OPEN, r.SessionActive: EventKind.ACTIVE,
+    r.SessionIdle: EventKind.IDLE, r.SessionClosed: EventKind.CLOSE})
+
+
+def session_event(rec: r.Record) -> SessionEvent | None:
+    """The lifecycle event a record is (at its own ``ts``); None for any other record."""
+    kind = EVENT_KIND.get(type(rec))
+    if kind is None:
+        return None
+    return SessionEvent(rec.ts, rec.session_id, kind, getattr(rec, "state_bytes", 0))  # type: ignore[attr-defined]
 
 
 def transition(state: SessionState | None, event: EventKind) -> tuple[SessionState, Action]:

@@ -26,7 +26,7 @@ from processors.cluster import (BOOTING_PREFIX, ClusterView, apply, current_gene
                                 dead_workers, prune, to_snapshot)
 from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.latency import GpuProfile, LatencyModel, load_profiles
-from processors.lifecycle import EventKind, SessionEvent
+from processors.lifecycle import session_event
 from processors.placement import ADMIT_LIMIT, worst_latency
 from processors.policy import BUILTIN_POLICIES, Policy, load_policy
 from processors.policy_state import decode as decode_state
@@ -41,8 +41,6 @@ __all__ = ["ControlConfig", "ControlShell", "command_records", "admission_plan",
 
 log = logging.getLogger(__name__)
 
-_KINDS = {r.SessionOpened: EventKind.OPEN, r.SessionActive: EventKind.ACTIVE,
-          r.SessionIdle: EventKind.IDLE, r.SessionClosed: EventKind.CLOSE}
 
 
 # an admission plan carries at most this many order entries and pinned sessions (the
@@ -212,13 +210,12 @@ class ControlShell:
             if rec.policy == self.config.policy and rec.ts > self.state_at:
                 self.logged = rec
             return
-        kind = _KINDS.get(type(rec))
-        if kind is not None:
-            before = self.view.sessions.get(rec.session_id)  # type: ignore[attr-defined]
-            self.detector, _ = step(self.detector, SessionEvent(rec.ts, rec.session_id, kind),  # type: ignore[attr-defined]
-                                    self.detector_config)
+        event = session_event(rec)
+        if event is not None:
+            before = self.view.sessions.get(event.session_id)
+            self.detector, _ = step(self.detector, event, self.detector_config)
         self.view = apply(self.view, rec)
-        if kind is not None:
+        if event is not None:
             after = self.view.sessions.get(rec.session_id)  # type: ignore[attr-defined]
             self.dirty |= before is None or after is None or before.lifecycle != after.lifecycle
         elif isinstance(rec, (r.WorkerUp, r.WorkerDown)):

@@ -15,13 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
-from processors.lifecycle import EventKind, SessionEvent
+from processors.lifecycle import session_event
 from schemas import records as r
 
 __all__ = ["DetectorShell", "signal_record", "build_app"]
 
-_KINDS = {r.SessionOpened: EventKind.OPEN, r.SessionActive: EventKind.ACTIVE,
-          r.SessionIdle: EventKind.IDLE, r.SessionClosed: EventKind.CLOSE}
 
 
 def signal_record(signal: Signal, state: DetectorState, config: DetectorConfig) -> r.WorkloadSignal:
@@ -47,10 +45,9 @@ class DetectorShell:
 
     def on_event(self, rec: r.Record) -> r.WorkloadSignal | None:
         """Fold a session event; the signal to publish now, if any."""
-        kind = _KINDS.get(type(rec))
-        if kind is None:
+        event = session_event(rec)
+        if event is None:
             return None
-        event = SessionEvent(rec.ts, rec.session_id, kind)  # type: ignore[attr-defined]
         self.state, signal = step(self.state, event, self.config)
         now = self.clock()
         if now - self.last_published < self.min_interval_s:

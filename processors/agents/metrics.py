@@ -17,14 +17,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from processors.latency import LatencyModel, load_profiles
-from processors.lifecycle import EventKind, SessionState, transition
+from processors.lifecycle import EVENT_KIND, SessionState, transition
 from schemas import records as r
 
 __all__ = ["WorkerSpan", "fold_cost", "cost_tick", "fold_sessions", "session_counts", "observe_fleet",
            "build_app"]
 
-_SESSION_KINDS = {r.SessionOpened: EventKind.OPEN, r.SessionActive: EventKind.ACTIVE,
-                  r.SessionIdle: EventKind.IDLE, r.SessionClosed: EventKind.CLOSE}
 # worker events the fleet figures read beside billing
 OBSERVED = (r.ChunkDone, r.Released, r.CommandRejected)
 
@@ -79,7 +77,7 @@ def cost_tick(state: Mapping[str, WorkerSpan], now: float, model: LatencyModel,
 
 def fold_sessions(states: Mapping[str, SessionState], rec: r.Record) -> dict[str, SessionState]:
     """Each open session's lifecycle state after a session event (closed ones are dropped)."""
-    kind = _SESSION_KINDS.get(type(rec))
+    kind = EVENT_KIND.get(type(rec))
     sid = getattr(rec, "session_id", None)
     if kind is None:  # not a session event
         return dict(states)
