@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 from aiokafka.errors import KafkaError
 
 from schemas.errors import ConfigError, InfraError
+from processors.cluster import latest_claims
 from schemas.records import (ChunkDone, Claimed, DeadLetter, Frozen, Handoff, InputAccepted, InputPushed,
                              Record, Released, SessionClosed, SessionOpened, WorkerDown, WorkerUp)
 from schemas.topics import WORKER_COMMANDS
@@ -184,11 +185,7 @@ async def _migrate(producer: RecordProducer, log: EventLog, ids: list[str], work
     worker (any: one paused, killed or full makes dispatch keep it where it is)."""
     while not stop.is_set():
         await asyncio.sleep(every_s)
-        claims: dict[str, Claimed] = {}
-        for r in log.records:
-            if isinstance(r, Claimed) and r.session_id in ids and (
-                    r.session_id not in claims or r.generation.epoch >= claims[r.session_id].generation.epoch):
-                claims[r.session_id] = r
+        claims = {sid: c for sid, c in latest_claims(log.records).items() if sid in ids}
         if not claims:
             continue
         claim = claims[rng.choice(sorted(claims))]
@@ -563,11 +560,7 @@ def _migrations(sent: int, records: list[Record]) -> dict[str, int]:
 
 
 def _owners(records: list[Record]) -> dict[str, str]:
-    owner: dict[str, tuple[int, str]] = {}
-    for r in records:
-        if isinstance(r, Claimed) and r.generation.epoch >= owner.get(r.session_id, (0, ""))[0]:
-            owner[r.session_id] = (r.generation.epoch, r.worker_id)
-    return {sid: w for sid, (_, w) in owner.items()}
+    return {sid: c.worker_id for sid, c in latest_claims(records).items()}
 
 
 def _busiest(owners: dict[str, str], candidates: list[str]) -> str:

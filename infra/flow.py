@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from processors.cluster import latest_claims
 from schemas.records import (ChunkDone, Claimed, CommandRejected, DeadLetter, Drain, Handoff,
                              Heartbeat, InputAccepted, Record, Released, Shutdown, WorkerUp)
 from schemas.topics import (DEAD_LETTERS, METRICS, SCALING_COMMANDS, SESSION_EVENTS, SESSION_INPUTS,
@@ -164,12 +165,7 @@ def _count(rs: list[Record], cls: type, **match: Any) -> int:
 
 def _owners(rs: list[Record], ids: list[str]) -> dict[str, Claimed]:
     """Each session's latest claim (highest epoch)."""
-    out: dict[str, Claimed] = {}
-    for r in rs:
-        if isinstance(r, Claimed) and r.session_id in ids:
-            if r.session_id not in out or r.generation.epoch > out[r.session_id].generation.epoch:
-                out[r.session_id] = r
-    return out
+    return {sid: c for sid, c in latest_claims(rs).items() if sid in ids}
 
 
 async def _move(producer: RecordProducer, log: EventLog, claim: Claimed, workers: int,

@@ -19,7 +19,7 @@ from processors.lifecycle import EVENT_KIND, EventKind, SessionState, transition
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
 from schemas import records as r
 
-__all__ = [
+__all__ = ["latest_claims", 
     "WorkerInfo",
     "SessionInfo",
     "ClusterView",
@@ -193,6 +193,17 @@ def _on_owner(view: ClusterView, rec: r.Claimed | r.Released | r.Handoff) -> Clu
             return _session(view, rec.session_id, owner=owner, released=max(s.released, gen.epoch))
     mine = (gen.epoch, rec.target_worker, rec.ts)
     return _session(view, rec.session_id, handoff=mine if s.handoff is None else max(s.handoff, mine))
+
+
+def latest_claims(recs: Iterable[r.Record]) -> dict[str, r.Claimed]:
+    """Each session's claim of the highest epoch among ``recs`` (who owns it last): the
+    owner fold the tools share (chaos, the flows)."""
+    out: dict[str, r.Claimed] = {}
+    for rec in recs:
+        if isinstance(rec, r.Claimed) and (rec.session_id not in out
+                                           or rec.generation.epoch >= out[rec.session_id].generation.epoch):
+            out[rec.session_id] = rec
+    return out
 
 
 def apply_all(view: ClusterView, recs: Iterable[r.Record]) -> ClusterView:
