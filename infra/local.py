@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from streams.config import PROVISIONER_ENV, Settings, child_env
+from streams.config import PROVISIONER_ENV, Settings
+from streams.config_file import child_env
 from workers.supervision import spawn, stop_in_order
 
 __all__ = ["LocalFleet", "child_env"]

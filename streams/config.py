@@ -7,7 +7,6 @@ through to aiokafka, faust and redis-py.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -17,7 +16,7 @@ from schemas.topics import (DEAD_LETTERS, METRICS, SCALING_COMMANDS, SESSION_EVE
                             SESSION_INPUTS, TOPICS, WORKER_COMMANDS, WORKER_EVENTS)
 
 __all__ = ["KafkaSettings", "RedisSettings", "Settings", "DEFAULT_PARTITIONS", "ENV_PREFIX",
-           "TANSU_FETCH_WAIT_MS", "PARENT_PID_ENV", "PROVISIONER_ENV", "child_env"]
+           "TANSU_FETCH_WAIT_MS", "PARENT_PID_ENV", "PROVISIONER_ENV"]
 
 ENV_PREFIX = "CHUNKSERVE_"
 PARENT_PID_ENV = "CHUNKSERVE_PARENT_PID"  # set by a supervising parent (workers.supervision) for its child only
@@ -229,40 +228,8 @@ class Settings:
         return replace(self, kafka=replace(self.kafka, bootstrap=bootstrap),
                        redis=replace(self.redis, url=redis_url))
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
-        """Settings from ``CHUNKSERVE_*`` variables; unset ones keep their defaults."""
-        from .config_file import load_settings
-
-        return load_settings(None, os.environ if env is None else env)
-
 
 def _command_keys() -> Any:
     from .signing import CommandKeys
 
     return CommandKeys.from_env()
-
-
-def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment that gives a child process exactly ``settings`` (endpoints, transport
-    security, topics, bounds), over ``base`` (default: this process's environment)."""
-    from .config_file import KEYS, env_var
-
-    env = dict(os.environ if base is None else base)
-    for key in KEYS:
-        section, _, name = key.rpartition(".")
-        if section in ("kafka", "redis"):
-            value = getattr(getattr(settings, section), name)
-        elif section:
-            value = getattr(settings, section).get(name)
-        else:
-            value = getattr(settings, name)
-        if value is not None:
-            env[env_var(key)] = str(value)
-        else:  # unset here: the parent's variable for it must not reach the child
-            env.pop(env_var(key), None)
-    for own in (PARENT_PID_ENV, PROVISIONER_ENV):  # about this process, not about its children
-        env.pop(own, None)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env

@@ -19,6 +19,7 @@ syntax, or the variable)::
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -27,9 +28,10 @@ from typing import Any, Mapping
 from schemas.errors import ConfigError
 from schemas.topics import TOPICS
 
-from .config import DEFAULT_PARTITIONS, ENV_PREFIX, KafkaSettings, RedisSettings, Settings
+from .config import (DEFAULT_PARTITIONS, ENV_PREFIX, PARENT_PID_ENV, PROVISIONER_ENV, KafkaSettings, RedisSettings,
+                     Settings)
 
-__all__ = ["load_settings", "load_with_sources", "KEYS", "SECRETS", "env_var"]
+__all__ = ["load_settings", "load_with_sources", "settings_from_env", "child_env", "KEYS", "SECRETS", "env_var"]
 
 _KAFKA = ("bootstrap", "security_protocol", "sasl_mechanism", "sasl_username", "ssl_cafile",
           "ssl_certfile", "ssl_keyfile", "idempotence")
@@ -184,3 +186,31 @@ def _build(values: dict[str, Any], sources: dict[str, str]) -> Settings:
     except ConfigError as exc:  # re-raised naming where the offending value came from
         reason = str(exc).split(f"{exc.key}: ", 1)[-1]
         raise ConfigError(exc.key, reason, sources.get(exc.key, exc.source)) from None
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from ``CHUNKSERVE_*`` variables; unset ones keep their defaults."""
+    return load_settings(None, os.environ if env is None else env)
+
+
+def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment that gives a child process exactly ``settings`` (endpoints, transport
+    security, topics, bounds), over ``base`` (default: this process's environment)."""
+    env = dict(os.environ if base is None else base)
+    for key in KEYS:
+        section, _, name = key.rpartition(".")
+        if section in ("kafka", "redis"):
+            value = getattr(getattr(settings, section), name)
+        elif section:
+            value = getattr(settings, section).get(name)
+        else:
+            value = getattr(settings, name)
+        if value is not None:
+            env[env_var(key)] = str(value)
+        else:  # unset here: the parent's variable for it must not reach the child
+            env.pop(env_var(key), None)
+    for own in (PARENT_PID_ENV, PROVISIONER_ENV):  # about this process, not about its children
+        env.pop(own, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from .model import ModelConfig
+from .model_config import ModelConfig
 
 __all__ = ["RefNet", "hash_ngrams", "patchify", "unpatchify"]
 
@@ -107,7 +105,7 @@ class Block(nn.Module):
 class RefNet(nn.Module):
     """Weights of the reference model; the sampling loop lives in ``ReferenceModel``."""
 
-    def __init__(self, cfg: "ModelConfig") -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         d, c, p = cfg.d_model, cfg.latent_channels, cfg.patch_size
         self.cfg = cfg

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from streams.config import Settings
+from streams.config_file import settings_from_env
 
 from .null_model import NullModel
 from .runtime import WorkerConfig, serve
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk-interval", type=float, default=3600.0)
     parser.add_argument("--heartbeat", type=float, default=1.0)
     args = parser.parse_args(argv)
-    settings = Settings.from_env()
+    settings = settings_from_env()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = WorkerConfig(worker_id=args.worker_id, capacity=args.capacity,
                        chunk_interval_s=args.chunk_interval, heartbeat_s=args.heartbeat,

@@ -24,7 +24,8 @@ from schemas import records as r
 from schemas.codec import encode
 from schemas.errors import ConfigError
 from schemas.topics import SCALING_COMMANDS
-from streams.config import PROVISIONER_ENV, Settings, child_env
+from streams.config import PROVISIONER_ENV, Settings
+from streams.config_file import child_env
 from streams.config_file import env_var
 
 from .supervision import spawn, stop_in_order

@@ -11,16 +11,32 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Awaitable, Callable, Protocol
 
 from schemas.errors import NoCapacityError, OwnershipError
 from schemas.records import Assign, Generation
 from streams.generations import StoreState
 
+from ..dispatch import WorkerLoad
 from ..recovery import CLAIM_GRACE_S, Step, next_step
 
-if TYPE_CHECKING:
-    from .dispatch import DispatchShell
+
+class Shell(Protocol):
+    """What the recovery uses of its dispatch replica (``agents.dispatch.DispatchShell``)."""
+
+    store: Any
+    publisher: Any
+    name: str
+    clock: Callable[[], float]
+    read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None
+
+    async def load_view(self, force: bool = False) -> dict[str, WorkerLoad]: ...
+    def invalidate_view(self) -> None: ...
+    async def is_down(self, worker: str) -> bool: ...
+    async def commit_planned(self, sid: str, expected_epoch: int) -> Generation | None: ...
+    async def report(self, worker: str) -> None: ...
+    async def refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
+                           why: str, partition: int = 0, offset: int = 0) -> None: ...
 
 __all__ = ["Recovery"]
 
@@ -33,7 +49,7 @@ FORGET_EVERY_S = 60.0
 class Recovery:
     """The recovery side of one dispatch replica (``DispatchShell.recovery``)."""
 
-    def __init__(self, shell: "DispatchShell") -> None:
+    def __init__(self, shell: Shell) -> None:
         self.shell = shell
         self.queued = 0  # sessions owing a recovery (or its claim) at the last sweep
         self._forgot_at = -1e18

@@ -12,7 +12,8 @@ import pytest
 
 from infra.logs import logging_config
 from schemas.topics import SESSION_EVENTS
-from streams.config import Settings, child_env
+from streams.config import Settings
+from streams.config_file import child_env
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 from schemas import records as r
-from streams.config import Settings, child_env
+from streams.config import Settings
+from streams.config_file import child_env
 
 pytestmark = pytest.mark.integration
 

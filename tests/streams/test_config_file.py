@@ -204,7 +204,8 @@ def test_unknown_topic_in_record_bytes_table(tmp_path):
        st.integers(1, 512), st.floats(0.5, 1000.0))
 def test_child_env_gives_a_child_exactly_these_settings(tmp_path, snapshot, protocol, record_bytes,
                                                         capacity, rate):
-    from streams.config import DEFAULT_PARTITIONS, KafkaSettings, RedisSettings, Settings, child_env
+    from streams.config import DEFAULT_PARTITIONS, KafkaSettings, RedisSettings, Settings
+    from streams.config_file import child_env
 
     s = Settings(kafka=KafkaSettings(bootstrap="k:9093", security_protocol=protocol, ssl_cafile="ca.pem",
                                      sasl_username="u", sasl_password="pw"),
@@ -217,7 +218,8 @@ def test_child_env_gives_a_child_exactly_these_settings(tmp_path, snapshot, prot
 
 
 def test_child_env_drops_the_parents_variables_for_settings_left_unset():
-    from streams.config import Settings, child_env
+    from streams.config import Settings
+    from streams.config_file import child_env
 
     parent = {"CHUNKSERVE_KAFKA_SASL_MECHANISM": "PLAIN", "CHUNKSERVE_REDIS_SSL_CA_CERTS": "ca.pem",
               "CHUNKSERVE_RECORD_BYTES_METRICS": "4096", "PATH": "/bin"}

@@ -27,6 +27,7 @@ from schemas.errors import AccessDeniedError, ConfigError, InfraError, StaleGene
 from schemas.records import Generation
 from streams.acl import acl_rules
 from streams.config import Settings
+from streams.config_file import settings_from_env
 from streams.generations import GenerationStore, Keys
 from streams.preflight import check
 from tests.tls import Pki, make_pki
@@ -61,7 +62,7 @@ class Secured:
         return env
 
     def settings(self, *args: Any, **kwargs: Any) -> Settings:
-        return Settings.from_env(self.env(*args, **kwargs))
+        return settings_from_env(self.env(*args, **kwargs))
 
     def admin(self, port: int) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(self.pki.ca),
@@ -167,7 +168,7 @@ def test_a_wrong_password_a_plaintext_client_or_another_ca_is_refused_in_one_lin
     with pytest.raises(ConfigError, match=r"redis.ssl_ca_certs: set, but redis.url is not a rediss:// URL"):
         secured.settings(url=plaintext)  # a CA with a plaintext URL is a setting's error, not TLS
     env = {k: v for k, v in secured.env(url=plaintext).items() if k != "CHUNKSERVE_REDIS_SSL_CA_CERTS"}
-    line, took = _refused(Settings.from_env(env), InfraError)  # a client without TLS
+    line, took = _refused(settings_from_env(env), InfraError)  # a client without TLS
     assert "as user 'chunkserve'" in line and "use rediss://" in line and took < 15, (line, took)
     line, took = _refused(secured.settings(ca=secured.pki.other_ca), InfraError)
     assert "CERTIFICATE_VERIFY_FAILED" in line and took < 15, (line, took)
