@@ -90,7 +90,9 @@ def _lowest_within_limit(lo: int, hi: int, types: Sequence["_Type"], tidx: np.nd
             slots += v * ty.below[v] - ty.below_sum[v]
         return bool(np.all(np.arange(1, moved.size + 1) <= slots))
 
-    top = hi
+    if lo >= hi or fits(lo):  # the common case: the bisection would end there
+        return lo
+    lo, top = lo + 1, hi
     while lo < top:
         mid = (lo + top) // 2
         if fits(mid):
@@ -98,6 +100,26 @@ def _lowest_within_limit(lo: int, hi: int, types: Sequence["_Type"], tidx: np.nd
         else:
             lo = mid + 1
     return lo
+
+
+_TABLES: dict[tuple[tuple[bytes, int], ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _table(curves: Sequence[np.ndarray], caps: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The candidate levels (every l_t(n)) and, per type and level, the keep bound N_t and
+    the receive bound min(K_t, N_t); the same few pools recur at every decision, so kept."""
+    key = tuple((c.tobytes(), int(k)) for c, k in zip(curves, caps))
+    hit = _TABLES.get(key)
+    if hit is None:
+        levels = np.unique(np.concatenate([c for c in curves]))
+        keep = np.stack([np.searchsorted(c, levels, side="right") - 1 for c in curves])
+        receive = np.minimum(keep, np.asarray(caps)[:, None])
+        for a in (levels, keep, receive):
+            a.flags.writeable = False
+        if len(_TABLES) >= 256:
+            _TABLES.clear()
+        hit = _TABLES[key] = (levels, keep, receive)
+    return hit
 
 
 def search(
@@ -119,9 +141,7 @@ def search(
     for t, (curve, cap) in enumerate(zip(curves, caps)):
         mine = tidx == t
         types.append(_Type(curve, cap, have[mine], have[mine & usable]))
-    levels = np.unique(np.concatenate([c for c in curves]))
-    keep = np.stack([np.searchsorted(c, levels, side="right") - 1 for c in curves])
-    receive = np.minimum(keep, np.asarray(caps)[:, None])
+    levels, keep, receive = _table(curves, caps)
     sheds = sum(ty.shed(keep[t]) for t, ty in enumerate(types))
     room = sum(ty.room(receive[t]) for t, ty in enumerate(types))
     placed = min(waiting, int(room[-1]))

@@ -43,7 +43,8 @@ import math
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, replace
-from operator import attrgetter, itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_, itemgetter
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -218,9 +219,8 @@ def execution_counts(snapshot: Snapshot) -> tuple[int, dict[str, int]]:
     """(A, executing sessions per GPU id): ``active_count()`` and ``loads()`` in one
     counting pass (the sessions loop is the hot path of a large pool)."""
     sessions = snapshot.sessions
-    count = Counter(zip(map(_GPU_ID, sessions), map(_LIFECYCLE, sessions)))
-    active = sum(v for (_, life), v in count.items() if life is _EXEC)
-    return active, {g.id: count.get((g.id, _EXEC), 0) for g in snapshot.gpus}
+    count = Counter(compress(map(_GPU_ID, sessions), map(is_, map(_LIFECYCLE, sessions), repeat(_EXEC))))
+    return sum(count.values()), {g.id: count[g.id] for g in snapshot.gpus}
 
 
 def utilization(snapshot: Snapshot, model: LatencyModel, reserve: int = 0, active: int | None = None,

@@ -17,18 +17,17 @@ search then runs on what it leaves.
 
 from __future__ import annotations
 
-import heapq
 import math
+from bisect import insort
 from dataclasses import dataclass, replace
-from itertools import repeat
-from typing import Any
-from operator import attrgetter
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_, itemgetter
 
 import numpy as np
 
 from processors._levels import search
 from processors.decisions import Command, Migrate, Place, Restore
-from processors.latency import LatencyModel
+from processors.latency import GpuProfile, LatencyModel
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState, Snapshot
 from schemas.errors import ConfigError
@@ -43,6 +42,8 @@ ADMIT_LIMIT = 128
 _EXEC = SessionState.EXECUTION
 _GPU_ID = attrgetter("gpu_id")
 _BYTES = attrgetter("state_bytes")
+_LIFECYCLE = attrgetter("lifecycle")
+_SECOND, _THIRD = itemgetter(1), itemgetter(2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,8 @@ class _Parsed:
         self.usable = np.array([g.state is GpuState.READY for g in gpus], dtype=bool)
         self.draining = np.array([g.state is GpuState.DRAINING for g in gpus], dtype=bool)
         index = {g.id: i for i, g in enumerate(gpus)}
-        execs = [s for s in snapshot.sessions if s.lifecycle is _EXEC]  # the hot loops of large pools
+        sessions = snapshot.sessions  # the hot loops of large pools, in C
+        execs = list(compress(sessions, map(is_, map(_LIFECYCLE, sessions), repeat(_EXEC))))
         where = np.fromiter(map(index.get, map(_GPU_ID, execs), repeat(-1)), np.int64, len(execs))
         size = np.fromiter(map(_BYTES, execs), np.int64, len(execs))
         # waiting for a GPU, or its GPU is gone: restore elsewhere
@@ -258,25 +260,35 @@ def admission_order(snapshot: Snapshot, model: LatencyModel, loads: dict[str, in
     """Where the next ``limit`` sessions go after this round's placement (``loads``): the free
     positions of the ready GPUs, least l(n) first (then fewest sessions, then GPU id), as
     (gpu_id, n) entries -- the rule the placement gives arrivals, applied ahead of them."""
-    heap: list[tuple[float, int, str]] = []
-    caps: dict[str, tuple[int, Any]] = {}
+    starts: dict[str, list[tuple[int, str]]] = {}  # per GPU type: (first free position, GPU id)
     for g in snapshot.gpus:
         if g.state is not GpuState.READY:
             continue
-        profile = model[g.type]
         n = loads.get(g.id, 0) + 1
-        if n <= profile.capacity:
-            caps[g.id] = (profile.capacity, profile.latency)
-            heap.append((profile.latency(n), n, g.id))
-    heapq.heapify(heap)
-    out: list[tuple[str, int]] = []
-    while heap and len(out) < limit:
-        _, n, gid = heapq.heappop(heap)
-        out.append((gid, n))
-        cap, latency = caps[gid]
-        if n < cap:
-            heapq.heappush(heap, (latency(n + 1), n + 1, gid))
-    return tuple(out)
+        if n <= model[g.type].capacity:
+            starts.setdefault(g.type, []).append((n, g.id))
+    limit = max(0, limit)
+    per_type = [_free_positions(model[t], s, limit) for t, s in starts.items()]
+    entries = per_type[0] if len(per_type) == 1 else sorted(chain.from_iterable(per_type))[:limit]
+    return tuple(zip(map(_THIRD, entries), map(_SECOND, entries)))
+
+
+def _free_positions(profile: GpuProfile, starts: list[tuple[int, str]], limit: int) -> list[tuple[float, int, str]]:
+    """The first ``limit`` (l(n), n, gpu id) of one type's free positions in ascending
+    order: l is non-decreasing in n, so by n, then by id."""
+    starts.sort()
+    curve, cap = profile.curve, profile.capacity
+    out: list[tuple[float, int, str]] = []
+    open_: list[str] = []  # GPUs with a free position at n, by id
+    i = 0
+    for n in range(starts[0][0], cap + 1):
+        if len(out) >= limit:
+            break
+        while i < len(starts) and starts[i][0] <= n:
+            insort(open_, starts[i][1])
+            i += 1
+        out.extend(zip(repeat(curve[n]), repeat(n), open_))
+    return out[:limit]
 
 
 def worst_latency(snapshot: Snapshot, model: LatencyModel) -> float:

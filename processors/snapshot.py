@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
+from itertools import compress, repeat
+from operator import attrgetter, is_, is_not
+from typing import Callable
 
 from processors.lifecycle import SessionEvent, SessionState
 
 __all__ = ["GpuState", "Gpu", "Session", "ChunkStats", "Snapshot"]
+
+_GPU_ID, _LIFECYCLE = attrgetter("gpu_id"), attrgetter("lifecycle")
 
 
 class GpuState(str, Enum):
@@ -77,16 +83,15 @@ class Snapshot:
 
     def resident(self) -> dict[str, int]:
         """Sessions whose state is on each GPU (executing or idle-resident), per GPU id."""
-        out = {g.id: 0 for g in self.gpus}
-        for s in self.sessions:
-            if s.gpu_id in out and s.lifecycle is not SessionState.TERMINATED:
-                out[s.gpu_id] += 1  # type: ignore[index]
-        return out
+        return self._count(is_not, SessionState.TERMINATED)
 
     def loads(self) -> dict[str, int]:
         """Executing sessions per GPU id (every GPU of the snapshot is a key)."""
-        out = {g.id: 0 for g in self.gpus}
-        for s in self.sessions:
-            if s.gpu_id is not None and s.lifecycle is SessionState.EXECUTION and s.gpu_id in out:
-                out[s.gpu_id] += 1
-        return out
+        return self._count(is_, SessionState.EXECUTION)
+
+    def _count(self, test: Callable[[object, object], bool], state: SessionState) -> dict[str, int]:
+        """Per GPU id, the sessions whose lifecycle passes ``test(lifecycle, state)`` (counted
+        in C: this runs over every session at every decision)."""
+        sessions = self.sessions
+        on = Counter(compress(map(_GPU_ID, sessions), map(test, map(_LIFECYCLE, sessions), repeat(state))))
+        return {g.id: on[g.id] for g in self.gpus}

@@ -26,7 +26,10 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass, field, fields, replace
+from itertools import chain, compress
+from operator import attrgetter, not_
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -44,6 +47,7 @@ __all__ = ["SimConfig", "SimResult", "Signals", "Stop", "ChunkBound", "signals_f
 
 _BOOT, _CHUNK, _ARRIVE, _START, _EVENT, _DECIDE = range(6)
 _EXEC = SessionState.EXECUTION
+_GPU_ID = attrgetter("gpu_id")
 
 
 def _with(s: Session, gpu_id: str | None, restore: bool, since: float) -> Session:
@@ -215,10 +219,13 @@ class _Sim:
                  stop: Stop | None = None) -> None:
         self.policy, self.events, self.model, self.cfg, self.signals = policy, events, model, cfg, signals
         self.stop = stop or Stop()
+        self.stop_worst = self.stop.worst_s
+        self.deadline = cfg.deadline_s + 1e-9  # a chunk later than this missed its deadline
         self.missed = self.recorded = 0  # chunk latencies past the deadline so far, and all of them
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.gpus: dict[str, _Gpu] = {}
+        self.gpu_view: tuple[Gpu, ...] | None = None  # the GPUs as snapshots show them (None: changed since)
         self.next_gpu = 0
         self.sessions: dict[str, Session] = {}  # executing sessions, as policies see them
         self.idle: dict[str, Session] = {}  # suspended ones (gpu_id set: still resident)
@@ -252,6 +259,7 @@ class _Sim:
         self.warm_rounds = 0
         nwin = int(self.end // cfg.window_s) + 1
         self.tl = {k: [0.0] * nwin for k in ("gpus", "active", "migrations", "worst_latency_s")}
+        self.tl_worst = self.tl["worst_latency_s"]
         for _ in range(cfg.initial_gpus):
             self.add_gpu(cfg.gpu_type, 0.0, GpuState.READY)
 
@@ -268,6 +276,7 @@ class _Sim:
         self.next_gpu += 1
         latency = self.model[gtype].latency  # unknown types fail here, as a ConfigError
         g = self.gpus[gid] = _Gpu(gid, gtype, state, now, latency)
+        self.gpu_view = None
         return g
 
     def bill(self, g: _Gpu, now: float) -> None:
@@ -286,10 +295,12 @@ class _Sim:
         self.seq += 1
         heapq.heappush(self.heap, (now + g.latency(len(g.batch)), _CHUNK, self.seq, g.id))
 
-    def chunk_done(self, g: _Gpu, now: float) -> None:
+    def chunk_done(self, g: _Gpu, now: float, w: int) -> None:
+        """A chunk ends at ``now`` (in timeline window ``w``): record its latencies and
+        start the next one."""
         g.busy = False
         worst = 0.0
-        req, lat, lat_n, deadline, seen = self.req, self.lat, self.lat_n, self.cfg.deadline_s + 1e-9, self.seen
+        req, seen, deadline = self.req, self.seen, self.deadline
         missed0, count0 = seen[1], seen[0]
         present = g.batch & g.roster
         if g.leaving:
@@ -298,36 +309,22 @@ class _Sim:
         cont = len(present) - len(special)
         if cont:  # back to back since their previous chunk here: one latency for all of them
             worst = now - g.start
-            lat.append(worst)
-            lat_n.append(cont)
+            self.lat.append(worst)
+            self.lat_n.append(cont)
             seen[0] += cont
             if worst > deadline:
                 seen[1] += cont
-        for sid in special:
-            x = now - req.pop(sid)
-            if sid in self.waking:
-                self.waking.discard(sid)
-                self.resume_lat.append(x)
-            if self.transfer:
-                x -= self.transfer.pop(sid, 0.0)
-            lat.append(x)
-            lat_n.append(1)
-            if x > worst:
-                worst = x
-            seen[0] += 1
-            if x > deadline:
-                seen[1] += 1
+        if special:
+            worst = self.special_done(special, now, worst)
         if worst > seen[2]:
             seen[2] = worst
         self.recorded += seen[0] - count0
-        if seen[1] > missed0 or worst > self.stop.worst_s:
+        if seen[1] > missed0 or worst > self.stop_worst:
             self.missed += seen[1] - missed0
             if self.stop.broken(worst, self.missed, self.recorded, now):
                 raise _Abort(now)
-        if worst > 0.0:
-            tl, w = self.tl["worst_latency_s"], self.win(now)
-            if worst > tl[w]:
-                tl[w] = worst
+        if worst > self.tl_worst[w]:
+            self.tl_worst[w] = worst
         if g.leaving:
             for sid, (dst, cost) in g.leaving.items():
                 g.roster.discard(sid)
@@ -346,6 +343,26 @@ class _Sim:
             heapq.heappush(self.heap, (now + g.latency(len(g.batch)), _CHUNK, self.seq, g.id))
         else:
             g.batch = set()
+
+    def special_done(self, special: set[str], now: float, worst: float) -> float:
+        """Record the chunk latencies of ``special`` sessions (not back to back: each
+        waited since it needed the chunk); returns ``worst`` raised to theirs."""
+        req, lat, lat_n, seen, deadline = self.req, self.lat, self.lat_n, self.seen, self.deadline
+        for sid in special:
+            x = now - req.pop(sid)
+            if sid in self.waking:
+                self.waking.discard(sid)
+                self.resume_lat.append(x)
+            if self.transfer:
+                x -= self.transfer.pop(sid, 0.0)
+            lat.append(x)
+            lat_n.append(1)
+            if x > worst:
+                worst = x
+            seen[0] += 1
+            if x > deadline:
+                seen[1] += 1
+        return worst
 
     def arrive(self, sid: str, gid: str, now: float) -> None:
         g = self.gpus.get(gid)
@@ -456,6 +473,7 @@ class _Sim:
             if g.state is not GpuState.DRAINING:
                 self.scale_events += 1
             g.state = GpuState.DRAINING
+            self.gpu_view = None
         elif isinstance(cmd, Admit):
             self.plan = AdmitPlan(cmd.order, {}, cmd.fallback, now)
         elif isinstance(cmd, Retire):
@@ -472,6 +490,7 @@ class _Sim:
 
     def release(self, g: _Gpu, now: float) -> None:
         del self.gpus[g.id]
+        self.gpu_view = None
         self.bill(g, now)
         for sid, i in list(self.idle.items()):  # idle residents lose their GPU: offloaded
             if i.gpu_id == g.id:
@@ -484,16 +503,17 @@ class _Sim:
 
     # -- rounds ------------------------------------------------------------------------
     def snapshot(self, now: float) -> Snapshot:
-        gpus = tuple(Gpu(g.id, g.type, g.state) for g in self.gpus.values())
+        gpus = self.gpu_view
+        if gpus is None:
+            gpus = self.gpu_view = tuple(Gpu(g.id, g.type, g.state) for g in self.gpus.values())
         chunks = ChunkStats(self.seen[0], self.seen[1], self.seen[2])
         sessions = tuple(self.sessions.values()) + tuple(self.idle.values())
         return Snapshot(now, gpus, sessions, tuple(self.fresh), chunks)
 
     def decide(self, now: float) -> None:
         self.decide_at = None
+        self.admit_waiting(now)  # before the snapshot: the policy sees where they went
         snap = self.snapshot(now)
-        if self.admit_waiting(snap, now):
-            snap = self.snapshot(now)
         self.fresh, self.seen = [], [0, 0, 0.0]
         d = self.policy.decide(snap, self.signals.at(now), self.state)
         self.state = d.state
@@ -501,24 +521,26 @@ class _Sim:
         for cmd in d.commands:
             self.apply(cmd, now)
 
-    def admit_waiting(self, snap: Snapshot, now: float) -> bool:
+    def admit_waiting(self, now: float) -> bool:
         """Dispatch's part: the sessions that arrived or woke since the last round go where
         that round's admission plan says (processors.dispatch.candidate, as live), before
         the policy decides again; whatever the plan leaves waits for the policy's Place."""
         plan = self.plan
         if plan is None or not (plan.order or plan.fallback):
             return False
-        waiting = [s for s in snap.sessions if s.lifecycle is _EXEC and s.gpu_id is None]
+        execs = self.sessions.values()  # executing sessions only; GPU ids are never empty
+        waiting = list(compress(execs, map(not_, map(_GPU_ID, execs))))
         if not waiting:
             return False
-        held = snap.resident()
+        # sessions whose state is on each GPU (executing or idle-resident), as Snapshot.resident
+        held = Counter(map(_GPU_ID, chain(execs, self.idle.values())))
         workers = {g.id: WorkerLoad(held[g.id], self.model[g.type].capacity, draining=g.state is not GpuState.READY)
-                   for g in snap.gpus}
+                   for g in self.gpus.values()}
         for s in waiting:
             best = candidate(plan, workers, s.id)
             if best is not None:
                 w = workers[best]
-                workers[best] = replace(w, used=w.used + 1)
+                workers[best] = WorkerLoad(w.used + 1, w.capacity, w.draining, w.down)
                 self.apply(Restore(s.id, best) if s.restore else Place(s.id, best), now)
         return True
 
@@ -592,8 +614,9 @@ class _Sim:
     def loop(self, progress: Callable[[float], None] | None) -> None:
         heap, gpus, sessions, end, tl_gpus, tl_active = self.heap, self.gpus, self.sessions, self.end, self.tl["gpus"], self.tl["active"]
         w, edge, last = -1, -math.inf, len(tl_gpus) - 1
+        pop = heapq.heappop
         while heap:
-            now, kind, _, item = heapq.heappop(heap)
+            now, kind, _, item = pop(heap)
             if now > end and kind != _EVENT:
                 break
             crossed = now >= edge  # heap times never fall: windows change only at an edge
@@ -605,7 +628,7 @@ class _Sim:
             if kind == _CHUNK:
                 g = gpus.get(item)
                 if g is not None and g.busy:
-                    self.chunk_done(g, now)
+                    self.chunk_done(g, now, w)
             elif kind == _ARRIVE:
                 self.arrive(item[0], item[1], now)
             elif kind == _START:
@@ -618,12 +641,13 @@ class _Sim:
                 g = gpus.get(item)
                 if g is not None and g.state is GpuState.BOOTING:
                     g.state = GpuState.READY
+                    self.gpu_view = None
                     self.schedule_decide(now)
             elif item is None or item == self.decide_at:
                 self.decide(now)
-            # the window's most GPUs and executing sessions (they change on decisions,
-            # chunk ends that release a GPU and trace events)
-            if crossed or kind != _ARRIVE and kind != _START:
+            # the window's most GPUs and executing sessions (only decisions and trace
+            # events add to them: other events cannot raise a window's most)
+            if crossed or kind >= _EVENT:
                 if len(gpus) > tl_gpus[w]:
                     tl_gpus[w] = len(gpus)
                 if len(sessions) > tl_active[w]:
