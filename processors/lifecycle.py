@@ -11,20 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from processors.decisions import Command, Offload, Discard
 from schemas import records as r
 from streams.generations import StoreState
-
-if TYPE_CHECKING:
-    from processors.snapshot import Session
 
 __all__ = [
     "SessionState",
     "EventKind",
     "Action",
     "SessionEvent",
+    "Session",
     "TRANSITIONS",
     "transition",
     "on_event",
@@ -79,6 +77,24 @@ class SessionEvent:
     state_bytes: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One session: its state size, lifecycle state and GPU (None when not on one).
+
+    ``restore`` marks an executing session whose state must be restored when placed. A
+    suspended session with a ``gpu_id`` is idle but still resident there (its state holds
+    memory and a slot). ``since`` is when its lifecycle state last changed (idle age).
+    """
+
+    id: str
+    state_bytes: int = 0
+    lifecycle: SessionState = SessionState.EXECUTION
+    gpu_id: str | None = None
+    restore: bool = False
+    since: float = 0.0
+
+
+
 _E, _S, _T = SessionState.EXECUTION, SessionState.SUSPENDED, SessionState.TERMINATED
 
 #: (current state or None for an unknown session, event) -> (next state, action)
@@ -125,14 +141,12 @@ def transition(state: SessionState | None, event: EventKind) -> tuple[SessionSta
     return TRANSITIONS[(state, EventKind(event))]
 
 
-def on_event(session: "Session | None", event: SessionEvent) -> tuple["Session", tuple[Command, ...]]:
+def on_event(session: Session | None, event: SessionEvent) -> tuple[Session, tuple[Command, ...]]:
     """Apply ``event`` to one session record; returns the new record and its commands.
 
     A session that must run comes back in EXECUTION with ``gpu_id=None`` (``restore`` set when
     its state was offloaded): the placement controller gives it a GPU at the next round.
     """
-    from processors.snapshot import Session
-
     current = session.lifecycle if session is not None else None
     nxt, action = transition(current, event.kind)
     if session is None:

@@ -9,7 +9,7 @@ from itertools import compress, repeat
 from operator import attrgetter, is_, is_not
 from typing import Callable
 
-from processors.lifecycle import SessionEvent, SessionState
+from processors.lifecycle import Session, SessionEvent, SessionState
 
 __all__ = ["GpuState", "Gpu", "Session", "ChunkStats", "Snapshot"]
 
@@ -34,23 +34,6 @@ class Gpu:
     type: str
     state: GpuState = GpuState.READY
     external: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Session:
-    """One session: its state size, lifecycle state and GPU (None when not on one).
-
-    ``restore`` marks an executing session whose state must be restored when placed. A
-    suspended session with a ``gpu_id`` is idle but still resident there (its state holds
-    memory and a slot). ``since`` is when its lifecycle state last changed (idle age).
-    """
-
-    id: str
-    state_bytes: int = 0
-    lifecycle: SessionState = SessionState.EXECUTION
-    gpu_id: str | None = None
-    restore: bool = False
-    since: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
