@@ -68,3 +68,52 @@ def test_the_table_is_read_where_sessions_change_state(name):
         assert users == set(), users  # nobody reads the raw table: transition() is the door
     else:
         assert "processors/dispatch.py" in users
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(name: str, path: Path, node: ast.AST, known: set[str]) -> set[str]:
+    """The chunkserve modules one import statement names."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name in known}
+    assert isinstance(node, ast.ImportFrom)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    base = node.module or ""
+    if node.level:
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{base}" if base else package
+    out = {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known}
+    return out | ({base} if base in known else set())
+
+
+def test_no_import_cycle_is_hidden_by_an_import_inside_a_function_or_type_check():
+    """Layers point down: an import made late (in a function, under TYPE_CHECKING) must not
+    close a circle that the module-level imports would refuse."""
+    paths = {_module_name(p): p for pkg in (*PACKAGES, "schemas", "infra") for p in (ROOT / pkg).rglob("*.py")}
+    known = set(paths)
+    top: dict[str, set[str]] = {}
+    late: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text())
+        top[name], late[name] = set(), set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                (top if node in tree.body else late)[name] |= _imports(name, path, node, known)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            m = todo.pop()
+            if m == goal:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo.extend(top.get(m, ()))
+        return False
+
+    cycles = [f"{m} -> {t}" for m in sorted(late) for t in sorted(late[m]) if t != m and reaches(t, m)]
+    assert cycles == []
