@@ -107,7 +107,7 @@ class Retire:
 class Admit:
     """Where the sessions that arrive or resume before the next round go: ``order`` is
     (gpu_id, count) entries; each goes to the first entry whose GPU holds fewer than
-    ``count`` sessions (:func:`processors.dispatch.candidate`), past the order to the
+    ``count`` sessions (:func:`processors.admission.candidate`), past the order to the
     least-loaded GPU when ``fallback``. Without it (and for a policy that issues no Admit)
     a session waits for the policy's own Place or Restore at the next round."""
 

@@ -16,106 +16,13 @@ from schemas.records import (AdmissionPlan, Assign, CommandRejected, Frozen, Gen
                              Resume, Revoke, RoutedInput, Suspend, Terminate)
 from streams.generations import SessionView, StoreState
 
+from .admission import AdmitPlan, WorkerLoad, candidate
 from .lifecycle import EVENT_KIND, STORE_STATE, Action, EventKind, SessionState, transition
 
-__all__ = ["WorkerLoad", "AdmitPlan", "candidate", "Bucket", "take", "InputGate", "DispatchView", "Facts",
+__all__ = ["DispatchView", "Facts",
            "Input", "Admission", "Seen", "Committed", "CommitRefused", "Moved", "MoveRefused", "Retry",
            "Event", "Publish", "Commit", "Move", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore", "Refuse", "Note",
            "Command", "decide", "counted"]
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
-    """One worker in the load view."""
-
-    used: int
-    capacity: int
-    draining: bool = False
-    down: bool = False  # declared dead, not heard from since
-
-    @property
-    def free(self) -> int:
-        return self.capacity - self.used
-
-
-@dataclass(frozen=True, slots=True)
-class AdmitPlan:
-    """The policy's placement of the sessions to come (its last round's ``Admit``, ``Place``
-    and ``Resume``): ``order`` (worker, count) entries, ``pinned`` session -> worker, and
-    whether a session past the order may go to the least-loaded worker (``fallback``)."""
-
-    order: tuple[tuple[str, int], ...] = ()
-    pinned: Mapping[str, str] = field(default_factory=dict)
-    fallback: bool = True
-    ts: float = -1e18  # when the policy made it (a plan only replaces an older one)
-
-
-def candidate(plan: AdmitPlan | None, workers: Mapping[str, WorkerLoad], session_id: str,
-              exclude: frozenset[str] = frozenset()) -> str | None:
-    """Where to try a session next: the worker the plan pinned it to, else the first order
-    entry whose worker runs fewer sessions than the entry's count, else (with ``fallback``)
-    the least-loaded; never a worker full, draining, down or in ``exclude``. No plan (no
-    controller heard yet): the least-loaded. None: wait. The simulator admits by the same rule."""
-    def room(wid: str, below: int) -> bool:
-        w = workers.get(wid)
-        return (w is not None and wid not in exclude and not w.draining and not w.down
-                and w.capacity > 0 and w.free > 0 and w.used < below)
-
-    if plan is not None:
-        pin = plan.pinned.get(session_id)
-        if pin is not None and room(pin, 1 << 30):
-            return pin
-        for wid, count in plan.order:
-            if room(wid, count):
-                return wid
-        if not plan.fallback:
-            return None
-    feasible = [(w.used / w.capacity, w.used, wid) for wid, w in workers.items()
-                if wid not in exclude and not w.draining and not w.down and w.capacity > 0 and w.free > 0]
-    return min(feasible)[2] if feasible else None
-
-
-@dataclass(frozen=True, slots=True)
-class Bucket:
-    """A token bucket: ``tokens`` left at time ``at``."""
-
-    tokens: float
-    at: float
-
-
-def take(bucket: Bucket | None, now: float, rate: float, burst: float) -> tuple[Bucket, bool]:
-    """Take one token (one input) if the session's bucket has one; refill at ``rate`` per second
-    up to ``burst``."""
-    if bucket is None:
-        bucket = Bucket(burst, now)
-    tokens = min(burst, bucket.tokens + max(0.0, now - bucket.at) * rate)
-    if tokens >= 1.0:
-        return Bucket(tokens - 1.0, now), True
-    return Bucket(tokens, now), False
-
-
-class InputGate:
-    """The bounds an input passes before it is routed: seq from 1, payload size, and a token
-    bucket per session (the oldest sessions' buckets are forgotten past 100,000)."""
-
-    def __init__(self, max_bytes: int, rate: float, burst: float) -> None:
-        self.max_bytes, self.rate, self.burst = max_bytes, rate, burst
-        self._buckets: dict[str, Bucket] = {}
-
-    def refuse(self, sid: str, seq: int, size: int, now: float) -> str | None:
-        """None if the input may be routed; else why not."""
-        if seq < 1:
-            return f"seq {seq}: a session's inputs are numbered from 1, one by one"
-        if size > self.max_bytes:
-            return f"input payload is {size} bytes, over the {self.max_bytes}-byte limit"
-        bucket, ok = take(self._buckets.get(sid), now, self.rate, self.burst)
-        self._buckets[sid] = bucket
-        if len(self._buckets) > 100_000:
-            for old in list(self._buckets)[:10_000]:
-                del self._buckets[old]
-        if not ok:
-            return f"input rate over {self.rate:g}/s (burst {self.burst:g}) for this session"
-        return None
 
 
 # --- the dispatch core: decide(view, event, now) -> (view, commands) --------------------

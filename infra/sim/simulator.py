@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from processors.decisions import Admit, Vacate, Migrate, Place, Restore, Boot, Retire, Offload, Discard
-from processors.dispatch import AdmitPlan, WorkerLoad, candidate
+from processors.admission import AdmitPlan, WorkerLoad, candidate
 from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionEvent, SessionState, on_event
@@ -523,7 +523,7 @@ class _Sim:
 
     def admit_waiting(self, now: float) -> bool:
         """Dispatch's part: the sessions that arrived or woke since the last round go where
-        that round's admission plan says (processors.dispatch.candidate, as live), before
+        that round's admission plan says (processors.admission.candidate, as live), before
         the policy decides again; whatever the plan leaves waits for the policy's Place."""
         plan = self.plan
         if plan is None or not (plan.order or plan.fallback):

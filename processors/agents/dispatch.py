@@ -21,10 +21,11 @@ from schemas.codec import encode
 from schemas.topics import SESSION_INPUTS
 from streams.kafka import dead_letter_record
 
+from ..admission import WorkerLoad, candidate
 from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Commit, Committed,
-                        CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, InputGate, Note, Publish,
-                        ReadAgain, Refuse, RequestClose, Retry, RetryLater, Seen, WorkerLoad, candidate,
-                        counted, decide)
+                        CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, Note, Publish,
+                        ReadAgain, Refuse, RequestClose, Retry, RetryLater, Seen, counted, decide)
+from ..input_gate import InputGate
 from .recovery import Recovery
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
@@ -229,7 +230,7 @@ class DispatchShell:
 
     async def commit_planned(self, sid: str, expected_epoch: int) -> Generation | None:
         """The recovery's commit, on the worker an admission would take (the policy's plan,
-        :func:`~processors.dispatch.candidate`), the next one when that one is full; None
+        :func:`~processors.admission.candidate`), the next one when that one is full; None
         when none is left (the next sweep tries again, by then maybe with the policy's pin).
         Refusals other than capacity raise."""
         tried: set[str] = set()

@@ -17,7 +17,7 @@ from schemas.errors import NoCapacityError, OwnershipError
 from schemas.records import Assign, Generation
 from streams.generations import StoreState
 
-from ..dispatch import WorkerLoad
+from ..admission import WorkerLoad
 from ..recovery import CLAIM_GRACE_S, Step, next_step
 
 

@@ -1,12 +1,12 @@
 """Admission plans: the policy says where the next sessions go; dispatch and the simulator
-admit by the same rule (``processors.dispatch.candidate``). Pure: no Kafka, no Redis."""
+admit by the same rule (``processors.admission.candidate``). Pure: no Kafka, no Redis."""
 
 from __future__ import annotations
 
 from processors import decisions as d
 from processors.agents.control import ControlConfig, ControlShell, admission_plan
-from processors.dispatch import (AdmitPlan, Commit, Committed, DispatchView, Facts, Retry, RetryLater, Seen,
-                                 WorkerLoad, candidate, decide)
+from processors.admission import AdmitPlan, WorkerLoad, candidate
+from processors.dispatch import Commit, Committed, DispatchView, Facts, Retry, RetryLater, Seen, decide
 from processors.latency import load_profiles
 from processors.placement import admission_order
 from processors.snapshot import Gpu, GpuState, Session, Snapshot

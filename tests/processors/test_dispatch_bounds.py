@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from processors.agents.dispatch import DispatchShell
-from processors.dispatch import take
+from processors.input_gate import take
 from schemas.records import InputPushed
 
 

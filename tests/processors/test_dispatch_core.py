@@ -12,7 +12,8 @@ import pytest
 
 from processors.dispatch import (Admission, CloseInStore, Commit, Committed, CommitRefused, DispatchView,
                                  Facts, Input, Move, Moved, MoveRefused, Note, Publish, ReadAgain, Refuse, RequestClose, Retry,
-                                 RetryLater, Seen, WorkerLoad, decide)
+                                 RetryLater, Seen, decide)
+from processors.admission import WorkerLoad
 from processors.lifecycle import STORE_STATE, Action, EventKind, transition
 from schemas.records import (Assign, CommandRejected, Frozen, Generation, PlacementReport, Resume, Revoke,
                              RoutedInput, SessionActive, SessionClosed, SessionIdle, SessionOpened,

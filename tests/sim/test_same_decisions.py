@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from processors import decisions as d
 from processors.agents.control import ControlConfig, ControlShell, make_policy
-from processors.dispatch import (AdmitPlan, Commit, Committed, DispatchView, Facts, Retry, RetryLater, Seen,
-                                 WorkerLoad, decide)
+from processors.admission import AdmitPlan, WorkerLoad
+from processors.dispatch import Commit, Committed, DispatchView, Facts, Retry, RetryLater, Seen, decide
 from processors.latency import load_profiles
 from processors.lifecycle import EventKind, SessionEvent, SessionState
 from infra.sim.simulator import SimConfig, simulate
