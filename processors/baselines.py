@@ -21,13 +21,14 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from processors.decisions import Command, Decision, Place, Restore
+from processors.decisions import Admit, Command, Decision, Place, Restore
 from processors.detector import Signal
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import SessionState
+from processors.placement import ADMIT_LIMIT
 from processors.snapshot import GpuState, Session, Snapshot
 
-__all__ = ["greedy_place", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
+__all__ = ["greedy_place", "fill_order", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
 
 _GPU_ID, _LIFECYCLE, _BYTES = attrgetter("gpu_id"), attrgetter("lifecycle"), attrgetter("state_bytes")
 _STATES = tuple(SessionState)
@@ -144,7 +145,35 @@ class _Greedy:
 
     def decide(self, snapshot: Snapshot, signal: Signal | None, state: int | None) -> Decision:
         cmds, cursor = greedy_place(snapshot, self.model, self.score, pinned=self.keep_idle_resident, start=state or 0)
+        if self.score in _ORDERED and not self.keep_idle_resident:
+            cmds += (Admit(fill_order(snapshot, self.model, self.score, cmds)),)
         return Decision(cmds, cursor)
+
+
+# scores that read only a GPU's session count: their choice for the sessions to come can be
+# given ahead as an admission order (a memory score needs the newcomer's state size)
+_ORDERED = (_fewest, _latency)
+
+
+def fill_order(snapshot: Snapshot, model: LatencyModel, score: Score, placed: tuple[Command, ...],
+               limit: int = ADMIT_LIMIT) -> tuple[tuple[str, int], ...]:
+    """Where ``score`` puts the next ``limit`` sessions after this round's ``placed``: the
+    free positions of the ready GPUs, lowest score first, ties by GPU id, as (gpu_id, count)."""
+    n = snapshot.loads()
+    for c in placed:
+        if isinstance(c, (Place, Restore)):
+            n[c.gpu_id] = n.get(c.gpu_id, 0) + 1
+    heap = [(score(model[g.type], n.get(g.id, 0), 0, 0), g.id, n.get(g.id, 0) + 1) for g in snapshot.gpus
+            if g.state is GpuState.READY and n.get(g.id, 0) < model[g.type].capacity]
+    heapq.heapify(heap)
+    types = {g.id: g.type for g in snapshot.gpus}
+    out: list[tuple[str, int]] = []
+    while heap and len(out) < limit:
+        _, gid, count = heapq.heappop(heap)
+        out.append((gid, count))
+        if count < model[types[gid]].capacity:
+            heapq.heappush(heap, (score(model[types[gid]], count, 0, 0), gid, count + 1))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -95,3 +95,17 @@ def test_turboserve_ends_every_decision_with_its_admission_order():
     decision = TurboServe(model=model, autoscale=False).decide(snap, None, TurboServe().initial_state())
     admit = decision.commands[-1]
     assert isinstance(admit, d.Admit) and admit.order[0] == ("g1", 1)
+
+
+def test_the_least_loaded_baseline_gives_its_rule_ahead_as_an_order_and_the_pinned_ones_do_not():
+    from processors.baselines import Base, PinnedLag
+
+    model = load_profiles("paper")
+    gtype = next(iter(model))
+    snap = Snapshot(0.0, (Gpu("g0", gtype), Gpu("g1", gtype)),
+                    (Session("s1", gpu_id="g0"), Session("s2", gpu_id="g0"), Session("s3")))
+    decision = Base(model=model).decide(snap, None, 0)
+    assert decision.commands[0] == d.Place("s3", "g1")
+    admit = decision.commands[-1]
+    assert isinstance(admit, d.Admit) and admit.order[:3] == (("g1", 2), ("g0", 3), ("g1", 3))
+    assert not any(isinstance(c, d.Admit) for c in PinnedLag(model=model).decide(snap, None, 0).commands)

@@ -74,7 +74,7 @@ def _events() -> list[SessionEvent]:
     return out
 
 
-@pytest.mark.parametrize("policy", ["turboserve-no-autoscale", f"{__name__}:Packing"])
+@pytest.mark.parametrize("policy", ["turboserve-no-autoscale", "least-loaded-offload", f"{__name__}:Packing"])
 def test_simulator_and_control_plane_decide_alike(policy: str):
     model = load_profiles(PROFILE)
     events = _events()
