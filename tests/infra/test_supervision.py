@@ -44,12 +44,21 @@ def _start_up(settings: Settings, tmp_path, *options: str, **env: str) -> tuple[
     while time.monotonic() < deadline:
         assert up.poll() is None, "up exited early"
         tree = psutil.Process(up.pid).children(recursive=True)
-        if any("--worker-id" in p.cmdline() for p in tree if p.is_running()):
+        if any("--worker-id" in _cmdline(p) for p in tree):
             time.sleep(3.0)  # let the worker load its model and register
             return up, psutil.Process(up.pid).children(recursive=True)
         time.sleep(0.5)
     up.kill()
     raise AssertionError("the provisioner started no worker within 120 s")
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    """The process's command line; empty for one that exited meanwhile (a zombie not yet
+    reaped by its parent, or gone)."""
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
 
 
 def _gone_within(procs: list[psutil.Process], timeout_s: float) -> tuple[float, list[psutil.Process]]:
@@ -83,7 +92,7 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path):
 
     port = free_port()
     up, tree = _start_up(settings, tmp_path, "--metrics-port", str(port))
-    names = {" ".join(p.cmdline()[3:5]) for p in tree}
+    names = {" ".join(_cmdline(p)[3:5]) for p in tree}
     assert {"processor dispatch", "processor control", "processor detector", "processor metrics",
             "provisioner"} <= {n.split(" --")[0] for n in names}
     # every child has an endpoint of its own, listed for Prometheus; `up` says which run
