@@ -62,6 +62,9 @@ def refused_inputs(letters: list[Any]) -> set[tuple[str, int]]:
     return out
 
 
+ROOM_SETTLE_S = 12.0  # after the closes that make room: recovery's bound (5 s), the settle window (5 s), slack
+
+
 @dataclass(frozen=True)
 class ChaosConfig:
     sessions: int = 12
@@ -237,7 +240,7 @@ def _process_plan(config: ChaosConfig) -> list[tuple[float, str]]:
         return []
     plan = [(0.15, "pause"), (0.45, "kill_worker"), (0.6, "kill_dispatch")]
     if config.sessions > (config.workers - 1) * config.capacity:
-        plan.append((0.75, "make_room"))
+        plan.append((0.85, "make_room"))  # after the dispatch failover (session timeout 6 s)
     return plan
 
 
@@ -388,6 +391,9 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                             session_events.append(SessionClosed(session_id=sid, ts=time.time()))
                             await _send_until_acked(producer, session_events[-1])
                         progress(f"closed {excess} sessions to make room")
+                        # the waiting sessions are judged over the last settle window before the
+                        # closes at the end: leave room for recovery (bound 5 s) and that window
+                        run_end = max(run_end, time.monotonic() + ROOM_SETTLE_S)
                     else:
                         fleet.kill("dispatch-0")
                         faults["killed_dispatch"] = "dispatch-0"
