@@ -158,12 +158,7 @@ async def _duplicator(settings: Settings, producer: RecordProducer, fraction: fl
     """Re-publish a fraction of worker commands 0.2-2 s later: duplicates, delayed and reordered."""
     consumer = RecordConsumer(settings, [WORKER_COMMANDS], producer, name="chaos-duplicator")
     await consumer.start(subscribe=False)
-    from aiokafka import TopicPartition
-
-    tps = [TopicPartition(consumer.catalogue.name(WORKER_COMMANDS), p)
-           for p in range(settings.partitions.get(WORKER_COMMANDS, 1))]
-    consumer.raw.assign(tps)
-    await consumer.raw.seek_to_end(*tps)
+    await consumer.assign({WORKER_COMMANDS: None}, "end")
     pending: list[asyncio.Task[Any]] = []
 
     async def later(rec: Record, delay: float) -> None:

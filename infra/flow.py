@@ -81,12 +81,7 @@ class EventLog:
 
     async def start(self) -> None:
         await self.consumer.start(subscribe=False)
-        from aiokafka import TopicPartition
-
-        tps = [TopicPartition(self.consumer.catalogue.name(t), p)
-               for t in self.topics for p in range(self.settings.partitions.get(t, 1))]
-        self.consumer.raw.assign(tps)
-        await self.consumer.raw.seek_to_beginning(*tps)
+        await self.consumer.assign(dict.fromkeys(self.topics))
 
     async def pump(self, timeout_ms: int = 100) -> None:
         self.records.extend(d.record for d in await self.consumer.poll(timeout_ms=timeout_ms))

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from aiokafka import TopicPartition
-
 from processors.cluster import ClusterView, apply
 from schemas.records import Handoff, Record
 from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WORKER_EVENTS
@@ -30,18 +28,8 @@ async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0)
     consumer = RecordConsumer(settings, list(topics), None, name="replay", isolation_level="read_committed")
     await consumer.start(subscribe=False)
     try:
-        tps = [TopicPartition(consumer.catalogue.name(t), p)
-               for t in topics for p in await consumer.partitions(t)]
-        consumer.raw.assign(tps)
-        ends = await consumer.raw.end_offsets(tps)
-        starts = await consumer.raw.beginning_offsets(tps)
-        for tp in tps:
-            consumer.raw.seek(tp, min(max(offset, starts[tp]), ends[tp]))
-        out: list[Record] = []
-        while any([await consumer.raw.position(tp) < ends[tp] for tp in tps]):
-            out.extend(d.record for d in await consumer.poll(timeout_ms=200)
-                       if d.offset < ends[TopicPartition(d.topic, d.partition)])
-        return out, consumer.dead_lettered
+        ends = await consumer.assign(dict.fromkeys(topics), max(0, offset))
+        return [d.record async for d in consumer.read_to(ends)], consumer.dead_lettered
     finally:
         await consumer.stop()
 

@@ -131,7 +131,6 @@ async def watch(settings: Settings, duration_s: float | None, render: bool = Tru
 
     ``from_offset`` None starts at the end of every partition, else at that offset.
     """
-    from aiokafka import TopicPartition
     from rich.live import Live
 
     from streams.kafka import RecordConsumer
@@ -143,16 +142,7 @@ async def watch(settings: Settings, duration_s: float | None, render: bool = Tru
     await consumer.start(subscribe=False)
     live = Live(table(state, clock()), refresh_per_second=4, transient=False) if render else None
     try:
-        tps = [TopicPartition(consumer.catalogue.name(t), p)
-               for t in (METRICS, WORKER_EVENTS) for p in range(settings.partitions.get(t, 1))]
-        consumer.raw.assign(tps)
-        if from_offset is None:
-            await consumer.raw.seek_to_end(*tps)
-        else:
-            for tp in tps:
-                consumer.raw.seek(tp, from_offset)
-        for tp in tps:
-            await consumer.raw.position(tp)
+        await consumer.assign(dict.fromkeys((METRICS, WORKER_EVENTS)), "end" if from_offset is None else from_offset)
         deadline = None if duration_s is None else time.monotonic() + duration_s
         if live is not None:
             live.start()

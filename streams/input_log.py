@@ -35,26 +35,13 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
     just after ``start`` (partition, offset) when it is the session's partition, else from the
     partition's start (at most ``MAX_LOOKBACK`` records back). A record that fails to decode
     is passed to the consumer's dead-letter path when ``producer`` is given."""
-    from aiokafka import TopicPartition
-
     reader = RecordConsumer(settings, [SESSION_INPUTS], producer, name=name)
     await reader.start(subscribe=False)
     try:
-        partitions = await reader.partitions(SESSION_INPUTS)
-        part = partition_for_key(sid.encode(), len(partitions))
-        tp = TopicPartition(reader.catalogue.name(SESSION_INPUTS), part)
-        reader.raw.assign([tp])
-        end = (await reader.raw.end_offsets([tp]))[tp]
-        first = (await reader.raw.beginning_offsets([tp]))[tp]
-        begin = start[1] + 1 if start is not None and start[0] == part else max(first, end - MAX_LOOKBACK)
-        reader.raw.seek(tp, max(begin, first))
-        out: list[LoggedInput] = []
-        while await reader.raw.position(tp) < end:
-            for d in await reader.poll(timeout_ms=200):
-                rec = d.record
-                if (isinstance(rec, InputPushed) and rec.session_id == sid and rec.seq > after_seq
-                        and d.offset < end):
-                    out.append(LoggedInput(part, d.offset, rec))
-        return out
+        part = partition_for_key(sid.encode(), len(await reader.partitions(SESSION_INPUTS)))
+        begin = start[1] + 1 if start is not None and start[0] == part else -MAX_LOOKBACK
+        ends = await reader.assign({SESSION_INPUTS: [part]}, begin)
+        return [LoggedInput(part, d.offset, d.record) async for d in reader.read_to(ends)
+                if isinstance(d.record, InputPushed) and d.record.session_id == sid and d.record.seq > after_seq]
     finally:
         await reader.stop()

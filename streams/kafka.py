@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, AsyncIterator, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
@@ -200,18 +200,45 @@ class RecordConsumer:
             return False
         return any(t[1] == topic and t[0] == TopicAuthorizationFailedError.errno for t in reply.topics)
 
-    async def assign(self, logical: str, partitions: list[int], from_end: bool) -> None:
-        """Read the given partitions without a group; ``from_end`` skips what is already there."""
-        await self.assign_many({logical: partitions}, from_end)
+    async def assign(self, partitions: Mapping[str, Iterable[int] | None],
+                     start: str | int = "beginning") -> dict[TopicPartition, int]:
+        """Read the given partitions of each logical topic without a group (None: every
+        partition the cluster's metadata has), from ``start``: ``"beginning"``, ``"end"``
+        (skip what is there), an offset >= 0 (clamped to what each partition holds) or -n
+        (the last n records of each partition). Returns each partition's end offset as of
+        the assignment, for :meth:`reached`; positions are resolved before it returns, so
+        nothing published afterwards is missed. An assignment replaces the previous one."""
+        tps = [TopicPartition(self.catalogue.name(t), p) for t, ps in partitions.items()
+               for p in (await self.partitions(t) if ps is None else ps)]
+        raw = self._consumer
+        raw.assign(tps)
+        ends = await raw.end_offsets(tps)
+        if start == "beginning":
+            await raw.seek_to_beginning(*tps)
+        elif start == "end":
+            for tp in tps:
+                raw.seek(tp, ends[tp])
+        elif isinstance(start, int):
+            firsts = await raw.beginning_offsets(tps)
+            for tp in tps:
+                at = start if start >= 0 else ends[tp] + start
+                raw.seek(tp, min(max(at, firsts[tp]), ends[tp]))
+        else:
+            raise ValueError(f"start must be 'beginning', 'end' or an int, not {start!r}")
+        for tp in tps:
+            await raw.position(tp)
+        return ends
 
-    async def assign_many(self, partitions: dict[str, list[int]], from_end: bool) -> None:
-        """``assign`` for several topics at once (an assignment replaces the previous one)."""
-        tps = [TopicPartition(self.catalogue.name(t), p) for t, ps in partitions.items() for p in ps]
-        self._consumer.assign(tps)
-        if from_end:
-            await self._consumer.seek_to_end(*tps)
-            for tp in tps:  # resolve the position now, so later records are not missed
-                await self._consumer.position(tp)
+    async def reached(self, ends: Mapping[TopicPartition, int]) -> bool:
+        """Whether this consumer's position is at or past ``ends`` on every partition."""
+        return all([await self._consumer.position(tp) >= end for tp, end in ends.items()])
+
+    async def read_to(self, ends: Mapping[TopicPartition, int], timeout_ms: int = 200) -> AsyncIterator[Delivered]:
+        """Every delivered record below ``ends`` (from :meth:`assign`), then stop."""
+        while not await self.reached(ends):
+            for d in await self.poll(timeout_ms=timeout_ms):
+                if d.offset < ends[TopicPartition(d.topic, d.partition)]:
+                    yield d
 
     async def stop(self) -> None:
         await self._consumer.stop()

@@ -87,7 +87,7 @@ class Worker:
         await self._consumer.start(subscribe=False)
         partitions = await self._consumer.partitions(WORKER_COMMANDS)
         mine = partition_for_key(cfg.worker_id.encode(), len(partitions))
-        await self._consumer.assign(WORKER_COMMANDS, [mine], from_end=True)
+        await self._consumer.assign({WORKER_COMMANDS: [mine]}, "end")
         await self.store.register_worker(cfg.worker_id, cfg.capacity)
         await self.store.set_draining(cfg.worker_id, False)  # a restarted worker admits again
         # sessions a previous run of this worker held are not here: they owe a recovery

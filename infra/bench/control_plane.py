@@ -119,8 +119,7 @@ class _Tracker:
 
     async def start(self) -> None:
         await self.consumer.start(subscribe=False)
-        await self.consumer.assign_many({WORKER_EVENTS: list(range(self.partitions)),
-                                         WORKER_COMMANDS: list(range(self.command_partitions))}, from_end=True)
+        await self.consumer.assign({WORKER_EVENTS: None, WORKER_COMMANDS: None}, "end")
 
     async def pump(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -117,8 +117,6 @@ def fuzz_decoders(records: int, seed: int = 0) -> dict[str, Any]:
 async def fuzz_consumer(settings: Any, records: int, seed: int = 0) -> dict[str, int]:
     """Publish ``records`` hostile records across the input topics through the real broker and
     read them with the consumer loop: every one must be processed or dead-lettered."""
-    from aiokafka import TopicPartition
-
     from schemas.topics import DEAD_LETTERS
     from streams.kafka import RecordConsumer, RecordProducer
     from streams.topics import ensure_topics
@@ -138,14 +136,8 @@ async def fuzz_consumer(settings: Any, records: int, seed: int = 0) -> dict[str,
             await producer.send_raw(topic, data, key=b"fuzz")
         consumer = RecordConsumer(settings, topics, producer, name="fuzz-consumer")
         await consumer.start(subscribe=False)
-        tps = [TopicPartition(consumer.catalogue.name(t), p)
-               for t in topics for p in range(settings.partitions.get(t, 1))]
-        consumer.raw.assign(tps)
-        await consumer.raw.seek_to_beginning(*tps)
-        ends = await consumer.raw.end_offsets(tps)
-        good = 0
-        while any([await consumer.raw.position(tp) < ends[tp] for tp in tps]):
-            good += len(await consumer.poll(timeout_ms=200))
+        ends = await consumer.assign(dict.fromkeys(topics))
+        good = len([d async for d in consumer.read_to(ends)])
         await consumer.stop()
     return {"consumer_records": records, "consumer_dead_lettered": consumer.dead_lettered,
             "consumer_expected_dead": sent_bad, "consumer_processed": good}

@@ -328,8 +328,6 @@ _FOLDED = (SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS)  # the topics contro
 async def _fold_log(settings: Any, catalogue: Any, shell: "ControlShell", caught_up: dict[str, bool]) -> None:
     """Fold the whole log from its start, then what follows; ``caught_up`` once at the end
     it had when the fold began."""
-    from aiokafka import TopicPartition
-
     from streams.kafka import RecordConsumer, RecordProducer
 
     producer = await RecordProducer(settings, catalogue, client_id="control-fold").start()
@@ -342,16 +340,12 @@ async def _fold_log(settings: Any, catalogue: Any, shell: "ControlShell", caught
     consumer.dead_letter = skip  # type: ignore[method-assign]
     await consumer.start(subscribe=False)
     try:
-        tps = [TopicPartition(catalogue.name(t), p) for t in _FOLDED for p in await consumer.partitions(t)]
-        consumer.raw.assign(tps)
-        await consumer.raw.seek_to_beginning(*tps)
-        ends = await consumer.raw.end_offsets(tps)
+        ends = await consumer.assign(dict.fromkeys(_FOLDED))
         while True:
             for delivered in await consumer.poll(timeout_ms=200):
                 shell.fold(delivered.record)
             if not caught_up["done"]:
-                positions = [await consumer.raw.position(tp) for tp in tps]
-                caught_up["done"] = all(p >= ends[tp] for p, tp in zip(positions, tps))
+                caught_up["done"] = await consumer.reached(ends)
     finally:
         await consumer.stop()
         await producer.stop()

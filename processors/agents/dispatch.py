@@ -307,8 +307,6 @@ async def _worker_events(stream: Any, shell: Callable[[], Awaitable[DispatchShel
 async def _tail_plans(settings: Any, catalogue: Any, shell: Callable[[], Awaitable[DispatchShell]]) -> None:
     """Every replica reads the control leader's admission plans without a group, from a few
     records before the end (the latest plan) on."""
-    from aiokafka import TopicPartition
-
     from schemas.records import AdmissionPlan
     from schemas.topics import SCALING_COMMANDS
     from streams.kafka import RecordConsumer
@@ -316,10 +314,7 @@ async def _tail_plans(settings: Any, catalogue: Any, shell: Callable[[], Awaitab
     consumer = RecordConsumer(settings, [SCALING_COMMANDS], None, name="dispatch-plans", catalogue=catalogue)
     await consumer.start(subscribe=False)
     try:
-        tps = [TopicPartition(catalogue.name(SCALING_COMMANDS), p) for p in await consumer.partitions(SCALING_COMMANDS)]
-        consumer.raw.assign(tps)
-        for tp, end in (await consumer.raw.end_offsets(tps)).items():
-            consumer.raw.seek(tp, max(0, end - PLAN_LOOKBACK))
+        await consumer.assign({SCALING_COMMANDS: None}, -PLAN_LOOKBACK)
         while True:
             for delivered in await consumer.poll(timeout_ms=500):
                 if isinstance(delivered.record, AdmissionPlan) and delivered.refused is None:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from aiokafka import TopicPartition
 
 from schemas import records as r
 from schemas.topics import DEAD_LETTERS, METRICS, SCALING_COMMANDS, WORKER_EVENTS
@@ -77,10 +76,7 @@ class Reader:
 
     async def start(self) -> "Reader":
         await self.consumer.start(subscribe=False)
-        tps = [TopicPartition(self.consumer.catalogue.name(t), p)
-               for t in self.topics for p in range(self.settings.partitions.get(t, 1))]
-        self.consumer.raw.assign(tps)
-        await self.consumer.raw.seek_to_beginning(*tps)
+        await self.consumer.assign(dict.fromkeys(self.topics))
         return self
 
     async def wait_for(self, pred: Callable[[r.Record], bool], timeout_s: float, what: str) -> r.Record:

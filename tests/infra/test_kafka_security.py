@@ -236,7 +236,7 @@ async def _metrics_until(settings: Settings, done: Callable[[list[Record]], bool
     await consumer.start(subscribe=False)
     seen: list[Record] = []
     try:
-        await consumer.assign(METRICS, await consumer.partitions(METRICS), from_end=False)
+        await consumer.assign({METRICS: None})
         deadline = time.monotonic() + timeout_s
         while not done(seen) and time.monotonic() < deadline:
             seen += [d.record for d in await consumer.poll()]
@@ -315,7 +315,7 @@ def test_workers_the_provisioner_starts_run_as_the_worker_principal(secured: Sec
         events = RecordConsumer(secured.settings(), [WORKER_EVENTS], None, name="t")
         await events.start(subscribe=False)
         try:
-            await events.assign(WORKER_EVENTS, await events.partitions(WORKER_EVENTS), from_end=True)
+            await events.assign({WORKER_EVENTS: None}, "end")
             (wid,) = await prov.start(1, "cpu")
             log = tmp_path / f"{wid}.log"
             deadline, up = time.monotonic() + 60, False

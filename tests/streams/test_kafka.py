@@ -160,3 +160,38 @@ def test_topics_carry_their_bounds_and_producers_are_idempotent(kafka_bootstrap,
             assert producer._producer._txn_manager.producer_id >= 0  # the broker gave it an id
 
     asyncio.run(run())
+
+
+def test_a_groupless_read_starts_where_asked_and_stops_at_the_end(kafka_bootstrap, redis_url, namespace):
+    """``assign`` from the beginning, from an offset, the last n records and the end;
+    ``read_to`` yields what was there when it assigned and stops, whatever follows."""
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+
+    late = iter(range(101, 200))
+
+    async def seqs(start: str | int) -> list[int]:
+        consumer = RecordConsumer(settings, [SESSION_INPUTS], None, name="t")
+        await consumer.start(subscribe=False)
+        try:
+            ends = await consumer.assign({SESSION_INPUTS: None}, start)
+            async with RecordProducer(settings) as producer:  # after the assignment: not this read's
+                await producer.send(InputPushed(session_id="one", seq=next(late), kind="text", payload="late",
+                                                ts=time.time()))
+            return [d.record.seq async for d in consumer.read_to(ends)]  # type: ignore[attr-defined]
+        finally:
+            await consumer.stop()
+
+    async def run() -> None:
+        await ensure_topics(settings)
+        async with RecordProducer(settings, linger_ms=50) as producer:  # batches of several records
+            await producer.send_many([InputPushed(session_id="one", seq=i, kind="text", payload="t", ts=time.time())
+                                      for i in range(1, 11)])
+        assert await seqs("beginning") == list(range(1, 11))
+        assert await seqs(4) == [5, 6, 7, 8, 9, 10, 101]  # offsets 4.. of the session's partition
+        assert await seqs(-3) == [10, 101, 102]
+        assert await seqs(-100) == [*range(1, 11), 101, 102, 103]  # clamped to what the partition holds
+        assert await seqs("end") == []
+        with pytest.raises(ValueError, match="start must be"):
+            await seqs("middle")
+
+    asyncio.run(run())
