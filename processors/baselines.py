@@ -15,9 +15,9 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import compress, repeat
 from operator import attrgetter, is_
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -31,7 +31,6 @@ from processors.snapshot import GpuState, Session, Snapshot
 __all__ = ["greedy_place", "fill_order", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
 
 _GPU_ID, _LIFECYCLE, _BYTES = attrgetter("gpu_id"), attrgetter("lifecycle"), attrgetter("state_bytes")
-_STATES = tuple(SessionState)
 
 # score(profile, sessions on the GPU, state bytes on the GPU, state bytes of the newcomer)
 Score = Callable[[GpuProfile, int, int, int], float]
@@ -58,20 +57,26 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
     resident memory; the round-robin marker instead takes the next GPU with room after the
     cursor ``start``.
     """
-    execution = SessionState.EXECUTION
     gpus = {g.id: g for g in snapshot.gpus}
     sessions = snapshot.sessions
-    # (gpu, lifecycle) counts in C: the sessions loop is the hot path of a large pool
-    count = Counter(zip(map(_GPU_ID, sessions), map(_LIFECYCLE, sessions)))
-    if not any(g not in gpus and life is execution for g, life in count):
-        return (), start
-    n = {g: count[(g, execution)] for g in gpus}
-    held = {g: sum(count[(g, life)] for life in _STATES) for g in gpus} if pinned else dict(n)
+    # the executing sessions and their counts per GPU id, in C (the sessions loop is the
+    # hot path of a large pool; counting plain ids, not (id, lifecycle) pairs whose enum
+    # member hashes in Python)
+    execs = list(compress(sessions, map(is_, map(_LIFECYCLE, sessions), repeat(SessionState.EXECUTION))))
+    on = Counter(map(_GPU_ID, execs))  # None: waiting for a GPU
+    if all(g in gpus for g in on):
+        return (), start  # nobody waits
+    n = {g: on[g] for g in gpus}
+    if pinned:
+        resident = Counter(map(_GPU_ID, sessions))
+        held = {g: resident[g] for g in gpus}
+    else:
+        held = dict(n)
     if score is not _fewest and score is not _latency and score is not _ROUND_ROBIN:  # the score may read memory
-        mem = _resident_bytes(sessions, list(gpus), pinned)
+        mem = _resident_bytes(sessions if pinned else execs, list(gpus))
     else:
         mem = dict.fromkeys(gpus, 0)
-    waiting = [s for s in sessions if s.lifecycle is execution and s.gpu_id not in gpus]
+    waiting = [s for s in execs if s.gpu_id not in gpus]
     ready = sorted(g for g, x in gpus.items() if x.state is GpuState.READY)
     profile = {g: model[gpus[g].type] for g in ready}
     room = [g for g in ready if held[g] < profile[g].capacity]  # by id; shrinks as GPUs fill
@@ -107,15 +112,13 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
 _ROUND_ROBIN: Score = lambda p, n, mem, add: 0.0  # noqa: E731  (a marker: cycle, do not score)
 
 
-def _resident_bytes(sessions: tuple[Session, ...], ids: list[str], pinned: bool) -> dict[str, int]:
-    """State bytes per GPU id of its executing sessions (with ``pinned``, of every session
-    naming it), summed in C: integer sums below 2**53 are exact in float64."""
+def _resident_bytes(sessions: Sequence[Session], ids: list[str]) -> dict[str, int]:
+    """State bytes per GPU id of the ``sessions`` naming it, summed in C: integer sums
+    below 2**53 are exact in float64."""
     index = {g: i for i, g in enumerate(ids)}
     where = np.fromiter(map(index.get, map(_GPU_ID, sessions), repeat(-1)), np.int64, len(sessions))
     size = np.fromiter(map(_BYTES, sessions), np.float64, len(sessions))
     keep = where >= 0
-    if not pinned:
-        keep &= np.fromiter(map(is_, map(_LIFECYCLE, sessions), repeat(SessionState.EXECUTION)), bool, len(sessions))
     total = np.bincount(where[keep], weights=size[keep], minlength=len(ids))
     return {g: int(v) for g, v in zip(ids, total.tolist())}
 
@@ -163,16 +166,20 @@ def fill_order(snapshot: Snapshot, model: LatencyModel, score: Score, placed: tu
     for c in placed:
         if isinstance(c, (Place, Restore)):
             n[c.gpu_id] = n.get(c.gpu_id, 0) + 1
-    heap = [(score(model[g.type], n.get(g.id, 0), 0, 0), g.id, n.get(g.id, 0) + 1) for g in snapshot.gpus
-            if g.state is GpuState.READY and n.get(g.id, 0) < model[g.type].capacity]
+    # each GPU type's score at every count below its capacity, computed once per call
+    scores = {t: [score(model[t], k, 0, 0) for k in range(model[t].capacity)] for t in {g.type for g in snapshot.gpus}}
+    table = {g.id: scores[g.type] for g in snapshot.gpus}  # a GPU's scores; their length is its capacity
+    heap = [(table[g.id][n.get(g.id, 0)], g.id, n.get(g.id, 0) + 1) for g in snapshot.gpus
+            if g.state is GpuState.READY and n.get(g.id, 0) < len(table[g.id])]
     heapq.heapify(heap)
-    types = {g.id: g.type for g in snapshot.gpus}
     out: list[tuple[str, int]] = []
     while heap and len(out) < limit:
-        _, gid, count = heapq.heappop(heap)
+        _, gid, count = heap[0]  # the lowest (score, id): GPU ids are distinct, so the order is total
         out.append((gid, count))
-        if count < model[types[gid]].capacity:
-            heapq.heappush(heap, (score(model[types[gid]], count, 0, 0), gid, count + 1))
+        if count < len(table[gid]):
+            heapq.heapreplace(heap, (table[gid][count], gid, count + 1))
+        else:
+            heapq.heappop(heap)
     return tuple(out)
 
 

@@ -8,7 +8,7 @@ so a duplicated or reordered event (delivery is at-least-once) lands somewhere d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 from typing import Mapping
@@ -138,7 +138,7 @@ def session_event(rec: r.Record) -> SessionEvent | None:
 
 def transition(state: SessionState | None, event: EventKind) -> tuple[SessionState, Action]:
     """Look up the next state and the action for ``event`` in ``state``."""
-    return TRANSITIONS[(state, EventKind(event))]
+    return TRANSITIONS[(state, event if type(event) is EventKind else EventKind(event))]
 
 
 def on_event(session: Session | None, event: SessionEvent) -> tuple[Session, tuple[Command, ...]]:
@@ -147,18 +147,21 @@ def on_event(session: Session | None, event: SessionEvent) -> tuple[Session, tup
     A session that must run comes back in EXECUTION with ``gpu_id=None`` (``restore`` set when
     its state was offloaded): the placement controller gives it a GPU at the next round.
     """
+    # the simulator's hot path: the new record is built whole (dataclasses.replace costs
+    # several times a plain construction), field by field from the old one
     current = session.lifecycle if session is not None else None
     nxt, action = transition(current, event.kind)
     if session is None:
-        session = Session(event.session_id, event.state_bytes, nxt)
-    elif event.state_bytes:
-        session = replace(session, state_bytes=event.state_bytes)
+        sid, size, gpu_id, restore, since = event.session_id, event.state_bytes, None, False, 0.0
+    else:
+        sid, gpu_id, restore, since = session.id, session.gpu_id, session.restore, session.since
+        size = event.state_bytes if event.state_bytes else session.state_bytes
     if action is Action.PLACE:
-        return replace(session, lifecycle=nxt, gpu_id=None, restore=False), ()
+        return Session(sid, size, nxt, gpu_id=None, restore=False, since=since), ()
     if action is Action.RESUME:
-        return replace(session, lifecycle=nxt, gpu_id=None, restore=True), ()
+        return Session(sid, size, nxt, gpu_id=None, restore=True, since=since), ()
     if action is Action.SUSPEND:
-        return replace(session, lifecycle=nxt, gpu_id=None), (Offload(session.id, session.gpu_id),)
+        return Session(sid, size, nxt, gpu_id=None, restore=restore, since=since), (Offload(sid, gpu_id),)
     if action is Action.TERMINATE:
-        return replace(session, lifecycle=nxt, gpu_id=None), (Discard(session.id, session.gpu_id),)
-    return replace(session, lifecycle=nxt), ()
+        return Session(sid, size, nxt, gpu_id=None, restore=restore, since=since), (Discard(sid, gpu_id),)
+    return Session(sid, size, nxt, gpu_id=gpu_id, restore=restore, since=since), ()
