@@ -26,7 +26,7 @@ from processors.detector import Signal
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import SessionState
 from processors.placement import ADMIT_LIMIT
-from processors.snapshot import GpuState, Session, Snapshot
+from processors.snapshot import Gpu, GpuState, Session, Snapshot
 
 __all__ = ["greedy_place", "fill_order", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
 
@@ -57,6 +57,13 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
     resident memory; the round-robin marker instead takes the next GPU with room after the
     cursor ``start``.
     """
+    cmds, start, _ = _place(snapshot, model, score, pinned, start)
+    return cmds, start
+
+
+def _place(snapshot: Snapshot, model: LatencyModel, score: Score, pinned: bool,
+           start: int) -> tuple[tuple[Command, ...], int, dict[str, int]]:
+    """:func:`greedy_place`, and the executing sessions per GPU id after its commands."""
     gpus = {g.id: g for g in snapshot.gpus}
     sessions = snapshot.sessions
     # the executing sessions and their counts per GPU id, in C (the sessions loop is the
@@ -65,7 +72,7 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
     execs = list(compress(sessions, map(is_, map(_LIFECYCLE, sessions), repeat(SessionState.EXECUTION))))
     on = Counter(map(_GPU_ID, execs))  # None: waiting for a GPU
     if all(g in gpus for g in on):
-        return (), start  # nobody waits
+        return (), start, {g: on[g] for g in gpus}  # nobody waits
     n = {g: on[g] for g in gpus}
     if pinned:
         resident = Counter(map(_GPU_ID, sessions))
@@ -106,7 +113,7 @@ def greedy_place(snapshot: Snapshot, model: LatencyModel, score: Score, *, pinne
         elif heap is not None:
             heapq.heappush(heap, (key(g), g))  # type: ignore[misc]
         out.append(Restore(s.id, g) if s.restore or s.gpu_id is not None else Place(s.id, g))
-    return tuple(out), start
+    return tuple(out), start, n
 
 
 _ROUND_ROBIN: Score = lambda p, n, mem, add: 0.0  # noqa: E731  (a marker: cycle, do not score)
@@ -147,9 +154,9 @@ class _Greedy:
         return 0
 
     def decide(self, snapshot: Snapshot, signal: Signal | None, state: int | None) -> Decision:
-        cmds, cursor = greedy_place(snapshot, self.model, self.score, pinned=self.keep_idle_resident, start=state or 0)
+        cmds, cursor, loads = _place(snapshot, self.model, self.score, self.keep_idle_resident, state or 0)
         if self.score in _ORDERED and not self.keep_idle_resident:
-            cmds += (Admit(fill_order(snapshot, self.model, self.score, cmds)),)
+            cmds += (Admit(_fill(snapshot.gpus, self.model, self.score, loads, ADMIT_LIMIT)),)
         return Decision(cmds, cursor)
 
 
@@ -166,10 +173,16 @@ def fill_order(snapshot: Snapshot, model: LatencyModel, score: Score, placed: tu
     for c in placed:
         if isinstance(c, (Place, Restore)):
             n[c.gpu_id] = n.get(c.gpu_id, 0) + 1
+    return _fill(snapshot.gpus, model, score, n, limit)
+
+
+def _fill(gpus: tuple[Gpu, ...], model: LatencyModel, score: Score, n: dict[str, int],
+          limit: int) -> tuple[tuple[str, int], ...]:
+    """:func:`fill_order` given the executing sessions per GPU id after this round (``n``)."""
     # each GPU type's score at every count below its capacity, computed once per call
-    scores = {t: [score(model[t], k, 0, 0) for k in range(model[t].capacity)] for t in {g.type for g in snapshot.gpus}}
-    table = {g.id: scores[g.type] for g in snapshot.gpus}  # a GPU's scores; their length is its capacity
-    heap = [(table[g.id][n.get(g.id, 0)], g.id, n.get(g.id, 0) + 1) for g in snapshot.gpus
+    scores = {t: [score(model[t], k, 0, 0) for k in range(model[t].capacity)] for t in {g.type for g in gpus}}
+    table = {g.id: scores[g.type] for g in gpus}  # a GPU's scores; their length is its capacity
+    heap = [(table[g.id][n.get(g.id, 0)], g.id, n.get(g.id, 0) + 1) for g in gpus
             if g.state is GpuState.READY and n.get(g.id, 0) < len(table[g.id])]
     heapq.heapify(heap)
     out: list[tuple[str, int]] = []

@@ -1,11 +1,12 @@
 """Discrete-event trace simulator around the real decision core.
 
-One heap ordered by ``(t, kind, seq)`` with a per-simulator counter. GPUs run coalesced
-chunks back to back, each taking ``l(n)`` from the latency model; a session's per-chunk
-latency is the time from when it needed the chunk (activation, its previous chunk's end,
-or the chunk boundary it migrated at) to the chunk's end, so waiting for a GPU, migration
-pauses, restores a policy caused (a GPU shut down under a session) and batch alignment all
-count. The one part no policy can change, the state transfer of the restore every
+One heap ordered by ``(t, kind, seq)`` with a per-simulator counter; the trace's own
+events wait in a sorted list beside it and are taken in the order the heap would give
+them. GPUs run coalesced chunks back to back, each taking ``l(n)`` from the latency
+model; a session's per-chunk latency is the time from when it needed the chunk
+(activation, its previous chunk's end, or the chunk boundary it migrated at) to the
+chunk's end, so waiting for a GPU, migration pauses, restores a policy caused (a GPU shut
+down under a session) and batch alignment all count. The one part no policy can change, the state transfer of the restore every
 idle->active flip needs, is left out of the per-chunk figure and reported on its own as
 the resume latency (activation to first chunk, everything included). Policies are only
 ever called through ``decide``; the simulator carries out their commands, like the live
@@ -47,6 +48,7 @@ __all__ = ["SimConfig", "SimResult", "Signals", "Stop", "ChunkBound", "signals_f
 
 _BOOT, _CHUNK, _ARRIVE, _START, _EVENT, _DECIDE = range(6)
 _EXEC = SessionState.EXECUTION
+_READY = GpuState.READY
 _GPU_ID = attrgetter("gpu_id")
 
 
@@ -202,10 +204,12 @@ class SimResult:
 
 
 class _Gpu:
-    __slots__ = ("id", "type", "state", "since", "roster", "batch", "busy", "leaving", "closing", "start", "latency")
+    __slots__ = ("id", "type", "state", "since", "roster", "batch", "busy", "leaving", "closing", "start", "latency", "capacity")
 
-    def __init__(self, gid: str, gtype: str, state: GpuState, since: float, latency: Callable[[int], float]) -> None:
+    def __init__(self, gid: str, gtype: str, state: GpuState, since: float, latency: Callable[[int], float],
+                 capacity: int) -> None:
         self.id, self.type, self.state, self.since, self.latency = gid, gtype, state, since, latency
+        self.capacity = capacity  # the profile's K (what dispatch's load view says)
         self.roster: set[str] = set()  # sessions arrived and runnable here
         self.batch: set[str] = set()  # members of the running chunk
         self.start = 0.0  # when the running chunk started
@@ -223,6 +227,7 @@ class _Sim:
         self.deadline = cfg.deadline_s + 1e-9  # a chunk later than this missed its deadline
         self.missed = self.recorded = 0  # chunk latencies past the deadline so far, and all of them
         self.heap: list[tuple[float, int, int, Any]] = []
+        self.trace: list[tuple[float, int]] = []  # (round, index) of the trace's events, in order
         self.seq = 0
         self.gpus: dict[str, _Gpu] = {}
         self.gpu_view: tuple[Gpu, ...] | None = None  # the GPUs as snapshots show them (None: changed since)
@@ -274,8 +279,8 @@ class _Sim:
     def add_gpu(self, gtype: str, now: float, state: GpuState) -> _Gpu:
         gid = f"g{self.next_gpu:05d}"
         self.next_gpu += 1
-        latency = self.model[gtype].latency  # unknown types fail here, as a ConfigError
-        g = self.gpus[gid] = _Gpu(gid, gtype, state, now, latency)
+        profile = self.model[gtype]  # unknown types fail here, as a ConfigError
+        g = self.gpus[gid] = _Gpu(gid, gtype, state, now, profile.latency, profile.capacity)
         self.gpu_view = None
         return g
 
@@ -302,9 +307,11 @@ class _Sim:
         worst = 0.0
         req, seen, deadline = self.req, self.seen, self.deadline
         missed0, count0 = seen[1], seen[0]
-        present = g.batch & g.roster
+        batch, roster = g.batch, g.roster
+        same = batch == roster  # nobody came or left during the chunk (the common case)
+        present = batch if same else batch & roster  # only read from here on
         if g.leaving:
-            present |= g.batch & g.leaving.keys()
+            present = present | (batch & g.leaving.keys())
         special = present & req.keys() if req else ()
         cont = len(present) - len(special)
         if cont:  # back to back since their previous chunk here: one latency for all of them
@@ -327,16 +334,18 @@ class _Sim:
             self.tl_worst[w] = worst
         if g.leaving:
             for sid, (dst, cost) in g.leaving.items():
-                g.roster.discard(sid)
+                roster.discard(sid)
                 req[sid] = now
                 self.push(now + cost, _ARRIVE, (sid, dst))
             g.leaving = {}
             self.sources.discard(g.id)
+            same = False
         if g.closing:
             g.batch = set()
             self.release(g, now)
-        elif g.roster:  # the next chunk at once (kick, inlined: the hottest path)
-            g.batch = set(g.roster)
+        elif roster:  # the next chunk at once (kick, inlined: the hottest path)
+            if not same:  # else the batch is the roster already (never changed in place)
+                g.batch = set(roster)
             g.start = now
             g.busy = True
             self.seq += 1
@@ -407,7 +416,7 @@ class _Sim:
         s = self.sessions.get(sid, None)
         if isinstance(cmd, (Place, Restore)):
             g = self.gpus.get(cmd.gpu_id)
-            if s is None or s.gpu_id is not None or g is None or g.state is not GpuState.READY:
+            if s is None or s.gpu_id is not None or g is None or g.state is not _READY:
                 self.invalid += 1
                 return
             self.sessions[s.id] = _with(s, g.id, False, s.since)
@@ -420,7 +429,7 @@ class _Sim:
             self.push(now + pause, _ARRIVE, (s.id, g.id))
         elif isinstance(cmd, Migrate) and s is None and sid in self.idle:
             i, dst = self.idle[sid], self.gpus.get(cmd.dst)
-            if i.gpu_id != cmd.src or dst is None or dst.state is not GpuState.READY or cmd.src == cmd.dst:
+            if i.gpu_id != cmd.src or dst is None or dst.state is not _READY or cmd.src == cmd.dst:
                 self.invalid += 1
                 return
             self.idle[sid] = _with(i, dst.id, i.restore, i.since)  # an idle resident state moves; nobody waits
@@ -436,7 +445,7 @@ class _Sim:
             self.where.pop(sid, None)
         elif isinstance(cmd, Migrate):
             src, dst = self.gpus.get(cmd.src), self.gpus.get(cmd.dst)
-            if s is None or s.gpu_id != cmd.src or dst is None or dst.state is not GpuState.READY or cmd.src == cmd.dst:
+            if s is None or s.gpu_id != cmd.src or dst is None or dst.state is not _READY or cmd.src == cmd.dst:
                 self.invalid += 1
                 return
             self.sessions[s.id] = _with(s, dst.id, s.restore, s.since)
@@ -507,7 +516,7 @@ class _Sim:
         if gpus is None:
             gpus = self.gpu_view = tuple(Gpu(g.id, g.type, g.state) for g in self.gpus.values())
         chunks = ChunkStats(self.seen[0], self.seen[1], self.seen[2])
-        sessions = tuple(self.sessions.values()) + tuple(self.idle.values())
+        sessions = (*self.sessions.values(), *self.idle.values())
         return Snapshot(now, gpus, sessions, tuple(self.fresh), chunks)
 
     def decide(self, now: float) -> None:
@@ -534,8 +543,7 @@ class _Sim:
             return False
         # sessions whose state is on each GPU (executing or idle-resident), as Snapshot.resident
         held = Counter(map(_GPU_ID, chain(execs, self.idle.values())))
-        workers = {g.id: WorkerLoad(held[g.id], self.model[g.type].capacity, draining=g.state is not GpuState.READY)
-                   for g in self.gpus.values()}
+        workers = {g.id: WorkerLoad(held[g.id], g.capacity, g.state is not _READY) for g in self.gpus.values()}
         for s in waiting:
             best = candidate(plan, workers, s.id)
             if best is not None:
@@ -597,8 +605,8 @@ class _Sim:
 
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
         q = self.cfg.round_s
-        for i, ev in enumerate(self.events):
-            self.push(math.ceil(ev.t / q - 1e-9) * q if q > 0 else ev.t, _EVENT, i)
+        at = [math.ceil(ev.t / q - 1e-9) * q if q > 0 else ev.t for ev in self.events]
+        self.trace = sorted(zip(at, range(len(at))))  # (round, index): the order the heap would give them
         t = self.cfg.tick_s
         while t < self.end:
             self.push(t, _DECIDE, None)
@@ -615,8 +623,20 @@ class _Sim:
         heap, gpus, sessions, end, tl_gpus, tl_active = self.heap, self.gpus, self.sessions, self.end, self.tl["gpus"], self.tl["active"]
         w, edge, last = -1, -math.inf, len(tl_gpus) - 1
         pop = heapq.heappop
-        while heap:
-            now, kind, _, item = pop(heap)
+        # the trace's events come from their own sorted list, merged with the heap as if
+        # they were in it as (t, _EVENT, index): the heap holds only what the run adds
+        trace, nxt = self.trace, 0
+        te = trace[0][0] if trace else math.inf  # the next trace event's time
+        while True:
+            if heap and not (te < heap[0][0] or (te == heap[0][0] and heap[0][1] > _EVENT)):
+                now, kind, _, item = pop(heap)
+            elif nxt < len(trace):
+                now, item = trace[nxt]
+                kind = _EVENT
+                nxt += 1
+                te = trace[nxt][0] if nxt < len(trace) else math.inf
+            else:
+                break
             if now > end and kind != _EVENT:
                 break
             crossed = now >= edge  # heap times never fall: windows change only at an edge
