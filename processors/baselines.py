@@ -15,11 +15,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import attrgetter, is_
 from typing import Callable, ClassVar, Sequence
-
-import numpy as np
 
 from processors.decisions import Admit, Command, Decision, Place, Restore
 from processors.detector import Signal
@@ -30,7 +26,6 @@ from processors.snapshot import Gpu, GpuState, Session, Snapshot
 
 __all__ = ["greedy_place", "fill_order", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
 
-_GPU_ID, _LIFECYCLE, _BYTES = attrgetter("gpu_id"), attrgetter("lifecycle"), attrgetter("state_bytes")
 
 # score(profile, sessions on the GPU, state bytes on the GPU, state bytes of the newcomer)
 Score = Callable[[GpuProfile, int, int, int], float]
@@ -66,16 +61,16 @@ def _place(snapshot: Snapshot, model: LatencyModel, score: Score, pinned: bool,
     """:func:`greedy_place`, and the executing sessions per GPU id after its commands."""
     gpus = {g.id: g for g in snapshot.gpus}
     sessions = snapshot.sessions
-    # the executing sessions and their counts per GPU id, in C (the sessions loop is the
-    # hot path of a large pool; counting plain ids, not (id, lifecycle) pairs whose enum
-    # member hashes in Python)
-    execs = list(compress(sessions, map(is_, map(_LIFECYCLE, sessions), repeat(SessionState.EXECUTION))))
-    on = Counter(map(_GPU_ID, execs))  # None: waiting for a GPU
+    # the executing sessions and their counts per GPU id (the sessions loops are the hot
+    # path of a large pool: a list comprehension, and a Counter of plain ids)
+    execution = SessionState.EXECUTION
+    execs = [s for s in sessions if s.lifecycle is execution]
+    on = Counter([s.gpu_id for s in execs])  # None: waiting for a GPU
     if all(g in gpus for g in on):
         return (), start, {g: on[g] for g in gpus}  # nobody waits
     n = {g: on[g] for g in gpus}
     if pinned:
-        resident = Counter(map(_GPU_ID, sessions))
+        resident = Counter([s.gpu_id for s in sessions])
         held = {g: resident[g] for g in gpus}
     else:
         held = dict(n)
@@ -120,14 +115,12 @@ _ROUND_ROBIN: Score = lambda p, n, mem, add: 0.0  # noqa: E731  (a marker: cycle
 
 
 def _resident_bytes(sessions: Sequence[Session], ids: list[str]) -> dict[str, int]:
-    """State bytes per GPU id of the ``sessions`` naming it, summed in C: integer sums
-    below 2**53 are exact in float64."""
-    index = {g: i for i, g in enumerate(ids)}
-    where = np.fromiter(map(index.get, map(_GPU_ID, sessions), repeat(-1)), np.int64, len(sessions))
-    size = np.fromiter(map(_BYTES, sessions), np.float64, len(sessions))
-    keep = where >= 0
-    total = np.bincount(where[keep], weights=size[keep], minlength=len(ids))
-    return {g: int(v) for g, v in zip(ids, total.tolist())}
+    """State bytes per GPU id of the ``sessions`` naming it."""
+    total = dict.fromkeys(ids, 0)
+    for s in sessions:
+        if s.gpu_id in total:
+            total[s.gpu_id] += s.state_bytes
+    return {g: int(v) for g, v in total.items()}
 
 
 def _heap_key(score: Score, profile: dict[str, GpuProfile], n: dict[str, int], mem: dict[str, int],

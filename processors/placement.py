@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from bisect import insort
 from dataclasses import dataclass, replace
-from itertools import chain, compress, repeat
-from operator import attrgetter, is_, itemgetter
+from itertools import chain, repeat
+from operator import itemgetter
 
 import numpy as np
 
@@ -40,9 +40,6 @@ __all__ = ["RebalanceConfig", "PlacementPlan", "plan_placement", "admission_orde
 ADMIT_LIMIT = 128
 
 _EXEC = SessionState.EXECUTION
-_GPU_ID = attrgetter("gpu_id")
-_BYTES = attrgetter("state_bytes")
-_LIFECYCLE = attrgetter("lifecycle")
 _SECOND, _THIRD = itemgetter(1), itemgetter(2)
 
 
@@ -105,10 +102,10 @@ class _Parsed:
         self.usable = np.array([g.state is GpuState.READY for g in gpus], dtype=bool)
         self.draining = np.array([g.state is GpuState.DRAINING for g in gpus], dtype=bool)
         index = {g.id: i for i, g in enumerate(gpus)}
-        sessions = snapshot.sessions  # the hot loops of large pools, in C
-        execs = list(compress(sessions, map(is_, map(_LIFECYCLE, sessions), repeat(_EXEC))))
-        where = np.fromiter(map(index.get, map(_GPU_ID, execs), repeat(-1)), np.int64, len(execs))
-        size = np.fromiter(map(_BYTES, execs), np.int64, len(execs))
+        # the hot loops of large pools: list comprehensions (faster than map/compress chains)
+        execs = [s for s in snapshot.sessions if s.lifecycle is _EXEC]
+        where = np.fromiter([index.get(s.gpu_id, -1) for s in execs], np.int64, len(execs))
+        size = np.fromiter([s.state_bytes for s in execs], np.int64, len(execs))
         # waiting for a GPU, or its GPU is gone: restore elsewhere
         self.pending = [(execs[k].id, execs[k].restore or execs[k].gpu_id is not None) for k in np.nonzero(where < 0)[0].tolist()]
         placed = np.nonzero(where >= 0)[0]

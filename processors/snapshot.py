@@ -62,7 +62,8 @@ class Snapshot:
 
     def active_count(self) -> int:
         """Sessions in EXECUTION (placed or waiting for a GPU)."""
-        return sum(1 for s in self.sessions if s.lifecycle is SessionState.EXECUTION)
+        execution = SessionState.EXECUTION
+        return len([s for s in self.sessions if s.lifecycle is execution])
 
     def resident(self) -> dict[str, int]:
         """Sessions whose state is on each GPU (executing or idle-resident), per GPU id."""

@@ -29,8 +29,7 @@ import math
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
-from itertools import chain, compress
-from operator import attrgetter, not_
+from itertools import chain
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -49,7 +48,6 @@ __all__ = ["SimConfig", "SimResult", "Signals", "Stop", "ChunkBound", "signals_f
 _BOOT, _CHUNK, _ARRIVE, _START, _EVENT, _DECIDE = range(6)
 _EXEC = SessionState.EXECUTION
 _READY = GpuState.READY
-_GPU_ID = attrgetter("gpu_id")
 
 
 def _with(s: Session, gpu_id: str | None, restore: bool, since: float) -> Session:
@@ -538,11 +536,11 @@ class _Sim:
         if plan is None or not (plan.order or plan.fallback):
             return False
         execs = self.sessions.values()  # executing sessions only; GPU ids are never empty
-        waiting = list(compress(execs, map(not_, map(_GPU_ID, execs))))
+        waiting = [s for s in execs if not s.gpu_id]
         if not waiting:
             return False
         # sessions whose state is on each GPU (executing or idle-resident), as Snapshot.resident
-        held = Counter(map(_GPU_ID, chain(execs, self.idle.values())))
+        held = Counter([s.gpu_id for s in chain(execs, self.idle.values())])
         workers = {g.id: WorkerLoad(held[g.id], g.capacity, g.state is not _READY) for g in self.gpus.values()}
         for s in waiting:
             best = candidate(plan, workers, s.id)
