@@ -21,7 +21,7 @@ from processors.decisions import Admit, Command, Decision, Place, Restore
 from processors.detector import Signal
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import SessionState
-from processors.placement import ADMIT_LIMIT
+from processors.placement import ADMIT_LIMIT, free_positions
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
 
 __all__ = ["greedy_place", "fill_order", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
@@ -149,7 +149,7 @@ class _Greedy:
     def decide(self, snapshot: Snapshot, signal: Signal | None, state: int | None) -> Decision:
         cmds, cursor, loads = _place(snapshot, self.model, self.score, self.keep_idle_resident, state or 0)
         if self.score in _ORDERED and not self.keep_idle_resident:
-            cmds += (Admit(_fill(snapshot.gpus, self.model, self.score, loads, ADMIT_LIMIT)),)
+            cmds += (Admit(free_positions(snapshot.gpus, loads, _score_keys(snapshot.gpus, self.model, self.score))),)
         return Decision(cmds, cursor)
 
 
@@ -166,27 +166,12 @@ def fill_order(snapshot: Snapshot, model: LatencyModel, score: Score, placed: tu
     for c in placed:
         if isinstance(c, (Place, Restore)):
             n[c.gpu_id] = n.get(c.gpu_id, 0) + 1
-    return _fill(snapshot.gpus, model, score, n, limit)
+    return free_positions(snapshot.gpus, n, _score_keys(snapshot.gpus, model, score), limit)
 
 
-def _fill(gpus: tuple[Gpu, ...], model: LatencyModel, score: Score, n: dict[str, int],
-          limit: int) -> tuple[tuple[str, int], ...]:
-    """:func:`fill_order` given the executing sessions per GPU id after this round (``n``)."""
-    # each GPU type's score at every count below its capacity, computed once per call
-    scores = {t: [score(model[t], k, 0, 0) for k in range(model[t].capacity)] for t in {g.type for g in gpus}}
-    table = {g.id: scores[g.type] for g in gpus}  # a GPU's scores; their length is its capacity
-    heap = [(table[g.id][n.get(g.id, 0)], g.id, n.get(g.id, 0) + 1) for g in gpus
-            if g.state is GpuState.READY and n.get(g.id, 0) < len(table[g.id])]
-    heapq.heapify(heap)
-    out: list[tuple[str, int]] = []
-    while heap and len(out) < limit:
-        _, gid, count = heap[0]  # the lowest (score, id): GPU ids are distinct, so the order is total
-        out.append((gid, count))
-        if count < len(table[gid]):
-            heapq.heapreplace(heap, (table[gid][count], gid, count + 1))
-        else:
-            heapq.heappop(heap)
-    return tuple(out)
+def _score_keys(gpus: tuple[Gpu, ...], model: LatencyModel, score: Score) -> dict[str, list[float]]:
+    """Each GPU type's score at every count below its capacity (the next session's key)."""
+    return {t: [score(model[t], k, 0, 0) for k in range(model[t].capacity)] for t in {g.type for g in gpus}}
 
 
 @dataclass(frozen=True)

@@ -17,22 +17,21 @@ search then runs on what it leaves.
 
 from __future__ import annotations
 
+import heapq
 import math
-from bisect import insort
 from dataclasses import dataclass, replace
-from itertools import chain, repeat
-from operator import itemgetter
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from processors._levels import search
 from processors.decisions import Command, Migrate, Place, Restore
-from processors.latency import GpuProfile, LatencyModel
+from processors.latency import LatencyModel
 from processors.lifecycle import SessionState
-from processors.snapshot import GpuState, Snapshot
+from processors.snapshot import Gpu, GpuState, Snapshot
 from schemas.errors import ConfigError
 
-__all__ = ["RebalanceConfig", "PlacementPlan", "plan_placement", "admission_order", "ADMIT_LIMIT",
+__all__ = ["RebalanceConfig", "PlacementPlan", "plan_placement", "admission_order", "free_positions", "ADMIT_LIMIT",
            "worst_latency"]
 
 #: the most entries of an admission order (the sessions expected before the next round,
@@ -40,7 +39,6 @@ __all__ = ["RebalanceConfig", "PlacementPlan", "plan_placement", "admission_orde
 ADMIT_LIMIT = 128
 
 _EXEC = SessionState.EXECUTION
-_SECOND, _THIRD = itemgetter(1), itemgetter(2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,35 +255,29 @@ def admission_order(snapshot: Snapshot, model: LatencyModel, loads: dict[str, in
     """Where the next ``limit`` sessions go after this round's placement (``loads``): the free
     positions of the ready GPUs, least l(n) first (then fewest sessions, then GPU id), as
     (gpu_id, n) entries -- the rule the placement gives arrivals, applied ahead of them."""
-    starts: dict[str, list[tuple[int, str]]] = {}  # per GPU type: (first free position, GPU id)
-    for g in snapshot.gpus:
-        if g.state is not GpuState.READY:
-            continue
-        n = loads.get(g.id, 0) + 1
-        if n <= model[g.type].capacity:
-            starts.setdefault(g.type, []).append((n, g.id))
-    limit = max(0, limit)
-    per_type = [_free_positions(model[t], s, limit) for t, s in starts.items()]
-    entries = per_type[0] if len(per_type) == 1 else sorted(chain.from_iterable(per_type))[:limit]
-    return tuple(zip(map(_THIRD, entries), map(_SECOND, entries)))
+    keys = {t: [(model[t].curve[k + 1], k + 1) for k in range(model[t].capacity)]
+            for t in {g.type for g in snapshot.gpus}}
+    return free_positions(snapshot.gpus, loads, keys, limit)
 
 
-def _free_positions(profile: GpuProfile, starts: list[tuple[int, str]], limit: int) -> list[tuple[float, int, str]]:
-    """The first ``limit`` (l(n), n, gpu id) of one type's free positions in ascending
-    order: l is non-decreasing in n, so by n, then by id."""
-    starts.sort()
-    curve, cap = profile.curve, profile.capacity
-    out: list[tuple[float, int, str]] = []
-    open_: list[str] = []  # GPUs with a free position at n, by id
-    i = 0
-    for n in range(starts[0][0], cap + 1):
-        if len(out) >= limit:
-            break
-        while i < len(starts) and starts[i][0] <= n:
-            insort(open_, starts[i][1])
-            i += 1
-        out.extend(zip(repeat(curve[n]), repeat(n), open_))
-    return out[:limit]
+def free_positions(gpus: Iterable[Gpu], loads: Mapping[str, int], keys: Mapping[str, Sequence[Any]],
+                   limit: int = ADMIT_LIMIT) -> tuple[tuple[str, int], ...]:
+    """The first ``limit`` free positions of the ready ``gpus``, lowest key first, ties by GPU
+    id, as (gpu_id, n) entries: the n-th session on a GPU of type t is keyed ``keys[t][n - 1]``
+    (as many keys as the type's capacity), on top of the ``loads`` it holds. Every admission
+    order (turboserve's, the greedy baselines') is this walk with its own keys."""
+    table = {g.id: keys[g.type] for g in gpus if g.state is GpuState.READY}
+    heap = [(t[n], gid, n + 1) for gid, t in table.items() if (n := loads.get(gid, 0)) < len(t)]
+    heapq.heapify(heap)
+    out: list[tuple[str, int]] = []
+    while heap and len(out) < limit:
+        _, gid, n = heap[0]  # the lowest (key, id): GPU ids are distinct, so the order is total
+        out.append((gid, n))
+        if n < len(table[gid]):
+            heapq.heapreplace(heap, (table[gid][n], gid, n + 1))
+        else:
+            heapq.heappop(heap)
+    return tuple(out)
 
 
 def worst_latency(snapshot: Snapshot, model: LatencyModel) -> float:
