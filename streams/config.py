@@ -136,11 +136,31 @@ class RedisSettings:
         return kwargs
 
     def async_client(self) -> Any:
-        import redis.asyncio as aioredis
-
         if not self.url:
             raise ConfigError("redis.url", "no Redis configured")
-        return aioredis.Redis.from_url(self.url, **self.client_kwargs())
+        return redis_client(self.url, **self.client_kwargs())
+
+
+# an asyncio client's connections; a caller past them waits up to REDIS_POOL_WAIT_S for one
+REDIS_POOL_CONNECTIONS = 64
+REDIS_POOL_WAIT_S = 10.0
+
+
+def redis_client(url: str | None = None, **kwargs: Any) -> Any:
+    """An asyncio Redis client (from ``url``, or ``host``/``port`` and the rest in ``kwargs``)
+    whose pool makes a caller wait for a free connection: redis-py's default pool raises
+    ``MaxConnectionsError`` past 100, and a burst of sessions (dispatch handles each
+    concurrently) reached it, failing their inputs."""
+    import redis.asyncio as aioredis
+
+    limits = {"max_connections": REDIS_POOL_CONNECTIONS, "timeout": REDIS_POOL_WAIT_S}
+    if url is not None:
+        pool = aioredis.BlockingConnectionPool.from_url(url, **limits, **kwargs)
+    else:
+        ssl = kwargs.pop("ssl", False)
+        pool = aioredis.BlockingConnectionPool(
+            connection_class=aioredis.SSLConnection if ssl else aioredis.Connection, **limits, **kwargs)
+    return aioredis.Redis(connection_pool=pool)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from typing import Any, Iterable
 
 from schemas.records import Generation
 
-from .config import Settings
+from .config import Settings, redis_client
 from .store_backends import SCRIPTS, _AsyncBackend, _ClusterSlotBackend, _drive_async, _drive_sync, _SyncBackend
 from .store_ops import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_PART_SIZE, DEFAULT_RETENTION_S, _Ops, closed_error
 from .store_records import Keys, SessionView, SnapshotManifest, StoreState, WorkerLoad
@@ -78,9 +78,7 @@ class GenerationStore:
 
     @classmethod
     def from_url(cls, url: str, namespace: str, **kwargs: Any) -> "GenerationStore":
-        import redis.asyncio
-
-        return cls(redis.asyncio.Redis.from_url(url), namespace, **kwargs)
+        return cls(redis_client(url), namespace, **kwargs)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "GenerationStore":

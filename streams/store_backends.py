@@ -12,6 +12,8 @@ from typing import Any, Generator
 
 from schemas.errors import AccessDeniedError, ConfigError, InfraError
 
+from .config import redis_client
+
 __all__ = ["SCRIPTS", "FENCED_WRITES", "RETRY_WAITS_S"]
 
 Call = tuple[str, list[str], list[Any]]
@@ -193,7 +195,7 @@ class _ClusterSlotBackend:
                 nodes = [primary, *replicas]
                 self._seeds += [(_s(n[0]), int(n[1])) for n in nodes if (_s(n[0]), int(n[1])) not in self._seeds]
                 if int(start) <= self._slot <= int(end):
-                    return redis.asyncio.Redis(host=_s(primary[0]), port=int(primary[1]), **self._kwargs)
+                    return redis_client(host=_s(primary[0]), port=int(primary[1]), **self._kwargs)
         return None
 
     async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:

@@ -13,7 +13,7 @@ from collections import Counter, deque
 from dataclasses import replace
 from typing import Any, Awaitable, Callable, Protocol
 
-from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
+from schemas.errors import InfraError, NoCapacityError, OwnershipError, StaleGenerationError
 from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, InputPushed, Record,
                              SessionOpened, WorkerDown, WorkerUp)
 
@@ -46,6 +46,9 @@ PLAN_LOOKBACK = 64
 # every replica looks at the recovery queue this often (a slot freed is used within it)
 RECOVERY_SWEEP_S = 0.25
 
+# pauses between tries of an event's handling while the store cannot serve it
+STORE_RETRY_S = (0.2, 0.5, 1.0, 2.0, 4.0)
+
 
 class Publisher(Protocol):
     async def send(self, rec: Record, wait: bool = False) -> Any: ...
@@ -75,11 +78,14 @@ class DispatchShell:
         self.read_inputs, self.inputs_topic = read_inputs, inputs_topic
         self.recovery = Recovery(self)
 
-    async def submit(self, key: str, work: Callable[[], Awaitable[Any]]) -> None:
+    async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
+                     failed: Callable[[Exception], Awaitable[Any]] | None = None) -> None:
         """Run ``work`` after every earlier submission under the same key (a session's events,
         or its inputs), concurrently with other keys: one session waiting for capacity does not
         hold up the others, and each session's events (and inputs) keep their order. Returns
-        once the work is scheduled."""
+        once the work is scheduled. Work the store could not serve (Redis away, InfraError) is
+        tried again after each of ``STORE_RETRY_S``; what still fails is handed to ``failed``
+        (an input is refused with the reason: never dropped)."""
         await self._slots.acquire()
         previous = self._chains.get(key)
 
@@ -87,9 +93,22 @@ class DispatchShell:
             try:
                 if previous is not None:
                     await asyncio.gather(previous, return_exceptions=True)
-                await work()
-            except Exception:
+                for pause in (*STORE_RETRY_S, None):
+                    try:
+                        await work()
+                        return
+                    except InfraError as exc:
+                        if pause is None:
+                            raise
+                        log.warning("%s: handling %s: %s; again in %.1f s", self.name, key, exc, pause)
+                        await asyncio.sleep(pause)
+            except Exception as exc:
                 log.exception("%s: handling %s failed", self.name, key)
+                if failed is not None:
+                    try:
+                        await failed(exc)
+                    except Exception:
+                        log.exception("%s: reporting the failure of %s failed", self.name, key)
             finally:
                 self._slots.release()
                 if self._chains.get(key) is task:
@@ -284,7 +303,9 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
             await publisher.dead_letter(msg, f"refused: {refused}", "dispatch")
             continue
         await sh.submit(f"inputs:{rec.session_id}",  # type: ignore[attr-defined]
-                        lambda rec=rec, msg=msg, sh=sh: sh.on_input(rec, msg.partition, msg.offset, msg))
+                        lambda rec=rec, msg=msg, sh=sh: sh.on_input(rec, msg.partition, msg.offset, msg),
+                        lambda exc, msg=msg: publisher.dead_letter(msg, f"refused: dispatch could not route it ({exc})",
+                                                                   "dispatch"))
 
 
 async def _worker_events(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:

@@ -302,3 +302,34 @@ def test_detector_shell_holds_back_bursts_and_ticks():
 def test_next_index_follows_the_highest_worker_of_the_pool():
     assert next_index("p", []) == 0
     assert next_index("p", ["p-0", "p-7", "q-9", "p-x", "pp-12"]) == 8
+
+
+def test_dispatch_tries_work_again_while_the_store_is_away_then_reports_it(monkeypatch):
+    """An event whose handling meets the store away (InfraError) is handled again after a
+    pause; when every try fails, ``failed`` gets the error (an input is refused, not lost)."""
+    from processors.agents import dispatch as agent
+    from schemas.errors import InfraError
+
+    monkeypatch.setattr(agent, "STORE_RETRY_S", (0.0, 0.0))
+    shell = agent.DispatchShell(store=None, publisher=None)  # type: ignore[arg-type]
+    tries: list[str] = []
+    failures: list[Exception] = []
+
+    def work(key: str, fail_first: int) -> Callable[[], Any]:
+        async def run() -> None:
+            tries.append(key)
+            if tries.count(key) <= fail_first:
+                raise InfraError("generation store: Redis unreachable")
+        return run
+
+    async def failed(exc: Exception) -> None:
+        failures.append(exc)
+
+    async def go() -> None:
+        await shell.submit("a", work("a", 2), failed)  # fails twice, then is handled
+        await shell.submit("b", work("b", 9), failed)  # never: reported once, after 3 tries
+        await asyncio.gather(*list(shell._chains.values()))
+
+    asyncio.run(go())
+    assert tries.count("a") == 3 and tries.count("b") == 3
+    assert [str(e) for e in failures] == ["generation store: Redis unreachable"]

@@ -295,3 +295,25 @@ def test_dispatch_race_admits_exactly_one(redis_url: str, namespace: str) -> Non
             await b.aclose()
 
     asyncio.run(main())
+
+
+def test_a_burst_past_the_pool_waits_for_a_connection_instead_of_failing(redis_url):
+    """More callers at once than the client has connections (each holding one 0.2 s): with
+    redis-py's default pool the 101st raises MaxConnectionsError; the store's waits its turn."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import MaxConnectionsError
+
+    from streams.config import REDIS_POOL_CONNECTIONS, redis_client
+
+    async def burst(client: Any, n: int) -> list[Any]:
+        try:
+            return await asyncio.gather(*[client.blpop([f"pool-test-{i}"], timeout=0.2) for i in range(n)],
+                                        return_exceptions=True)
+        finally:
+            await client.aclose()
+
+    n = 3 * REDIS_POOL_CONNECTIONS + 10
+    stock = asyncio.run(burst(aioredis.Redis.from_url(redis_url), n))
+    assert any(isinstance(x, MaxConnectionsError) for x in stock)  # what the store met before
+    ours = asyncio.run(burst(redis_client(redis_url), n))
+    assert ours == [None] * n  # every call answered (nothing popped: the lists are empty)
