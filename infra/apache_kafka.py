@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from schemas.errors import InfraError
+from workers.supervision import spawn
 
 __all__ = ["KAFKA_VERSION", "EmbeddedKafka", "KafkaNode", "KafkaSecurity", "ensure_kafka",
            "java_available", "kafka_home"]
@@ -435,8 +436,8 @@ class EmbeddedKafka:
     def _launch(self, node: KafkaNode, jars: Path) -> None:
         cmd = self._java(node, jars, "kafka.Kafka", str(node.folder / "server.properties"))
         with open(node.folder / "stdout.log", "ab") as out:
-            node.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            # a supervised child: it dies with this process, even when that is killed outright
+            node.proc = spawn(cmd, os.environ, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def _cluster_id() -> str:

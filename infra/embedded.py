@@ -18,12 +18,14 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from schemas.errors import InfraError
+from workers.supervision import spawn
 
 __all__ = ["EmbeddedTansu", "EmbeddedRedis", "Infrastructure", "free_port", "wait_for_broker",
            "wait_for_port", "infrastructure", "embedded_broker_kind", "start_embedded_broker", "for_tansu",
@@ -148,11 +150,10 @@ class EmbeddedTansu:
         # (chunkserve bench control-plane, 5,000 sessions, 2 cores: the broker used 85% of a
         # core instead of 99%, latency no worse); an operator's own setting wins
         env = {"TOKIO_WORKER_THREADS": "1", **os.environ}
-        self._proc = subprocess.Popen(
+        self._proc = spawn(  # dies with this process, even when that is killed outright
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised,
              "--storage-engine", "memory://tansu/"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env,
+            env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         log.close()
         try:
@@ -276,12 +277,14 @@ def for_tansu(settings: Any) -> Any:
 def infrastructure(log_dir: Path | None = None, brokers: int = 1,
                    kind: str | None = None) -> Iterator[Infrastructure]:
     """The configured broker and Redis, else embedded ones started for the run and stopped
-    after it (their files under ``log_dir``)."""
+    after it (their files under ``log_dir``). Meanwhile SIGTERM stops the run as Ctrl-C
+    does (the default would end this process and leave the broker and Redis running)."""
     bootstrap = os.environ.get("CHUNKSERVE_KAFKA_BOOTSTRAP")
     redis_url = os.environ.get("CHUNKSERVE_REDIS_URL")
     broker: Any = None
     redis: EmbeddedRedis | None = None
     folder = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-"))
+    restore = _sigterm_interrupts()
     try:
         if not bootstrap or kind is not None:
             broker = start_embedded_broker(folder / "broker", brokers, kind)
@@ -291,7 +294,23 @@ def infrastructure(log_dir: Path | None = None, brokers: int = 1,
             redis_url = redis.url
         yield Infrastructure(bootstrap, redis_url, broker)
     finally:
-        if broker is not None:
-            broker.stop()
-        if redis is not None:
-            redis.stop()
+        try:
+            if broker is not None:
+                broker.stop()
+            if redis is not None:
+                redis.stop()
+        finally:
+            restore()
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _sigterm_interrupts() -> Callable[[], None]:
+    """SIGTERM raises KeyboardInterrupt in the main thread while nothing else handles it;
+    returns what puts the previous handler back."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return lambda: None
+    signal.signal(signal.SIGTERM, _interrupt)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)

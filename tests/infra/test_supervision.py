@@ -16,6 +16,7 @@ import uuid
 import psutil
 import pytest
 
+from infra.apache_kafka import java_available
 from schemas import records as r
 from streams.config import Settings
 from streams.config_file import child_env
@@ -198,3 +199,25 @@ def test_an_idle_processor_exposes_its_metrics_and_counts_what_it_produces(setti
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(not java_available(), reason="needs Java for the embedded Apache Kafka")
+def test_a_broker_started_by_hand_dies_with_its_killed_parent(tmp_path):
+    """`chunkserve broker start` killed outright (SIGKILL) leaves no Java broker behind."""
+    env = {k: v for k, v in os.environ.items() if k != "CHUNKSERVE_KAFKA_BOOTSTRAP"}
+    cli = subprocess.Popen([sys.executable, "-m", "infra", "broker", "start", "--data", str(tmp_path / "kafka")],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        line = b""
+        while b"CHUNKSERVE_KAFKA_BOOTSTRAP=" not in line and time.monotonic() < deadline:
+            line = cli.stdout.readline()  # type: ignore[union-attr]
+        assert b"CHUNKSERVE_KAFKA_BOOTSTRAP=" in line, "the broker did not come up"
+        (java,) = [p for p in psutil.Process(cli.pid).children(recursive=True) if "kafka.Kafka" in " ".join(p.cmdline())]
+        cli.kill()
+        cli.wait(10)
+        gone, alive = psutil.wait_procs([java], timeout=30)
+        assert not alive, "the Java broker outlived its parent"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
