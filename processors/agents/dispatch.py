@@ -199,8 +199,16 @@ class DispatchShell:
         if inp.origin is not None:  # the record as it came: dead-lettered with its own bytes
             await self.publisher.dead_letter(inp.origin, why, self.name)
             return
+        partition, offset = inp.partition, inp.offset
+        if partition < 0 and self.read_inputs is not None:
+            # refused after routing (by its owner): the dead letter names where the input sits
+            found = [g for g in await self.read_inputs(inp.session_id, inp.seq - 1) if g.record.seq == inp.seq]
+            if found:
+                partition, offset = found[0].partition, found[0].offset
+            else:
+                why += " (its place in the log was not found)"
         await self.refuse_input(inp.session_id, inp.seq, inp.kind, inp.payload, inp.ts, why,
-                                max(inp.partition, 0), max(inp.offset, 0))
+                                max(partition, 0), max(offset, 0))
 
     async def refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
                            why: str, partition: int = 0, offset: int = 0) -> None:

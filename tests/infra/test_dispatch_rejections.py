@@ -108,3 +108,29 @@ def test_session_closing_while_its_refused_input_waits_for_a_worker_dead_letters
     sent = _run(redis_url, namespace, scenario)
     assert [type(x) for x in sent] == [DeadLetter]
     assert "session closed before input 3 was applied" in sent[0].reason
+
+
+def test_an_owners_refusal_is_dead_lettered_at_the_inputs_place_in_the_log(redis_url, namespace):
+    """The refusal carries no log position: dispatch looks the input up in the session's
+    partition (the shell's input-log reader) and names where it sits, never a made-up 0@0."""
+    from schemas.records import InputPushed
+    from streams.input_log import LoggedInput
+
+    logged = [LoggedInput(5, 40, InputPushed(session_id="s", seq=2, kind="text", payload="a", ts=0.0)),
+              LoggedInput(5, 41, InputPushed(session_id="s", seq=3, kind="text", payload="steer", ts=0.0))]
+
+    def scenario_with(log: list[LoggedInput]) -> Any:
+        async def scenario(store: GenerationStore, shell: DispatchShell) -> None:
+            async def read_inputs(sid: str, after_seq: int) -> list[LoggedInput]:
+                return [g for g in log if g.record.session_id == sid and g.record.seq > after_seq]
+
+            shell.read_inputs = read_inputs
+            gen = await store.commit("s", 0, "w0")
+            await store.claim("s", gen)
+            await shell.on_worker_event(_refusal(gen, "too_many_pending"))
+        return scenario
+
+    (found,) = _run(redis_url, namespace, scenario_with(logged))
+    assert (found.partition, found.offset) == (5, 41)
+    (missing,) = _run(redis_url, f"{namespace}b", scenario_with(logged[:1]))
+    assert "its place in the log was not found" in missing.reason
