@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -120,6 +121,11 @@ def parse_instance(doc: Any, src: str, where: str = "") -> tuple[Snapshot, Laten
         if gpu is not None and gpu not in known:
             raise ConfigError(f"{at}.gpu", f"no GPU {gpu!r} in gpus", src)
         sessions.append(Session(sid, _count(s.get("state_bytes"), f"{at}.state_bytes", src, 0), gpu_id=gpu))
+    held = Counter(s.gpu_id for s in sessions if s.gpu_id is not None)
+    for g in gpus:  # no GPU holds more than its type's capacity: such a snapshot is not a state
+        if held[g.id] > model[g.type].capacity:
+            raise ConfigError(f"{where}sessions", f"{held[g.id]} on GPU {g.id!r}, over its type's capacity "
+                              f"{model[g.type].capacity}", src)
     return Snapshot(0.0, tuple(gpus), tuple(sessions)), model, cfg
 
 

@@ -79,6 +79,7 @@ def _bad(**change):
         (_bad(gpu_types__h20__latency={"1": 0.5, "2": 0.4}), None, "gpu_types.h20.latency"),
         (_bad(gpu_types__h20__latency={"one": 0.5}), None, "gpu_types.h20.latency"),
         (_bad(gpu_types__h20__capacity=0), None, "gpu_types.h20.capacity"),
+        (_bad(gpu_types__h20__capacity=3), None, "sessions: 4 on GPU 'g0', over its type's capacity 3"),
         ({"instances": [GOOD, _bad(gpus="g0")]}, None, "instances[1].gpus: must be a list"),
         ({"instances": {}}, None, "instances: must be a list"),
         ([1, 2], None, "document: must be an object"),
