@@ -15,7 +15,7 @@ from schemas.errors import ConfigError
 
 __all__ = ["register"]
 
-console = Console()
+console = Console(emoji=False)  # ":x:" in a module:Name is text, not an emoji
 
 
 def _principals(pairs: List[str]) -> dict[str, str]:

@@ -13,7 +13,7 @@ from schemas.errors import InfraError
 
 __all__ = ["register"]
 
-console = Console()
+console = Console(emoji=False)  # ":x:" in a module:Name is text, not an emoji
 broker_app = typer.Typer(no_args_is_help=True, help="The embedded Apache Kafka broker.")
 
 

@@ -30,7 +30,7 @@ schemas_app = typer.Typer(help="Wire contracts.", no_args_is_help=True)
 app.add_typer(schemas_app, name="schemas")
 bench_app = typer.Typer(help="Benchmarks; each writes JSON.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
-console = Console()
+console = Console(emoji=False)  # ":x:" in a module:Name is text, not an emoji
 
 
 def _register_extensions() -> None:

@@ -25,7 +25,7 @@ from schemas.errors import ChunkserveError, ConfigError
 
 __all__ = ["register", "parse_instance", "decide"]
 
-_err = Console(stderr=True)
+_err = Console(stderr=True, emoji=False)
 
 
 def _number(doc: dict, key: str, where: str, src: str) -> float:

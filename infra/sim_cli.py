@@ -20,8 +20,8 @@ from schemas.errors import ChunkserveError
 
 __all__ = ["register"]
 
-_console = Console()
-_err = Console(stderr=True)
+_console = Console(emoji=False)
+_err = Console(stderr=True, emoji=False)
 
 
 def _fail(exc: Exception) -> None:

@@ -117,6 +117,10 @@ def test_cli_user_errors_are_one_line(tmp_path):
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2 and "Traceback" not in res.output
         assert len(res.output.strip().splitlines()) == 1, res.output
+    ok = tmp_path / "ok.csv"
+    ok.write_text("t_s,session_id,event\n0,a,open\n1,a,close\n")
+    res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "nosuchmod:X"])
+    assert res.exit_code == 2 and "nosuchmod:X: policy: cannot import" in res.output, res.output  # no emoji
 
 
 def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
