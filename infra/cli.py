@@ -268,9 +268,12 @@ def demo(
     report_dir: Optional[Path] = typer.Option(None, help="Folder for summary.json and timeline.png."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
     trace: Optional[Path] = typer.Option(None, help="Replay this trace file instead of a generated one."),
+    policy: str = typer.Option("turboserve", envvar="CHUNKSERVE_POLICY",
+                               help="The control processor's policy: a built-in or module:Name."),
 ) -> None:
     """An autoscaled fleet on the embedded broker and Redis serving a generated trace (or
-    --trace), then a summary, an ownership audit and a report folder with the timeline plot."""
+    --trace), then a summary, an ownership audit and a report folder with the timeline plot.
+    The workers run the reference model, so the latency profile is its own (reference-cpu)."""
     from rich.live import Live
 
     from infra.demo import DemoConfig, run_demo
@@ -287,8 +290,14 @@ def demo(
         except ChunkserveError as exc:
             console.print(f"[red]{exc}[/red]")
             raise typer.Exit(2)
+    from processors.policy import load_policy
+
+    load_policy(policy)  # an unknown one is named before anything starts (ConfigError: exit 2)
+    if os.environ.get("CHUNKSERVE_PROFILE") not in (None, "reference-cpu"):
+        console.print("demo: CHUNKSERVE_PROFILE is not used: the workers run the reference model, "
+                      "whose measured profile is reference-cpu")
     cfg = DemoConfig(duration_s=duration, sessions=sessions, level=level, speed=speed,
-                     max_workers=max_workers, seed=seed, trace=str(trace) if trace else None)
+                     max_workers=max_workers, seed=seed, trace=str(trace) if trace else None, policy=policy)
     run_id = uuid.uuid4().hex[:6]
     with infrastructure(logs) as infra:
         settings = infra.settings(base).isolated(f"demo-{run_id}")

@@ -48,6 +48,7 @@ class DemoConfig:
     capacity: int = 8
     chunk_interval_s: float = 0.1
     trace: str | None = None  # a trace file to replay instead of a generated one
+    policy: str = "turboserve"  # the control processor's (a built-in or module:Name)
 
 
 def _trace(cfg: DemoConfig) -> list[Any]:
@@ -158,7 +159,7 @@ async def run_demo(settings: Settings, cfg: DemoConfig, log_dir: Path, report_di
     events = _trace(cfg)
     await ensure_topics(settings)
     fleet = LocalFleet(settings, log_dir, extra_env={
-        "CHUNKSERVE_POLICY": "turboserve", "CHUNKSERVE_PROFILE": "reference-cpu",
+        "CHUNKSERVE_POLICY": cfg.policy, "CHUNKSERVE_PROFILE": "reference-cpu",
         "CHUNKSERVE_MIN_WORKERS": str(cfg.min_workers), "CHUNKSERVE_MAX_WORKERS": str(cfg.max_workers),
         "CHUNKSERVE_BOOT_S": "6", "CHUNKSERVE_SCALE_DWELL_S": "8", "CHUNKSERVE_CONTROL_PERIOD_S": "1",
         "CHUNKSERVE_HEARTBEAT_TIMEOUT_S": "8", "CHUNKSERVE_WORKER_CAPACITY": str(cfg.capacity),

@@ -84,3 +84,11 @@ def test_a_file_that_is_no_certificate(kafka_bootstrap, redis_url, tmp_path):
     rc, out = _run(["--config", str(conf), "topics"], {})
     assert rc == 2
     assert f"{conf}: kafka.ssl_cafile:" in _one_line(out)
+
+
+def test_the_demo_refuses_an_unknown_policy_from_the_environment_before_starting():
+    """The demo runs the policy CHUNKSERVE_POLICY names (it used to run turboserve whatever
+    was set); an unknown one is named in one line before any broker starts."""
+    rc, out = _run(["demo"], {"CHUNKSERVE_POLICY": "nope"})
+    assert rc == 2
+    assert "nope: policy: unknown policy" in _one_line(out)
