@@ -334,7 +334,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
             await log.start()
             progress(f"waiting for {config.workers} workers")
             await log.until(lambda rs: len({r.worker_id for r in rs if isinstance(r, WorkerUp)})
-                            >= config.workers, 120, "workers to come up")
+                            >= config.workers, 120, "workers to come up", fleet.failed)
             ids = [f"chaos-{i}" for i in range(config.sessions)]
             for sid in ids:
                 session_events.append(SessionOpened(session_id=sid, ts=time.time(), prompt=f"chaos {sid}"))

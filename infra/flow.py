@@ -86,9 +86,14 @@ class EventLog:
     async def pump(self, timeout_ms: int = 100) -> None:
         self.records.extend(d.record for d in await self.consumer.poll(timeout_ms=timeout_ms))
 
-    async def until(self, done: Callable[[list[Record]], bool], timeout_s: float, what: str) -> None:
+    async def until(self, done: Callable[[list[Record]], bool], timeout_s: float, what: str,
+                    failed: Callable[[], str | None] = lambda: None) -> None:
+        """Read on until ``done``; give up at the timeout, or as soon as ``failed`` says why
+        waiting is pointless (a child process that exited, ``LocalFleet.failed``)."""
         deadline = time.monotonic() + timeout_s
         while not done(self.records):
+            if (why := failed()) is not None:
+                raise InfraError(f"{why} (while waiting for {what})")
             if time.monotonic() > deadline:
                 raise InfraError(f"timed out after {timeout_s:.0f}s waiting for {what}")
             await self.pump()
@@ -219,7 +224,7 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
             try:
                 progress(f"waiting for {workers} workers to load the model")
                 await log.until(lambda rs: len({r.worker_id for r in rs if isinstance(r, WorkerUp)})
-                                >= (1 if rebalance else workers), timeout_s, "workers to come up")
+                                >= (1 if rebalance else workers), timeout_s, "workers to come up", fleet.failed)
                 ids = [f"session-{i}" for i in range(sessions)]
                 for n in range(garbage):  # malformed records must be dead-lettered, not fatal
                     topic = SESSION_EVENTS if n % 2 == 0 else SESSION_INPUTS

@@ -59,6 +59,14 @@ class LocalFleet:
     def alive(self) -> dict[str, bool]:
         return {name: p.poll() is None for name, p in self.procs.items()}
 
+    def failed(self) -> str | None:
+        """The first child that exited by itself with an error, with the last line its log
+        says (a bad setting, say); None while none has."""
+        for name, p in self.procs.items():
+            if p.poll() not in (None, 0):
+                return f"{name} exited with code {p.returncode}: {last_words(self.log_dir / f'{name}.log')}"
+        return None
+
     def stop(self, name: str, timeout_s: float = 10.0) -> int | None:
         proc = self.procs.pop(name, None)
         if proc is None:
@@ -79,3 +87,15 @@ class LocalFleet:
         rest = list(self.procs.values())
         self.procs.clear()
         stop_in_order([*groups, rest], grace_s)
+
+
+def last_words(log: Path, tail_bytes: int = 4096) -> str:
+    """The last line of ``log`` that says something (not a box-drawing rule), or a note."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    said = [t for t in (line.strip(" │╭╮╰╯─┃━") for line in lines) if any(c.isalnum() for c in t)]
+    return said[-1] if said else "(an empty log)"

@@ -221,3 +221,16 @@ def test_a_broker_started_by_hand_dies_with_its_killed_parent(tmp_path):
     finally:
         if cli.poll() is None:
             cli.kill()
+
+
+def test_a_fleet_says_which_child_failed_and_its_last_words(tmp_path):
+    """A child that exits with an error is named with the last line of its log (the reason a
+    run waiting on it gives up at once instead of at its timeout)."""
+    from infra.local import LocalFleet
+
+    fleet = LocalFleet(Settings(), tmp_path)
+    assert fleet.failed() is None
+    fleet._spawn("odd-one", ["no-such-command"])
+    fleet.procs["odd-one"].wait(60)
+    why = fleet.failed()
+    assert why is not None and why.startswith("odd-one exited with code 2: ") and "No such command" in why, why
