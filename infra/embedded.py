@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from schemas.errors import InfraError
+from schemas.errors import ConfigError, InfraError
 from workers.supervision import spawn
 
 __all__ = ["EmbeddedTansu", "EmbeddedRedis", "Infrastructure", "free_port", "wait_for_broker",
@@ -219,7 +219,7 @@ def embedded_broker_kind(env: dict[str, str] | None = None) -> str:
     if chosen in ("kafka", "tansu"):
         return chosen
     if chosen:
-        raise InfraError(f"CHUNKSERVE_EMBEDDED_BROKER={chosen!r}: choose kafka or tansu")
+        raise ConfigError("CHUNKSERVE_EMBEDDED_BROKER", f"{chosen!r}: choose kafka or tansu", "env")
     return "kafka" if java_available(env.get("PATH")) else "tansu"
 
 

@@ -82,7 +82,7 @@ class Decoder:
         try:
             wire = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, use_list=True)
         except Exception as exc:  # msgpack raises several types for malformed input
-            raise SchemaError(f"not msgpack: {type(exc).__name__}: {exc}") from None
+            raise SchemaError(f"not msgpack: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")) from None
         return self._from_wire(wire)
 
     def _from_wire(self, wire: Any) -> Record:

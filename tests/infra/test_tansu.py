@@ -14,7 +14,7 @@ import pytest
 
 from infra.embedded import TANSU_LOSES, embedded_broker_kind, for_tansu, start_embedded_broker
 from infra.flow import run_flow
-from schemas.errors import InfraError
+from schemas.errors import ConfigError, InfraError
 from streams.config import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.tansu]
@@ -25,7 +25,7 @@ def test_the_one_rule_picks_kafka_where_java_is_and_tansu_where_it_is_not(tmp_pa
     assert embedded_broker_kind(no_java) == "tansu"
     assert embedded_broker_kind({**no_java, "CHUNKSERVE_EMBEDDED_BROKER": "kafka"}) == "kafka"
     assert embedded_broker_kind({"CHUNKSERVE_EMBEDDED_BROKER": "Tansu"}) == "tansu"
-    with pytest.raises(InfraError, match="choose kafka or tansu"):
+    with pytest.raises(ConfigError, match="env: CHUNKSERVE_EMBEDDED_BROKER: .redpanda.: choose kafka or tansu"):
         embedded_broker_kind({"CHUNKSERVE_EMBEDDED_BROKER": "redpanda"})
 
 

@@ -152,3 +152,12 @@ def test_type_header_names_the_record_type():
     assert header_tag({TYPE_HEADER: b"evt.hb"}) == "evt.hb"
     assert header_tag(None) is None and header_tag([]) is None
     assert header_tag([(TYPE_HEADER, "not bytes")]) is None
+
+
+def test_bytes_that_are_not_msgpack_say_so_without_a_dangling_colon():
+    from schemas.codec import decode
+    from schemas.errors import SchemaError
+
+    with pytest.raises(SchemaError) as got:
+        decode("session-events", b"\xc1 not msgpack")
+    assert str(got.value).startswith("not msgpack: ") and not str(got.value).rstrip().endswith(":"), str(got.value)
