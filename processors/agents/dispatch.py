@@ -285,13 +285,25 @@ class DispatchShell:
         return await self.recovery.sweep(limit)
 
 
+def _misfiled(msg: Any, session_id: str) -> str | None:
+    """Why a session's record is refused for its key: the contract keys it by the session id,
+    so that all of a session's records share a partition and keep their order; one keyed
+    otherwise could overtake or trail the others."""
+    if msg.key == session_id.encode():
+        return None
+    return (f"key {msg.key!r} is not the session id {session_id!r} (a session's records must be "
+            "keyed by it to stay in order)")
+
+
 async def _session_events(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:
     from schemas.topics import SESSION_EVENTS
     from streams.faust_app import decode_event
 
     async for event in stream.events():
         rec = await decode_event(event, SESSION_EVENTS, publisher, "dispatch")
-        if rec is not None:
+        if rec is not None and (misfiled := _misfiled(event.message, rec.session_id)) is not None:  # type: ignore[attr-defined]
+            await publisher.dead_letter(event.message, f"refused: {misfiled}", "dispatch")
+        elif rec is not None:
             sh = await shell()
             await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
                             lambda rec=rec, sh=sh: sh.on_session_event(rec))
@@ -306,7 +318,7 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
         if rec is None:
             continue
         msg, sh = event.message, await shell()
-        refused = sh.admit_input(rec)  # type: ignore[arg-type]
+        refused = _misfiled(msg, rec.session_id) or sh.admit_input(rec)  # type: ignore[arg-type,attr-defined]
         if refused is not None:  # over a bound: refused with the reason, never dropped
             await publisher.dead_letter(msg, f"refused: {refused}", "dispatch")
             continue

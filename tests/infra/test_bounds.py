@@ -18,7 +18,7 @@ from schemas.errors import ConfigError, LimitError, SchemaError
 from schemas.codec import encode
 from schemas.records import (Assign, ChunkDone, CommandRejected, DeadLetter, Generation, Handoff,
                              InputPushed, SessionOpened, Suspend, WorkerUp)
-from schemas.topics import DEAD_LETTERS, SESSION_EVENTS
+from schemas.topics import DEAD_LETTERS, SESSION_EVENTS, SESSION_INPUTS
 from streams.config import Settings
 from streams.generations import SyncGenerationStore
 from streams.kafka import RecordConsumer, RecordProducer
@@ -156,9 +156,11 @@ def test_dispatch_refuses_inputs_over_the_payload_and_rate_bounds(kafka_bootstra
             await producer.send(InputPushed(session_id="s-big", seq=1, kind="text", payload="x" * 101, ts=1.0))
             for seq in range(1, 5):  # a burst of two is allowed, the next two are over the rate
                 await producer.send(InputPushed(session_id="s-fast", seq=seq, kind="text", payload="hi", ts=1.0))
+            misfiled = InputPushed(session_id="s-key", seq=1, kind="text", payload="hi", ts=1.0)
+            await producer.send_raw(SESSION_INPUTS, encode(misfiled), key=b"someone-else")  # not its session's key
             log = EventLog(settings, producer, topics=(DEAD_LETTERS,))
             await log.start()
-            await log.until(lambda rs: len(refusals(rs)) >= 3, 90, "the refusals")
+            await log.until(lambda rs: len(refusals(rs)) >= 4, 90, "the refusals")
             await log.stop()
             return refusals(log.records)
 
@@ -168,3 +170,4 @@ def test_dispatch_refuses_inputs_over_the_payload_and_rate_bounds(kafka_bootstra
         fleet.stop_all()
     assert sum("over the 100-byte limit" in x for x in refused) == 1
     assert sum("input rate over" in x for x in refused) == 2
+    assert sum("key b'someone-else' is not the session id 's-key'" in x for x in refused) == 1
