@@ -500,7 +500,8 @@ def up(
             for name, ok in alive.items():
                 running.labels(name).set(ok)
             time.sleep(1.0)
-        console.print(f"[red]a process exited:[/red] {[n for n, ok in fleet.alive().items() if not ok]}")
+        console.print(f"[red]a process exited:[/red] {[n for n, ok in fleet.alive().items() if not ok]}"
+                      + (f" ({why})" if (why := fleet.failed()) else ""), soft_wrap=True)
         raise typer.Exit(1)
     except KeyboardInterrupt:
         pass

@@ -301,12 +301,17 @@ async def _session_events(stream: Any, shell: Callable[[], Awaitable[DispatchShe
 
     async for event in stream.events():
         rec = await decode_event(event, SESSION_EVENTS, publisher, "dispatch")
-        if rec is not None and (misfiled := _misfiled(event.message, rec.session_id)) is not None:  # type: ignore[attr-defined]
-            await publisher.dead_letter(event.message, f"refused: {misfiled}", "dispatch")
-        elif rec is not None:
-            sh = await shell()
-            await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
-                            lambda rec=rec, sh=sh: sh.on_session_event(rec))
+        if rec is None:
+            continue
+        msg, sh = event.message, await shell()
+        misfiled = _misfiled(msg, rec.session_id)  # type: ignore[attr-defined]
+        if misfiled is not None:
+            await publisher.dead_letter(msg, f"refused: {misfiled}", "dispatch")
+            continue
+        await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
+                        lambda rec=rec, sh=sh: sh.on_session_event(rec),
+                        lambda exc, msg=msg: publisher.dead_letter(msg, f"refused: dispatch could not handle it ({exc})",
+                                                                   "dispatch"))
 
 
 async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:
