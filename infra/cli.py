@@ -466,6 +466,7 @@ def up(
     SIGTERM, which stop them in order (control, the provisioner draining its workers, the rest)."""
     from prometheus_client import Gauge
 
+    from infra.embedded import port_free
     from infra.local import LocalFleet
     from streams.topics import ensure_topics
 
@@ -479,8 +480,11 @@ def up(
     running = Gauge("chunkserve_up_process_running", "1 while the child of `up` runs", ["process"])
     ports = itertools.count(metrics_port + 1) if metrics_port else None
 
-    def exposed() -> list[str]:
-        return [] if ports is None else ["--metrics-port", str(next(ports)), "--metrics-host", metrics_host]
+    def exposed() -> list[str]:  # the next port after the last one given that is free now
+        if ports is None:
+            return []
+        port = next(p for p in ports if port_free(metrics_host, p))
+        return ["--metrics-port", str(port), "--metrics-host", metrics_host]
 
     def interrupt(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM stops the fleet as Ctrl-C does

@@ -258,3 +258,18 @@ def test_redis_start_serves_until_sigterm_and_leaves_nothing(tmp_path):
     finally:
         if cli.poll() is None:
             cli.kill()
+
+
+def test_up_skips_a_metrics_port_in_use():
+    """`up --metrics-port P` gives its children the free ports after P (one in use there made
+    the child fail to listen, and `up` stop everything)."""
+    import socket
+
+    from infra.embedded import port_free
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert not port_free("127.0.0.1", port)
+    assert port_free("127.0.0.1", port)
