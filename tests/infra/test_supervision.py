@@ -260,7 +260,7 @@ def test_redis_start_serves_until_sigterm_and_leaves_nothing(tmp_path):
             cli.kill()
 
 
-def test_up_skips_a_metrics_port_in_use():
+def test_a_port_in_use_is_not_free_for_up_to_hand_out():
     """`up --metrics-port P` gives its children the free ports after P (one in use there made
     the child fail to listen, and `up` stop everything)."""
     import socket
