@@ -26,6 +26,7 @@ from schemas.errors import ChunkserveError, ConfigError
 __all__ = ["register", "parse_instance", "decide"]
 
 _err = Console(stderr=True, emoji=False)
+_UNBOUNDED = 1 << 62  # max_moves absent: no move budget
 
 
 def _number(doc: dict, key: str, where: str, src: str) -> float:
@@ -81,16 +82,19 @@ def _profile(name: str, spec: Any, at: str, src: str) -> GpuProfile:
 def parse_instance(doc: Any, src: str, where: str = "") -> tuple[Snapshot, LatencyModel, RebalanceConfig]:
     """One instance of the input document as a snapshot, latency model and settings."""
     doc = _obj(doc, where.rstrip(".") or "document", src)
-    ship = TURBOSERVE_REBALANCE
-    limit = doc.get("max_transient_s", ship.max_transient_s)
+    # The problem as the document states it: min L + eta * sum(kappa), every move allowed.
+    # The live controller also bounds a round by a move budget and a transient limit
+    # (TURBOSERVE_REBALANCE); a document that names them gets exactly its decision.
+    limit = doc.get("max_transient_s")
     if limit is not None:
         limit = _number({"max_transient_s": limit}, "max_transient_s", where, src)
+    moves = doc.get("max_moves")
     cfg = RebalanceConfig(
         eta=_number(doc, "eta", where, src),
         alpha_s=_number(doc, "alpha_s", where, src),
         beta_s_per_byte=_number(doc, "beta_s_per_byte", where, src),
-        max_moves=_count(doc.get("max_moves", ship.max_moves), f"{where}max_moves", src, 0),
-        drain_max_kappa_s=ship.drain_max_kappa_s,
+        max_moves=_UNBOUNDED if moves is None else _count(moves, f"{where}max_moves", src, 0),
+        drain_max_kappa_s=TURBOSERVE_REBALANCE.drain_max_kappa_s,
         max_transient_s=math.inf if limit is None else limit,
     )
     types = _obj(doc.get("gpu_types"), f"{where}gpu_types", src)
@@ -154,7 +158,7 @@ def decide(doc: Any, src: str) -> dict:
 
 
 def place_cmd(
-    snapshot: Path = typer.Argument(..., help="Snapshot JSON: eta, alpha_s, beta_s_per_byte, gpu_types, gpus, sessions; or {\"instances\": [...]}. Optional: max_moves (default 512) and max_transient_s (default 1.4, null: none), the shipped settings."),
+    snapshot: Path = typer.Argument(..., help="Snapshot JSON: eta, alpha_s, beta_s_per_byte, gpu_types, gpus, sessions; or {\"instances\": [...]}. Optional: max_moves and max_transient_s (default: none; the live controller runs 512 and 1.4)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the decision here (default: stdout)."),
 ) -> None:
     """One placement decision: where every session goes, what moves, worst latency, objective."""

@@ -50,6 +50,23 @@ def test_batch_and_settings(tmp_path):
         assert r["moved"] == [] and r["placement"]["e"] == "g1" and r["worst_latency_s"] == pytest.approx(1.0)
 
 
+def test_no_limit_unless_the_document_names_one(tmp_path):
+    """The document's problem is min L + eta * sum(kappa) with every move allowed; the live
+    controller's move budget and transient limit apply only when the document gives them."""
+    doc = {"eta": 0.1, "alpha_s": 0.02, "beta_s_per_byte": 0.0,
+           "gpu_types": {"t": {"capacity": 4, "latency": {"1": 0.8, "2": 1.0, "4": 1.3}}},
+           "gpus": [{"id": "g0", "type": "t"}, {"id": "g1", "type": "t"}],
+           "sessions": [{"id": f"s{i}", "gpu": "g0", "state_bytes": 0} for i in range(4)]}
+    shipped = dict(doc, max_moves=512, max_transient_s=1.4)  # a second move lands at 0.02 + 0.8 + 1.0 s
+    result, out = _run(tmp_path, {"instances": [doc, shipped]})
+    assert result.exit_code == 0, result.output
+    free, limited = out["results"]
+    assert len(free["moved"]) == 2 and free["worst_latency_s"] == pytest.approx(1.0)
+    assert free["objective"] == pytest.approx(1.004)
+    assert len(limited["moved"]) == 1 and limited["worst_latency_s"] == pytest.approx(1.15)
+    assert limited["objective"] == pytest.approx(1.152)
+
+
 def _bad(**change):
     doc = json.loads(json.dumps(GOOD))
     for path, value in change.items():
