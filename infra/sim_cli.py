@@ -43,15 +43,18 @@ def trace_gen(
     idle_scale: float = typer.Option(8.0, "--idle-scale", min=0.1, help="Idle gap Pareto scale, s (minimum gap)."),
     idle_shape: float = typer.Option(1.5, "--idle-shape", min=0.1, help="Idle gap Pareto shape (heavier tail when smaller)."),
     state_mb: float = typer.Option(2000.0, "--state-mb", min=1.0, help="Median per-session state size, MB (log-normal)."),
-    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x (uses --duration, --sessions, --seed only)."),
+    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky (uses --duration, --sessions, --seed only)."),
 ) -> None:
     """Generate a synthetic session trace (CSV t_s,session_id,event,state_mb)."""
     from infra.sim.families import FamilyConfig, generate_family
+    from infra.sim.launches import LAUNCHES, LaunchConfig, generate_launch
     from infra.sim.trace import write_trace
     from infra.sim.tracegen import GenConfig, generate
 
     try:
-        if family is not None:
+        if family is not None and family in LAUNCHES:
+            events = generate_launch(LaunchConfig(family, duration, sessions, seed))
+        elif family is not None:
             events = generate_family(FamilyConfig(family, duration, sessions, seed))
         else:
             cfg = GenConfig(level, duration, sessions, seed, swing, period, life_median, life_sigma, active_mean, idle_scale, idle_shape, state_mb)
@@ -193,7 +196,7 @@ def _print_table(out: dict) -> None:
 
 
 def evaluate_cmd(
-    split: str = typer.Option("heldout", "--split", help="heldout (traces no setting was chosen on) or tune."),
+    split: str = typer.Option("heldout", "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either) or tune."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every comparison and its bars as JSON here."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated trace names of the split (e.g. flash/s0)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
@@ -203,14 +206,15 @@ def evaluate_cmd(
     """Compare the policies on a split of trace families; print the quality bars per trace."""
     from processors.autoscaler import AutoscalerConfig, Slo, load_volatility_table
     from processors.latency import load_profiles
-    from infra.sim.evaluate import HELDOUT, TUNE, evaluate
+    from infra.sim.evaluate import HELDOUT, LAUNCH, TUNE, evaluate
     from infra.sim.simulator import SimConfig
     from schemas.errors import ConfigError
 
     try:
-        if split not in ("heldout", "tune"):
-            raise ConfigError("split", "heldout or tune", split)
-        specs = HELDOUT if split == "heldout" else TUNE
+        splits = {"heldout": HELDOUT, "launch": LAUNCH, "tune": TUNE}
+        if split not in splits:
+            raise ConfigError("split", "heldout, launch or tune", split)
+        specs = splits[split]
         if only:
             want = {x.strip() for x in only.split(",")}
             specs = tuple(s for s in specs if s.name in want)

@@ -16,12 +16,13 @@ from processors.autoscaler import Slo
 from processors.latency import LatencyModel
 
 from infra.sim.families import FamilyConfig, generate_family
+from infra.sim.launches import LAUNCHES, LaunchConfig, generate_launch
 from infra.sim.report import PAPER_BASELINES, Runner, compare
 from infra.sim.simulator import SimConfig
 from infra.sim.trace import Trace
 from infra.sim.tracegen import GenConfig, generate
 
-__all__ = ["TraceSpec", "TUNE", "HELDOUT", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
+__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
 
 EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turboserve-no-migration",
                  "turboserve-no-autoscale", "oracle", "infra.sim.peers:TeleFuser")
@@ -46,11 +47,17 @@ HELDOUT = (TraceSpec("flash", 0), TraceSpec("flash", 1), TraceSpec("mass-idle", 
            TraceSpec("longtail", 0), TraceSpec("scale4x", 0), TraceSpec("calm", 1), TraceSpec("diurnal", 1), TraceSpec("gen-10", 1))
 
 
+# The third model (launches: traces that start empty), seen by no setting either.
+LAUNCH = tuple(TraceSpec(f, 0) for f in LAUNCHES)
+
+
 def make_trace(spec: TraceSpec) -> Trace:
     """The events of ``spec``, generated (seeded, reproducible)."""
     if spec.family.startswith("gen-"):
         cfg = GenConfig(level=int(spec.family[4:]), duration_s=spec.duration_s, sessions=spec.sessions, seed=spec.seed)
         return Trace(tuple(generate(cfg)), spec.name)
+    if spec.family in LAUNCHES:
+        return Trace(tuple(generate_launch(LaunchConfig(spec.family, spec.duration_s, spec.sessions, spec.seed))), spec.name)
     fam = FamilyConfig(spec.family, spec.duration_s, spec.sessions, spec.seed)
     return Trace(tuple(generate_family(fam)), spec.name)
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from processors.autoscaler import Slo
 from processors.latency import LatencyModel
-from processors.lifecycle import EventKind
+from processors.lifecycle import EventKind, SessionEvent, SessionState, transition
 from processors.oracles import future_active
 from processors.policy import BUILTIN_POLICIES, FIXED_POOL, load_policy
 from schemas.errors import ConfigError
@@ -58,6 +58,16 @@ class Bound:
 
 def _pct(worse: float, better: float) -> float:
     return 100.0 * (worse - better) / worse if worse > 0 else 0.0
+
+
+def _first_instant_executing(events: Sequence[SessionEvent]) -> int:
+    """Sessions executing once the trace's first instant's events are in."""
+    states: dict[str, SessionState] = {}
+    for ev in events:
+        if ev.t > events[0].t:
+            break
+        states[ev.session_id] = transition(states.get(ev.session_id), ev.kind)[0]
+    return sum(st is SessionState.EXECUTION for st in states.values())
 
 
 def _peak_open(trace: Trace) -> int:
@@ -97,9 +107,16 @@ class Runner:
         self.future = future_active(self.trace.events, ORACLE_WINDOW_S)
         k = self.model[self.config.gpu_type].capacity
         first = max(self.future[: int(self.config.boot_s // ORACLE_WINDOW_S) + 1], default=0)
-        # cold: elastic policies start with enough GPUs for the first boot time's demand;
-        # warm: with none, and the pool their first decision asks for is ready at once
-        self.elastic_start = 0 if self.config.warm_start else max(1, math.ceil(first / k))
+        # cold: elastic policies open with enough GPUs for the first boot time's demand at
+        # full capacity; warm (a trace that starts mid-stream): with none, and the pool their
+        # first decision asks for is ready at once; a launch (a warm trace whose first instant
+        # holds fewer sessions than one GPU): with enough for the first two boot times' demand
+        # at full capacity (a reactive policy's first boots, decided on what the first boot
+        # time shows, land by then), as a fixed pool opens sized for the whole run
+        launch = _first_instant_executing(self.trace.events) < k
+        if launch and self.config.warm_start:
+            first = max(self.future[: int(2 * self.config.boot_s // ORACLE_WINDOW_S) + 1], default=0)
+        self.elastic_start = max(1, math.ceil(first / k)) if launch or not self.config.warm_start else 0
         self.peak_pool = max(1, math.ceil(max(self.future, default=0) / k))
         self.pinned_pool = max(1, math.ceil(_peak_open(self.trace) / k))
         self.chunk_bound = chunk_bound(self.trace.events, self.model, self.config.round_s)

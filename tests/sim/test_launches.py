@@ -1,0 +1,63 @@
+"""The third workload model's traces (launches) have the shapes they claim, and a trace that
+starts empty opens elastic pools on its first minute's demand."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+
+from infra.sim.evaluate import TraceSpec, make_trace
+from infra.sim.launches import LAUNCHES, LaunchConfig, generate_launch
+from infra.sim.report import Runner
+from infra.sim.simulator import SimConfig
+from infra.sim.trace import Trace, parse_trace, write_trace
+from processors.latency import load_profiles
+from processors.lifecycle import EventKind
+
+MODEL = load_profiles("paper")
+
+
+def _gen(family, **kw):
+    return generate_launch(LaunchConfig(family, **{"duration_s": 1200.0, "sessions": 1600, **kw}))
+
+
+def _opens(events):
+    return np.array([e.t for e in events if e.kind is EventKind.OPEN])
+
+
+@pytest.mark.parametrize("family", LAUNCHES)
+def test_launches_are_valid_reproducible_traces_that_start_empty(family, tmp_path):
+    events = _gen(family, duration_s=300.0, sessions=300)
+    assert events == _gen(family, duration_s=300.0, sessions=300)
+    assert events != _gen(family, duration_s=300.0, sessions=300, seed=1)
+    assert sum(e.t == events[0].t for e in events) < 5  # no population at the start
+    write_trace(events, tmp_path / "t.csv")
+    with open(tmp_path / "t.csv", newline="") as fh:
+        assert len(parse_trace(csv.reader(fh)).events) == len(events)
+
+
+def test_each_family_has_its_shape():
+    avatar, flicker, ramp, big, spiky, mmpp = (_gen(f) for f in ("avatar", "flicker", "ramp", "bigstate", "spiky", "mmpp"))
+    assert not any(e.kind is EventKind.IDLE for e in avatar)
+    assert sum(e.kind is EventKind.IDLE for e in flicker) > 5 * sum(e.kind is EventKind.IDLE for e in mmpp) / 2
+    assert not np.any(_opens(ramp) > 0.75 * 1200.0)
+    assert min(e.state_bytes for e in big if e.kind is EventKind.OPEN) >= 5e9
+    per5 = np.bincount((_opens(spiky) // 5).astype(int))
+    assert per5.max() >= 60 > 5 * np.median(per5)  # a crowd of 60 within 5 s; about 7 per 5 s otherwise
+    per_min = np.bincount((_opens(mmpp) // 60).astype(int))
+    assert per_min.max() > 3 * max(1, per_min.min())  # regimes far apart
+
+
+def test_a_launch_opens_elastic_pools_on_its_first_minute_and_a_mid_stream_trace_does_not():
+    k = MODEL["b300"].capacity
+    launch = Runner(make_trace(TraceSpec("avatar", 0)), MODEL, SimConfig(warm_start=True))
+    first = max(launch.future[:5])  # the windows of the first two boot times (60 s boots, 30 s windows)
+    assert first > k and launch.elastic_start == math.ceil(first / k)
+    assert launch.run("turboserve").worst_chunk_latency_s < 3.0  # no session waits out a boot at the start
+    mid = Runner(make_trace(TraceSpec("calm", 0, duration_s=120.0, sessions=200)), MODEL, SimConfig(warm_start=True))
+    assert mid.elastic_start == 0
+    cold = Runner(Trace(mid.trace.events, "calm"), MODEL, SimConfig(warm_start=False))
+    assert cold.elastic_start >= 1
