@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from schemas.errors import ChunkserveError
+from schemas.errors import ChunkserveError, ConfigError
 
 __all__ = ["register"]
 
@@ -46,12 +46,14 @@ def trace_gen(
     family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky (uses --duration, --sessions, --seed only)."),
 ) -> None:
     """Generate a synthetic session trace (CSV t_s,session_id,event,state_mb)."""
-    from infra.sim.families import FamilyConfig, generate_family
+    from infra.sim.families import FAMILIES, FamilyConfig, generate_family
     from infra.sim.launches import LAUNCHES, LaunchConfig, generate_launch
     from infra.sim.trace import write_trace
     from infra.sim.tracegen import GenConfig, generate
 
     try:
+        if family is not None and family not in FAMILIES + LAUNCHES:
+            raise ConfigError("family", f"one of {', '.join(FAMILIES + LAUNCHES)}", "trace gen")
         if family is not None and family in LAUNCHES:
             events = generate_launch(LaunchConfig(family, duration, sessions, seed))
         elif family is not None:
@@ -153,7 +155,6 @@ def _builtin_options(vt: object, auto: object) -> dict:
 def _subject(runner: object, names: list[str], subject: str) -> str | None:
     """The spec among ``names`` that ``subject`` names (a spec, or a policy's name)."""
     from processors.policy import load_policy
-    from schemas.errors import ConfigError
 
     if subject in names:
         return subject
@@ -208,7 +209,6 @@ def evaluate_cmd(
     from processors.latency import load_profiles
     from infra.sim.evaluate import HELDOUT, LAUNCH, TUNE, evaluate
     from infra.sim.simulator import SimConfig
-    from schemas.errors import ConfigError
 
     try:
         splits = {"heldout": HELDOUT, "launch": LAUNCH, "tune": TUNE}
@@ -275,7 +275,6 @@ def tune_cmd(
 
 
 def _levels(spec: str) -> list[int]:
-    from schemas.errors import ConfigError
 
     try:
         if "-" in spec:

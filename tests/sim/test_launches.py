@@ -61,3 +61,18 @@ def test_a_launch_opens_elastic_pools_on_its_first_minute_and_a_mid_stream_trace
     assert mid.elastic_start == 0
     cold = Runner(Trace(mid.trace.events, "calm"), MODEL, SimConfig(warm_start=False))
     assert cold.elastic_start >= 1
+
+
+def test_trace_gen_and_evaluate_name_the_launch_families(tmp_path):
+    from typer.testing import CliRunner
+
+    from infra.cli import app
+
+    out = tmp_path / "a.csv"
+    ok = CliRunner().invoke(app, ["trace", "gen", "--family", "avatar", "--duration", "120", "--sessions", "100", "-o", str(out)])
+    assert ok.exit_code == 0, ok.output
+    assert out.read_text().splitlines()[0] == "t_s,session_id,event,state_mb"
+    bad = CliRunner().invoke(app, ["trace", "gen", "--family", "nope", "-o", str(tmp_path / "b.csv")])
+    assert bad.exit_code == 2 and "mmpp" in bad.output and "calm" in bad.output and "Traceback" not in bad.output
+    split = CliRunner().invoke(app, ["evaluate", "--split", "bogus"])
+    assert split.exit_code == 2 and "launch" in split.output
