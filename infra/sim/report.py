@@ -249,7 +249,8 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
     tr = runner.trace
     fut = runner.future[:-1] or runner.future
     load = {"active_peak": max(fut, default=0), "active_mean": sum(fut) / len(fut) if fut else 0.0}  # per 30 s window
-    out: dict[str, Any] = {"trace": {"sessions": tr.sessions, "events": len(tr.events), "duration_s": tr.duration_s, **load}, "policies": {}}
+    out: dict[str, Any] = {"trace": {"sessions": tr.sessions, "events": len(tr.events), "duration_s": tr.duration_s, **load,
+                                     "opening_gpus": runner.elastic_start}, "policies": {}}
     fixed = [p for p in policies if runner.fixed(p)]
     pools: dict[str, int] = {}
     sub = runner.run(subject) if subject in policies else None

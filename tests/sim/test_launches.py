@@ -11,7 +11,7 @@ import pytest
 
 from infra.sim.evaluate import TraceSpec, make_trace
 from infra.sim.launches import LAUNCHES, LaunchConfig, generate_launch
-from infra.sim.report import Runner
+from infra.sim.report import Runner, compare
 from infra.sim.simulator import SimConfig
 from infra.sim.trace import Trace, parse_trace, write_trace
 from processors.latency import load_profiles
@@ -57,6 +57,7 @@ def test_a_launch_opens_elastic_pools_on_its_first_minute_and_a_mid_stream_trace
     first = max(launch.future[:5])  # the windows of the first two boot times (60 s boots, 30 s windows)
     assert first > k and launch.elastic_start == math.ceil(first / k)
     assert launch.run("turboserve").worst_chunk_latency_s < 3.0  # no session waits out a boot at the start
+    assert compare(launch, ("turboserve",))["trace"]["opening_gpus"] == launch.elastic_start
     mid = Runner(make_trace(TraceSpec("calm", 0, duration_s=120.0, sessions=200)), MODEL, SimConfig(warm_start=True))
     assert mid.elastic_start == 0
     cold = Runner(Trace(mid.trace.events, "calm"), MODEL, SimConfig(warm_start=False))
