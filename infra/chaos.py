@@ -116,18 +116,26 @@ def audit_chunks(chunks: list[ChunkDone]) -> dict[str, Any]:
     return {"dual_owner": dual, "stale_releases": stale}
 
 
+def lost_inputs(pushed: dict[str, int], accepted: list[InputAccepted],
+                refused: set[tuple[str, int]] = frozenset()) -> list[tuple[str, int]]:  # type: ignore[assignment]
+    """(session, seq) of the inputs pushed (seq 1..n per session), never applied and not
+    refused with a reason."""
+    seen: dict[str, set[int]] = defaultdict(set)
+    for sid, seq in refused:
+        seen[sid].add(seq)
+    for a in accepted:
+        seen[a.session_id].add(a.seq)
+    return sorted((sid, q) for sid, n in pushed.items() for q in range(1, n + 1) if q not in seen[sid])
+
+
 def audit_inputs(pushed: dict[str, int], accepted: list[InputAccepted],
                  refused: set[tuple[str, int]] = frozenset()) -> dict[str, int]:  # type: ignore[assignment]
     """Inputs lost (pushed, never applied and not refused with a reason), duplicated (applied
     twice by one generation) and out of order (one generation applied them not in seq order)."""
     per_gen: dict[tuple[str, int], list[int]] = defaultdict(list)
-    seen: dict[str, set[int]] = defaultdict(lambda: set())
-    for sid, seq in refused:
-        seen[sid].add(seq)
     for a in accepted:
         per_gen[(a.session_id, a.generation.epoch)].append(a.seq)
-        seen[a.session_id].add(a.seq)
-    lost = sum(len(set(range(1, n + 1)) - seen[sid]) for sid, n in pushed.items())
+    lost = len(lost_inputs(pushed, accepted, refused))
     dup = sum(len(v) - len(set(v)) for v in per_gen.values())
     disorder = sum(1 for v in per_gen.values() if v != sorted(v))
     return {"inputs_lost": lost, "inputs_duplicated": dup, "inputs_out_of_order": disorder}
@@ -329,9 +337,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
         workers = [f"worker-{i}" for i in range(config.workers)]
         for w in workers:
             fleet.start_worker(w, capacity=config.capacity, chunk_interval_s=config.chunk_interval_s)
-        async with RecordProducer(settings, client_id="chaos") as producer:
-            log = EventLog(settings, producer)
-            await log.start()
+        async with RecordProducer(settings, client_id="chaos") as producer, EventLog(settings, producer) as log:
             progress(f"waiting for {config.workers} workers")
             await log.until(lambda rs: len({r.worker_id for r in rs if isinstance(r, WorkerUp)})
                             >= config.workers, 120, "workers to come up", fleet.failed)
@@ -415,7 +421,6 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                 await _send_until_acked(producer, session_events[-1])
             closed_but_active = await _until_closed(store, log, ids, 60.0)
             views = await _compare_replay(settings, session_events, log.records, ids)
-            await log.stop()
         chunks = [c for c in log.of(ChunkDone) if c.session_id in ids]
         unaccounted = _unresolved_inputs({(sid, q) for sid, n in pushed.items() for q in range(1, n + 1)},
                                          log.records)

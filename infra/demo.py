@@ -27,7 +27,7 @@ from streams.config import Settings
 from streams.kafka import RecordProducer
 from streams.topics import ensure_topics
 
-from .chaos import audit_chunks, audit_inputs, refused_inputs
+from .chaos import audit_chunks, audit_inputs, lost_inputs, refused_inputs
 from .flow import EventLog
 from .local import LocalFleet
 
@@ -88,6 +88,7 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
     released = [r for r in records if isinstance(r, Released)]
     costs = [r for r in records if isinstance(r, CostTick)]
     refused = refused_inputs([r for r in records if isinstance(r, DeadLetter)])
+    accepted = [r for r in records if isinstance(r, InputAccepted)]
     ups = {r.worker_id for r in records if isinstance(r, WorkerUp)}
     return {
         "sessions": sessions,
@@ -104,9 +105,9 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
                          "shutdown": len({r.worker_id for r in records if isinstance(r, Shutdown)})},
         "cost": round(costs[-1].cost, 4) if costs else 0.0,
         "dead_letters": sum(1 for r in records if isinstance(r, DeadLetter)),
-        "audit": {**audit_chunks(chunks),
-                  **audit_inputs(pushed, [r for r in records if isinstance(r, InputAccepted)], refused)},
+        "audit": {**audit_chunks(chunks), **audit_inputs(pushed, accepted, refused)},
         "inputs_refused": len(refused),
+        "inputs_lost": [f"{sid}#{seq}" for sid, seq in lost_inputs(pushed, accepted, refused)[:20]],  # the first 20
         "wall_s": round(wall_s, 1),
         "scale_log": scale_log(records, t0),
     }
@@ -170,9 +171,8 @@ async def run_demo(settings: Settings, cfg: DemoConfig, log_dir: Path, report_di
         for name in ("dispatch", "detector", "control", "metrics"):
             fleet.start_processor(name)
         fleet.start_provisioner()
-        async with RecordProducer(settings, client_id="demo") as producer, SessionClient(settings) as client:
-            log = EventLog(settings, producer, topics=(WORKER_EVENTS, METRICS, DEAD_LETTERS, SCALING_COMMANDS))
-            await log.start()
+        async with (RecordProducer(settings, client_id="demo") as producer, SessionClient(settings) as client,
+                    EventLog(settings, producer, topics=(WORKER_EVENTS, METRICS, DEAD_LETTERS, SCALING_COMMANDS)) as log):
             await producer.send(ScaleOut(pool="default", count=cfg.min_workers, ts=time.time(),
                                          gpu_type="cpu", decision_id="demo-initial"))
             on_tick({"phase": "booting the first worker"})
@@ -212,7 +212,6 @@ async def run_demo(settings: Settings, cfg: DemoConfig, log_dir: Path, report_di
             except Exception:
                 pass  # reported as lost in the audit
             await log.pump(timeout_ms=1000)
-            await log.stop()
         summary = summarize(log.records, dict(pushed), len({e.session_id for e in events}),
                             time.monotonic() - started, t0)
         report_dir.mkdir(parents=True, exist_ok=True)

@@ -83,6 +83,13 @@ class EventLog:
         await self.consumer.start(subscribe=False)
         await self.consumer.assign(dict.fromkeys(self.topics))
 
+    async def __aenter__(self) -> "EventLog":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()  # also when the run is cancelled (Ctrl-C, SIGTERM): no consumer left unclosed
+
     async def pump(self, timeout_ms: int = 100) -> None:
         self.records.extend(d.record for d in await self.consumer.poll(timeout_ms=timeout_ms))
 
@@ -217,10 +224,8 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
         for i in range(1 if rebalance else workers):
             fleet.start_worker(f"worker-{i}", capacity=capacity, chunk_interval_s=chunk_interval_s,
                                gpu_type=gpu_type)
-        async with RecordProducer(settings, client_id="flow") as producer:
-            log = EventLog(settings, producer, (WORKER_EVENTS, METRICS, DEAD_LETTERS)
-                           + ((SCALING_COMMANDS,) if scale_in else ()))
-            await log.start()
+        topics = (WORKER_EVENTS, METRICS, DEAD_LETTERS) + ((SCALING_COMMANDS,) if scale_in else ())
+        async with RecordProducer(settings, client_id="flow") as producer, EventLog(settings, producer, topics) as log:
             try:
                 progress(f"waiting for {workers} workers to load the model")
                 await log.until(lambda rs: len({r.worker_id for r in rs if isinstance(r, WorkerUp)})
@@ -330,8 +335,6 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                 (log_dir / "events.txt").write_text(
                     "\n".join(repr(r) for r in log.records if not isinstance(r, (ChunkDone, Heartbeat))))
                 raise
-            finally:
-                await log.stop()
         return audit(log, ids, workers, time.monotonic() - started, allow_gaps=crash)
     finally:
         fleet.stop_all()

@@ -109,6 +109,7 @@ class CommandHandler:
             await self.p.store.claim(sid, rec.generation)
         except OwnershipError as exc:
             await self.reject(rec, exc.reason_code, str(exc))
+            await self.refuse_early(sid, rec.generation, "not_owner", f"its Assign was refused: {exc}")
             return
         if held is not None:  # we held an older generation of the same session: it has passed
             self.sessions.pop(sid)
@@ -121,6 +122,7 @@ class CommandHandler:
                 await self.p.store.release(sid, rec.generation, close=False)
             except OwnershipError:
                 pass
+            await self.refuse_early(sid, rec.generation, "not_owner", f"its session did not start here: {exc}")
             return
         sess = Held(rec.generation, state, next_due=self.p.monotonic(), input_pos=input_pos)
         self.sessions[sid] = sess
@@ -215,6 +217,8 @@ class CommandHandler:
             except OwnershipError as exc:
                 await self.reject(rec, exc.reason_code, str(exc))
                 return None
+            await self.refuse_early(sid, gen, "closed" if close else "not_owner",
+                                    "the session " + ("closed" if close else "was offloaded") + " before its Assign ran here")
             await self.released(sid, gen, "closed" if close else "suspended")
             return None
         refusal = command_refusal(sess.generation if sess is not None else None, gen)
@@ -233,7 +237,7 @@ class CommandHandler:
                 await self.refuse(rec, refusal)
                 return
         if sess is None or sess.generation.epoch < rec.generation.epoch:
-            if (refusal := self.early.keep(rec)) is not None:
+            if (refusal := self.early.keep(rec, self.p.monotonic())) is not None:
                 await self.refuse(rec, refusal)
             return
         if (refusal := sess.offer(rec, self.p.gap_wait_s)) is not None:
@@ -262,7 +266,14 @@ class CommandHandler:
         due = [(sid, s) for sid, s in self.sessions.items() if s.gap_expired(now, self.p.gap_wait_s)]
         for sid, sess in due:
             await self.apply_pending(sid, sess, skip_gaps=True)
+        for rec in self.early.expired(now, self.p.gap_wait_s):  # dispatch routes each again
+            await self.reject(rec, "not_owner", f"no Assign of {rec.generation} came within {self.p.gap_wait_s:.0f}s")
         return len(due)
+
+    async def refuse_early(self, sid: str, gen: Generation, reason: RejectReason, detail: str) -> None:
+        """Refuse the inputs that came before ``gen``'s Assign, which will run nothing here."""
+        for rec in self.early.take(sid, gen):
+            await self.reject(rec, reason, detail)
 
     async def refuse_pending(self, sess: Held, reason: RejectReason, detail: str) -> None:
         for rec in sess.take_pending():

@@ -137,17 +137,21 @@ class Held:
 
 
 class EarlyInputs:
-    """Inputs that arrived before the ``Assign`` of their generation, bounded per session."""
+    """Inputs that arrived before the ``Assign`` of their generation, bounded per session.
+
+    None waits for ever: the Assign's claim failing, a close or an offload overtaking it
+    (:meth:`take`), or no Assign within a wait (:meth:`expired`) hands them back to be
+    refused, so dispatch settles each one (routes it again, or refuses it with a reason)."""
 
     def __init__(self, bound: int = MAX_PENDING_INPUTS) -> None:
         self.bound = bound
-        self._by_session: dict[str, dict[int, RoutedInput]] = {}
+        self._by_session: dict[str, dict[int, tuple[RoutedInput, float]]] = {}
 
-    def keep(self, rec: RoutedInput) -> Refusal | None:
+    def keep(self, rec: RoutedInput, now: float) -> Refusal | None:
         early = self._by_session.setdefault(rec.session_id, {})
         if len(early) >= self.bound:
             return Refusal("too_many_pending", "pending input buffer full")
-        early[rec.seq] = rec
+        early[rec.seq] = (rec, early[rec.seq][1] if rec.seq in early else now)
         return None
 
     def hand_over(self, sid: str, held: Held) -> list[RoutedInput]:
@@ -155,12 +159,36 @@ class EarlyInputs:
         returns the ones of other generations, which the runtime refuses."""
         early = self._by_session.pop(sid, {})
         others = []
-        for seq, rec in sorted(early.items()):
+        for seq, (rec, _) in sorted(early.items()):
             if rec.generation != held.generation:
                 others.append(rec)
             elif seq > held.applied_seq:
                 held.pending[seq] = rec
         return others
 
-    def waiting(self, sid: str) -> list[int]:
-        return sorted(self._by_session.get(sid, {}))
+    def take(self, sid: str, generation: Generation) -> list[RoutedInput]:
+        """The early inputs of ``generation`` (whose Assign will run nothing here), in order."""
+        early = self._by_session.get(sid, {})
+        out = [rec for _, (rec, _) in sorted(early.items()) if rec.generation == generation]
+        for rec in out:
+            del early[rec.seq]
+        if not early:
+            self._by_session.pop(sid, None)
+        return out
+
+    def expired(self, now: float, wait_s: float) -> list[RoutedInput]:
+        """The early inputs kept longer than ``wait_s`` with no Assign of theirs."""
+        out = []
+        for sid in list(self._by_session):
+            early = self._by_session[sid]
+            for seq, (rec, since) in sorted(early.items()):
+                if since <= now - wait_s:
+                    out.append(rec)
+                    del early[seq]
+            if not early:
+                del self._by_session[sid]
+        return out
+
+    def waiting(self, sid: str, generation: Generation | None = None) -> list[int]:
+        return sorted(seq for seq, (rec, _) in self._by_session.get(sid, {}).items()
+                      if generation is None or rec.generation == generation)

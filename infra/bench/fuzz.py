@@ -199,23 +199,21 @@ async def fuzz_processors(settings: Any, records: int, log_dir: Any, seed: int =
                     bad[topic] += 1
                 await producer.send_raw(topic, data, key=b"fuzz-%d" % (i % 97))
             expected = {name: sum(bad[t] for t in ts) for name, ts in PROCESSOR_INPUTS.items()}
-            reader = EventLog(settings, producer, topics=(DEAD_LETTERS,))
-            await reader.start()
-            deadline = asyncio.get_running_loop().time() + timeout_s
+            async with EventLog(settings, producer, topics=(DEAD_LETTERS,)) as reader:
+                deadline = asyncio.get_running_loop().time() + timeout_s
 
-            def counts() -> dict[str, int]:
-                return {name: len(seen) for name, seen in letters.items()}
+                def counts() -> dict[str, int]:
+                    return {name: len(seen) for name, seen in letters.items()}
 
-            while counts() != expected and asyncio.get_running_loop().time() < deadline \
-                    and all(fleet.alive().values()):
-                await reader.pump(timeout_ms=200)
-                for rec in reader.records:
-                    if isinstance(rec, DeadLetter) and rec.reason.startswith("schema:") and rec.consumer in letters:
-                        where = (rec.source_topic, rec.partition, rec.offset)
-                        repeats += where in letters[rec.consumer]
-                        letters[rec.consumer].add(where)
-                reader.records.clear()
-            await reader.stop()
+                while counts() != expected and asyncio.get_running_loop().time() < deadline \
+                        and all(fleet.alive().values()):
+                    await reader.pump(timeout_ms=200)
+                    for rec in reader.records:
+                        if isinstance(rec, DeadLetter) and rec.reason.startswith("schema:") and rec.consumer in letters:
+                            where = (rec.source_topic, rec.partition, rec.offset)
+                            repeats += where in letters[rec.consumer]
+                            letters[rec.consumer].add(where)
+                    reader.records.clear()
         await asyncio.sleep(1.0)  # a crash caused by the last records shows in a moment
         alive = {name: fleet.alive()[f"{name}-0"] for name in PROCESSOR_INPUTS}
     finally:

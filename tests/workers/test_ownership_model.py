@@ -159,9 +159,10 @@ class OwnershipMachine(RuleBasedStateMachine):
         self.run(self.handler.handle(Resume(worker_id="w", session_id="s", generation=self.routed, ts=self.now)))
         self.frozen = False
 
-    @precondition(lambda self: self.assigned and not self.closed and self.routed.worker_id == "w")
+    @precondition(lambda self: not self.closed and self.routed.worker_id == "w")
     @rule(now=st.integers(0, 3))
     def suspend(self, now: int) -> None:
+        """An offload; before the Assign it overtakes it (they come from different agents)."""
         if now:
             return
         self.run(self.handler.handle(Suspend(worker_id="w", session_id="s", generation=self.routed,
@@ -169,9 +170,10 @@ class OwnershipMachine(RuleBasedStateMachine):
         assert "s" not in self.handler.sessions or self.handler.sessions["s"].generation != self.routed
         self.closed = True  # offloaded: nothing more reaches this generation
 
-    @precondition(lambda self: self.assigned and not self.closed)
+    @precondition(lambda self: not self.closed)
     @rule(now=st.integers(0, 3))
     def close(self, now: int) -> None:
+        """A close; before the Assign it overtakes it."""
         if now:
             return
         self.run(self.handler.handle(Terminate(worker_id=self.routed.worker_id, session_id="s",
@@ -223,11 +225,56 @@ class OwnershipMachine(RuleBasedStateMachine):
     def nothing_applied_while_frozen(self) -> None:
         assert len(self.accepted()) == self.accepted_when_frozen
 
+    @precondition(lambda self: self.closed and not self.assigned and self.routed.worker_id == "w")
+    @rule()
+    def late_assign(self) -> None:
+        """The Assign a close or an offload overtook arrives: nothing to run."""
+        self.run(self.handler.handle(Assign(worker_id="w", session_id="s", generation=self.gen,
+                                            ts=self.now, prompt="p")))
+        self.assigned = True
+        assert "s" not in self.handler.sessions
+
     @precondition(lambda self: self.closed)
     @invariant()
     def nothing_waits_on_a_closed_session(self) -> None:
+        """Not in the held session, nor among inputs that came before an Assign the close or
+        offload overtook: each was accepted or refused, so dispatch settles it."""
         held = self.handler.sessions.get("s")
         assert held is None or held.generation != self.routed or not held.pending
+        assert not self.handler.early.waiting("s", self.routed), self.handler.early.waiting("s", self.routed)
+
+
+def test_an_input_before_an_assign_that_never_comes_is_refused_after_the_gap_wait():
+    """Dispatch routed it under a generation whose Assign is lost or late: the worker hands
+    it back (not_owner) after the wait, so dispatch routes it again instead of it waiting
+    for ever."""
+    loop = asyncio.new_event_loop()
+    try:
+        store, sent, now = MemoryGenerationStore("t"), [], [0.0]
+
+        async def send(rec: Record) -> None:
+            sent.append(rec)
+
+        async def replay(sid: str, after: int, start: Any) -> list[Any]:
+            return []
+
+        handler = CommandHandler(Ports(worker_id="w", device="cpu", store=store, model=_Model(), send=send,
+                                       clock=lambda: now[0], monotonic=lambda: now[0], replay=replay,
+                                       gap_wait_s=GAP_WAIT_S))
+        loop.run_until_complete(store.register_worker("w", 4))
+        gen = loop.run_until_complete(store.commit("s", 0, "w"))
+        loop.run_until_complete(handler.handle(RoutedInput(worker_id="w", session_id="s", generation=gen, seq=1,
+                                                           kind="text", payload="hi", ts=0.0)))
+        assert handler.early.waiting("s") == [1] and not sent
+        now[0] = GAP_WAIT_S - 0.1
+        loop.run_until_complete(handler.expire_gaps())
+        assert handler.early.waiting("s") == [1] and not sent
+        now[0] = GAP_WAIT_S + 0.1
+        loop.run_until_complete(handler.expire_gaps())
+        assert handler.early.waiting("s") == []
+        assert [(r.command, r.reason, r.seq) for r in sent] == [(RoutedInput.TAG, "not_owner", 1)]
+    finally:
+        loop.close()
 
 
 OwnershipMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
