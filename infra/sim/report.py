@@ -106,17 +106,16 @@ class Runner:
             self.signals = signals_for(self.trace.events, self.config.tick_s, self.config.detector)
         self.future = future_active(self.trace.events, ORACLE_WINDOW_S)
         k = self.model[self.config.gpu_type].capacity
-        first = max(self.future[: int(self.config.boot_s // ORACLE_WINDOW_S) + 1], default=0)
         # cold: elastic policies open with enough GPUs for the first boot time's demand at
         # full capacity; warm (a trace that starts mid-stream): with none, and the pool their
         # first decision asks for is ready at once; a launch (a warm trace whose first instant
         # holds fewer sessions than one GPU): with enough for the first two boot times' demand
         # at full capacity (a reactive policy's first boots, decided on what the first boot
         # time shows, land by then), as a fixed pool opens sized for the whole run
-        launch = _first_instant_executing(self.trace.events) < k
-        if launch and self.config.warm_start:
-            first = max(self.future[: int(2 * self.config.boot_s // ORACLE_WINDOW_S) + 1], default=0)
-        self.elastic_start = max(1, math.ceil(first / k)) if launch or not self.config.warm_start else 0
+        warm = self.config.warm_start
+        launch = warm and _first_instant_executing(self.trace.events) < k
+        first = max(self.future[: int((2 if launch else 1) * self.config.boot_s // ORACLE_WINDOW_S) + 1], default=0)
+        self.elastic_start = 0 if warm and not launch else max(1, math.ceil(first / k))
         self.peak_pool = max(1, math.ceil(max(self.future, default=0) / k))
         self.pinned_pool = max(1, math.ceil(_peak_open(self.trace) / k))
         self.chunk_bound = chunk_bound(self.trace.events, self.model, self.config.round_s)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
@@ -51,6 +51,18 @@ class _Model:
         return _State(**data)
 
 
+def _handler(store: MemoryGenerationStore, sent: list[Record], now: Callable[[], float]) -> CommandHandler:
+    """Worker w's command handler on ``store``, its records sent to ``sent``, clocks ``now``."""
+    async def send(rec: Record) -> None:
+        sent.append(rec)
+
+    async def replay(sid: str, after: int, start: Any) -> list[Any]:
+        return []
+
+    return CommandHandler(Ports(worker_id="w", device="cpu", store=store, model=_Model(), send=send,
+                                clock=now, monotonic=now, replay=replay, gap_wait_s=GAP_WAIT_S))
+
+
 class OwnershipMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
@@ -61,16 +73,7 @@ class OwnershipMachine(RuleBasedStateMachine):
         self.delivered: dict[int, int] = {}  # seq -> deliveries to the worker
         self.closed = False
         self.frozen = False
-
-        async def send(rec: Record) -> None:
-            self.sent.append(rec)
-
-        async def replay(sid: str, after: int, start: Any) -> list[Any]:
-            return []
-
-        self.handler = CommandHandler(Ports(
-            worker_id="w", device="cpu", store=self.store, model=_Model(), send=send,
-            clock=lambda: self.now, monotonic=lambda: self.now, replay=replay, gap_wait_s=GAP_WAIT_S))
+        self.handler = _handler(self.store, self.sent, lambda: self.now)
         self.run(self.store.register_worker("w", 4))
         self.run(self.store.register_worker("v", 4))
         self.gen = self.run(self.store.commit("s", 0, "w"))
@@ -251,16 +254,7 @@ def test_an_input_before_an_assign_that_never_comes_is_refused_after_the_gap_wai
     loop = asyncio.new_event_loop()
     try:
         store, sent, now = MemoryGenerationStore("t"), [], [0.0]
-
-        async def send(rec: Record) -> None:
-            sent.append(rec)
-
-        async def replay(sid: str, after: int, start: Any) -> list[Any]:
-            return []
-
-        handler = CommandHandler(Ports(worker_id="w", device="cpu", store=store, model=_Model(), send=send,
-                                       clock=lambda: now[0], monotonic=lambda: now[0], replay=replay,
-                                       gap_wait_s=GAP_WAIT_S))
+        handler = _handler(store, sent, lambda: now[0])
         loop.run_until_complete(store.register_worker("w", 4))
         gen = loop.run_until_complete(store.commit("s", 0, "w"))
         loop.run_until_complete(handler.handle(RoutedInput(worker_id="w", session_id="s", generation=gen, seq=1,
