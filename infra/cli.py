@@ -445,11 +445,11 @@ def ownership_check(
 UP_STOP_GRACE_S = 3.0  # per group of `up`'s children: three groups stop within 10 s
 
 
-def prometheus_targets(host: str, port: int, children: list[str]) -> list[dict[str, object]]:
-    """A Prometheus ``file_sd`` list: ``up`` on ``port``, its children on the ports after it."""
+def prometheus_targets(host: str, ports: dict[str, int]) -> list[dict[str, object]]:
+    """A Prometheus ``file_sd`` list: each process on the port it was given."""
     scrape = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    return [{"targets": [f"{scrape}:{port + i}"], "labels": {"job": "chunkserve", "process": name}}
-            for i, name in enumerate(["up", *children])]
+    return [{"targets": [f"{scrape}:{port}"], "labels": {"job": "chunkserve", "process": name}}
+            for name, port in ports.items()]
 
 
 @app.command("up")
@@ -479,12 +479,13 @@ def up(
     _metrics_server(metrics_port, metrics_host)
     running = Gauge("chunkserve_up_process_running", "1 while the child of `up` runs", ["process"])
     ports = itertools.count(metrics_port + 1) if metrics_port else None
+    given: list[int] = []  # in the order the children start (the fleet's order)
 
     def exposed() -> list[str]:  # the next port after the last one given that is free now
         if ports is None:
             return []
-        port = next(p for p in ports if port_free(metrics_host, p))
-        return ["--metrics-port", str(port), "--metrics-host", metrics_host]
+        given.append(next(p for p in ports if port_free(metrics_host, p)))
+        return ["--metrics-port", str(given[-1]), "--metrics-host", metrics_host]
 
     def interrupt(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM stops the fleet as Ctrl-C does
@@ -497,7 +498,7 @@ def up(
             fleet.start_processor(name, options=exposed())
         fleet.start_provisioner(options=exposed())
         if metrics_port:
-            targets = prometheus_targets(metrics_host, metrics_port, list(fleet.procs))
+            targets = prometheus_targets(metrics_host, {"up": metrics_port, **dict(zip(fleet.procs, given))})
             (logs / "prometheus-targets.json").write_text(json.dumps(targets, indent=2) + "\n")
         console.print(f"up: {', '.join(fleet.procs)}; logs in {logs}; Ctrl-C or SIGTERM stops them")
         while all((alive := fleet.alive()).values()):

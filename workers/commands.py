@@ -109,11 +109,11 @@ class CommandHandler:
             await self.p.store.claim(sid, rec.generation)
         except OwnershipError as exc:
             await self.reject(rec, exc.reason_code, str(exc))
-            await self.refuse_early(sid, rec.generation, "not_owner", f"its Assign was refused: {exc}")
+            await self.reject_all(self.early.take(sid, rec.generation), "not_owner", f"its Assign was refused: {exc}")
             return
         if held is not None:  # we held an older generation of the same session: it has passed
             self.sessions.pop(sid)
-            await self.refuse_pending(held, "stale_epoch", f"superseded by {rec.generation}")
+            await self.reject_all(held.take_pending(), "stale_epoch", f"superseded by {rec.generation}")
         try:
             state, input_pos = await self.initial_state(rec)
         except ChunkserveError as exc:  # corrupt, vanished, or over max_snapshot_bytes
@@ -122,7 +122,7 @@ class CommandHandler:
                 await self.p.store.release(sid, rec.generation, close=False)
             except OwnershipError:
                 pass
-            await self.refuse_early(sid, rec.generation, "not_owner", f"its session did not start here: {exc}")
+            await self.reject_all(self.early.take(sid, rec.generation), "not_owner", f"its session did not start here: {exc}")
             return
         sess = Held(rec.generation, state, next_due=self.p.monotonic(), input_pos=input_pos)
         self.sessions[sid] = sess
@@ -217,8 +217,7 @@ class CommandHandler:
             except OwnershipError as exc:
                 await self.reject(rec, exc.reason_code, str(exc))
                 return None
-            await self.refuse_early(sid, gen, "closed" if close else "not_owner",
-                                    "the session " + ("closed" if close else "was offloaded") + " before its Assign ran here")
+            await self.reject_all(self.early.take(sid, gen), "closed" if close else "not_owner", "ended before its Assign ran here")
             await self.released(sid, gen, "closed" if close else "suspended")
             return None
         refusal = command_refusal(sess.generation if sess is not None else None, gen)
@@ -266,17 +265,12 @@ class CommandHandler:
         due = [(sid, s) for sid, s in self.sessions.items() if s.gap_expired(now, self.p.gap_wait_s)]
         for sid, sess in due:
             await self.apply_pending(sid, sess, skip_gaps=True)
-        for rec in self.early.expired(now, self.p.gap_wait_s):  # dispatch routes each again
-            await self.reject(rec, "not_owner", f"no Assign of {rec.generation} came within {self.p.gap_wait_s:.0f}s")
+        await self.reject_all(self.early.expired(now, self.p.gap_wait_s), "not_owner", "no Assign of its generation came in time")
         return len(due)
 
-    async def refuse_early(self, sid: str, gen: Generation, reason: RejectReason, detail: str) -> None:
-        """Refuse the inputs that came before ``gen``'s Assign, which will run nothing here."""
-        for rec in self.early.take(sid, gen):
-            await self.reject(rec, reason, detail)
-
-    async def refuse_pending(self, sess: Held, reason: RejectReason, detail: str) -> None:
-        for rec in sess.take_pending():
+    async def reject_all(self, recs: list[RoutedInput], reason: RejectReason, detail: str) -> None:
+        """Refuse inputs this worker will not apply: dispatch routes each again or refuses it."""
+        for rec in recs:
             await self.reject(rec, reason, detail)
 
     async def on_stop(self, rec: Terminate | Revoke) -> None:
@@ -284,16 +278,15 @@ class CommandHandler:
             return
         close, successor = isinstance(rec, Terminate), getattr(rec, "successor", None)
         if close:  # inputs still waiting for an earlier one are not applied: refused
-            await self.refuse_pending(sess, "closed", "the session closed while this input waited "
-                                      "for an earlier one")
+            await self.reject_all(sess.take_pending(), "closed", "the session closed while it waited for an earlier one")
         if successor is None:  # (after a handoff the store moved it already)
             try:
                 await self.p.store.release(rec.session_id, rec.generation, close=close)
             except OwnershipError as exc:
                 log.info("release of %s refused: %s", rec.session_id, exc)
         self.sessions.pop(rec.session_id, None)
-        await self.refuse_pending(sess, "stale_epoch", f"the session moved to {successor}" if successor
-                                  else "the session was revoked here")
+        await self.reject_all(sess.take_pending(), "stale_epoch", f"the session moved to {successor}" if successor
+                              else "the session was revoked here")
         if close:
             await self.released(rec.session_id, rec.generation, "closed")
         elif successor is not None:  # a handoff dispatch completed
@@ -306,5 +299,5 @@ class CommandHandler:
         waiting inputs are refused as stale, so dispatch routes them to the current owner."""
         if self.sessions.get(sid) is sess:
             del self.sessions[sid]
-        await self.refuse_pending(sess, "stale_epoch", f"fenced: {why}")
+        await self.reject_all(sess.take_pending(), "stale_epoch", f"fenced: {why}")
         await self.released(sid, sess.generation, "fenced", detail=why)

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -92,7 +93,16 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path):
     from infra.embedded import free_port
 
     port = free_port()
-    up, tree = _start_up(settings, tmp_path, "--metrics-port", str(port))
+    blocker = socket.socket()  # a port in use among the children's: skipped, and listed as skipped
+    try:
+        blocker.bind(("127.0.0.1", port + 2))
+        blocker.listen()
+    except OSError:
+        pass  # taken already: skipped all the same
+    try:
+        up, tree = _start_up(settings, tmp_path, "--metrics-port", str(port))
+    finally:
+        blocker.close()
     names = {" ".join(_cmdline(p)[3:5]) for p in tree}
     assert {"processor dispatch", "processor control", "processor detector", "processor metrics",
             "provisioner"} <= {n.split(" --")[0] for n in names}
@@ -100,6 +110,8 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path):
     targets = json.loads((tmp_path / "logs" / "prometheus-targets.json").read_text())
     by_process = {t["labels"]["process"]: int(t["targets"][0].rsplit(":", 1)[1]) for t in targets}
     assert by_process["up"] == port and len(set(by_process.values())) == len(by_process) == 6
+    given = {int(c[c.index("--metrics-port") + 1]) for c in map(_cmdline, tree) if "--metrics-port" in c}
+    assert port + 2 not in given and given == set(by_process.values()) - {port}
     _scrape(port, 'chunkserve_up_process_running{process="control-0"} 1.0')
     # the metrics processor, idle, exposes the fleet figures and every topic's counters
     fleet = _scrape(by_process["metrics-0"], 'chunkserve_fleet_sessions{state="idle"} 0.0')
