@@ -46,18 +46,17 @@ def trace_gen(
     family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky (uses --duration, --sessions, --seed only)."),
 ) -> None:
     """Generate a synthetic session trace (CSV t_s,session_id,event,state_mb)."""
-    from infra.sim.families import FAMILIES, FamilyConfig, generate_family
-    from infra.sim.launches import LAUNCHES, LaunchConfig, generate_launch
+    from infra.sim.evaluate import TraceSpec, make_trace
+    from infra.sim.families import FAMILIES
+    from infra.sim.launches import LAUNCHES
     from infra.sim.trace import write_trace
     from infra.sim.tracegen import GenConfig, generate
 
     try:
         if family is not None and family not in FAMILIES + LAUNCHES:
             raise ConfigError("family", f"one of {', '.join(FAMILIES + LAUNCHES)}", "trace gen")
-        if family is not None and family in LAUNCHES:
-            events = generate_launch(LaunchConfig(family, duration, sessions, seed))
-        elif family is not None:
-            events = generate_family(FamilyConfig(family, duration, sessions, seed))
+        if family is not None:  # the same generation evaluate runs, by the family's model
+            events = list(make_trace(TraceSpec(family, seed, duration, sessions)).events)
         else:
             cfg = GenConfig(level, duration, sessions, seed, swing, period, life_median, life_sigma, active_mean, idle_scale, idle_shape, state_mb)
             events = generate(cfg)
