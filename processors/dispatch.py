@@ -56,7 +56,8 @@ class Facts:
 @dataclass(frozen=True, slots=True)
 class Input:
     """An input to route: from ``session-inputs`` (``partition``/``offset``), or refused by
-    an owner and routed again (``refused`` the owner's refusal)."""
+    an owner and routed again (``refused`` the owner's refusal); ``refused_before``: the
+    session's inputs dispatch refused since its previous routed one."""
 
     session_id: str
     seq: int
@@ -67,6 +68,7 @@ class Input:
     offset: int = -1
     refused: CommandRejected | None = None
     rereads_left: int = 0  # re-reads of an unknown session left (its open may still be in flight)
+    refused_before: tuple[int, ...] = ()
     origin: Any = field(default=None, compare=False, repr=False)  # the shell's handle on the record
 
 
@@ -422,4 +424,5 @@ def _assign(adm: Admission, gen: Generation, now: float) -> Publish:
 def _routed(inp: Input, gen: Generation, now: float) -> Publish:
     return Publish(RoutedInput(worker_id=gen.worker_id, session_id=inp.session_id, generation=gen,
                                seq=inp.seq, kind=inp.kind, payload=inp.payload, ts=now,  # type: ignore[arg-type]
-                               source_partition=inp.partition, source_offset=inp.offset))
+                               source_partition=inp.partition, source_offset=inp.offset,
+                               refused_before=inp.refused_before))

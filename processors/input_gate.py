@@ -27,25 +27,50 @@ def take(bucket: Bucket | None, now: float, rate: float, burst: float) -> tuple[
     return Bucket(tokens, now), False
 
 
+MAX_SESSIONS = 100_000  # past this many, the oldest sessions' buckets and refusals are forgotten
+MAX_REFUSED = 64  # refused seqs kept per session until its next routed input names them
+
+
 class InputGate:
     """The bounds an input passes before it is routed: seq from 1, payload size, and a token
-    bucket per session (the oldest sessions' buckets are forgotten past 100,000)."""
+    bucket per session; and the seqs it refused since the session's last routed input, which
+    that input names so its owner does not wait for them (:meth:`refused_before`)."""
 
     def __init__(self, max_bytes: int, rate: float, burst: float) -> None:
         self.max_bytes, self.rate, self.burst = max_bytes, rate, burst
         self._buckets: dict[str, Bucket] = {}
+        self._refused: dict[str, list[int]] = {}
 
     def refuse(self, sid: str, seq: int, size: int, now: float) -> str | None:
-        """None if the input may be routed; else why not."""
+        """None if the input may be routed; else why not (and the seq is kept as refused)."""
         if seq < 1:
             return f"seq {seq}: a session's inputs are numbered from 1, one by one"
+        why = None
         if size > self.max_bytes:
-            return f"input payload is {size} bytes, over the {self.max_bytes}-byte limit"
-        bucket, ok = take(self._buckets.get(sid), now, self.rate, self.burst)
-        self._buckets[sid] = bucket
-        if len(self._buckets) > 100_000:
-            for old in list(self._buckets)[:10_000]:
-                del self._buckets[old]
-        if not ok:
-            return f"input rate over {self.rate:g}/s (burst {self.burst:g}) for this session"
-        return None
+            why = f"input payload is {size} bytes, over the {self.max_bytes}-byte limit"
+        else:
+            bucket, ok = take(self._buckets.get(sid), now, self.rate, self.burst)
+            self._buckets[sid] = bucket
+            _bound(self._buckets)
+            if not ok:
+                why = f"input rate over {self.rate:g}/s (burst {self.burst:g}) for this session"
+        if why is not None:
+            self.note_refused(sid, seq)
+        return why
+
+    def note_refused(self, sid: str, seq: int) -> None:
+        """Keep ``seq`` as refused elsewhere (a misfiled key) too."""
+        if seq >= 1:
+            seqs = self._refused.setdefault(sid, [])
+            seqs[:] = seqs[-(MAX_REFUSED - 1):] + [seq]
+            _bound(self._refused)
+
+    def refused_before(self, sid: str) -> tuple[int, ...]:
+        """The session's refused seqs since the last call (its next routed input names them)."""
+        return tuple(self._refused.pop(sid, ()))
+
+
+def _bound(per_session: dict[str, object]) -> None:
+    if len(per_session) > MAX_SESSIONS:
+        for old in list(per_session)[:MAX_SESSIONS // 10]:
+            del per_session[old]

@@ -95,6 +95,9 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
                                           "InputPushed; -1: unknown.", None),
     ("RoutedInput", "source_offset"): ("Offset of the original InputPushed in that partition; "
                                        "-1: unknown.", None),
+    ("RoutedInput", "refused_before"): ("Seqs of this session's inputs that dispatch refused "
+                                        "(dead-lettered) since it routed the previous one: the "
+                                        "owner applies this input without waiting for them.", None),
     ("WorkerUp", "device"): ("The torch device the worker runs on (`cpu`, `cuda`, `cuda:1`...).", None),
     ("WorkerUp", "pid"): ("The worker's process id on its host; 0: not said.", None),
     ("Heartbeat", "sessions"): ("Sessions whose state the worker holds (executing or idle "

@@ -222,7 +222,9 @@ class Handoff(Record):
 @record("cmd.input")
 class RoutedInput(Record):
     """A user input forwarded to the owner of ``generation``; ``source_partition`` and
-    ``source_offset`` locate the original ``InputPushed`` (-1: unknown)."""
+    ``source_offset`` locate the original ``InputPushed`` (-1: unknown); ``refused_before``
+    names earlier inputs of the session that dispatch refused, so the owner does not wait for
+    them."""
 
     worker_id: Id
     session_id: Id
@@ -233,6 +235,7 @@ class RoutedInput(Record):
     ts: Seconds
     source_partition: int = -1
     source_offset: int = -1
+    refused_before: tuple[Count, ...] = ()
 
 
 # --- worker-events (key: worker_id) --------------------------------------------------

@@ -34,7 +34,9 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
     """The session's inputs with ``seq > after_seq`` up to the partition's end as of now, from
     just after ``start`` (partition, offset) when it is the session's partition, else from the
     partition's start (at most ``MAX_LOOKBACK`` records back). A record that fails to decode
-    is passed to the consumer's dead-letter path when ``producer`` is given."""
+    is passed to the consumer's dead-letter path when ``producer`` is given. Inputs dispatch
+    refuses whenever it reads them (keyed by another id, over ``max_input_bytes``) are left
+    out: they were dead-lettered once and are not the session's."""
     reader = RecordConsumer(settings, [SESSION_INPUTS], producer, name=name)
     await reader.start(subscribe=False)
     try:
@@ -42,6 +44,11 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
         begin = start[1] + 1 if start is not None and start[0] == part else -MAX_LOOKBACK
         ends = await reader.assign({SESSION_INPUTS: [part]}, begin)
         return [LoggedInput(part, d.offset, d.record) async for d in reader.read_to(ends)
-                if isinstance(d.record, InputPushed) and d.record.session_id == sid and d.record.seq > after_seq]
+                if isinstance(d.record, InputPushed) and d.record.session_id == sid and d.record.seq > after_seq
+                and not _refused_at_dispatch(d.record, d.key, settings)]
     finally:
         await reader.stop()
+
+
+def _refused_at_dispatch(rec: InputPushed, key: bytes | None, settings: Settings) -> bool:
+    return key != rec.session_id.encode() or len(rec.payload.encode()) > settings.max_input_bytes

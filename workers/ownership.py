@@ -10,8 +10,9 @@ it what happened. Its rules:
   an input for a generation not yet claimed waits (bounded) for its ``Assign``;
 - a session frozen for a handoff applies nothing until it is revoked (the inputs waiting
   are refused, so dispatch routes them to the new owner) or thawed;
-- a missing ``seq`` is waited on for ``gap_wait_s``; then the later ones are applied without
-  it and it is refused as ``late`` if it comes; nothing waits past a close (refused ``closed``)
+- a missing ``seq`` is waited on for ``gap_wait_s`` (not at all when a later input names it
+  as refused by dispatch); then the later ones are applied without it and it is refused as
+  ``late`` if it comes; nothing waits past a close (refused ``closed``)
   or an offload (applied first).
 
 Session lifecycle transitions are not encoded here: the store and ``processors/lifecycle.py``
@@ -70,6 +71,7 @@ class Held:
     input_pos: tuple[int, int] = (-1, -1)  # session-inputs (partition, offset) of the last applied input
     gap_since: float | None = None  # since when the next seq is missing while later ones wait
     skipped: set[int] = field(default_factory=set)  # seqs given up on after the gap wait
+    withdrawn: set[int] = field(default_factory=set)  # seqs dispatch refused: never waited for
     frozen_since: float | None = None  # frozen for a handoff: no chunk, no input applied
 
     def freeze(self, now: float) -> None:
@@ -99,6 +101,10 @@ class Held:
         if len(self.pending) >= MAX_PENDING_INPUTS:
             return Refusal("too_many_pending", "pending input buffer full")
         self.pending[rec.seq] = rec
+        applied = self.applied_seq
+        self.withdrawn.update(seq for seq in rec.refused_before if applied < seq < rec.seq)
+        if len(self.withdrawn) > MAX_PENDING_INPUTS:
+            self.withdrawn = set(sorted(self.withdrawn)[-MAX_PENDING_INPUTS:])
         return None
 
     def next_input(self, now: float, skip_gaps: bool = False) -> RoutedInput | None:
@@ -111,6 +117,8 @@ class Held:
             self.gap_since = None
             return None
         nxt = self.applied_seq + 1
+        while nxt in self.withdrawn and nxt not in self.pending:  # refused upstream: never coming
+            nxt += 1
         if nxt not in self.pending:
             if not skip_gaps:
                 self.gap_since = self.gap_since if self.gap_since is not None else now
@@ -124,6 +132,8 @@ class Held:
 
     def applied(self, rec: RoutedInput) -> None:
         """Record where in ``session-inputs`` the input just applied came from."""
+        if self.withdrawn:
+            self.withdrawn = {seq for seq in self.withdrawn if seq > rec.seq}
         if rec.source_offset >= 0:
             self.input_pos = (rec.source_partition, rec.source_offset)
 

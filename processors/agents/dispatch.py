@@ -251,7 +251,8 @@ class DispatchShell:
 
     async def route_input(self, sid: str, seq: int, kind: str, payload: str, partition: int = -1,
                           offset: int = -1, ts: float = 0.0, origin: Any = None) -> str | None:
-        inp = Input(sid, seq, kind, payload, ts, partition, offset, rereads_left=self.rereads, origin=origin)
+        inp = Input(sid, seq, kind, payload, ts, partition, offset, rereads_left=self.rereads,
+                    refused_before=self.gate.refused_before(sid), origin=origin)
         refused = await self.feed(Seen(inp, await self.facts(sid)))
         return refused[0] if refused else None
 
@@ -323,8 +324,12 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
         if rec is None:
             continue
         msg, sh = event.message, await shell()
-        refused = _misfiled(msg, rec.session_id) or sh.admit_input(rec)  # type: ignore[arg-type,attr-defined]
-        if refused is not None:  # over a bound: refused with the reason, never dropped
+        refused = _misfiled(msg, rec.session_id)
+        if refused is not None:
+            sh.gate.note_refused(rec.session_id, rec.seq)  # type: ignore[attr-defined]
+        refused = refused or sh.admit_input(rec)  # type: ignore[arg-type]
+        if refused is not None:  # over a bound: refused with the reason, never dropped; the
+            # session's next routed input names it, so its owner does not wait for it
             await publisher.dead_letter(msg, f"refused: {refused}", "dispatch")
             continue
         await sh.submit(f"inputs:{rec.session_id}",  # type: ignore[attr-defined]

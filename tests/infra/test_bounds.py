@@ -17,8 +17,8 @@ from infra.local import LocalFleet
 from schemas.errors import ConfigError, LimitError, SchemaError
 from schemas.codec import encode
 from schemas.records import (Assign, ChunkDone, CommandRejected, DeadLetter, Generation, Handoff,
-                             InputPushed, SessionOpened, Suspend, WorkerUp)
-from schemas.topics import DEAD_LETTERS, SESSION_EVENTS, SESSION_INPUTS
+                             InputAccepted, InputPushed, RoutedInput, SessionOpened, Suspend, WorkerUp)
+from schemas.topics import DEAD_LETTERS, SESSION_EVENTS, SESSION_INPUTS, WORKER_COMMANDS, WORKER_EVENTS
 from streams.config import Settings
 from streams.generations import SyncGenerationStore
 from streams.kafka import RecordConsumer, RecordProducer
@@ -141,7 +141,8 @@ def test_records_over_their_topic_bound_are_refused_and_dead_lettered(kafka_boot
 def test_dispatch_refuses_inputs_over_the_payload_and_rate_bounds(kafka_bootstrap, redis_url, namespace,
                                                                    tmp_path):
     """Through the running dispatch processor: an input over ``max_input_bytes`` and inputs
-    beyond the session's rate are refused to ``dead-letters`` with the reason, never dropped."""
+    beyond the session's rate are refused to ``dead-letters`` with the reason, never dropped;
+    the session's next input reaches its owner naming the refused ones, and is applied."""
     settings = replace(_settings(kafka_bootstrap, redis_url, namespace), max_input_bytes=100,
                        input_rate_per_s=0.01, input_burst=2)
     fleet = LocalFleet(settings, tmp_path / "logs")
@@ -149,25 +150,58 @@ def test_dispatch_refuses_inputs_over_the_payload_and_rate_bounds(kafka_bootstra
     def refusals(rs: list) -> list[str]:
         return [x.reason for x in rs if isinstance(x, DeadLetter) and x.reason.startswith("refused")]
 
-    async def run() -> list[str]:
+    def routed(rs: list) -> list:
+        return [x for x in rs if isinstance(x, RoutedInput) and x.session_id == "s-owned"]
+
+    async def run() -> tuple[list[str], list]:
         await ensure_topics(settings)
         fleet.start_processor("dispatch")
-        async with RecordProducer(settings) as producer:
+        fleet.start_worker("w", capacity=2)
+        async with RecordProducer(settings) as producer, \
+                EventLog(settings, producer, topics=(DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS)) as log:
+            await log.until(lambda rs: any(isinstance(x, WorkerUp) for x in rs), 90, "the worker up")
+            await producer.send(SessionOpened(session_id="s-owned", ts=time.time()))
+            await producer.send(InputPushed(session_id="s-owned", seq=1, kind="text", payload="x" * 101, ts=1.0))
+            await producer.send(InputPushed(session_id="s-owned", seq=2, kind="text", payload="ok", ts=1.0))
             await producer.send(InputPushed(session_id="s-big", seq=1, kind="text", payload="x" * 101, ts=1.0))
             for seq in range(1, 5):  # a burst of two is allowed, the next two are over the rate
                 await producer.send(InputPushed(session_id="s-fast", seq=seq, kind="text", payload="hi", ts=1.0))
             misfiled = InputPushed(session_id="s-key", seq=1, kind="text", payload="hi", ts=1.0)
             await producer.send_raw(SESSION_INPUTS, encode(misfiled), key=b"someone-else")  # not its session's key
-            log = EventLog(settings, producer, topics=(DEAD_LETTERS,))
-            await log.start()
-            await log.until(lambda rs: len(refusals(rs)) >= 4, 90, "the refusals")
-            await log.stop()
-            return refusals(log.records)
+            await log.until(lambda rs: len(refusals(rs)) >= 5, 90, "the refusals")
+            await log.until(lambda rs: any(isinstance(x, InputAccepted) and x.session_id == "s-owned"
+                                           for x in rs), 90, "the owned session's input applied")
+            return refusals(log.records), log.records
 
     try:
-        refused = asyncio.run(run())
+        refused, records = asyncio.run(run())
     finally:
         fleet.stop_all()
-    assert sum("over the 100-byte limit" in x for x in refused) == 1
+    assert [(x.seq, x.refused_before) for x in routed(records)] == [(2, (1,))]
+    assert [x.seq for x in records if isinstance(x, InputAccepted) and x.session_id == "s-owned"] == [2]
+    assert sum("over the 100-byte limit" in x for x in refused) == 2
     assert sum("input rate over" in x for x in refused) == 2
     assert sum("key b'someone-else' is not the session id 's-key'" in x for x in refused) == 1
+
+
+def test_the_input_log_leaves_out_what_dispatch_refuses_whenever_it_reads_it(kafka_bootstrap, redis_url,
+                                                                             namespace):
+    """A recovery's replay and a close's refusals read the session's inputs back from the log:
+    an input over ``max_input_bytes`` or keyed by another id was dead-lettered when dispatch
+    read it, so it is neither applied on replay nor refused a second time."""
+    from streams.input_log import read_session_inputs
+
+    settings = replace(_settings(kafka_bootstrap, redis_url, namespace), max_input_bytes=100,
+                       partitions={SESSION_INPUTS: 1})  # the misfiled record shares the session's partition
+
+    async def run() -> list[int]:
+        await ensure_topics(settings)
+        async with RecordProducer(settings) as producer:
+            await producer.send(InputPushed(session_id="s", seq=1, kind="text", payload="ok", ts=1.0))
+            await producer.send(InputPushed(session_id="s", seq=2, kind="text", payload="x" * 101, ts=1.0))
+            misfiled = InputPushed(session_id="s", seq=3, kind="text", payload="ok", ts=1.0)
+            await producer.send_raw(SESSION_INPUTS, encode(misfiled), key=b"someone-else")
+            await producer.send(InputPushed(session_id="s", seq=4, kind="text", payload="ok", ts=1.0))
+        return [x.record.seq for x in await read_session_inputs(settings, "s", 0)]
+
+    assert asyncio.run(run()) == [1, 4]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from processors.agents.dispatch import DispatchShell
-from processors.input_gate import take
+from processors.input_gate import MAX_REFUSED, InputGate, take
 from schemas.records import InputPushed
 
 
@@ -38,3 +38,16 @@ def test_router_refuses_a_seq_below_one() -> None:
     shell = DispatchShell(store=None, publisher=None)
     why = shell.admit_input(InputPushed(session_id="s", seq=0, kind="text", payload="hi", ts=0.0))
     assert why is not None and "numbered from 1" in why
+
+
+def test_the_gate_hands_its_refused_seqs_to_the_next_routed_input_once() -> None:
+    gate = InputGate(max_bytes=10, rate=1000.0, burst=1000.0)
+    assert gate.refuse("s", 2, 11, 0.0) is not None and gate.refuse("s", 3, 11, 0.0) is not None
+    assert gate.refuse("s", 4, 2, 0.0) is None
+    gate.note_refused("t", 7)  # refused elsewhere (a misfiled key)
+    assert gate.refused_before("s") == (2, 3) and gate.refused_before("s") == ()
+    assert gate.refused_before("t") == (7,)
+    for seq in range(1, 200):  # bounded per session: the latest kept
+        gate.refuse("u", seq, 11, 0.0)
+    kept = gate.refused_before("u")
+    assert len(kept) == MAX_REFUSED and kept[-1] == 199

@@ -46,9 +46,9 @@ class Clock:
         return self.now
 
 
-def _input(gen: Generation, seq: int) -> RoutedInput:
+def _input(gen: Generation, seq: int, refused_before: tuple[int, ...] = ()) -> RoutedInput:
     return RoutedInput(worker_id="w", session_id="s", generation=gen, seq=seq, kind="text",
-                       payload=f"steer {seq}", ts=1.0)
+                       payload=f"steer {seq}", ts=1.0, refused_before=refused_before)
 
 
 async def _worker() -> tuple[Worker, Recorder, Clock, Generation, MemoryGenerationStore]:
@@ -80,6 +80,23 @@ def test_a_gap_is_waited_for_then_skipped_and_the_late_input_refused() -> None:
         await worker.handle(_input(gen, 4))  # a redelivery of an applied one: nothing new
         await worker.handle(_input(gen, 5))
         assert out.accepted() == [1, 3, 4, 5] and out.refused() == {2: "late"}
+
+    asyncio.run(run())
+
+
+def test_an_input_dispatch_refused_is_not_waited_for() -> None:
+    """Dispatch refused seqs 2 and 3 (over a bound) and names them on seq 4: the owner applies
+    4 at once, and 6 (naming 5) too; 8 names nothing and waits out the gap for 7."""
+    async def run() -> None:
+        worker, out, mono, gen, _store = await _worker()
+        await worker.handle(_input(gen, 1))
+        await worker.handle(_input(gen, 4, refused_before=(2, 3)))
+        assert out.accepted() == [1, 4]
+        await worker.handle(_input(gen, 6, refused_before=(1, 5)))  # 1: applied already, ignored
+        await worker.handle(_input(gen, 8))
+        assert out.accepted() == [1, 4, 6]
+        mono.now += 5.1
+        assert await worker.expire_gaps() == 1 and out.accepted() == [1, 4, 6, 8]
 
     asyncio.run(run())
 
