@@ -12,7 +12,7 @@ from typing import Any
 
 from processors.cluster import ClusterView, apply
 from schemas.records import Handoff, Record
-from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WORKER_EVENTS
+from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WORKER_EVENTS, misfiled
 from streams.config import Settings
 from streams.kafka import RecordConsumer
 
@@ -29,7 +29,9 @@ async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0)
     await consumer.start(subscribe=False)
     try:
         ends = await consumer.assign(dict.fromkeys(topics), max(0, offset))
-        return [d.record async for d in consumer.read_to(ends)], consumer.dead_lettered
+        # a session's record keyed otherwise was refused by dispatch: no processor folds it
+        return [d.record async for d in consumer.read_to(ends) if misfiled(d.record, d.key) is None], \
+            consumer.dead_lettered
     finally:
         await consumer.stop()
 

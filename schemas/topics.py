@@ -8,7 +8,7 @@ from typing import Callable, get_args
 from . import records as r
 
 __all__ = ["TopicSpec", "TOPICS", "SESSION_EVENTS", "SESSION_INPUTS", "WORKER_COMMANDS",
-           "WORKER_EVENTS", "SCALING_COMMANDS", "METRICS", "DEAD_LETTERS", "topic_of"]
+           "WORKER_EVENTS", "SCALING_COMMANDS", "METRICS", "DEAD_LETTERS", "topic_of", "misfiled"]
 
 SESSION_EVENTS = "session-events"
 SESSION_INPUTS = "session-inputs"
@@ -71,3 +71,17 @@ _BY_TYPE = {cls: spec.name for spec in TOPICS.values() for cls in spec.records}
 def topic_of(record: r.Record) -> str:
     """The logical topic a record belongs on."""
     return _BY_TYPE[type(record)]
+
+
+def misfiled(record: r.Record, key: bytes | None) -> str | None:
+    """Why a session's record is refused for its key, or None: the contract keys session
+    events and inputs by the session id, so that all of a session's records share a partition
+    and keep their order; one keyed otherwise could overtake or trail the others. Dispatch
+    dead-letters such a record; every other reader passes over it (the detector, control's
+    fold, metrics, replays), so nothing counts what dispatch refused."""
+    if _BY_TYPE[type(record)] not in (SESSION_EVENTS, SESSION_INPUTS):
+        return None
+    sid = record.session_id  # type: ignore[attr-defined]
+    if key == sid.encode():
+        return None
+    return f"key {key!r} is not the session id {sid!r} (a session's records must be keyed by it to stay in order)"

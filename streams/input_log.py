@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas.records import InputPushed
-from schemas.topics import SESSION_INPUTS
+from schemas.topics import SESSION_INPUTS, misfiled
 
 from .config import Settings
 from .kafka import RecordConsumer, RecordProducer
@@ -51,4 +51,4 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
 
 
 def _refused_at_dispatch(rec: InputPushed, key: bytes | None, settings: Settings) -> bool:
-    return key != rec.session_id.encode() or len(rec.payload.encode()) > settings.max_input_bytes
+    return misfiled(rec, key) is not None or len(rec.payload.encode()) > settings.max_input_bytes

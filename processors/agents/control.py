@@ -34,7 +34,7 @@ from processors.policy_state import encode as encode_state
 from processors.snapshot import GpuState, Snapshot
 from processors.turboserve import TurboServeState
 from schemas import records as r
-from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_EVENTS
+from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_EVENTS, misfiled
 
 __all__ = ["ControlConfig", "ControlShell", "command_records", "admission_plan", "fit_capacity", "make_policy",
            "build_app"]
@@ -343,7 +343,8 @@ async def _fold_log(settings: Any, catalogue: Any, shell: "ControlShell", caught
         ends = await consumer.assign(dict.fromkeys(_FOLDED))
         while True:
             for delivered in await consumer.poll(timeout_ms=200):
-                shell.fold(delivered.record)
+                if misfiled(delivered.record, delivered.key) is None:  # dispatch refuses a misfiled one
+                    shell.fold(delivered.record)
             if not caught_up["done"]:
                 caught_up["done"] = await consumer.reached(ends)
     finally:

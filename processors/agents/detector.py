@@ -68,7 +68,7 @@ class DetectorShell:
 
 def build_app(settings: Any) -> Any:
     """The faust app: one agent over ``session-events`` and a periodic tick."""
-    from schemas.topics import SESSION_EVENTS
+    from schemas.topics import SESSION_EVENTS, misfiled
     from streams.faust_app import FaustPublisher, decode_event, make_app
     from streams.topics import TopicCatalogue
 
@@ -83,7 +83,9 @@ def build_app(settings: Any) -> Any:
     async def session_events(stream: Any) -> None:
         async for event in stream.events():
             rec = await decode_event(event, SESSION_EVENTS, publisher, "detector")
-            signal = shell.on_event(rec) if rec is not None else None
+            if rec is None or misfiled(rec, event.message.key) is not None:  # dispatch refuses it
+                continue
+            signal = shell.on_event(rec)
             if signal is not None:
                 await publisher.send(signal)
 

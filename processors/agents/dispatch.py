@@ -18,7 +18,7 @@ from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, Inp
                              SessionOpened, WorkerDown, WorkerUp)
 
 from schemas.codec import encode
-from schemas.topics import SESSION_INPUTS
+from schemas.topics import SESSION_INPUTS, misfiled
 from streams.kafka import dead_letter_record
 
 from ..admission import WorkerLoad, candidate
@@ -286,16 +286,6 @@ class DispatchShell:
         return await self.recovery.sweep(limit)
 
 
-def _misfiled(msg: Any, session_id: str) -> str | None:
-    """Why a session's record is refused for its key: the contract keys it by the session id,
-    so that all of a session's records share a partition and keep their order; one keyed
-    otherwise could overtake or trail the others."""
-    if msg.key == session_id.encode():
-        return None
-    return (f"key {msg.key!r} is not the session id {session_id!r} (a session's records must be "
-            "keyed by it to stay in order)")
-
-
 async def _session_events(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:
     from schemas.topics import SESSION_EVENTS
     from streams.faust_app import decode_event
@@ -305,9 +295,9 @@ async def _session_events(stream: Any, shell: Callable[[], Awaitable[DispatchShe
         if rec is None:
             continue
         msg, sh = event.message, await shell()
-        misfiled = _misfiled(msg, rec.session_id)  # type: ignore[attr-defined]
-        if misfiled is not None:
-            await publisher.dead_letter(msg, f"refused: {misfiled}", "dispatch")
+        misfiled_why = misfiled(rec, msg.key)
+        if misfiled_why is not None:
+            await publisher.dead_letter(msg, f"refused: {misfiled_why}", "dispatch")
             continue
         await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
                         lambda rec=rec, sh=sh: sh.on_session_event(rec),
@@ -324,7 +314,7 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
         if rec is None:
             continue
         msg, sh = event.message, await shell()
-        refused = _misfiled(msg, rec.session_id)
+        refused = misfiled(rec, msg.key)
         if refused is not None:
             sh.gate.note_refused(rec.session_id, rec.seq)  # type: ignore[attr-defined]
         refused = refused or sh.admit_input(rec)  # type: ignore[arg-type]

@@ -113,7 +113,7 @@ def observe_fleet(fleet: Any, rec: r.Record) -> None:
 
 def build_app(settings: Any) -> Any:
     """The faust app: one agent folding ``worker-events``, a timer publishing ``CostTick``."""
-    from schemas.topics import METRICS, SESSION_EVENTS, WORKER_EVENTS
+    from schemas.topics import METRICS, SESSION_EVENTS, WORKER_EVENTS, misfiled
     from streams.faust_app import FaustPublisher, decode_event, make_app
     from streams.prom import fleet_metrics
     from streams.topics import TopicCatalogue
@@ -139,7 +139,7 @@ def build_app(settings: Any) -> Any:
     async def session_events(stream: Any) -> None:
         async for event in stream.events():
             rec = await decode_event(event, SESSION_EVENTS, publisher, "metrics")
-            if rec is not None:
+            if rec is not None and misfiled(rec, event.message.key) is None:  # dispatch refuses a misfiled one
                 state["sessions"] = fold_sessions(state["sessions"], rec)
                 for name, n in session_counts(state["sessions"]).items():
                     fleet.sessions.labels(name).set(n)

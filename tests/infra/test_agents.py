@@ -16,7 +16,8 @@ from typing import Any, Callable
 import pytest
 
 from schemas import records as r
-from schemas.topics import DEAD_LETTERS, METRICS, SCALING_COMMANDS, WORKER_EVENTS
+from schemas.codec import encode
+from schemas.topics import DEAD_LETTERS, METRICS, SCALING_COMMANDS, SESSION_EVENTS, WORKER_EVENTS
 from streams.config import Settings
 from streams.generations import GenerationStore
 from streams.kafka import RecordConsumer, RecordProducer
@@ -90,8 +91,9 @@ class Reader:
 
 
 def test_detector_control_and_metrics_agents_answer_events(kafka_bootstrap, redis_url, namespace, tmp_path):
-    """The detector publishes a WorkloadSignal; the control agent, seeing sessions and no
-    worker, asks for a scale-out and reports it; the metrics agent bills a worker's uptime."""
+    """The detector publishes a WorkloadSignal (not counting a session event keyed by
+    something other than its session); the control agent, seeing sessions and no worker,
+    asks for a scale-out and reports it; the metrics agent bills a worker's uptime."""
     settings = _settings(kafka_bootstrap, redis_url, namespace)
     asyncio.run(ensure_topics(settings))
     procs = [_spawn_processor("detector", settings, tmp_path / "detector.log", CHUNKSERVE_DETECTOR_TICK_S="0.5"),
@@ -102,6 +104,8 @@ def test_detector_control_and_metrics_agents_answer_events(kafka_bootstrap, redi
     async def run() -> None:
         async with RecordProducer(settings) as producer:
             now = time.time()
+            misfiled = r.SessionOpened(session_id="s-mis", ts=now)  # dispatch refuses it: nobody counts it
+            await producer.send_raw(SESSION_EVENTS, encode(misfiled), key=b"someone-else")
             for i in range(3):
                 await producer.send(r.SessionOpened(session_id=f"s{i}", ts=now))
             await producer.send(r.SessionIdle(session_id="s0", ts=now + 0.1))

@@ -161,3 +161,14 @@ def test_bytes_that_are_not_msgpack_say_so_without_a_dangling_colon():
     with pytest.raises(SchemaError) as got:
         decode("session-events", b"\xc1 not msgpack")
     assert str(got.value).startswith("not msgpack: ") and not str(got.value).rstrip().endswith(":"), str(got.value)
+
+
+def test_a_session_record_keyed_by_anything_but_its_session_is_misfiled() -> None:
+    from schemas.records import InputPushed, SessionOpened, WorkerUp
+    from schemas.topics import misfiled
+
+    opened = SessionOpened(session_id="s1", ts=1.0)
+    assert misfiled(opened, b"s1") is None
+    assert "not the session id 's1'" in misfiled(opened, b"s2") and misfiled(opened, None) is not None
+    assert misfiled(InputPushed(session_id="s1", seq=1, kind="text", payload="x", ts=1.0), b"x") is not None
+    assert misfiled(WorkerUp(worker_id="w", ts=1.0, capacity=1), b"other") is None  # keyed by worker id: not checked here
