@@ -38,7 +38,8 @@ FIELDS: dict[str, Doc] = {
             "seq order, each once: a repeated seq already applied is ignored (at-least-once "
             "redelivery). After a gap (3 arrives, 2 has not) later inputs wait up to 5 s for the "
             "missing one, then are applied without it; the missing one, if it comes later, is "
-            "refused as `late`. Inputs still waiting when the session closes are refused as "
+            "refused as `late`. A missing one that dispatch refused (over the size or rate bound, "
+            "or keyed by another id) is not waited for. Inputs still waiting when the session closes are refused as "
             "`closed`. Every input ends applied (worker-events `worker.input`, InputAccepted) "
             "or refused with a reason (dead-letters, the InputPushed's bytes in `raw`).", None),
     "kind": ("What the input is: `text` (PushText, streamed text), `prompt` (a new prompt) "
