@@ -355,7 +355,10 @@ def autoscale(
         state = replace(state, low_since=since, low_peak=peak)
     elif state.low_since is not None:
         state = replace(state, low_since=None, low_peak=0)
-    if state.last_action_at is not None and now - state.last_action_at < config.dwell_s:
+    # a growth waits the dwell or a boot time, whichever is shorter: once the last boot has
+    # landed its effect is in the snapshot, and a short boot must not idle behind a long dwell
+    dwell = min(config.dwell_s, config.boot_s) if u_max > u_target + delta else config.dwell_s
+    if state.last_action_at is not None and now - state.last_action_at < dwell:
         return (), state
     extra = reserve - reserve * u_target if config.reserve_at_capacity else 0.0  # in demand units at u*
     if u_max > u_target + delta:

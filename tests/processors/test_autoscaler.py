@@ -40,6 +40,17 @@ def test_scale_out_to_the_formula_then_dwell():
     assert autoscale(_pool([16, 15, 14, 15], now=111.0), 1, PAPER, CFG, state=state)[0] != ()
 
 
+def test_a_growth_waits_the_dwell_or_a_boot_time_whichever_is_shorter():
+    cfg = replace(CFG, dwell_s=30.0, boot_s=10.0)
+    cmds, state = autoscale(_pool([16, 15, 14, 15]), 1, PAPER, cfg)
+    assert cmds and state.last_action_at == 100.0
+    assert autoscale(_pool([16, 15, 14, 15], now=109.0), 1, PAPER, cfg, state=state)[0] == ()
+    assert autoscale(_pool([16, 15, 14, 15], now=111.0), 1, PAPER, cfg, state=state)[0] != ()  # a boot time on
+    low = replace(cfg, scale_in_delay_s=0.0)
+    assert autoscale(_pool([2, 1, 0, 3], now=111.0), 1, PAPER, low, state=state)[0] == ()  # a shrink waits the dwell
+    assert autoscale(_pool([2, 1, 0, 3], now=131.0), 1, PAPER, low, state=state)[0] != ()
+
+
 def test_hysteresis_band_and_volatility():
     u, d = PAPER_VOLATILITY_TABLE.lookup(1)
     inside = _pool([round(16 * u)] * 4)
