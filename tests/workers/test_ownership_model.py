@@ -1,6 +1,6 @@
 """Model-based test of the worker's ownership machine (``workers/ownership.py``) driven through
 its command handler: arbitrary interleavings of inputs (duplicates, gaps, reordering, stale
-and future generations), gap expiry, re-assignment, a migration away, offload and close.
+and future generations, inputs naming the ones dispatch refused), gap expiry, re-assignment, a migration away, offload and close.
 
 The store is its in-memory twin, the model a plain counter (the machine only reads
 ``input_seq``); no Kafka, no Redis. Invariants after every step: inputs are applied at most
@@ -71,6 +71,7 @@ class OwnershipMachine(RuleBasedStateMachine):
         self.sent: list[Record] = []
         self.now = 0.0
         self.delivered: dict[int, int] = {}  # seq -> deliveries to the worker
+        self.withdrawn: set[int] = set()  # seqs dispatch refused (never delivered)
         self.closed = False
         self.frozen = False
         self.handler = _handler(self.store, self.sent, lambda: self.now)
@@ -103,6 +104,8 @@ class OwnershipMachine(RuleBasedStateMachine):
         one past a gap."""
         held = self.handler.sessions.get("s")
         seq = max(1, (held.applied_seq if held is not None else 0) + ahead)
+        if seq in self.withdrawn:
+            return
         gen = self.routed
         if which == "stale":
             gen = Generation(gen.worker_id, gen.epoch - 1)
@@ -117,11 +120,33 @@ class OwnershipMachine(RuleBasedStateMachine):
     @rule(seq=st.integers(1, 6))
     def deliver_to_old_owner(self, seq: int) -> None:
         """An input dispatch routed to w before it saw the move: refused, so it is routed again."""
+        if seq in self.withdrawn:
+            return
         self.delivered[seq] = self.delivered.get(seq, 0) + 1
         before = len(self.refused_records())
         self.run(self.handler.handle(RoutedInput(worker_id="w", session_id="s", generation=self.gen_w,
                                                  seq=seq, kind="text", payload=f"in {seq}", ts=self.now)))
         assert len(self.refused_records()) == before + 1
+
+    @precondition(lambda self: self.assigned and not self.closed and not self.frozen
+                  and self.routed.worker_id == "w")
+    @rule(ahead=st.integers(2, 4))
+    def deliver_past_refused(self, ahead: int) -> None:
+        """Dispatch refused the inputs between the last applied and this one (over a bound) and
+        names them on it: with nothing else waiting it is applied at once, not after the gap."""
+        held = self.handler.sessions.get("s")
+        if held is None or held.pending:
+            return
+        seq = held.applied_seq + ahead
+        named = tuple(range(held.applied_seq + 1, seq))
+        if self.withdrawn & {seq} or set(named) & set(self.delivered):
+            return
+        self.withdrawn.update(named)
+        self.delivered[seq] = self.delivered.get(seq, 0) + 1
+        self.run(self.handler.handle(RoutedInput(worker_id="w", session_id="s", generation=self.routed, seq=seq,
+                                                 kind="text", payload=f"in {seq}", ts=self.now,
+                                                 refused_before=named)))
+        assert self.accepted()[-1:] == [seq]
 
     @rule(dt=st.floats(0.5, 8.0))
     def time_passes(self, dt: float) -> None:
