@@ -173,11 +173,11 @@ def worker(
     from workers.model import ReferenceModel
     from workers.runtime import WorkerConfig, serve
 
-    settings = _settings()
     try:
-        settings.check_capacity(capacity)
+        _check_worker_options(worker_id, device)  # before the endpoints are asked: no broker needed to say it
+        (settings := _settings()).check_capacity(capacity)
     except ConfigError as exc:
-        console.print(f"[red]configuration error:[/red] {exc}")
+        console.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2)
     _logging(log_format)
     _warn_unsigned(settings)
@@ -192,6 +192,35 @@ def worker(
                        device=device, pool=pool, gpu_type=gpu_type)
 
     serve(settings, cfg, model)
+
+
+def _check_children_env() -> None:
+    """The settings `up`'s children read from the environment alone (the control processor's
+    policy, profile, GPU type and pacing, the detector's window, the cost tick, the workers'
+    capacity): a bad one is refused here, in one line, before any child starts."""
+    from processors.agents.control import ControlConfig, ControlShell
+    from processors.agents.detector import detector_settings
+    from processors.agents.metrics import metrics_settings
+    from streams.config_file import env_number
+
+    ControlShell(ControlConfig.from_env())
+    detector_settings(os.environ)
+    metrics_settings(os.environ)
+    env_number(os.environ, "CHUNKSERVE_WORKER_CAPACITY", 8, positive=True)
+
+
+def _check_worker_options(worker_id: str, device: str) -> None:
+    """A worker id it can publish under and a torch device this machine has, or ConfigError."""
+    import torch
+
+    if not worker_id.strip():
+        raise ConfigError("--worker-id", "must be a non-empty id", "command line")
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ConfigError("--device", f"not a torch device: {device!r} (cpu, cuda, cuda:1, ...)", "command line") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device", f"{device!r}: no CUDA device here", "command line")
 
 
 PROCESSORS = ("dispatch", "detector", "control", "metrics")
@@ -463,13 +492,16 @@ def up(
     log_format: str = LogFormat,
 ) -> None:
     """Run every processor and the provisioner against the configured cluster until Ctrl-C or
-    SIGTERM, which stop them in order (control, the provisioner draining its workers, the rest)."""
-    from prometheus_client import Gauge
+    SIGTERM, which stop them in order (control, the provisioner draining its workers, the rest).
+    A child that exits is started again (each rebuilds its state from the topics); one that
+    refused a setting, or exited six times in five minutes, stops the fleet."""
+    from prometheus_client import Counter, Gauge
 
     from infra.embedded import port_free
-    from infra.local import LocalFleet
+    from infra.local import LocalFleet, after_exit, last_words
     from streams.topics import ensure_topics
 
+    _check_children_env()  # what only a child reads is refused here, before any starts
     settings = _settings()
     _logging(log_format)  # and its children's, through CHUNKSERVE_LOG_FORMAT
     _warn_unsigned(settings)
@@ -478,6 +510,7 @@ def up(
     fleet = LocalFleet(settings, logs)
     _metrics_server(metrics_port, metrics_host)
     running = Gauge("chunkserve_up_process_running", "1 while the child of `up` runs", ["process"])
+    restarted = Counter("chunkserve_up_restarts_total", "Times `up` started an exited child again", ["process"])
     ports = itertools.count(metrics_port + 1) if metrics_port else None
     given: list[int] = []  # in the order the children start (the fleet's order)
 
@@ -501,13 +534,23 @@ def up(
             targets = prometheus_targets(metrics_host, {"up": metrics_port, **dict(zip(fleet.procs, given))})
             (logs / "prometheus-targets.json").write_text(json.dumps(targets, indent=2) + "\n")
         console.print(f"up: {', '.join(fleet.procs)}; logs in {logs}; Ctrl-C or SIGTERM stops them")
-        while all((alive := fleet.alive()).values()):
-            for name, ok in alive.items():
+        restarts: dict[str, list[float]] = {}
+        while True:
+            for name, ok in fleet.alive().items():
                 running.labels(name).set(ok)
+                if ok:
+                    continue
+                code, said = fleet.procs[name].returncode, last_words(logs / f"{name}.log")
+                stop = after_exit(code, restarts.setdefault(name, []), time.monotonic())
+                if stop is not None:
+                    console.print(f"[red]up: {name} exited with code {code} ({said}); {stop}: "
+                                  "stopping the fleet[/red]", soft_wrap=True)
+                    raise typer.Exit(2 if code == 2 else 1)
+                console.print(f"up: {name} exited with code {code} ({said}); starting it again", soft_wrap=True)
+                restarts[name].append(time.monotonic())
+                restarted.labels(name).inc()
+                fleet.restart(name)
             time.sleep(1.0)
-        console.print(f"[red]a process exited:[/red] {[n for n, ok in fleet.alive().items() if not ok]}"
-                      + (f" ({why})" if (why := fleet.failed()) else ""), soft_wrap=True)
-        raise typer.Exit(1)
     except KeyboardInterrupt:
         pass
     finally:

@@ -17,7 +17,20 @@ from streams.config import PROVISIONER_ENV, Settings
 from streams.config_file import child_env
 from workers.supervision import spawn, stop_in_order
 
-__all__ = ["LocalFleet", "child_env"]
+__all__ = ["LocalFleet", "child_env", "after_exit", "RESTARTS", "RESTART_WINDOW_S"]
+
+RESTARTS, RESTART_WINDOW_S = 5, 300.0  # a child that exits this often this fast is not restarted again
+
+
+def after_exit(code: int | None, restarts: Sequence[float], now: float) -> str | None:
+    """What a supervisor does with a child that exited with ``code``, given when it restarted
+    it before: None, start it again (every processor rebuilds from the topics); else why the
+    fleet stops (a setting the child refused, which a restart cannot mend, or a crash loop)."""
+    if code == 2:
+        return "it refused a setting (exit code 2)"
+    if sum(t > now - RESTART_WINDOW_S for t in restarts) >= RESTARTS:
+        return f"it exited {RESTARTS + 1} times within {RESTART_WINDOW_S:g} s"
+    return None
 
 
 @dataclass
@@ -31,9 +44,11 @@ class LocalFleet:
     # per role (worker, provisioner, or the processor's name): variables over the rest, e.g.
     # each role's SASL user and password, so every process runs as its own principal
     role_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    specs: dict[str, tuple[list[str], dict[str, str] | None, str]] = field(default_factory=dict)
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None,
                role: str = "") -> subprocess.Popen[bytes]:
+        self.specs[name] = (args, env, role)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = spawn([sys.executable, "-m", "infra", *args],
@@ -55,6 +70,12 @@ class LocalFleet:
 
     def start_processor(self, name: str, replica: str = "0", options: Sequence[str] = ()) -> None:
         self._spawn(f"{name}-{replica}", ["processor", name, *options], role=name)
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        """Start the child ``name`` again as it was started (it exited; its log goes on)."""
+        self.procs.pop(name, None)
+        args, env, role = self.specs[name]
+        return self._spawn(name, args, env, role)
 
     def alive(self) -> dict[str, bool]:
         return {name: p.poll() is None for name, p in self.procs.items()}

@@ -31,7 +31,8 @@ from schemas.topics import TOPICS
 from .config import (DEFAULT_PARTITIONS, ENV_PREFIX, PARENT_PID_ENV, PROVISIONER_ENV, KafkaSettings, RedisSettings,
                      Settings)
 
-__all__ = ["load_settings", "load_with_sources", "settings_from_env", "child_env", "KEYS", "SECRETS", "env_var"]
+__all__ = ["load_settings", "load_with_sources", "settings_from_env", "child_env", "KEYS", "SECRETS", "env_var",
+           "env_number"]
 
 _KAFKA = ("bootstrap", "security_protocol", "sasl_mechanism", "sasl_username", "ssl_cafile",
           "ssl_certfile", "ssl_keyfile", "idempotence")
@@ -214,3 +215,21 @@ def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+def env_number(env: Mapping[str, str], name: str, default: Any, *, positive: bool = False) -> Any:
+    """A process setting read from the environment variable ``name`` (``default`` when unset
+    or empty), of the type of ``default``: a finite number at least 0 (above 0 with
+    ``positive``); else a ``ConfigError`` naming the variable."""
+    raw = env.get(name)
+    if not raw:
+        return default
+    kind = int if isinstance(default, int) and not isinstance(default, bool) else float
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(name, f"not {'an integer' if kind is int else 'a number'}: {raw[:40]!r}",
+                          "environment") from None
+    if not value == value or value in (float("inf"), float("-inf")) or value < 0 or (positive and value == 0):
+        raise ConfigError(name, f"must be {'above' if positive else 'at least'} 0, got {raw[:40]!r}", "environment")
+    return value

@@ -25,8 +25,7 @@ from schemas.codec import encode
 from schemas.errors import ConfigError
 from schemas.topics import SCALING_COMMANDS
 from streams.config import PROVISIONER_ENV, Settings
-from streams.config_file import child_env
-from streams.config_file import env_var
+from streams.config_file import child_env, env_number, env_var
 
 from .supervision import spawn, stop_in_order
 
@@ -247,7 +246,7 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
         pool = os.environ.get("CHUNKSERVE_POOL") or "default"
         log_dir = os.environ.get("CHUNKSERVE_LOG_DIR")
         provisioner = LocalProcessProvisioner(
-            settings, pool, capacity=int(os.environ.get("CHUNKSERVE_WORKER_CAPACITY") or 8),
+            settings, pool, capacity=env_number(os.environ, "CHUNKSERVE_WORKER_CAPACITY", 8, positive=True),
             first_index=next_index(pool, await store.load_view()),
             log_dir=Path(log_dir) if log_dir else None, worker_credentials=credentials)
     producer = await RecordProducer(settings, catalogue, client_id="provisioner").start()

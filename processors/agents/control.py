@@ -34,7 +34,9 @@ from processors.policy_state import encode as encode_state
 from processors.snapshot import GpuState, Snapshot
 from processors.turboserve import TurboServeState
 from schemas import records as r
+from schemas.errors import ConfigError
 from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_EVENTS, misfiled
+from streams.config_file import env_number
 
 __all__ = ["ControlConfig", "ControlShell", "command_records", "admission_plan", "fit_capacity", "make_policy",
            "build_app"]
@@ -177,8 +179,17 @@ class ControlConfig:
                  "burst_memory_s": "CHUNKSERVE_BURST_MEMORY_S", "policy": "CHUNKSERVE_POLICY",
                  "profile": "CHUNKSERVE_PROFILE", "gpu_type": "CHUNKSERVE_GPU_TYPE",
                  "pool": "CHUNKSERVE_POOL"}  # spelt out: the README's table is checked against the code
-        kw: dict[str, Any] = {k: type(getattr(base, k))(env[v]) for k, v in names.items() if env.get(v)}
-        return replace(base, **kw)
+        kw: dict[str, Any] = {k: env[v] if isinstance(getattr(base, k), str)
+                              else env_number(env, v, getattr(base, k), positive=k in _POSITIVE)
+                              for k, v in names.items() if env.get(v)}
+        cfg = replace(base, **kw)
+        if cfg.max_gpus < max(1, cfg.min_gpus):
+            raise ConfigError("CHUNKSERVE_MAX_WORKERS", f"must be at least 1 and CHUNKSERVE_MIN_WORKERS "
+                              f"({cfg.min_gpus}), got {cfg.max_gpus}", "environment")
+        return cfg
+
+
+_POSITIVE = {"tick_s", "period_s", "heartbeat_timeout_s", "boot_timeout_s", "max_gpus"}  # 0 would never act
 
 
 @dataclass
@@ -198,11 +209,18 @@ class ControlShell:
 
     def __post_init__(self) -> None:
         self.model = load_profiles(self.config.profile)
+        self.model[self.config.gpu_type]  # an unknown GPU type or policy is refused at start (ConfigError)
+        self.policy(self.model)
         self.policy_state: Any = None
         self.state_at = -math.inf  # the time of the round that left policy_state
         self.logged: r.PolicyState | None = None  # the latest state a leader put in the log
         self.published: bytes | None = None
         self.plan_sent: Any = None  # what the last admission plan published said
+
+    def policy(self, model: LatencyModel) -> Policy:
+        cfg = self.config
+        return make_policy(cfg.policy, model, cfg.gpu_type, min_gpus=cfg.min_gpus, max_gpus=cfg.max_gpus,
+                           dwell_s=cfg.dwell_s, boot_s=cfg.boot_s, burst_memory_s=cfg.burst_memory_s)
 
     def fold(self, rec: r.Record) -> None:
         """Fold one record; an arrival, departure or flip (or a worker change) asks for a round."""
@@ -249,8 +267,7 @@ class ControlShell:
         for rec in out:
             self.view = apply(self.view, rec)
         model = fit_capacity(self.model, self.view)
-        policy = make_policy(cfg.policy, model, cfg.gpu_type, min_gpus=cfg.min_gpus, max_gpus=cfg.max_gpus,
-                             dwell_s=cfg.dwell_s, boot_s=cfg.boot_s, burst_memory_s=cfg.burst_memory_s)
+        policy = self.policy(model)
         snap = to_snapshot(self.view, now, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
                            boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model))
         self.detector, signal = observe(self.detector, now, self.detector_config)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
 
 from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.lifecycle import session_event
 from schemas import records as r
+from streams.config_file import env_number
 
 __all__ = ["DetectorShell", "signal_record", "build_app"]
 
@@ -66,6 +67,14 @@ class DetectorShell:
         return signal_record(signal, self.state, self.config)
 
 
+def detector_settings(env: Mapping[str, str]) -> tuple[DetectorConfig, float]:
+    """The detector's window and its tick from the environment (``ConfigError`` naming a bad one)."""
+    base = DetectorConfig()
+    names = {"window_s": "CHUNKSERVE_DETECTOR_WINDOW_S", "slot_s": "CHUNKSERVE_DETECTOR_SLOT_S"}
+    config = replace(base, **{k: env_number(env, v, float(getattr(base, k)), positive=True) for k, v in names.items()})
+    return config, env_number(env, "CHUNKSERVE_DETECTOR_TICK_S", 1.0, positive=True)
+
+
 def build_app(settings: Any) -> Any:
     """The faust app: one agent over ``session-events`` and a periodic tick."""
     from schemas.topics import SESSION_EVENTS, misfiled
@@ -74,10 +83,8 @@ def build_app(settings: Any) -> Any:
 
     app = make_app("detector", settings)
     publisher = FaustPublisher(app, TopicCatalogue.from_settings(settings))
-    names = {"window_s": "CHUNKSERVE_DETECTOR_WINDOW_S", "slot_s": "CHUNKSERVE_DETECTOR_SLOT_S"}
-    config = DetectorConfig(**{k: float(os.environ[v]) for k, v in names.items() if os.environ.get(v)})
+    config, tick_s = detector_settings(os.environ)
     shell = DetectorShell(config)
-    tick_s = float(os.environ.get("CHUNKSERVE_DETECTOR_TICK_S", 1.0))
 
     @app.agent(publisher.topic(SESSION_EVENTS), name="detector-session-events")
     async def session_events(stream: Any) -> None:

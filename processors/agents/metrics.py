@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from processors.latency import LatencyModel, load_profiles
 from processors.lifecycle import EVENT_KIND, SessionState, transition
 from schemas import records as r
+from streams.config_file import env_number
 
 __all__ = ["WorkerSpan", "fold_cost", "cost_tick", "fold_sessions", "session_counts", "observe_fleet",
            "build_app"]
@@ -111,6 +112,12 @@ def observe_fleet(fleet: Any, rec: r.Record) -> None:
             fleet.cost.set(rec.cost)
 
 
+def metrics_settings(env: Mapping[str, str]) -> tuple[LatencyModel, float]:
+    """The profile that prices GPUs and the cost tick's interval, from the environment."""
+    return (load_profiles(env.get("CHUNKSERVE_PROFILE") or "reference-cpu"),
+            env_number(env, "CHUNKSERVE_COST_INTERVAL_S", 5.0, positive=True))
+
+
 def build_app(settings: Any) -> Any:
     """The faust app: one agent folding ``worker-events``, a timer publishing ``CostTick``."""
     from schemas.topics import METRICS, SESSION_EVENTS, WORKER_EVENTS, misfiled
@@ -120,8 +127,7 @@ def build_app(settings: Any) -> Any:
 
     app = make_app("metrics", settings)
     publisher = FaustPublisher(app, TopicCatalogue.from_settings(settings))
-    model = load_profiles(os.environ.get("CHUNKSERVE_PROFILE") or "reference-cpu")
-    interval_s = float(os.environ.get("CHUNKSERVE_COST_INTERVAL_S", 5.0))
+    model, interval_s = metrics_settings(os.environ)
     state: dict[str, Any] = {"spans": {}, "sessions": {}}
     fleet = fleet_metrics()
     worker_tags = BILLED_TAGS | {cls.TAG for cls in OBSERVED}

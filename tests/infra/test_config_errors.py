@@ -92,3 +92,21 @@ def test_the_demo_refuses_an_unknown_policy_from_the_environment_before_starting
     rc, out = _run(["demo"], {"CHUNKSERVE_POLICY": "nope"})
     assert rc == 2
     assert "nope: policy: unknown policy" in _one_line(out)
+
+
+def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_bootstrap, redis_url):
+    """`up` checks what its children read from the environment alone; a processor started by
+    hand says the same in one line; so does a worker given a bad id or device."""
+    endpoints = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url}
+    cases = [(["up"], {"CHUNKSERVE_POLICY": "nosuch"}, "policy: unknown policy"),
+             (["up"], {"CHUNKSERVE_MAX_WORKERS": "abc"}, "CHUNKSERVE_MAX_WORKERS: not an integer: 'abc'"),
+             (["up"], {"CHUNKSERVE_HEARTBEAT_TIMEOUT_S": "-1"}, "CHUNKSERVE_HEARTBEAT_TIMEOUT_S: must be above 0"),
+             (["up"], {"CHUNKSERVE_COST_INTERVAL_S": "nan"}, "CHUNKSERVE_COST_INTERVAL_S: must be above 0"),
+             (["processor", "control"], {"CHUNKSERVE_POLICY": "nosuch"}, "policy: unknown policy"),
+             (["processor", "detector"], {"CHUNKSERVE_DETECTOR_TICK_S": "x"}, "CHUNKSERVE_DETECTOR_TICK_S: not a number"),
+             (["worker", "--worker-id", " "], {}, "--worker-id: must be a non-empty id"),
+             (["worker", "--worker-id", "w", "--device", "tpu"], {}, "--device: not a torch device: 'tpu'")]
+    for args, env, said in cases:
+        rc, out = _run(args, {**endpoints, **env})
+        assert rc == 2, (args, env, out)
+        assert said in _one_line(out), (args, env)

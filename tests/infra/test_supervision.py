@@ -1,5 +1,6 @@
-"""`chunkserve up` owns its process tree and only it: SIGTERM stops all of it, SIGKILL
-leaves no orphan, and a worker started beside it by hand is never shut down by it."""
+"""`chunkserve up` owns its process tree and only it: a child that dies is started again,
+SIGTERM stops all of it, SIGKILL leaves no orphan, and a worker started beside it by hand is
+never shut down by it."""
 
 from __future__ import annotations
 
@@ -116,6 +117,15 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path):
     # the metrics processor, idle, exposes the fleet figures and every topic's counters
     fleet = _scrape(by_process["metrics-0"], 'chunkserve_fleet_sessions{state="idle"} 0.0')
     assert 'chunkserve_records_dead_lettered_total{topic="session-inputs"} 0.0' in fleet
+    # a child that dies is started again, on its own endpoint; the rest (the worker too) run on
+    (detector,) = [p for p in tree if "detector" in _cmdline(p)]
+    detector.kill()
+    _scrape(port, 'chunkserve_up_restarts_total{process="detector-0"} 1.0')
+    assert up.poll() is None and all(p.is_running() for p in tree if p.pid != detector.pid)
+    tree = psutil.Process(up.pid).children(recursive=True)
+    (again,) = [p for p in tree if "detector" in _cmdline(p)]
+    assert again.pid != detector.pid
+    _scrape(by_process["detector-0"], "chunkserve_records_consumed_total")
     up.send_signal(signal.SIGTERM)
     elapsed, alive = _gone_within([psutil.Process(up.pid), *tree], 10.0)
     for p in alive:
@@ -285,3 +295,13 @@ def test_a_port_in_use_is_not_free_for_up_to_hand_out():
         port = taken.getsockname()[1]
         assert not port_free("127.0.0.1", port)
     assert port_free("127.0.0.1", port)
+
+
+def test_up_starts_an_exited_child_again_unless_it_refused_a_setting_or_loops() -> None:
+    from infra.local import RESTART_WINDOW_S, RESTARTS, after_exit
+
+    assert after_exit(-9, [], 100.0) is None  # killed: started again
+    assert after_exit(1, [100.0 - RESTART_WINDOW_S - 1] * 10, 100.0) is None  # old restarts do not count
+    assert "exit code 2" in after_exit(2, [], 100.0)  # a setting it refused: a restart cannot mend that
+    assert f"{RESTARTS + 1} times" in after_exit(0, [99.0] * RESTARTS, 100.0)
+    assert after_exit(0, [99.0] * (RESTARTS - 1), 100.0) is None
