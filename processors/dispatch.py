@@ -21,7 +21,7 @@ from .lifecycle import EVENT_KIND, STORE_STATE, Action, EventKind, SessionState,
 
 __all__ = ["DispatchView", "Facts",
            "Input", "Admission", "Seen", "Committed", "CommitRefused", "Moved", "MoveRefused", "Retry",
-           "Event", "Publish", "Commit", "Move", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore", "Refuse", "Note",
+           "Event", "Publish", "Commit", "Move", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore", "Refuse", "RefuseEvent", "Note",
            "Command", "decide", "counted"]
 
 
@@ -204,6 +204,13 @@ class Refuse:
 
 
 @dataclass(frozen=True, slots=True)
+class RefuseEvent:
+    """The session event being handled is refused to ``dead-letters`` with the reason."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class Note:
     """Something worth a log line (an admission given up, an event for no session)."""
 
@@ -211,8 +218,10 @@ class Note:
     error: bool = False
 
 
-Command = Publish | Commit | Move | RetryLater | ReadAgain | RequestClose | CloseInStore | Refuse | Note
+Command = Publish | Commit | Move | RetryLater | ReadAgain | RequestClose | CloseInStore | Refuse | RefuseEvent | Note
 
+_CLOSED_ID = ("session {sid} was closed: a session id is not used again while the store keeps "
+              "the closed session (store_retention_s)")
 RETRY_S = 0.2  # an admission that found every worker full tries again after this
 REREAD_S = 0.05
 REPORT_EVERY_S = 0.1
@@ -240,7 +249,12 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
                 return route(view, adm.then_route, facts, now)  # to where it is now
             if sv.state == StoreState.ACTIVE and not sv.stranded and not sv.claimed:
                 return view, [_assign(adm, sv.generation, now)]  # its Assign may never have gone out
+            if sv.state == StoreState.CLOSED and not (adm.restore or adm.recover):  # an open
+                return view, [RefuseEvent(_CLOSED_ID.format(sid=adm.session_id))]
             return view, [Note(f"session {adm.session_id} has {sv.generation} ({sv.state.value}) already")]
+        case CommitRefused(admission=adm, reason="unknown_session") if not (
+                adm.restore or adm.recover or adm.then_route):  # an open of an id the store keeps closed
+            return view, [RefuseEvent(_CLOSED_ID.format(sid=adm.session_id))]
         case CommitRefused(admission=adm, detail=detail):
             cmds: list[Command] = [Note(f"session {adm.session_id} not admitted: {detail}")]
             if adm.then_route is not None:
@@ -333,6 +347,8 @@ def on_session_event(view: DispatchView, rec: Record, facts: Facts,
     _, action = transition(state, kind)
     if action is Action.PLACE:
         return next_candidate(view, _admission(view, sid, prompt=getattr(rec, "prompt", "")))
+    if state is SessionState.TERMINATED and kind in (EventKind.OPEN, EventKind.ACTIVE):
+        return view, [RefuseEvent(_CLOSED_ID.format(sid=sid))]
     if sv is None or state is SessionState.TERMINATED:
         return view, [Note(f"{rec.TAG} for session {sid} without generation")]
     gen = sv.generation

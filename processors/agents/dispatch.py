@@ -24,7 +24,7 @@ from streams.kafka import dead_letter_record
 from ..admission import WorkerLoad, candidate
 from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Commit, Committed,
                         CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, Note, Publish,
-                        ReadAgain, Refuse, RequestClose, Retry, RetryLater, Seen, counted, decide)
+                        ReadAgain, Refuse, RefuseEvent, RequestClose, Retry, RetryLater, Seen, counted, decide)
 from ..input_gate import InputGate
 from .recovery import Recovery
 
@@ -180,6 +180,8 @@ class DispatchShell:
             case Refuse(input=inp, why=why):
                 refused.append(why)
                 await self.refuse(inp, why)
+            case RefuseEvent(why=why):  # the caller dead-letters the event's own record
+                refused.append(why)
             case Note(text=text, error=error):
                 log.log(logging.ERROR if error else logging.INFO, "%s: %s", self.name, text)
         return None
@@ -220,11 +222,13 @@ class DispatchShell:
 
     # --- what the agents call --------------------------------------------------------------
 
-    async def on_session_event(self, rec: Record) -> None:
+    async def on_session_event(self, rec: Record) -> str | None:
+        """Act on a session event; None, or why it is refused (the caller dead-letters it)."""
         # an open is taken as new: its commit (from epoch 0) is the read, and a session that
         # exists already comes back as a stale refusal with what the store holds
         sid = rec.session_id  # type: ignore[attr-defined]
-        await self.feed(Seen(rec, Facts(None) if isinstance(rec, SessionOpened) else await self.facts(sid)))
+        refused = await self.feed(Seen(rec, Facts(None) if isinstance(rec, SessionOpened) else await self.facts(sid)))
+        return refused[0] if refused else None
 
     async def on_worker_event(self, rec: Record) -> None:
         """Recover a dead worker's sessions (the recovery agent), complete migrations, bring
@@ -299,8 +303,13 @@ async def _session_events(stream: Any, shell: Callable[[], Awaitable[DispatchShe
         if misfiled_why is not None:
             await publisher.dead_letter(msg, f"refused: {misfiled_why}", "dispatch")
             continue
+        async def handle(rec: Record = rec, msg: Any = msg, sh: DispatchShell = sh) -> None:
+            why = await sh.on_session_event(rec)
+            if why is not None:  # e.g. an open of a session id that was closed
+                await publisher.dead_letter(msg, f"refused: {why}", "dispatch")
+
         await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
-                        lambda rec=rec, sh=sh: sh.on_session_event(rec),
+                        handle,
                         lambda exc, msg=msg: publisher.dead_letter(msg, f"refused: dispatch could not handle it ({exc})",
                                                                    "dispatch"))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from processors.latency import LatencyModel, load_profiles
@@ -21,7 +21,7 @@ from processors.lifecycle import EVENT_KIND, SessionState, transition
 from schemas import records as r
 from streams.config_file import env_number
 
-__all__ = ["WorkerSpan", "fold_cost", "cost_tick", "fold_sessions", "session_counts", "observe_fleet",
+__all__ = ["WorkerSpan", "fold_cost", "cost_tick", "SessionTally", "observe_fleet",
            "build_app"]
 
 # worker events the fleet figures read beside billing
@@ -76,22 +76,37 @@ def cost_tick(state: Mapping[str, WorkerSpan], now: float, model: LatencyModel,
     return r.CostTick(ts=max(0.0, now), gpus=gpus, gpu_seconds=seconds, cost=cost)
 
 
-def fold_sessions(states: Mapping[str, SessionState], rec: r.Record) -> dict[str, SessionState]:
-    """Each open session's lifecycle state after a session event (closed ones are dropped)."""
-    kind = EVENT_KIND.get(type(rec))
-    sid = getattr(rec, "session_id", None)
-    if kind is None:  # not a session event
-        return dict(states)
-    nxt, _ = transition(states.get(sid), kind)  # type: ignore[arg-type]
-    if nxt is SessionState.TERMINATED:
-        return {k: v for k, v in states.items() if k != sid}
-    return {**states, sid: nxt}  # type: ignore[dict-item]
+CLOSED_KEPT = 100_000  # closed sessions remembered (an event for one changes nothing), the latest kept
 
 
-def session_counts(states: Mapping[str, SessionState]) -> dict[str, int]:
-    """Open sessions by the state operators see: active (executing) and idle (suspended)."""
-    active = sum(1 for v in states.values() if v is SessionState.EXECUTION)
-    return {"active": active, "idle": len(states) - active}
+@dataclass
+class SessionTally:
+    """Open sessions by lifecycle state, folded from session events. Closed ones are
+    remembered (the latest ``CLOSED_KEPT``), so that a late or reused open of one is not
+    counted as a new session: dispatch refuses it."""
+
+    open: dict[str, SessionState] = field(default_factory=dict)
+    closed: dict[str, None] = field(default_factory=dict)  # in closing order
+
+    def fold(self, rec: r.Record) -> None:
+        kind = EVENT_KIND.get(type(rec))
+        if kind is None:  # not a session event
+            return
+        sid: str = rec.session_id  # type: ignore[attr-defined]
+        current = SessionState.TERMINATED if sid in self.closed else self.open.get(sid)
+        nxt, _ = transition(current, kind)
+        if nxt is not SessionState.TERMINATED:
+            self.open[sid] = nxt
+        elif current is not SessionState.TERMINATED:
+            self.open.pop(sid, None)
+            self.closed[sid] = None
+            if len(self.closed) > CLOSED_KEPT:
+                del self.closed[next(iter(self.closed))]
+
+    def counts(self) -> dict[str, int]:
+        """Open sessions by the state operators see: active (executing) and idle (suspended)."""
+        active = sum(1 for v in self.open.values() if v is SessionState.EXECUTION)
+        return {"active": active, "idle": len(self.open) - active}
 
 
 def observe_fleet(fleet: Any, rec: r.Record) -> None:
@@ -128,7 +143,8 @@ def build_app(settings: Any) -> Any:
     app = make_app("metrics", settings)
     publisher = FaustPublisher(app, TopicCatalogue.from_settings(settings))
     model, interval_s = metrics_settings(os.environ)
-    state: dict[str, Any] = {"spans": {}, "sessions": {}}
+    state: dict[str, Any] = {"spans": {}}
+    sessions = SessionTally()
     fleet = fleet_metrics()
     worker_tags = BILLED_TAGS | {cls.TAG for cls in OBSERVED}
 
@@ -146,8 +162,8 @@ def build_app(settings: Any) -> Any:
         async for event in stream.events():
             rec = await decode_event(event, SESSION_EVENTS, publisher, "metrics")
             if rec is not None and misfiled(rec, event.message.key) is None:  # dispatch refuses a misfiled one
-                state["sessions"] = fold_sessions(state["sessions"], rec)
-                for name, n in session_counts(state["sessions"]).items():
+                sessions.fold(rec)
+                for name, n in sessions.counts().items():
                     fleet.sessions.labels(name).set(n)
 
     @app.agent(publisher.topic(METRICS), name="metrics-decisions")

@@ -134,3 +134,22 @@ def test_an_owners_refusal_is_dead_lettered_at_the_inputs_place_in_the_log(redis
     assert (found.partition, found.offset) == (5, 41)
     (missing,) = _run(redis_url, f"{namespace}b", scenario_with(logged[:1]))
     assert "its place in the log was not found" in missing.reason
+
+
+def test_an_open_of_a_closed_session_id_is_refused_with_the_reason(redis_url, namespace):
+    """A producer reusing a session id the store still keeps closed is told so (the agent
+    dead-letters the open with this reason), not left waiting for a claim that never comes."""
+    said: list = []
+
+    async def scenario(store: GenerationStore, shell: DispatchShell) -> None:
+        from schemas.records import SessionActive, SessionOpened
+
+        gen = await store.commit("s", 0, "w0")
+        await store.release("s", gen, close=True)
+        said.append(await shell.on_session_event(SessionOpened(session_id="s", ts=1.0)))
+        said.append(await shell.on_session_event(SessionActive(session_id="s", ts=1.0)))
+        said.append(await shell.on_session_event(SessionOpened(session_id="fresh", ts=1.0)))
+
+    sent = _run(redis_url, namespace, scenario)
+    assert [x is not None and "session s was closed" in x for x in said] == [True, True, False]
+    assert [type(x) for x in sent if not x.TAG.startswith("metric.")] == [Assign]  # only the fresh one

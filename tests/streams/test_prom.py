@@ -6,7 +6,7 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from processors.agents.metrics import fold_sessions, observe_fleet, session_counts
+from processors.agents.metrics import SessionTally, observe_fleet
 from schemas import records as r
 from schemas.topics import TOPICS
 from streams.prom import fleet_metrics, metrics, start_metrics_server
@@ -54,17 +54,18 @@ def test_the_metrics_endpoint_listens_where_it_is_told():
     assert 'chunkserve_records_consumed_total{topic="worker-events"} 0.0' in body
 
 
-def test_sessions_by_state_follow_the_lifecycle_and_forget_closed_ones():
-    states: dict = {}
+def test_sessions_by_state_follow_the_lifecycle_and_closed_ones_stay_closed():
+    tally = SessionTally()
     for rec in [r.SessionOpened(session_id="a", ts=1), r.SessionOpened(session_id="b", ts=1),
                 r.SessionOpened(session_id="c", ts=1), r.SessionIdle(session_id="b", ts=2),
                 r.SessionIdle(session_id="b", ts=2),  # a duplicate changes nothing
                 r.SessionClosed(session_id="c", ts=3),
                 r.SessionActive(session_id="z", ts=3),  # its open not seen: active all the same
-                r.Heartbeat(worker_id="w1", ts=3, sessions=0, executing=0, capacity=1)]:
-        states = fold_sessions(states, rec)
-    assert session_counts(states) == {"active": 2, "idle": 1}
-    assert set(states) == {"a", "b", "z"}
+                r.Heartbeat(worker_id="w1", ts=3, sessions=0, executing=0, capacity=1),
+                r.SessionOpened(session_id="c", ts=4)]:  # a closed id opened again: dispatch refuses it
+        tally.fold(rec)
+    assert tally.counts() == {"active": 2, "idle": 1}
+    assert set(tally.open) == {"a", "b", "z"} and set(tally.closed) == {"c"}
 
 
 def test_fleet_figures_from_the_records_that_carry_them():
