@@ -28,7 +28,7 @@ from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
 from .config import Settings
 from .kafka import dead_letter_record, refusal
 from .prom import metrics
-from .topics import TopicCatalogue
+from .topics import TopicCatalogue, logical_or_physical
 
 __all__ = ["make_app", "cluster_replication", "FaustPublisher", "decode_event", "shorten_gil_switch",
            "ProcessorWorker", "start_refusal"]
@@ -247,6 +247,9 @@ class FaustPublisher:
         return fut
 
     async def dead_letter(self, message: Any, reason: str, consumer: str) -> None:
+        """Publish a record this processor refused (undecodable, or refused for what it says),
+        with its source and reason, and count it under its topic."""
+        metrics().dead_lettered.labels(logical_or_physical(self._catalogue, message.topic)).inc()
         log.warning("%s: dead-lettering %s[%s]@%s: %s", consumer, message.topic,
                     message.partition, message.offset, reason)
         await self.send(dead_letter_record(message.topic, message.partition, message.offset,
@@ -274,7 +277,6 @@ async def decode_event(event: Any, logical: str, publisher: FaustPublisher,
     try:
         rec = decoder_for(logical, publisher.limit(logical)).decode(event.message.value)
     except SchemaError as exc:
-        metrics().dead_lettered.labels(logical).inc()
         await publisher.dead_letter(event.message, f"schema: {exc}", consumer)
         return None
     stamp = event.message.timestamp  # faust keeps the broker's timestamp in seconds

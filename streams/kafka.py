@@ -24,7 +24,7 @@ from schemas.topics import DEAD_LETTERS, topic_of
 
 from .config import DEAD_LETTER_ENVELOPE_BYTES, Settings
 from .prom import metrics
-from .topics import TopicCatalogue
+from .topics import TopicCatalogue, logical_or_physical
 
 __all__ = ["RecordProducer", "Delivered", "RecordConsumer", "dead_letter_record", "MAX_DEAD_RAW",
            "refusal", "REFUSALS"]
@@ -285,7 +285,7 @@ class RecordConsumer:
         if self.producer is None:  # read-only: the topic's own consumers dead-letter it
             log.warning("%s: skipping undecodable %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
             return
-        metrics().dead_lettered.labels(topic).inc()
+        metrics().dead_lettered.labels(logical_or_physical(self.catalogue, topic)).inc()
         log.warning("%s: dead-lettering %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
         await self.producer.send(dead_letter_record(topic, partition, offset, raw, key, reason,
                                                     self.name, self.catalogue.limit(DEAD_LETTERS)))

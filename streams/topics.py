@@ -10,7 +10,7 @@ from schemas.topics import TOPICS
 from .config import Settings
 
 __all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "replication_for", "broker_count",
-           "until_led",
+           "until_led", "logical_or_physical",
            "TOPIC_FRAMING_BYTES"]
 
 TOPIC_FRAMING_BYTES = 4096
@@ -128,3 +128,11 @@ async def broker_count(admin: object) -> int:
         return len((await admin.describe_cluster())["brokers"])  # type: ignore[attr-defined]
     except Exception:  # a broker without DescribeCluster (Tansu): one node
         return 1
+
+
+def logical_or_physical(catalogue: TopicCatalogue, physical: str) -> str:
+    """The logical name of a topic of ``catalogue`` (a metric's label), else the name as given."""
+    try:
+        return catalogue.logical(physical)
+    except KeyError:
+        return physical

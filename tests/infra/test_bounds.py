@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import replace
 
 import pytest
@@ -153,9 +154,13 @@ def test_dispatch_refuses_inputs_over_the_payload_and_rate_bounds(kafka_bootstra
     def routed(rs: list) -> list:
         return [x for x in rs if isinstance(x, RoutedInput) and x.session_id == "s-owned"]
 
+    from infra.embedded import free_port
+
+    port = free_port()
+
     async def run() -> tuple[list[str], list]:
         await ensure_topics(settings)
-        fleet.start_processor("dispatch")
+        fleet.start_processor("dispatch", options=["--metrics-port", str(port)])
         fleet.start_worker("w", capacity=2)
         async with RecordProducer(settings) as producer, \
                 EventLog(settings, producer, topics=(DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS)) as log:
@@ -169,6 +174,8 @@ def test_dispatch_refuses_inputs_over_the_payload_and_rate_bounds(kafka_bootstra
             misfiled = InputPushed(session_id="s-key", seq=1, kind="text", payload="hi", ts=1.0)
             await producer.send_raw(SESSION_INPUTS, encode(misfiled), key=b"someone-else")  # not its session's key
             await log.until(lambda rs: len(refusals(rs)) >= 5, 90, "the refusals")
+            scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            assert 'chunkserve_records_dead_lettered_total{topic="session-inputs"} 5.0' in scraped  # each counted
             await log.until(lambda rs: any(isinstance(x, InputAccepted) and x.session_id == "s-owned"
                                            for x in rs), 90, "the owned session's input applied")
             return refusals(log.records), log.records
