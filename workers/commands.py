@@ -177,7 +177,7 @@ class CommandHandler:
         self.host_cache[sid] = (manifest.snap_id, sess.state, sess.input_pos)
         while len(self.host_cache) > self.p.host_cache_sessions:
             self.host_cache.popitem(last=False)
-        await self.released(sid, sess.generation, "suspended", sess.state.chunk_index)
+        await self.released(sid, sess.generation, "suspended", sess.released_chunk)
 
     async def on_handoff(self, rec: Handoff) -> None:
         """Migrate at this chunk boundary: freeze, take a fenced snapshot and report it;
@@ -198,7 +198,7 @@ class CommandHandler:
             sess.freeze(self.p.monotonic())
         await self.p.send(Frozen(worker_id=self.p.worker_id, session_id=sid, generation=sess.generation,
                                  target_worker=rec.target_worker, ts=self.p.clock(),
-                                 chunk_index=sess.state.chunk_index))
+                                 chunk_index=sess.released_chunk))
 
     async def current(self, rec: Record) -> Held | None:
         """The held session if ``rec`` carries its generation; otherwise reject ``rec``.
@@ -287,12 +287,9 @@ class CommandHandler:
         self.sessions.pop(rec.session_id, None)
         await self.reject_all(sess.take_pending(), "stale_epoch", f"the session moved to {successor}" if successor
                               else "the session was revoked here")
-        if close:
-            await self.released(rec.session_id, rec.generation, "closed")
-        elif successor is not None:  # a handoff dispatch completed
-            await self.released(rec.session_id, rec.generation, "migrated", sess.state.chunk_index, successor)
-        else:
-            await self.released(rec.session_id, rec.generation, "revoked", detail=getattr(rec, "reason", ""))
+        reason: ReleaseReason = "closed" if close else "migrated" if successor is not None else "revoked"
+        await self.released(rec.session_id, rec.generation, reason, sess.released_chunk, successor,
+                            detail=getattr(rec, "reason", "") if reason == "revoked" else "")
 
     async def drop(self, sid: str, sess: Held, why: str) -> None:
         """Forget a session whose generation the store fenced (``why``: the refusal); its
@@ -300,4 +297,4 @@ class CommandHandler:
         if self.sessions.get(sid) is sess:
             del self.sessions[sid]
         await self.reject_all(sess.take_pending(), "stale_epoch", f"fenced: {why}")
-        await self.released(sid, sess.generation, "fenced", detail=why)
+        await self.released(sid, sess.generation, "fenced", sess.released_chunk, detail=why)

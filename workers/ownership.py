@@ -73,6 +73,7 @@ class Held:
     skipped: set[int] = field(default_factory=set)  # seqs given up on after the gap wait
     withdrawn: set[int] = field(default_factory=set)  # seqs dispatch refused: never waited for
     frozen_since: float | None = None  # frozen for a handoff: no chunk, no input applied
+    released_chunk: int = -1  # the last chunk index released under this generation (-1: none)
 
     def freeze(self, now: float) -> None:
         self.executing, self.frozen_since = False, now

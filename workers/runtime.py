@@ -204,6 +204,7 @@ class Worker:
             self.schedule.add(sid, sess)
             if not ok:  # recomputed after a recovery: an earlier owner already released it
                 continue
+            sess.released_chunk = out.chunk_index
             released.append(ChunkDone(
                 worker_id=self.config.worker_id, session_id=sid, generation=sess.generation,
                 chunk_index=out.chunk_index, ts=self.clock(), latency_s=latency,

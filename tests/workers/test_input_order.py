@@ -146,3 +146,22 @@ def test_heartbeats_go_out_while_the_loop_waits_on_the_store() -> None:
         return sum(isinstance(r, Heartbeat) for r in out.records)
 
     assert asyncio.run(run()) >= 4
+
+
+def test_released_and_frozen_name_the_last_chunk_released_under_the_generation() -> None:
+    from schemas.records import ChunkDone, Frozen, Handoff, Released
+
+    async def run() -> None:
+        worker, out, mono, gen, store = await _worker()
+        for _ in range(3):
+            assert await worker.tick() == 1
+            mono.now += 1.0
+        last = [r.chunk_index for r in out.records if isinstance(r, ChunkDone)][-1]
+        await store.register_worker("v", 2)
+        await worker.handle(Handoff(worker_id="w", session_id="s", generation=gen, target_worker="v", ts=2.0))
+        await worker.handle(Terminate(worker_id="w", session_id="s", generation=gen, ts=2.0))
+        (frozen,) = [r for r in out.records if isinstance(r, Frozen)]
+        (released,) = [r for r in out.records if isinstance(r, Released)]
+        assert last == 2 and frozen.chunk_index == last and (released.reason, released.chunk_index) == ("closed", last)
+
+    asyncio.run(run())
