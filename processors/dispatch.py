@@ -243,23 +243,8 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
             return admitted(view, adm, gen, now)
         case CommitRefused(admission=adm, worker=worker, reason="no_capacity"):
             return next_candidate(view, replace(adm, tried=adm.tried | {worker}))
-        case CommitRefused(admission=adm, reason="stale", facts=Facts(session=SessionView() as sv) as facts):
-            # a redelivered event, or another replica was first: the session has a generation
-            if adm.then_route is not None:
-                return route(view, adm.then_route, facts, now)  # to where it is now
-            if sv.state == StoreState.ACTIVE and not sv.stranded and not sv.claimed:
-                return view, [_assign(adm, sv.generation, now)]  # its Assign may never have gone out
-            if sv.state == StoreState.CLOSED and not (adm.restore or adm.recover):  # an open
-                return view, [RefuseEvent(_CLOSED_ID.format(sid=adm.session_id))]
-            return view, [Note(f"session {adm.session_id} has {sv.generation} ({sv.state.value}) already")]
-        case CommitRefused(admission=adm, reason="unknown_session") if not (
-                adm.restore or adm.recover or adm.then_route):  # an open of an id the store keeps closed
-            return view, [RefuseEvent(_CLOSED_ID.format(sid=adm.session_id))]
-        case CommitRefused(admission=adm, detail=detail):
-            cmds: list[Command] = [Note(f"session {adm.session_id} not admitted: {detail}")]
-            if adm.then_route is not None:
-                cmds.append(Refuse(adm.then_route, _refusal(adm.then_route, f"the session was not resumed: {detail}")))
-            return view, cmds
+        case CommitRefused(reason=reason) if reason != "no_capacity":
+            return commit_refused(view, event, now)
         case Moved(session_id=sid, source=src, successor=succ):
             # the target also replays the inputs after the frozen snapshot from the log: one
             # routed to the source that dies before refusing it back is not lost (duplicates
@@ -289,6 +274,31 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
         case Retry(admission=adm):
             return next_candidate(view, replace(adm, tried=frozenset()))
     raise TypeError(f"not a dispatch event: {event!r}")
+
+
+def commit_refused(view: DispatchView, event: CommitRefused, now: float) -> tuple[DispatchView, list[Command]]:
+    """A commit the store refused for a reason other than capacity: follow what the store
+    holds (a redelivered event, another replica first), refuse an open of a closed id, or
+    give up the admission (refusing the input that woke it)."""
+    match event:
+        case CommitRefused(admission=adm, reason="stale", facts=Facts(session=SessionView() as sv) as facts):
+            # a redelivered event, or another replica was first: the session has a generation
+            if adm.then_route is not None:
+                return route(view, adm.then_route, facts, now)  # to where it is now
+            if sv.state == StoreState.ACTIVE and not sv.stranded and not sv.claimed:
+                return view, [_assign(adm, sv.generation, now)]  # its Assign may never have gone out
+            if sv.state == StoreState.CLOSED and not (adm.restore or adm.recover):  # an open
+                return view, [RefuseEvent(_CLOSED_ID.format(sid=adm.session_id))]
+            return view, [Note(f"session {adm.session_id} has {sv.generation} ({sv.state.value}) already")]
+        case CommitRefused(admission=adm, reason="unknown_session") if not (
+                adm.restore or adm.recover or adm.then_route):  # an open of an id the store keeps closed
+            return view, [RefuseEvent(_CLOSED_ID.format(sid=adm.session_id))]
+        case CommitRefused(admission=adm, detail=detail):
+            cmds: list[Command] = [Note(f"session {adm.session_id} not admitted: {detail}")]
+            if adm.then_route is not None:
+                cmds.append(Refuse(adm.then_route, _refusal(adm.then_route, f"the session was not resumed: {detail}")))
+            return view, cmds
+    raise TypeError(f"not a refused commit: {event!r}")
 
 
 def planned(view: DispatchView, rec: AdmissionPlan) -> DispatchView:
