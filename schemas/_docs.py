@@ -216,7 +216,11 @@ TOPIC_NOTES: dict[str, str] = {
     "worker-events": "Per worker, in the order the worker wrote them.",
     "scaling-commands": "One partition: commands arrive in the order control issued them.",
     "metrics": "One partition, in the order written; keyed by the record's type tag `t`.",
-    "dead-letters": "One partition, in the order consumers refused the records.",
+    "dead-letters": "One partition, in the order consumers refused the records. At least "
+                    "once: a record may be refused twice (a processor restarted before it "
+                    "committed its read, or refused again by another path, such as an input "
+                    "routed to a closed session and read back by the close's sweep); count "
+                    "refusals by source topic, partition and offset.",
 }
 
 
