@@ -72,7 +72,16 @@ class Decoder:
         self.max_bytes = TOPICS[topic].max_bytes if max_bytes is None else max_bytes
         self._types = {cls.TAG: cls for cls in TOPICS[topic].records}
 
-    def decode(self, data: bytes | bytearray | memoryview | None) -> Record:
+    def decode(self, data: bytes | bytearray | memoryview | None, headers: Any = None) -> Record:
+        """The record in ``data``; with ``headers``, a ``cs-t`` header that names another type
+        than the record's is refused too (``SchemaError``)."""
+        rec = self._decode(data)
+        tag = header_tag(headers)
+        if tag is not None and tag != rec.TAG:
+            raise SchemaError(f"the {TYPE_HEADER} header says {tag[:60]!r} but the record is {rec.TAG!r}")
+        return rec
+
+    def _decode(self, data: bytes | bytearray | memoryview | None) -> Record:
         if data is None:
             raise SchemaError("record has no value (tombstone)")
         if not isinstance(data, (bytes, bytearray, memoryview)):

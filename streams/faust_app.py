@@ -275,7 +275,7 @@ async def decode_event(event: Any, logical: str, publisher: FaustPublisher,
         if tag is not None and tag not in wanted:
             return None
     try:
-        rec = decoder_for(logical, publisher.limit(logical)).decode(event.message.value)
+        rec = decoder_for(logical, publisher.limit(logical)).decode(event.message.value, event.message.headers)
     except SchemaError as exc:
         await publisher.dead_letter(event.message, f"schema: {exc}", consumer)
         return None

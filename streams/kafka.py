@@ -264,7 +264,7 @@ class RecordConsumer:
             logical = decoder.topic
             for msg in messages:
                 try:
-                    rec = decoder.decode(msg.value)
+                    rec = decoder.decode(msg.value, msg.headers)
                 except SchemaError as exc:
                     await self.dead_letter(tp.topic, tp.partition, msg.offset, msg.value, msg.key,
                                            f"schema: {exc}")

@@ -172,3 +172,14 @@ def test_a_session_record_keyed_by_anything_but_its_session_is_misfiled() -> Non
     assert "not the session id 's1'" in misfiled(opened, b"s2") and misfiled(opened, None) is not None
     assert misfiled(InputPushed(session_id="s1", seq=1, kind="text", payload="x", ts=1.0), b"x") is not None
     assert misfiled(WorkerUp(worker_id="w", ts=1.0, capacity=1), b"other") is None  # keyed by worker id: not checked here
+
+
+def test_a_type_header_naming_another_type_than_the_record_is_refused() -> None:
+    from schemas.codec import TYPE_HEADER, decoder_for
+    from schemas.records import SessionClosed, SessionOpened
+
+    raw = encode(SessionOpened(session_id="s", ts=1.0))
+    dec = decoder_for("session-events")
+    assert dec.decode(raw).TAG == dec.decode(raw, [(TYPE_HEADER, SessionOpened.TAG.encode())]).TAG
+    with pytest.raises(SchemaError, match="header says 'session.closed' but the record is 'session.opened'"):
+        dec.decode(raw, [(TYPE_HEADER, SessionClosed.TAG.encode())])
