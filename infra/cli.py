@@ -355,7 +355,9 @@ def _print_demo(s: dict, report: Path) -> None:
             ("chunk latency p50 / p99 / worst", f"{lat['p50']} / {lat['p99']} / {lat['worst']} ms"),
             ("workers started", s["workers_started"]), ("migrations", s["migrations"]),
             ("scale events", s["scale_events"]), ("offloads / restores", f"{s['offloads']} / {s['restores']}"),
-            ("cost", s["cost"]), ("dead letters", s["dead_letters"]),
+            ("cost", s["cost"]),
+            ("dead letters", "; ".join([str(s["dead_letters"])] + [f"{n} x {why}" for why, n in
+                                                                    s["dead_letter_reasons"].items()][:4])),
             ("inputs refused with a reason", s["inputs_refused"]), ("wall", f"{s['wall_s']} s")]
     for k, v in rows:
         table.add_row(k, str(v))

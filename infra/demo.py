@@ -10,9 +10,10 @@ summary JSON and a timeline plot.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -105,12 +106,20 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
                          "shutdown": len({r.worker_id for r in records if isinstance(r, Shutdown)})},
         "cost": round(costs[-1].cost, 4) if costs else 0.0,
         "dead_letters": sum(1 for r in records if isinstance(r, DeadLetter)),
+        "dead_letter_reasons": dead_letter_reasons(records),
         "audit": {**audit_chunks(chunks), **audit_inputs(pushed, accepted, refused)},
         "inputs_refused": len(refused),
         "inputs_lost": [f"{sid}#{seq}" for sid, seq in lost_inputs(pushed, accepted, refused)[:20]],  # the first 20
         "wall_s": round(wall_s, 1),
         "scale_log": scale_log(records, t0),
     }
+
+
+def dead_letter_reasons(records: list[Record]) -> dict[str, int]:
+    """Dead letters by reason, numbers and ids folded (``input N``), most frequent first."""
+    reasons = Counter(re.sub(r"'[^']*'|\b\d+(\.\d+)?\b", "N", r.reason)[:120]
+                      for r in records if isinstance(r, DeadLetter))
+    return dict(reasons.most_common())
 
 
 def plot_timeline(records: list[Record], active: list[tuple[float, int]], t0: float, path: Path,

@@ -27,6 +27,7 @@ def test_demo_runs_short_and_writes_its_report(tmp_path):
     assert summary["scale_events"]["scale_out"] >= 1
     assert summary["sessions"] >= 5
     assert all(v == 0 for v in summary["audit"].values()), summary["audit"]
+    assert sum(summary["dead_letter_reasons"].values()) == summary["dead_letters"]  # each one's reason said
     assert (report / "timeline.png").stat().st_size > 10_000
 
 
@@ -53,3 +54,16 @@ def test_fleet_scales_out_then_in_and_sessions_survive(tmp_path):
     assert any(line.split()[1] == "drain" for line in summary["scale_log"])  # the log shows it too
     assert summary["sessions"] == 18 and summary["chunks"] > 0
     assert all(v == 0 for v in summary["audit"].values()), summary["audit"]
+
+
+def test_dead_letters_are_summed_by_reason_with_numbers_and_ids_folded():
+    from infra.demo import dead_letter_reasons
+    from schemas.records import DeadLetter
+
+    def dead(why: str) -> DeadLetter:
+        return DeadLetter(source_topic="session-inputs", partition=0, offset=1, reason=why, consumer="dispatch", ts=1.0)
+
+    got = dead_letter_reasons([dead("session closed before input 3 was applied (late at 'w1')"),
+                               dead("session closed before input 17 was applied (late at 'w2')"),
+                               dead("refused: input rate over 2.5/s")])
+    assert got == {"session closed before input N was applied (late at N)": 2, "refused: input rate over N/s": 1}
