@@ -129,6 +129,7 @@ class Held:
             if len(self.skipped) > MAX_PENDING_INPUTS:
                 self.skipped = set(sorted(self.skipped)[-MAX_PENDING_INPUTS:])
             nxt = first
+        self.gap_since = None  # progress: a gap met after this one is waited for from when it blocks
         return self.pending.pop(nxt)
 
     def applied(self, rec: RoutedInput) -> None:

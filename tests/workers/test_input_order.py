@@ -165,3 +165,21 @@ def test_released_and_frozen_name_the_last_chunk_released_under_the_generation()
         assert last == 2 and frozen.chunk_index == last and (released.reason, released.chunk_index) == ("closed", last)
 
     asyncio.run(run())
+
+
+def test_each_gap_is_waited_for_from_when_it_blocks() -> None:
+    """2 is missing from t; it comes at t + 4 and 3 goes with it; 5 (4 missing) then waits
+    a whole gap wait from t + 4, not what was left of 2's."""
+    async def run() -> None:
+        worker, out, mono, gen, _store = await _worker()
+        for seq in (1, 3, 5):
+            await worker.handle(_input(gen, seq))
+        mono.now += 4.0
+        await worker.handle(_input(gen, 2))
+        assert out.accepted() == [1, 2, 3]
+        mono.now += 2.0  # 6 s after 2's gap began, 2 s into 4's
+        assert await worker.expire_gaps() == 0 and out.accepted() == [1, 2, 3]
+        mono.now += 3.1
+        assert await worker.expire_gaps() == 1 and out.accepted() == [1, 2, 3, 5]
+
+    asyncio.run(run())
