@@ -111,6 +111,7 @@ def simulate_cmd(
             task = bar.add_task("simulating", total=None)
             runner = Runner(tr, model, cfg, options, on_run=lambda s: bar.update(task, description=f"simulating {s}"),
                             offer=offer, plugin_pool=pool)
+            _check_names(runner, names)
             subject_spec = _subject(runner, names, subject)
             if pool is not None and subject_spec is None:
                 runner.peak_pool = pool
@@ -149,6 +150,21 @@ def _builtin_options(vt: object, auto: object) -> dict:
     options = {n: dict(ts) for n in ("turboserve", "turboserve-no-migration", "turboserve-no-autoscale", "oracle")}
     options["oracle-autoscale"] = {"autoscaler": auto}
     return options
+
+
+def _check_names(runner: object, names: list[str]) -> None:
+    """Results are keyed by the policy's name: a plug-in named as a built-in or as another
+    plug-in is refused (it would replace that one's row)."""
+    from processors.policy import BUILTIN_POLICIES, load_policy
+
+    seen = {n: n for n in names if ":" not in n}
+    for spec in names:
+        if ":" in spec:
+            name = getattr(load_policy(spec, offer=runner.offer), "name", None)  # type: ignore[attr-defined]
+            if name in BUILTIN_POLICIES or name in seen:
+                raise ConfigError("policy", f"its name {name!r} is {seen.get(name, 'a built-in policy')!r}'s too "
+                                  "(results are keyed by name): give it a name of its own", spec)
+            seen[name] = spec
 
 
 def _subject(runner: object, names: list[str], subject: str) -> str | None:

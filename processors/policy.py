@@ -23,7 +23,7 @@ from processors.detector import Signal
 from processors.oracles import OracleAutoscale
 from processors.snapshot import Snapshot
 from processors.turboserve import TurboServe
-from schemas.errors import ConfigError
+from schemas.errors import ChunkserveError, ConfigError, PolicyError
 
 __all__ = ["Policy", "BUILTIN_POLICIES", "FIXED_POOL", "OPTION_NAMES", "load_policy", "keeps_idle_resident"]
 
@@ -119,6 +119,10 @@ def load_policy(spec: str, offer: Mapping[str, Any] | None = None, **options: An
         policy = factory(**options) if call else factory
     except TypeError as exc:
         raise ConfigError("policy", f"bad options ({exc})", spec) from None
+    except ChunkserveError:
+        raise
+    except Exception as exc:  # the plug-in's own code
+        raise PolicyError(f"policy {spec}: building it raised {type(exc).__name__}: {exc}"[:500]) from exc
     if isinstance(policy, type) or not isinstance(policy, Policy):
         raise ConfigError("policy", "needs name, initial_state() and decide(snapshot, signal, state)", spec)
     return policy

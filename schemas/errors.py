@@ -22,6 +22,7 @@ from __future__ import annotations
 __all__ = [
     "ChunkserveError",
     "SchemaError",
+    "PolicyError",
     "ConfigError",
     "AccessDeniedError",
     "TraceError",
@@ -40,6 +41,11 @@ class ChunkserveError(Exception):
     """Root of every error chunkserve raises on purpose."""
 
     reason_code = "error"  # the short reason a refusal reports (CommandRejected.reason)
+
+
+class PolicyError(ChunkserveError):
+    """A scheduling policy (a plug-in's code) raised, or answered with something that is not
+    a decision: the message names the policy, where, and the error."""
 
 
 class SchemaError(ChunkserveError):

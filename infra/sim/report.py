@@ -163,7 +163,7 @@ class Runner:
 
     def _key(self, spec: str, pool: int | None, extra: dict[str, Any]) -> tuple[Any, ...]:
         if pool is None:
-            if self.fixed(spec):
+            if self.fixed(spec) or spec == "turboserve-no-autoscale":  # the ablation runs a fixed pool too
                 pool = self.peak_pool
             elif spec in BUILTIN_POLICIES or self.plugin_pool is None:
                 pool = self.elastic_start

@@ -34,14 +34,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from processors.decisions import Admit, Vacate, Migrate, Place, Restore, Boot, Retire, Offload, Discard
+from processors.decisions import Admit, Decision, Vacate, Migrate, Place, Restore, Boot, Retire, Offload, Discard
 from processors.admission import AdmitPlan, WorkerLoad, candidate
 from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionEvent, SessionState, on_event
 from processors.policy import Policy, keeps_idle_resident
 from processors.snapshot import ChunkStats, Gpu, GpuState, Session, Snapshot
-from schemas.errors import ConfigError
+from schemas.errors import ChunkserveError, ConfigError, PolicyError
 
 __all__ = ["SimConfig", "SimResult", "Signals", "Stop", "ChunkBound", "signals_for", "chunk_bound", "simulate"]
 
@@ -248,7 +248,10 @@ class _Sim:
         self.resume_lat: list[float] = []  # activation (idle -> active) to first chunk end
         self.waking: set[str] = set()  # activated, first chunk not done yet
         self.transfer: dict[str, float] = {}  # sid -> restore transfer of its activation
-        self.state = policy.initial_state()
+        try:
+            self.state = policy.initial_state()
+        except Exception as exc:  # a plug-in's own code
+            raise PolicyError(f"policy {policy.name!r}: initial_state raised {type(exc).__name__}: {exc}"[:500]) from exc
         self.plan: AdmitPlan | None = None  # the last round's admission plan (none before the first)
         self.decide_at: float | None = None
         self.gpu_s = 0.0
@@ -522,7 +525,15 @@ class _Sim:
         self.admit_waiting(now)  # before the snapshot: the policy sees where they went
         snap = self.snapshot(now)
         self.fresh, self.seen = [], [0, 0, 0.0]
-        d = self.policy.decide(snap, self.signals.at(now), self.state)
+        try:
+            d = self.policy.decide(snap, self.signals.at(now), self.state)
+        except ChunkserveError:
+            raise
+        except Exception as exc:  # a plug-in's own code: named, in one line
+            raise PolicyError(f"policy {self.policy.name!r}: decide at t={now:.1f} s raised "
+                              f"{type(exc).__name__}: {exc}"[:500]) from exc
+        if not isinstance(d, Decision):
+            raise PolicyError(f"policy {self.policy.name!r}: decide returned {type(d).__name__}, not a Decision")
         self.state = d.state
         self.plan = AdmitPlan(fallback=False, ts=now)  # a policy that issues no Admit: its Place
         for cmd in d.commands:

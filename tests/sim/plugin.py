@@ -102,3 +102,34 @@ class Optioned:
         if ready:
             cmds += [Place(s.id, ready[0]) for s in snapshot.sessions if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION]
         return Decision(tuple(cmds), True)
+
+
+@dataclass(frozen=True)
+class Raises:
+    """Raises inside ``decide`` (a plug-in's bug): the simulator names it in one line."""
+
+    name: str = "raises"
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):
+        raise ValueError("a bug in the plug-in")
+
+
+@dataclass(frozen=True)
+class ListNotDecision:
+    name: str = "list-not-decision"
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):
+        return []
+
+
+@dataclass(frozen=True)
+class NamedRr(BootOne):
+    """A plug-in named as a built-in: refused, it would replace rr's row."""
+
+    name: str = "rr"

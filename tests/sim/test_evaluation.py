@@ -157,3 +157,20 @@ def test_parallel_comparison_makes_the_same_figures():
     names = ["rr", "lag", "least-loaded-offload", "turboserve", "turboserve-no-autoscale", "oracle", "oracle-autoscale"]
     docs = [compare(Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True)), names, "turboserve", Slo(), jobs=j) for j in (1, 2)]
     assert json.dumps(docs[0], sort_keys=True, default=str) == json.dumps(docs[1], sort_keys=True, default=str)
+
+
+def test_a_plugins_bug_or_clashing_name_is_one_line_naming_it(tmp_path):
+    """A plug-in that raises, answers with something that is not a Decision, or is named as
+    a built-in (it would replace that one's row) is refused in one line; the no-autoscale
+    ablation run without turboserve as the subject runs a fixed pool, not none."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
+    for plugin, said in (("Raises", "policy 'raises': decide at t=0.0 s raised ValueError: a bug in the plug-in"),
+                         ("ListNotDecision", "decide returned list, not a Decision"),
+                         ("NamedRr", "its name 'rr' is 'rr''s too")):
+        res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "rr", "-p", f"tests.sim.plugin:{plugin}", "-j", "1"])
+        assert res.exit_code != 0 and said in res.output and "Traceback" not in res.output, (plugin, res.output)
+    out = tmp_path / "o.json"
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "turboserve-no-autoscale", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["policies"]["turboserve-no-autoscale"]["gpu_seconds"] > 0
