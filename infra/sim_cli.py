@@ -232,6 +232,10 @@ def evaluate_cmd(
         specs = splits[split]
         if only:
             want = {x.strip() for x in only.split(",")}
+            unknown = sorted(want - {s.name for s in specs})
+            if unknown:
+                raise ConfigError("--only", f"not traces of the {split} split: {', '.join(unknown)} "
+                                  f"(it has {', '.join(s.name for s in specs)})", "command line")
             specs = tuple(s for s in specs if s.name in want)
         vt, auto, slo = load_volatility_table(), AutoscalerConfig(), Slo(slo_miss, slo_worst)
         with Progress(console=_err, transient=True) as bar:

@@ -77,3 +77,5 @@ def test_trace_gen_and_evaluate_name_the_launch_families(tmp_path):
     assert bad.exit_code == 2 and "mmpp" in bad.output and "calm" in bad.output and "Traceback" not in bad.output
     split = CliRunner().invoke(app, ["evaluate", "--split", "bogus"])
     assert split.exit_code == 2 and "launch" in split.output
+    only = CliRunner().invoke(app, ["evaluate", "--split", "launch", "--only", "ramp/s0,nosuch"])
+    assert only.exit_code == 2 and "nosuch" in only.output and "ramp/s0" in only.output  # runs nothing, says why
