@@ -27,19 +27,37 @@ __all__ = ["register", "parse_instance", "decide"]
 
 _err = Console(stderr=True, emoji=False)
 _UNBOUNDED = 1 << 62  # max_moves absent: no move budget
+_MAX_NUMBER = 1e9  # seconds, eta, seconds per byte: past this an answer is no longer a number
+_MAX_COUNT = 1 << 53  # bytes, moves, capacities: exact as JSON numbers up to here
+_KEYS = {"": {"eta", "alpha_s", "beta_s_per_byte", "gpu_types", "gpus", "sessions", "max_moves", "max_transient_s"},
+         "gpu_type": {"capacity", "latency"}, "gpu": {"id", "type"}, "session": {"id", "gpu", "state_bytes"}}
 
 
 def _number(doc: dict, key: str, where: str, src: str) -> float:
     v = doc.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ConfigError(f"{where}{key}", "must be a finite number >= 0" if key in doc else "is required", src)
+    if key not in doc:
+        raise ConfigError(f"{where}{key}", "is required", src)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= _MAX_NUMBER:
+        raise ConfigError(f"{where}{key}", f"must be a number from 0 to {_MAX_NUMBER:g}", src)
     return float(v)
 
 
-def _count(v: Any, key: str, src: str, least: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < least:
-        raise ConfigError(key, f"must be an integer >= {least}", src)
+def _count(v: Any, key: str, src: str, least: int, most: int = _MAX_COUNT) -> int:
+    if v is None:
+        raise ConfigError(key, "is required", src)
+    if isinstance(v, float) and v.is_integer():  # 1e9 as JSON writers often spell it
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not least <= v <= most:
+        raise ConfigError(key, f"must be an integer from {least} to {most}", src)
     return v
+
+
+def _known(doc: dict, kind: str, at: str, src: str) -> None:
+    """A key the format does not have is refused (a typo would silently change the problem)."""
+    extra = sorted(set(doc) - _KEYS[kind])
+    if extra:
+        raise ConfigError(f"{at}{'.' if at and not at.endswith('.') else ''}{extra[0]}",
+                          f"not a key of this format (it has {', '.join(sorted(_KEYS[kind]))})", src)
 
 
 def _obj(v: Any, key: str, src: str) -> dict:
@@ -62,7 +80,8 @@ def _name(v: Any, key: str, src: str) -> str:
 
 def _profile(name: str, spec: Any, at: str, src: str) -> GpuProfile:
     spec = _obj(spec, at, src)
-    cap = _count(spec.get("capacity"), f"{at}.capacity", src, 1)
+    _known(spec, "gpu_type", at, src)
+    cap = _count(spec.get("capacity"), f"{at}.capacity", src, 1, 1 << 20)
     table = _obj(spec.get("latency"), f"{at}.latency", src)
     if not table:
         raise ConfigError(f"{at}.latency", "needs at least one point", src)
@@ -70,8 +89,8 @@ def _profile(name: str, spec: Any, at: str, src: str) -> GpuProfile:
     for k, v in table.items():
         if not k.isdigit() or int(k) < 1:
             raise ConfigError(f"{at}.latency", f"key {k!r} is not a batch size >= 1", src)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ConfigError(f"{at}.latency.{k}", "must be a positive number of seconds", src)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= _MAX_NUMBER:
+            raise ConfigError(f"{at}.latency.{k}", f"must be a number of seconds above 0, at most {_MAX_NUMBER:g}", src)
         points.append((int(k), float(v)))
     try:
         return GpuProfile(name, cap, 0.0, tuple(sorted(points)))
@@ -82,6 +101,7 @@ def _profile(name: str, spec: Any, at: str, src: str) -> GpuProfile:
 def parse_instance(doc: Any, src: str, where: str = "") -> tuple[Snapshot, LatencyModel, RebalanceConfig]:
     """One instance of the input document as a snapshot, latency model and settings."""
     doc = _obj(doc, where.rstrip(".") or "document", src)
+    _known(doc, "", where, src)
     # The problem as the document states it: min L + eta * sum(kappa), every move allowed.
     # The live controller also bounds a round by a move budget and a transient limit
     # (TURBOSERVE_REBALANCE); a document that names them gets exactly its decision.
@@ -105,6 +125,7 @@ def parse_instance(doc: Any, src: str, where: str = "") -> tuple[Snapshot, Laten
     for i, g in enumerate(_list(doc.get("gpus"), f"{where}gpus", src)):
         at = f"{where}gpus[{i}]"
         g = _obj(g, at, src)
+        _known(g, "gpu", at, src)
         gid, gtype = _name(g.get("id"), f"{at}.id", src), _name(g.get("type"), f"{at}.type", src)
         if gtype not in types:
             raise ConfigError(f"{at}.type", f"no GPU type {gtype!r} in gpu_types", src)
@@ -117,6 +138,7 @@ def parse_instance(doc: Any, src: str, where: str = "") -> tuple[Snapshot, Laten
     for i, s in enumerate(_list(doc.get("sessions"), f"{where}sessions", src)):
         at = f"{where}sessions[{i}]"
         s = _obj(s, at, src)
+        _known(s, "session", at, src)
         sid = _name(s.get("id"), f"{at}.id", src)
         if sid in seen:
             raise ConfigError(f"{at}.id", f"duplicate session id {sid!r}", src)
@@ -152,6 +174,8 @@ def _one(doc: Any, src: str, where: str = "") -> dict:
 def decide(doc: Any, src: str) -> dict:
     """The decision for one instance, or ``{"results": [...]}`` for ``{"instances": [...]}``."""
     if isinstance(doc, dict) and "instances" in doc:
+        if set(doc) != {"instances"}:
+            raise ConfigError(sorted(set(doc) - {"instances"})[0], "a batch holds only \"instances\"", src)
         batch = _list(doc["instances"], "instances", src)
         return {"results": [_one(d, src, f"instances[{i}].") for i, d in enumerate(batch)]}
     return _one(doc, src)

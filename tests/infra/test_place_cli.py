@@ -100,6 +100,13 @@ def _bad(**change):
         ({"instances": [GOOD, _bad(gpus="g0")]}, None, "instances[1].gpus: must be a list"),
         ({"instances": {}}, None, "instances: must be a list"),
         ([1, 2], None, "document: must be an object"),
+        (_bad(max_move=1), None, "max_move: not a key of this format"),  # a typo of max_moves
+        (_bad(sessions__0__bytes=1), None, "sessions[0].bytes: not a key"),
+        (_bad(sessions__0__state_bytes=KeyError), None, "sessions[0].state_bytes: is required"),
+        (_bad(sessions__0__state_bytes=2**63), None, "sessions[0].state_bytes: must be an integer from 0"),
+        (_bad(beta_s_per_byte=1e308), None, "beta_s_per_byte: must be a number from 0 to 1e+09"),
+        (_bad(gpu_types__h20__latency={"1": 1e308}), None, "gpu_types.h20.latency.1: must be"),
+        ({"instances": [GOOD], "eta": 1}, None, "eta: a batch holds only"),
     ],
 )
 def test_bad_files_fail_in_one_line(tmp_path, doc, text, where):
@@ -108,6 +115,11 @@ def test_bad_files_fail_in_one_line(tmp_path, doc, text, where):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.output, result.output
     assert str(tmp_path / "in.json") in lines[0] and where in lines[0], lines[0]
+
+
+def test_a_whole_number_written_as_a_float_is_taken(tmp_path):
+    result, out = _run(tmp_path, _bad(sessions__1__state_bytes=1e9, sessions__2__state_bytes=1000000000.0))
+    assert result.exit_code == 0 and out == EXPECTED, result.output
 
 
 def test_missing_file(tmp_path):
