@@ -189,6 +189,15 @@ def _print_table(out: dict) -> None:
         t.add_row(name, f"{m['worst_chunk_latency_s']:.2f}", f"{m['p99_chunk_latency_s']:.2f}", f"{100 * m['deadline_miss_rate']:.2f}",
                   f"{m['gpu_seconds'] / 3600:.1f}", f"{m['cost']:.1f}", str(m["migrations"]), str(m["scale_events"]))
     _console.print(t)
+    for name, m in out["policies"].items():
+        if m["invalid_commands"]:
+            _console.print(f"[yellow]{name}: {m['invalid_commands']} commands the simulator could not carry out "
+                           "(a GPU not ready or unknown, a session not where the command says; `invalid_commands` "
+                           "in the JSON)[/yellow]")
+    sub = out["policies"].get(out.get("subject", ""))
+    if sub is not None and sub["deadline_miss_rate"] >= 0.5:
+        _console.print(f"[yellow]{out['subject']} missed {100 * sub['deadline_miss_rate']:.0f}% of its chunks' deadlines: "
+                       "the comparisons below set it against pools as slow as it is[/yellow]")
     if "matched_cost" in out:
         mc, ml = out["matched_cost"], out["matched_latency"]
         for b in mc["pool_size"]:

@@ -387,7 +387,7 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
         "fixed_pool_cost": fixed[best] if best is not None else None,
         "fixed_pool_policy": best,
         "oracle_cost": oracle.cost if oracle is not None else None,
-        "oracle_met": ok(oracle) if oracle is not None else False,
+        "oracle_met": ok(oracle) if oracle is not None else None,
     }
 
 

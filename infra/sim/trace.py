@@ -100,7 +100,7 @@ def load_trace(path: str | Path) -> Trace:
     """Read and validate a trace file."""
     name = str(path)
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             return parse_trace(csv.reader(fh), name)
     except OSError as exc:
         raise TraceError(name, 0, f"cannot read ({exc.strerror})") from None
