@@ -238,6 +238,8 @@ class DispatchShell:
         if isinstance(rec, WorkerDown):
             await self.recovery.worker_down(rec.worker_id, rec.ts)
         elif isinstance(rec, (Heartbeat, WorkerUp)):
+            if isinstance(rec, WorkerUp):  # registered just before: the next admission sees it
+                self.invalidate_view()
             await self.recovery.worker_alive(rec.worker_id, rec.ts)
         elif isinstance(rec, Frozen):
             await self.feed(Seen(rec, Facts(None)))
