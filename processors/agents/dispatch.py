@@ -246,8 +246,13 @@ class DispatchShell:
         elif isinstance(rec, CommandRejected) and rec.generation is not None:
             await self.feed(Seen(rec, await self.facts(rec.session_id)))
 
-    def admit_input(self, rec: InputPushed) -> str | None:
-        """None if the input may be routed; else why not (``InputGate``)."""
+    def admit_input(self, rec: InputPushed, key: bytes | None) -> str | None:
+        """None if the input (read under ``key``) may be routed; else why not: its key, or a
+        bound of the ``InputGate``, which keeps every refused seq for the next routed input."""
+        why = misfiled(rec, key)
+        if why is not None:
+            self.gate.note_refused(rec.session_id, rec.seq)
+            return why
         return self.gate.refuse(rec.session_id, rec.seq, len(rec.payload.encode()), time.monotonic())
 
     async def on_input(self, rec: InputPushed, partition: int = -1, offset: int = -1,
@@ -327,10 +332,7 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
         if rec is None:
             continue
         msg, sh = event.message, await shell()
-        refused = misfiled(rec, msg.key)
-        if refused is not None:
-            sh.gate.note_refused(rec.session_id, rec.seq)  # type: ignore[attr-defined]
-        refused = refused or sh.admit_input(rec)  # type: ignore[arg-type]
+        refused = sh.admit_input(rec, msg.key)  # type: ignore[arg-type]
         if refused is not None:  # over a bound: refused with the reason, never dropped; the
             # session's next routed input names it, so its owner does not wait for it
             await publisher.dead_letter(msg, f"refused: {refused}", "dispatch")

@@ -25,18 +25,21 @@ def test_router_refuses_oversized_and_too_frequent_inputs_with_a_reason() -> Non
 
     def push(seq: int, payload: str) -> str | None:
         return shell.admit_input(InputPushed(session_id="s", seq=seq, kind="text",
-                                             payload=payload, ts=0.0))
+                                             payload=payload, ts=0.0), b"s")
 
     assert push(1, "x" * 11) is not None and "over the 10-byte limit" in push(1, "x" * 11)
     assert push(1, "ok") is None and push(2, "ok") is None
     assert "input rate" in push(3, "ok")
     assert shell.admit_input(InputPushed(session_id="other", seq=1, kind="text", payload="ok",
-                                         ts=0.0)) is None  # buckets are per session
+                                         ts=0.0), b"other") is None  # buckets are per session
+    misfiled = InputPushed(session_id="other", seq=2, kind="text", payload="ok", ts=0.0)
+    assert "is not the session id" in shell.admit_input(misfiled, b"s")
+    assert shell.gate.refused_before("other") == (2,)  # named on the session's next routed input
 
 
 def test_router_refuses_a_seq_below_one() -> None:
     shell = DispatchShell(store=None, publisher=None)
-    why = shell.admit_input(InputPushed(session_id="s", seq=0, kind="text", payload="hi", ts=0.0))
+    why = shell.admit_input(InputPushed(session_id="s", seq=0, kind="text", payload="hi", ts=0.0), b"s")
     assert why is not None and "numbered from 1" in why
 
 
