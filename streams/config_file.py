@@ -19,6 +19,7 @@ syntax, or the variable)::
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -230,6 +231,6 @@ def env_number(env: Mapping[str, str], name: str, default: Any, *, positive: boo
     except ValueError:
         raise ConfigError(name, f"not {'an integer' if kind is int else 'a number'}: {raw[:40]!r}",
                           "environment") from None
-    if not value == value or value in (float("inf"), float("-inf")) or value < 0 or (positive and value == 0):
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
         raise ConfigError(name, f"must be {'above' if positive else 'at least'} 0, got {raw[:40]!r}", "environment")
     return value

@@ -26,9 +26,9 @@ from schemas.records import Record
 from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
 
 from .config import Settings
-from .kafka import dead_letter_record, refusal
+from .kafka import count_sent, dead_letter_record, refusal
 from .prom import metrics
-from .topics import TopicCatalogue, logical_or_physical
+from .topics import TopicCatalogue
 
 __all__ = ["make_app", "cluster_replication", "FaustPublisher", "decode_event", "shorten_gil_switch",
            "ProcessorWorker", "start_refusal"]
@@ -241,15 +241,14 @@ class FaustPublisher:
         except TopicAuthorizationFailedError as exc:
             raise refusal(self._username, "write",
                           f"topic {self._catalogue.name(logical)}", exc) from None
-        metrics().produced.labels(logical).inc()
+        count_sent(self._catalogue, rec, logical)
         if wait:
             return await fut
         return fut
 
     async def dead_letter(self, message: Any, reason: str, consumer: str) -> None:
         """Publish a record this processor refused (undecodable, or refused for what it says),
-        with its source and reason, and count it under its topic."""
-        metrics().dead_lettered.labels(logical_or_physical(self._catalogue, message.topic)).inc()
+        with its source and reason."""
         log.warning("%s: dead-lettering %s[%s]@%s: %s", consumer, message.topic,
                     message.partition, message.offset, reason)
         await self.send(dead_letter_record(message.topic, message.partition, message.offset,

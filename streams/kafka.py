@@ -76,7 +76,7 @@ class RecordProducer:
         logical = topic_of(rec)
         topic = self.catalogue.name(logical)
         data = encode(rec, self.catalogue.limit(logical))
-        metrics().produced.labels(logical).inc()
+        count_sent(self.catalogue, rec, logical)
         headers = [(TYPE_HEADER, rec.TAG.encode()), *self.settings.command_keys.sign(logical, data)]
         try:
             if wait:
@@ -101,6 +101,14 @@ class RecordProducer:
 
     async def flush(self) -> None:
         await self._producer.flush()
+
+
+def count_sent(catalogue: TopicCatalogue, rec: Record, logical: str) -> None:
+    """Count a record published on ``logical``; a dead letter also under its source topic
+    (``chunkserve_records_dead_lettered_total``), whichever path refused it."""
+    metrics().produced.labels(logical).inc()
+    if isinstance(rec, DeadLetter):
+        metrics().dead_lettered.labels(logical_or_physical(catalogue, rec.source_topic)).inc()
 
 
 def dead_letter_record(topic: str, partition: int, offset: int, raw: bytes | None,
@@ -285,7 +293,6 @@ class RecordConsumer:
         if self.producer is None:  # read-only: the topic's own consumers dead-letter it
             log.warning("%s: skipping undecodable %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
             return
-        metrics().dead_lettered.labels(logical_or_physical(self.catalogue, topic)).inc()
         log.warning("%s: dead-lettering %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
         await self.producer.send(dead_letter_record(topic, partition, offset, raw, key, reason,
                                                     self.name, self.catalogue.limit(DEAD_LETTERS)))

@@ -20,7 +20,6 @@ from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, Inp
 from schemas.codec import encode
 from schemas.topics import SESSION_INPUTS, misfiled
 from streams.kafka import dead_letter_record
-from streams.prom import metrics
 
 from ..admission import WorkerLoad, candidate
 from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Commit, Committed,
@@ -218,7 +217,6 @@ class DispatchShell:
         raw = encode(InputPushed(session_id=sid, seq=seq,
                                  kind=kind if kind in ("text", "prompt", "control") else "text",  # type: ignore[arg-type]
                                  payload=payload, ts=ts))
-        metrics().dead_lettered.labels(SESSION_INPUTS).inc()
         await self.publisher.send(dead_letter_record(
             self.inputs_topic, partition, offset, raw, sid.encode(), why[:1000], self.name))
 
