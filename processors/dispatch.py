@@ -287,11 +287,10 @@ def commit_refused(view: DispatchView, event: CommitRefused, now: float) -> tupl
                 return route(view, adm.then_route, facts, now)  # to where it is now
             if sv.state == StoreState.ACTIVE and not sv.stranded and not sv.claimed:
                 return view, [_assign(adm, sv.generation, now)]  # its Assign may never have gone out
-            if sv.state == StoreState.CLOSED and not (adm.restore or adm.recover):  # an open
-                return view, [RefuseEvent(_CLOSED_ID.format(sid=adm.session_id))]
             return view, [Note(f"session {adm.session_id} has {sv.generation} ({sv.state.value}) already")]
         case CommitRefused(admission=adm, reason="unknown_session") if not (
                 adm.restore or adm.recover or adm.then_route):  # an open of an id the store keeps closed
+            # (the commit script answers a closed session so before it compares epochs)
             return view, [RefuseEvent(_CLOSED_ID.format(sid=adm.session_id))]
         case CommitRefused(admission=adm, detail=detail):
             cmds: list[Command] = [Note(f"session {adm.session_id} not admitted: {detail}")]
