@@ -68,7 +68,7 @@ def trace_gen(
 
 def simulate_cmd(
     trace: Path = typer.Argument(..., help="Trace CSV (t_s,session_id,event[,state_mb])."),
-    policy: list[str] = typer.Option(["all"], "--policy", "-p", help="rr, lag, mag, least-loaded-offload, lag-offload, mag-offload, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle, oracle-autoscale, module:Name, or all (repeatable; all plus module:Name runs both)."),
+    policy: list[str] = typer.Option(["all"], "--policy", "-p", help="rr, lag, mag, least-loaded-offload, lag-offload, mag-offload, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle, oracle-autoscale, module:Name, or all (repeatable or comma-separated; all plus module:Name runs both)."),
     subject: str = typer.Option("turboserve", "--subject", help="The policy the comparisons are about (a --policy spec or a policy's name)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the timeline plot (PNG) here."),
@@ -139,8 +139,9 @@ def _expand(policy: list[str]) -> list[str]:
     from infra.sim.report import ALL_POLICIES
 
     out: list[str] = []
-    for p in policy:
-        out.extend(ALL_POLICIES if p == "all" else [p])
+    for p in (q.strip() for spec in policy for q in spec.split(",")):  # repeated or comma-separated
+        if p:
+            out.extend(ALL_POLICIES if p == "all" else [p])
     return list(dict.fromkeys(out))
 
 

@@ -125,6 +125,7 @@ def test_all_runs_plugins_beside_the_builtins():
     names = _expand(["all", "tests.sim.plugin:Optioned", "rr"])
     assert names[: len(ALL_POLICIES)] == list(ALL_POLICIES) and names[-1] == "tests.sim.plugin:Optioned"
     assert "infra.sim.peers:TeleFuser" in ALL_POLICIES and len(names) == len(set(names))
+    assert _expand(["rr,lag, turboserve", "lag", "tests.sim.plugin:Optioned,"]) == ["rr", "lag", "turboserve", "tests.sim.plugin:Optioned"]
 
 
 def test_a_stopped_run_fails_only_bounds_it_breaks_and_the_chunk_bound_holds():
