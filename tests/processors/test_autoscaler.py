@@ -201,3 +201,44 @@ def test_burst_reserve_decays_with_age_and_is_held_at_full_capacity():
     flat = VolatilityTable(((0.5, 0.05),) * 10)
     cmds, _ = autoscale(snap, 1, PAPER, replace(cfg, dwell_s=0.0), flat, AutoscalerState(recent=later[:-1]))
     assert cmds == (Boot(1, "b300"),)  # 40 / 0.5 + 30 = 110 slots: three GPUs, not (40 + 30) / 0.5 = 140
+
+
+def test_a_sustained_rise_is_carried_a_boot_time_ahead_and_noise_or_a_jump_is_not():
+    from processors.autoscaler import record_active, sustained_rise
+
+    cfg = AutoscalerConfig(boot_s=60.0, burst_bucket_s=5.0)
+
+    def fed(levels):
+        recent = ()
+        for i, a in enumerate(levels):
+            recent = record_active(recent, 5.0 * i, a, cfg)
+        return recent
+
+    ramp = [100 + 10 * i for i in range(25)]  # +2 a second for two minutes: 340 at the end
+    assert sustained_rise(fed(ramp), cfg, 340, 1.0) == math.floor(2 * 60 - math.sqrt(340))
+    assert sustained_rise(fed(ramp), cfg, 340, None) == 0
+    assert sustained_rise(fed(ramp), cfg, 340, 0.0) == 120
+    assert sustained_rise(fed(ramp[:12]), cfg, 210, 1.0) == 0  # less than a boot time seen: no trend yet
+    drift = fed([296] * 13 + [300] * 6 + [304] * 6)  # +4 per half boot time at 300: within sqrt(300)
+    assert sustained_rise(drift, cfg, 304, 1.0) == 0 and sustained_rise(drift, cfg, 304, 0.0) == 8
+    assert sustained_rise(fed([300] * 24 + [400]), cfg, 400, 0.0) == 0  # a jump: the earlier half did not rise
+    assert sustained_rise(fed(ramp[::-1]), cfg, 100, 0.0) == 0  # falling
+
+
+def test_a_sustained_rise_grows_the_pool_before_the_band_is_crossed():
+    u, d = DEFAULT_VOLATILITY_TABLE.lookup(1)
+    cfg = AutoscalerConfig(gpu_type="b300", min_gpus=1, max_gpus=64, dwell_s=30.0, burst_memory_s=0.0)
+    off = replace(cfg, trend_margin=None)
+    grown = {}
+    for name, c in (("trend", cfg), ("off", off)):
+        state, cmds = AutoscalerState(), ()
+        for i in range(40):  # 20 executing sessions more every 30 s on four b300 (160 slots)
+            a = 40 + round(20 * i / 6)
+            cmds, state = autoscale(_pool([a // 4] * 4, now=5.0 * i, gpu_type="b300"), 1, PAPER, c, state=state)
+            if cmds:
+                grown[name] = (5.0 * i, cmds)
+                break
+    t, cmds = grown["trend"]
+    assert (40 + round(20 * t / 30)) / 160 <= u + d  # before u_max leaves the band
+    assert isinstance(cmds[0], Boot)
+    assert "off" not in grown or grown["off"][0] > t
