@@ -65,23 +65,21 @@ def _integer_program(snap: Snapshot, model: LatencyModel, cfg: RebalanceConfig) 
     caps = [model[g.type].capacity for g in gpus]
     nx, ny = len(sessions) * len(gpus), sum(k + 1 for k in caps)
     worst = nx + ny
-    cost, const = np.zeros(worst + 1), 0.0
+    cost = np.zeros(worst + 1)
     cost[worst] = 1.0
     rows = lil_matrix((len(sessions) + 3 * len(gpus) + 1, worst + 1))
     lo, hi = [], []
     for i, s in enumerate(sessions):
         rows[len(lo), i * len(gpus):(i + 1) * len(gpus)] = 1  # placed once
         lo.append(1), hi.append(1)
-    stays = [i * len(gpus) + col[s.gpu_id] for i, s in enumerate(sessions) if s.gpu_id is not None]
+    r = len(lo)  # sessions that leave their GPU: eta * kappa each, at most max_moves of them
     for i, s in enumerate(sessions):
         if s.gpu_id is not None:
-            kappa = cfg.eta * (cfg.alpha_s + cfg.beta_s_per_byte * s.state_bytes)
-            const += kappa
-            cost[i * len(gpus) + col[s.gpu_id]] -= kappa  # paid unless it stays
-    r = len(lo)
-    for v in stays:
-        rows[r, v] = 1
-    lo.append(len(stays) - min(cfg.max_moves, len(stays))), hi.append(len(stays))
+            for j in range(len(gpus)):
+                if j != col[s.gpu_id]:
+                    cost[i * len(gpus) + j] = cfg.eta * (cfg.alpha_s + cfg.beta_s_per_byte * s.state_bytes)
+                    rows[r, i * len(gpus) + j] = 1
+    lo.append(0), hi.append(min(cfg.max_moves, len(sessions)))
     off = nx
     for j, g in enumerate(gpus):
         ns = range(caps[j] + 1)
@@ -102,9 +100,9 @@ def _integer_program(snap: Snapshot, model: LatencyModel, cfg: RebalanceConfig) 
     integral = np.ones(worst + 1)
     integral[worst] = 0
     res = milp(cost, constraints=LinearConstraint(rows.tocsr(), lo, hi), integrality=integral,
-               bounds=Bounds(np.zeros(worst + 1), np.r_[np.ones(worst), np.inf]))
+               bounds=Bounds(np.zeros(worst + 1), np.r_[np.ones(worst), np.inf]), options={"mip_rel_gap": 0.0})
     assert res.status == 0, res.message
-    return res.fun + const
+    return res.fun
 
 
 @pytest.mark.parametrize("seed", range(4))
