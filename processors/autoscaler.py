@@ -27,17 +27,6 @@ only rises past 0.75, turboserve costs 0.6-4.6% less than the oracle (whose fore
 holds the coming peak; its worst chunk is 0.04-0.2 s lower) and the fixed pool at its worst
 chunk costs 2-11% more on four of five (0.1% less on ``diurnal``).
 
-A rise that goes on is carried a boot time ahead (:func:`sustained_rise`): when executing
-sessions rose over each of the last two half boot times, the pool is sized for A plus twice
-the smaller of those rises (at u*, like A), less ``trend_margin`` times sqrt(A) so that the
-spread of a steady load does not count. A pool otherwise grows only once u_max has left the
-band and gets the GPUs a boot time later, by when a ramp has filled the headroom. Measured on
-the tuning traces and the launches (margin 1.0 against none): worst chunks 0.01-1.06 s lower
-on every trace, cost 1.4-10.4% higher, and the no-autoscale ablation (a fixed pool sized with
-hindsight to turboserve's worst chunk) costs more on every tuning trace instead of three of
-five. A margin of 0 or 0.5 grew on noise (``calm`` 9.4% and 7.5% dearer), 2.0 almost never
-grew early.
-
 With an SLO configured (``AutoscalerConfig.slo``: a deadline-miss rate and a worst chunk)
 the autoscaler follows measured chunk latency instead of the band: u* is the table's times
 a headroom factor that the chunks measured since the last decision move against the SLO's
@@ -190,8 +179,6 @@ class AutoscalerConfig:
     reserve_at_capacity: bool = True  # the reserve takes full GPUs' slots, not slots at u*
     burst_decay: bool = True  # a rise counts less as it ages (linearly, to 0 at burst_memory_s)
     burst_utilization: float | None = 0.75  # a rise filling GPUs up to this needs no reserve (None: any rise does)
-    trend_margin: float | None = 1.0  # a sustained rise, less this many sqrt(A), is carried a boot time ahead (None: off)
-    slo_trend_margin: float | None = 0.0  # the same with an SLO configured
     slo: Slo | None = None  # SLO feedback on measured chunks (None: off)
     slo_step_s: float = 60.0
     headroom_start: float = 0.6
@@ -273,27 +260,6 @@ def record_active(recent: Recent, now: float, active: int, config: AutoscalerCon
 _LOW = itemgetter(1)
 
 
-def sustained_rise(recent: Recent, config: AutoscalerConfig, active: int, margin: float | None) -> int:
-    """The rise of executing sessions the coming boot time holds if the present one goes on:
-    twice the smaller of the rises over the last two half boot times, less ``margin`` times
-    sqrt(A) (the spread of a count of A arrivals); 0 when ``margin`` is None, or the load is
-    falling or within that spread."""
-    if not recent or margin is None:
-        return 0
-    half = max(1, round(config.boot_s / 2 / config.burst_bucket_s))
-    last = recent[-1][0]
-
-    def level(b: int) -> float | None:  # the executing sessions in the last bucket at or before b
-        i = bisect_left(recent, b + 1, key=_FIRST) - 1
-        return None if i < 0 else (recent[i][1] + recent[i][2]) / 2
-
-    now, mid, old = level(last), level(last - half), level(last - 2 * half)
-    if mid is None or old is None:
-        return 0
-    rise = 2 * min(now - mid, mid - old) - margin * math.sqrt(active)  # type: ignore[operator]
-    return max(0, math.floor(rise + 1e-9))
-
-
 def burst_reserve(recent: Recent, config: AutoscalerConfig | None = None) -> int:
     """The largest rise of executing sessions within one boot time that ``recent`` holds
     (with ``config.burst_decay``, each weighted down linearly with its age)."""
@@ -370,20 +336,16 @@ def autoscale(
         u_target, delta = min(0.98, u_target * h), delta * min(1.0, h)
     reserve = 0
     executing, loads = execution_counts(snapshot)
-    margin = config.trend_margin if config.slo is None else config.slo_trend_margin
     if foresight is not None:  # an oracle: the peak of the next boot time is known
         reserve = max(0, foresight - executing)
-    elif config.burst_memory_s > 0 or margin is not None:
+    elif config.burst_memory_s > 0:
         recent = record_active(state.recent, now, executing, config)
-        if config.burst_memory_s > 0:
-            reserve = burst_reserve(recent, config)
+        reserve = burst_reserve(recent, config)
         if config.burst_utilization is not None:  # the pool at A / u* absorbs a rise up to this
             reserve = max(0, reserve - max(0, math.floor((config.burst_utilization - u_target) / u_target * executing)))
         state = replace(state, recent=recent)
-    # a rise that goes on: carried a boot time ahead at u*, since a pool grows a boot time late
-    rise = sustained_rise(state.recent, config, executing, margin) if foresight is None else 0
     if config.slo is not None:
-        return _slo_scale(snapshot, model, config, state, u_target, reserve, executing, rise)
+        return _slo_scale(snapshot, model, config, state, u_target, reserve, executing)
     u_max, active = utilization(snapshot, model, reserve, executing, loads)
     demand = active + reserve
     low = u_max < u_target - delta
@@ -399,8 +361,8 @@ def autoscale(
     if state.last_action_at is not None and now - state.last_action_at < dwell:
         return (), state
     extra = reserve - reserve * u_target if config.reserve_at_capacity else 0.0  # in demand units at u*
-    if u_max > u_target + delta or rise:
-        cmds = resize(snapshot, model, (demand + rise - extra) / u_target, config, grow=True)  # session slots to have
+    if u_max > u_target + delta:
+        cmds = resize(snapshot, model, (demand - extra) / u_target, config, grow=True)  # session slots to have
     elif low and now - state.low_since >= config.scale_in_delay:  # type: ignore[operator]
         cmds = resize(snapshot, model, (state.low_peak - extra) / u_target, config, grow=False)
     else:
@@ -409,13 +371,13 @@ def autoscale(
 
 
 def _slo_scale(snapshot: Snapshot, model: LatencyModel, config: AutoscalerConfig, state: AutoscalerState, u: float,
-               reserve: int, active: int, rise: int = 0) -> tuple[tuple[Command, ...], AutoscalerState]:
+               reserve: int, active: int) -> tuple[tuple[Command, ...], AutoscalerState]:
     """SLO mode: hold A / u (u from the SLO feedback) plus the burst reserve at full
     capacity: the reserve only has to absorb a burst until the boot that follows it. Grow
     as soon as the pool is short; shrink once it has had a GPU more than it needs for a
     scale-in delay, to the most it needed meanwhile."""
     now = snapshot.now
-    need = (active + rise) / u + reserve  # session slots
+    need = active / u + reserve  # session slots
     have = sum(model[g.type].capacity for g in snapshot.gpus if g.state is not GpuState.DRAINING)
     slots = math.ceil(need - 1e-9)
     if have - model[config.gpu_type].capacity >= need:
