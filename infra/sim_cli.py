@@ -32,7 +32,7 @@ def _fail(exc: Exception) -> None:
 def trace_gen(
     output: Path = typer.Option(..., "-o", "--output", help="Trace CSV to write."),
     level: int = typer.Option(5, "--level", min=1, max=10, help="Volatility 1..10: share and size of arrival bursts and of synchronized idle->active wake-ups (1 calm, 10 bursty)."),
-    duration: float = typer.Option(3600.0, "--duration", min=1.0, help="Trace length in seconds."),
+    duration: float = typer.Option(3600.0, "--duration", min=1.0, max=1e7, help="Trace length in seconds (at most 10,000,000, what a trace may give)."),
     seed: int = typer.Option(0, "--seed", help="Random seed; same seed, same trace."),
     sessions: int = typer.Option(5000, "--sessions", min=1, help="Expected sessions over the trace (sets the mean arrival rate)."),
     swing: float = typer.Option(0.5, "--swing", min=0.0, max=0.99, help="Relative amplitude of the slow daily-like swing of the arrival rate."),

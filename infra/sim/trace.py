@@ -39,13 +39,19 @@ class Trace:
         return self.events[-1].t if self.events else 0.0
 
 
-def _number(text: str, name: str, path: str, line: int) -> float:
+MAX_T_S = 1e7  # about 116 days: past this a time is a typo, and replaying it would not end
+MAX_STATE_MB = 1 << 20  # 1 TiB of session state, past any GPU's memory
+
+
+def _number(text: str, name: str, path: str, line: int, most: float) -> float:
     try:
         x = float(text)
     except ValueError:
         raise TraceError(path, line, f"{name} is not a number: {text!r}") from None
     if not math.isfinite(x) or x < 0:
         raise TraceError(path, line, f"{name} must be a finite number >= 0, got {text!r}")
+    if x > most:
+        raise TraceError(path, line, f"{name} is {text}, over the {most:,.0f} a trace may give")
     return x
 
 
@@ -66,7 +72,7 @@ def parse_trace(rows: Iterable[list[str]], path: str = "trace") -> Trace:
             continue
         if len(row) < need:
             raise TraceError(path, line, f"missing columns: expected {len(header)}, got {len(row)}")
-        t = _number(row[cols["t_s"]].strip(), "t_s", path, line)
+        t = _number(row[cols["t_s"]].strip(), "t_s", path, line, MAX_T_S)
         sid = row[cols["session_id"]].strip()
         if not sid:
             raise TraceError(path, line, "empty session_id")
@@ -76,7 +82,7 @@ def parse_trace(rows: Iterable[list[str]], path: str = "trace") -> Trace:
             raise TraceError(path, line, f"unknown event {word!r} (expected open, active, idle or close)")
         size = 0
         if "state_mb" in cols and cols["state_mb"] < len(row) and row[cols["state_mb"]].strip():
-            size = int(_number(row[cols["state_mb"]].strip(), "state_mb", path, line) * MB)
+            size = int(_number(row[cols["state_mb"]].strip(), "state_mb", path, line, MAX_STATE_MB) * MB)
         if t < last_t:
             raise TraceError(path, line, f"time goes backwards ({t:g} after {last_t:g}); rows must be sorted by t_s")
         last_t = t
