@@ -53,6 +53,7 @@ def trace_gen(
     from infra.sim.tracegen import GenConfig, generate
 
     try:
+        _writable(output=output)
         if family is not None and family not in FAMILIES + LAUNCHES:
             raise ConfigError("family", f"one of {', '.join(FAMILIES + LAUNCHES)}", "trace gen")
         if family is not None:  # the same generation evaluate runs, by the family's model
@@ -94,6 +95,7 @@ def simulate_cmd(
 
     start = time.perf_counter()
     try:
+        _writable(json=json_out, plot=plot)
         names = _expand(policy)
         check_policies(names)
         model = load_profiles(profile)
@@ -127,6 +129,21 @@ def simulate_cmd(
             plot_timeline(timelines(runner, names), cfg.window_s, str(plot))
     except OSError as exc:
         _fail(exc)
+
+
+def _writable(**paths: Path | None) -> None:
+    """Make each output's folder before the work (as ``bench`` does), so a long run does not
+    end on a path it cannot write; a folder given as a file, or one that cannot be made, is
+    named in one line."""
+    for option, path in paths.items():
+        if path is None:
+            continue
+        if path.is_dir():
+            raise ConfigError(option, "is a folder; give a file name", str(path))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(option, f"cannot make its folder ({exc.strerror})", str(path)) from None
 
 
 def _jobs(jobs: int) -> int:
@@ -236,6 +253,7 @@ def evaluate_cmd(
     from infra.sim.simulator import SimConfig
 
     try:
+        _writable(json=json_out)
         splits = {"heldout": HELDOUT, "launch": LAUNCH, "tune": TUNE}
         if split not in splits:
             raise ConfigError("split", "heldout, launch or tune", split)
@@ -286,6 +304,7 @@ def tune_cmd(
     from infra.sim.tune import tune
 
     try:
+        _writable(output=output)
         lv = _levels(levels)
         model = load_profiles(profile)
         with Progress(console=_err, transient=True) as bar:

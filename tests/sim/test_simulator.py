@@ -121,6 +121,13 @@ def test_cli_user_errors_are_one_line(tmp_path):
     ok.write_text("t_s,session_id,event\n0,a,open\n1,a,close\n")
     res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "nosuchmod:X"])
     assert res.exit_code == 2 and "nosuchmod:X: policy: cannot import" in res.output, res.output  # no emoji
+    # an output it cannot write is named before the run, not after it
+    (tmp_path / "file").write_text("")
+    for args, why in ((["--json", str(tmp_path)], "json: is a folder"), (["--plot", str(tmp_path / "file" / "p.png")], "plot: cannot make its folder")):
+        res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", *args])
+        assert res.exit_code == 2 and why in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "--json", str(tmp_path / "new" / "o.json")])
+    assert res.exit_code == 0 and json.loads((tmp_path / "new" / "o.json").read_text())["policies"]["rr"]
 
 
 def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
