@@ -192,12 +192,18 @@ def place_cmd(
             text = snapshot.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError("file", f"cannot read ({exc.strerror})", src) from None
+        except UnicodeDecodeError:
+            raise ConfigError("file", "not a UTF-8 text file", src) from None
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError("file", f"not JSON ({exc})", src) from None
         out = decide(doc, src)
         body = json.dumps(out, indent=2) + "\n"
+        homeless = sum(g is None for r in out.get("results", [out]) for g in r["placement"].values())
+        if homeless:
+            _err.print(f"note: {homeless} session(s) found no room (more arrivals than free capacity): placement null",
+                       highlight=False, soft_wrap=True)
         if json_out is None:
             typer.echo(body, nl=False)
         else:

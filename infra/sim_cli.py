@@ -76,10 +76,10 @@ def simulate_cmd(
     profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
     table: str = typer.Option("default", "--table", help="Volatility table JSON (from `chunkserve tune`) or 'default'."),
     gpu_type: str = typer.Option("b300", "--gpu-type", help="GPU type of fixed pools and of scale-out."),
-    pool: Optional[int] = typer.Option(None, "--pool", min=1, help="Pool size for fixed-pool policies when no subject runs (default: peak-provisioned), and the starting pool of module:Name policies (default: elastic, like turboserve)."),
+    pool: Optional[int] = typer.Option(None, "--pool", min=1, max=4096, help="Pool size for fixed-pool policies when no subject runs (default: peak-provisioned), and the starting pool of module:Name policies (default: elastic, like turboserve)."),
     deadline: float = typer.Option(1.0, "--deadline", min=0.001, help="Chunk deadline = media duration of a chunk, s."),
     boot: float = typer.Option(60.0, "--boot", min=0.0, help="GPU boot time, s."),
-    round_s: float = typer.Option(0.5, "--round", min=0.0, help="Decision round grid, s (events are quantized up to it; 0: exact)."),
+    round_s: float = typer.Option(0.5, "--round", min=0.0, max=60.0, help="Decision round grid, s (events are quantized up to it; 0: exact)."),
     burst_memory: float = typer.Option(900.0, "--burst-memory", min=0.0, help="How long the autoscaler's burst reserve remembers a rise of executing sessions, s (0: no reserve)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, help="SLO: slowest chunk allowed, s."),
@@ -96,6 +96,7 @@ def simulate_cmd(
     start = time.perf_counter()
     try:
         _writable(json=json_out, plot=plot)
+        _plot_format(plot)
         names = _expand(policy)
         check_policies(names)
         model = load_profiles(profile)
@@ -146,6 +147,17 @@ def _writable(**paths: Path | None) -> None:
             raise ConfigError(option, f"cannot make its folder ({exc.strerror})", str(path)) from None
 
 
+def _plot_format(plot: Path | None) -> None:
+    """A plot file's suffix must name a format matplotlib writes (checked before the run)."""
+    if plot is None:
+        return
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    if plot.suffix.lstrip(".").lower() not in formats:
+        raise ConfigError("plot", f"the file name's suffix names no image format ({', '.join(sorted(formats))})", str(plot))
+
+
 def _jobs(jobs: int) -> int:
     import os
 
@@ -179,9 +191,12 @@ def _check_names(runner: object, names: list[str]) -> None:
     for spec in names:
         if ":" in spec:
             name = getattr(load_policy(spec, offer=runner.offer), "name", None)  # type: ignore[attr-defined]
+            if not isinstance(name, str) or not name:
+                raise ConfigError("policy", f"its name is {name!r}: results are keyed by name, give it a string", spec)
             if name in BUILTIN_POLICIES or name in seen:
-                raise ConfigError("policy", f"its name {name!r} is {seen.get(name, 'a built-in policy')!r}'s too "
-                                  "(results are keyed by name): give it a name of its own", spec)
+                owner = "a built-in policy's" if name in BUILTIN_POLICIES else f"{seen[name]}'s"
+                raise ConfigError("policy", f"its name {name!r} is {owner} too (results are keyed by name): "
+                                  "give it a name of its own", spec)
             seen[name] = spec
 
 
@@ -219,9 +234,10 @@ def _print_table(out: dict) -> None:
     if "matched_cost" in out:
         mc, ml = out["matched_cost"], out["matched_latency"]
         for b in mc["pool_size"]:
+            matched = (f"matched latency (pool {ml['pool_size'][b]}) cost reduction {ml['cost_reduction_pct'][b]:.1f}%"
+                       if ml["pool_size"][b] is not None else "matched latency: no pool up to 8x the peak pool is as fast")
             _console.print(f"{out['subject']} vs {b}: matched cost (pool {mc['pool_size'][b]}) worst latency reduction "
-                           f"{mc['worst_latency_reduction_pct'][b]:.1f}%; matched latency (pool {ml['pool_size'][b]}) cost reduction "
-                           f"{ml['cost_reduction_pct'][b]:.1f}%")
+                           f"{mc['worst_latency_reduction_pct'][b]:.1f}%; {matched}")
     if "oracle_gap_pct" in out.get("paper", {}):
         _console.print(f"oracle gap (paper: same controller told the future, on cost) {out['paper']['oracle_gap_pct']:.1f}% "
                        f"(oracle worst chunk {out['paper']['oracle_worst_chunk_latency_s']:.2f} s)")
@@ -234,7 +250,8 @@ def _print_table(out: dict) -> None:
         fixed = slo["fixed_pool_cost"]
         _console.print(f"SLO (miss <= {100 * slo['miss_rate']:.2f}%, worst <= {slo['worst_s']:.2f} s): cheapest fixed pool "
                        + (f"{fixed:.1f} ({slo['fixed_pool_policy']}, pool {slo['pool_size'][slo['fixed_pool_policy']]})" if fixed is not None else "none meets it")
-                       + "; " + ", ".join(f"{n} {c:.1f}{'' if slo['met'][n] else ' (misses)'}" for n, c in slo["cost"].items()))
+                       + "; " + ", ".join(f"{n} no pool up to 8x the peak pool meets it" if slo["pool_size"].get(n, 0) is None
+                                          else f"{n} {c:.1f}{'' if slo['met'][n] else ' (misses)'}" for n, c in slo["cost"].items()))
     _console.print(f"wall {out['wall_s']:.1f} s")
 
 

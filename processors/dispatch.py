@@ -362,7 +362,7 @@ def on_session_event(view: DispatchView, rec: Record, facts: Facts,
         return view, [Note(f"{rec.TAG} for session {sid} without generation")]
     gen = sv.generation
     if action is Action.RESUME:
-        return next_candidate(view, _admission(view, sid, expected_epoch=gen.epoch, restore=True))
+        return next_candidate(view, _restore(view, sid, sv))
     if action is Action.SUSPEND:
         return view, [Publish(Suspend(worker_id=gen.worker_id, session_id=sid, generation=gen, ts=now))]
     if action is Action.TERMINATE and state is SessionState.SUSPENDED:
@@ -402,7 +402,7 @@ def on_worker_event(view: DispatchView, rec: Record, facts: Facts,
         case CommandRejected(command=Resume.TAG, generation=Generation() as gen):
             # the Resume overtook a pending Suspend: the session is offloaded now
             if sv is not None and sv.state == StoreState.SUSPENDED and sv.generation == gen:
-                return next_candidate(view, _admission(view, rec.session_id, expected_epoch=gen.epoch, restore=True))
+                return next_candidate(view, _restore(view, rec.session_id, sv))
         case CommandRejected(command=RoutedInput.TAG, generation=Generation()):
             return route(view, Input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts, refused=rec,
                                      rereads_left=0), facts, now)
@@ -425,8 +425,7 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
     if refused is not None and refused.reason not in ("stale_epoch", "not_owner"):
         return view, [Refuse(inp, _refusal(inp, f"input {inp.seq} refused by its owner"))]
     if sv.state == StoreState.SUSPENDED:
-        return next_candidate(view, _admission(view, inp.session_id, expected_epoch=sv.generation.epoch,
-                                               restore=True, then_route=inp))
+        return next_candidate(view, _restore(view, inp.session_id, sv, then_route=inp))
     if sv.stranded or facts.owner_down:
         return view, []  # held in the log
     return view, [_routed(inp, sv.generation, now)]
@@ -434,6 +433,13 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
 
 def _admission(view: DispatchView, sid: str, **how: Any) -> Admission:
     return Admission(sid, retries_left=view.admission_retries, **how)
+
+
+def _restore(view: DispatchView, sid: str, sv: Any, **how: Any) -> Admission:
+    """Restore an offloaded session; when the generation it was offloaded under was never
+    claimed (its Suspend overtook the Assign: a recovery whose Assign was lost, say), nobody
+    applied the inputs routed to it, so the restore replays the log after the snapshot too."""
+    return _admission(view, sid, expected_epoch=sv.generation.epoch, restore=True, recover=not sv.claimed, **how)
 
 
 def _refusal(inp: Input, why: str) -> str:

@@ -90,6 +90,9 @@ class LatencyModel(Mapping[str, GpuProfile]):
         except KeyError:
             raise ConfigError("gpu_type", f"no latency profile for {gpu_type!r}", self.name) from None
 
+    def __contains__(self, gpu_type: object) -> bool:  # the Mapping default would raise ConfigError
+        return gpu_type in self.profiles
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.profiles)
 

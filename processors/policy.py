@@ -110,6 +110,8 @@ def load_policy(spec: str, offer: Mapping[str, Any] | None = None, **options: An
             raise ConfigError("policy", f"cannot import {module!r} ({exc})", spec) from None
         except AttributeError:
             raise ConfigError("policy", f"{module!r} has no {attr!r}", spec) from None
+        except Exception as exc:  # the module's own code: a syntax error, or what it runs on import
+            raise ConfigError("policy", f"cannot import {module!r} ({type(exc).__name__}: {exc})"[:300], spec) from None
     else:
         raise ConfigError("policy", f"unknown policy (built-ins: {', '.join(BUILTIN_POLICIES)}; or module:Name)", spec)
     try:

@@ -233,10 +233,10 @@ class Runner:
                 lo = mid + 1
         return hi
 
-    def latency_matched_pool(self, spec: str, worst: float, hint: int | None = None) -> int:
-        """Smallest fixed pool whose worst chunk latency is no worse than ``worst``."""
-        pool = self.smallest_pool(spec, Bound(worst), hint)
-        return pool if pool is not None else 8 * max(self.pinned_pool, self.peak_pool) + 8
+    def latency_matched_pool(self, spec: str, worst: float, hint: int | None = None) -> int | None:
+        """Smallest fixed pool whose worst chunk latency is no worse than ``worst``; None
+        when no pool up to the search's cap (8x the peak pool) is."""
+        return self.smallest_pool(spec, Bound(worst), hint)
 
 
 def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str = "turboserve", slo: Slo = Slo(),
@@ -257,10 +257,11 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
         out["subject"] = sub.policy
         mc_pool = {b: runner.cost_matched_pool(sub.cost) for b in fixed}
         mc = {b: _pct(runner.run(b, p).worst_chunk_latency_s, sub.worst_chunk_latency_s) for b, p in mc_pool.items()}
-        ml_pool: dict[str, int] = {}
+        ml_pool: dict[str, int | None] = {}
         for b in fixed:
             ml_pool[b] = runner.latency_matched_pool(b, sub.worst_chunk_latency_s, _hint(b, ml_pool))
-        ml = {b: _pct(runner.run(b, ml_pool[b]).cost, sub.cost) for b in fixed}
+        # null: no pool up to the cap is as fast as the subject (no matched-latency cost to compare)
+        ml = {b: _pct(runner.run(b, p).cost, sub.cost) if p is not None else None for b, p in ml_pool.items()}
         out["matched_cost"] = {"pool_size": mc_pool, "worst_latency_reduction_pct": mc}
         out["matched_latency"] = {"pool_size": ml_pool, "cost_reduction_pct": ml}
         paper = [b for b in PAPER_BASELINES if b in fixed]
@@ -268,10 +269,13 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
             "matched_cost": {"worst_latency_reduction_pct": {b: mc[b] for b in paper}, "pool_size": {b: mc_pool[b] for b in paper}},
             "matched_latency": {"cost_reduction_pct": {b: ml[b] for b in paper}, "pool_size": {b: ml_pool[b] for b in paper}},
         }
-        pools = dict(mc_pool)
+        pools: dict[str, int | None] = dict(mc_pool)
+        unmatched: set[str] = set()
         if subject == "turboserve" and "turboserve-no-autoscale" in policies:
             pools["turboserve-no-autoscale"] = runner.latency_matched_pool("turboserve-no-autoscale", sub.worst_chunk_latency_s,
                                                                            _hint("turboserve-no-autoscale", ml_pool))
+            if pools["turboserve-no-autoscale"] is None:  # no fixed pool up to the cap is as fast: shown at its peak pool
+                unmatched.add("turboserve-no-autoscale")
     for name in policies:
         if name == "oracle-autoscale" and sub is not None:
             u, res = _matched_oracle(runner, sub)
@@ -290,7 +294,7 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
             out["oracle_gap_pct"] = 100.0 * (sub.cost - oc2) / oc2 if oc2 > 0 else 0.0
         if subject == "turboserve":
             out["ablation_cost_increase_pct"] = {
-                a: 100.0 * (pol[a]["cost"] - sub.cost) / sub.cost for a in ABLATIONS if a in pol and sub.cost > 0
+                a: None if a in unmatched else 100.0 * (pol[a]["cost"] - sub.cost) / sub.cost for a in ABLATIONS if a in pol and sub.cost > 0
             }
     out["slo"] = _slo(runner, policies if _slo_subject else [p for p in policies if p != subject], slo)
     return out
@@ -358,7 +362,7 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
     ok = bound.ok
     found: dict[str, int | None] = {}
     met: dict[str, bool] = {}
-    cost: dict[str, float] = {}
+    cost: dict[str, float | None] = {}
     pool_size: dict[str, int | None] = {}
     for name in policies:
         if name == "oracle-autoscale":
@@ -367,7 +371,11 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
             pool = runner.smallest_pool(name, bound, _hint(name, found))
             if runner.fixed(name):
                 found[name] = pool
-            res = runner.run(name, pool if pool is not None else 8 * max(runner.pinned_pool, runner.peak_pool) + 8)
+            if pool is None:  # no pool up to the search's cap meets it: no cost at the SLO
+                label = runner.run(name).policy
+                pool_size[label], met[label], cost[label] = None, False, None
+                continue
+            res = runner.run(name, pool)
             pool_size[res.policy] = pool
         elif name in SLO_CONFIGURED:
             res = runner.run(name, None, slo=slo)
@@ -375,7 +383,7 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
             res = runner.run(name)
         met[res.policy] = ok(res)
         cost[res.policy] = res.cost
-    fixed = {n: cost[n] for n in pool_size if met[n] and n != "turboserve-no-autoscale"}  # the baselines
+    fixed = {n: c for n in pool_size if met[n] and n != "turboserve-no-autoscale" and (c := cost[n]) is not None}  # the baselines
     best = min(fixed, key=lambda n: fixed[n]) if fixed else None
     oracle = runner.run("oracle", None, slo=slo) if "oracle" in policies else None
     return {
@@ -435,10 +443,11 @@ def plot_timeline(series: dict[str, dict[str, list[float]]], window_s: float, pa
 
     panels = (("gpus", "GPUs"), ("active", "active sessions"), ("migrations", "migrations / window"), ("worst_latency_s", "worst chunk latency (s)"))
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 9), sharex=True)
+    colours = plt.get_cmap("tab20").colors  # one colour per policy (the default cycle has ten)
     for ax, (key, label) in zip(axes, panels):
-        for name, tl in series.items():
+        for i, (name, tl) in enumerate(series.items()):
             xs = [i * window_s / 60.0 for i in range(len(tl[key]))]
-            ax.step(xs, tl[key], where="post", label=name, linewidth=1)
+            ax.step(xs, tl[key], where="post", label=name, linewidth=1, color=colours[i % len(colours)])
         ax.set_ylabel(label)
     axes[-1].set_xlabel("time (min)")
     axes[0].legend(fontsize=7, ncol=4)
@@ -449,6 +458,8 @@ def plot_timeline(series: dict[str, dict[str, list[float]]], window_s: float, pa
 
 def check_policies(specs: Sequence[str]) -> None:
     """Reject unknown names early (module:Name is resolved when run)."""
+    if not specs:
+        raise ConfigError("policy", "no policy given", "command line")
     for s in specs:
         if s not in BUILTIN_POLICIES and ":" not in s:
             raise ConfigError("policy", f"unknown policy (built-ins: {', '.join(BUILTIN_POLICIES)}, all, or module:Name)", s)

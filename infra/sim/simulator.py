@@ -48,6 +48,7 @@ __all__ = ["SimConfig", "SimResult", "Signals", "Stop", "ChunkBound", "signals_f
 _BOOT, _CHUNK, _ARRIVE, _START, _EVENT, _DECIDE = range(6)
 _EXEC = SessionState.EXECUTION
 _READY = GpuState.READY
+MAX_GPUS = 4096  # a pool past this is a plug-in's bug, not a fleet (its Boot counts as invalid)
 
 
 def _with(s: Session, gpu_id: str | None, restore: bool, since: float) -> Session:
@@ -463,7 +464,9 @@ class _Sim:
                     self.req.setdefault(s.id, now)
                 self.push(now + cost, _ARRIVE, (s.id, dst.id))
         elif isinstance(cmd, Boot):
-            if cmd.count < 1:
+            count = cmd.count
+            if (not isinstance(count, int) or isinstance(count, bool) or count < 1 or cmd.gpu_type not in self.model
+                    or len(self.gpus) + count > MAX_GPUS):  # a plug-in's Boot the simulator cannot carry out
                 self.invalid += 1
                 return
             self.scale_events += 1

@@ -125,3 +125,15 @@ def test_a_whole_number_written_as_a_float_is_taken(tmp_path):
 def test_missing_file(tmp_path):
     result = CliRunner().invoke(app, ["place", str(tmp_path / "nope.json")])
     assert result.exit_code == 2 and "nope.json" in result.output and "cannot read" in result.output
+
+
+def test_a_file_not_utf8_and_sessions_with_no_room(tmp_path):
+    src = tmp_path / "in.json"
+    src.write_bytes(b"\xff\xfe{}")
+    result = CliRunner().invoke(app, ["place", str(src)])
+    assert result.exit_code == 2 and "not a UTF-8 text file" in result.output and "Traceback" not in result.output
+    crowded = dict(GOOD, sessions=GOOD["sessions"] + [{"id": f"n{i}", "gpu": None, "state_bytes": 1} for i in range(4)])
+    result, out = _run(tmp_path, crowded)  # 9 sessions for 8 slots: one has none, and the command says so
+    assert result.exit_code == 0 and sum(g is None for g in out["placement"].values()) == 1
+    assert "1 session(s) found no room" in result.output
+

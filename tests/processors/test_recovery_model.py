@@ -6,8 +6,9 @@ interleaved.
 Two dispatch replicas share the in-memory store twin; workers claim what they are assigned
 while they are alive. Invariants after every step: no input is routed to a worker marked
 down, no session closed by its user is active or moved again, slots never exceed capacity.
-At the end, with every worker back, every open session has a live owner that claimed it,
-no recovery is owed, and every input was applied or refused with a reason.
+At the end, with every worker back and every user back, every open session has a live
+owner that claimed it, no recovery is owed, and every input was applied or refused with a
+reason.
 """
 
 from __future__ import annotations
@@ -252,6 +253,15 @@ class RecoveryMachine(RuleBasedStateMachine):
         for _ in range(6):
             self.sweep(0, False, CLAIM_GRACE_S + 1)
             self.sweep(1, False, 0.3)
+        # every user comes back: an input routed to a generation that was offloaded before
+        # anyone claimed it (a recovery whose Assign was lost) is owed to the restore
+        for sid in sorted(self.opened - self.closed):
+            view = self.run(self.store.session(sid))
+            if view is not None and view.state == "suspended":
+                self.run(self.replicas[0].on_session_event(SessionActive(session_id=sid, ts=self.now)))
+        for _ in range(6):
+            self.sweep(0, False, CLAIM_GRACE_S + 1)
+            self.sweep(1, False, 0.3)
         _, due = self.run(self.store.recovery_due(self.now + 1e6, 1000))
         assert due == [], due
         for sid in self.opened:
@@ -286,6 +296,32 @@ def test_an_input_routed_to_a_migration_source_that_dies_is_not_lost() -> None:
         m.run(m.replicas[0].on_worker_event(WorkerDown(worker_id=src.worker_id, ts=m.now, reason="missed heartbeats")))
         m.deliver()  # the dead source's commands are gone
         m.settle()
+        assert ("s0", 1) in m.accepted
+    finally:
+        m.teardown()
+
+
+def test_an_input_owed_by_a_recovery_whose_assign_was_lost_is_applied_at_the_restore() -> None:
+    """Input 1 goes to the owner, which dies; the recovery's commit lands but the replica dies
+    before its Assign; the user goes idle before the retry, so the unclaimed generation is
+    offloaded with the input unapplied. When the user comes back the restore replays the log
+    after the snapshot too (found by the state machine above)."""
+    m = RecoveryMachine()
+    m.start()
+    try:
+        m.open("s0", 0)
+        m.seq["s0"] = 1
+        m.pushed.add(("s0", 1))
+        assert m.run(m.replicas[0].route_input("s0", 1, "text", "x", ts=m.now)) is None
+        owner = m.run(m.store.session("s0")).generation.worker_id
+        m.alive[owner] = False
+        m.now += 1
+        m.run(m.replicas[0].on_worker_event(WorkerDown(worker_id=owner, ts=m.now, reason="missed heartbeats")))
+        m.sweep(0, True, 0.3)  # the recovery is committed, its Assign lost
+        m.run(m.replicas[0].on_session_event(SessionIdle(session_id="s0", ts=m.now)))
+        m.deliver()
+        assert m.run(m.store.session("s0")).state == "suspended" and ("s0", 1) not in m.accepted
+        m.settle()  # the user comes back: restored, and the log replayed after the snapshot
         assert ("s0", 1) in m.accepted
     finally:
         m.teardown()

@@ -133,3 +133,18 @@ class NamedRr(BootOne):
     """A plug-in named as a built-in: refused, it would replace rr's row."""
 
     name: str = "rr"
+
+
+@dataclass(frozen=True)
+class BadBoots:
+    """Boots the simulator cannot carry out (a billion GPUs, a fraction of one, a type the
+    profile lacks), then one it can: each bad one counts as an invalid command."""
+
+    name: str = "bad-boots"
+
+    def initial_state(self) -> int:
+        return 0
+
+    def decide(self, snapshot, signal, state):
+        bad = (Boot(10**9, "b300"), Boot(2.5, "b300"), Boot(1, "a100"))  # type: ignore[arg-type]
+        return Decision(bad + (Boot(1, "b300"),) if state == 0 else (), state + 1)

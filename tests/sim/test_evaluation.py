@@ -160,18 +160,46 @@ def test_parallel_comparison_makes_the_same_figures():
     assert json.dumps(docs[0], sort_keys=True, default=str) == json.dumps(docs[1], sort_keys=True, default=str)
 
 
-def test_a_plugins_bug_or_clashing_name_is_one_line_naming_it(tmp_path):
+def test_a_plugins_bug_or_clashing_name_is_one_line_naming_it(tmp_path, monkeypatch):
     """A plug-in that raises, answers with something that is not a Decision, or is named as
     a built-in (it would replace that one's row) is refused in one line; the no-autoscale
     ablation run without turboserve as the subject runs a fixed pool, not none."""
+    monkeypatch.syspath_prepend(str(tmp_path))
     trace = tmp_path / "t.csv"
     trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
     for plugin, said in (("Raises", "policy 'raises': decide at t=0.0 s raised ValueError: a bug in the plug-in"),
                          ("ListNotDecision", "decide returned list, not a Decision"),
-                         ("NamedRr", "its name 'rr' is 'rr''s too")):
+                         ("NamedRr", "its name 'rr' is a built-in policy's too"), ("Nowhere", "has no 'Nowhere'")):
         res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "rr", "-p", f"tests.sim.plugin:{plugin}", "-j", "1"])
         assert res.exit_code != 0 and said in res.output and "Traceback" not in res.output, (plugin, res.output)
+    (tmp_path / "broken_plugin.py").write_text("def x(:\n")  # a syntax error: one line too
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "broken_plugin:P", "-j", "1"])
+    assert res.exit_code == 2 and "cannot import 'broken_plugin' (SyntaxError" in res.output, res.output
+    out = tmp_path / "bad.json"  # Boots the simulator cannot carry out are counted, not run (nor a hang)
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "tests.sim.plugin:BadBoots", "-j", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["policies"]["bad-boots"]["invalid_commands"] == 3
     out = tmp_path / "o.json"
     res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "turboserve-no-autoscale", "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["policies"]["turboserve-no-autoscale"]["gpu_seconds"] > 0
+
+
+def test_no_fixed_pool_as_fast_as_the_subject_is_null_not_the_search_cap(tmp_path):
+    """mag places by memory; with no state sizes every session lands on the first GPU with
+    room, so no pool size reaches turboserve's worst chunk: matched latency says so (null),
+    instead of the pool at the search's cap."""
+    rows = ["t_s,session_id,event"] + [f"0,s{i},{e}" for e in ("open", "active") for i in range(60)]
+    trace = tmp_path / "packed.csv"
+    trace.write_text("\n".join(rows + [f"60,s{i},close" for i in range(60)]) + "\n")
+    out = tmp_path / "o.json"
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "turboserve,rr,lag,mag", "-j", "1", "--json", str(out)])
+    assert res.exit_code == 0 and "no pool up to 8x the peak pool is as fast" in res.output, res.output
+    doc = json.loads(out.read_text())
+    assert doc["matched_latency"]["pool_size"]["mag"] is None and doc["paper"]["matched_latency"]["cost_reduction_pct"]["mag"] is None
+    assert isinstance(doc["matched_latency"]["pool_size"]["lag"], int)
+    from infra.sim.evaluate import bars
+
+    won = json.loads(out.read_text())
+    won["paper"]["matched_latency"]["cost_reduction_pct"]["mag"] = 1.0  # null reads as no fixed pool this fast: a win
+    assert bars(doc)["beats_paper_baselines"] == bars(won)["beats_paper_baselines"]
