@@ -17,6 +17,7 @@ the SLO (their knob is that configuration, nothing per trace); plug-ins are offe
 from __future__ import annotations
 
 import math
+from itertools import chain
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -148,6 +149,11 @@ class Runner:
             self.partial.pop(key, None)
             self.cache[key] = res
         return self.cache[key]
+
+    def label(self, spec: str) -> str:
+        """The name ``spec``'s results are keyed by, from any run of it already made."""
+        made = chain(self.cache.items(), self.partial.items())
+        return next((r.policy for k, r in made if k[0] == spec), None) or self.run(spec).policy
 
     @property
     def trace_end(self) -> float:
@@ -372,7 +378,7 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
             if runner.fixed(name):
                 found[name] = pool
             if pool is None:  # no pool up to the search's cap meets it: no cost at the SLO
-                label = runner.run(name).policy
+                label = runner.label(name)
                 pool_size[label], met[label], cost[label] = None, False, None
                 continue
             res = runner.run(name, pool)
@@ -445,9 +451,9 @@ def plot_timeline(series: dict[str, dict[str, list[float]]], window_s: float, pa
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 9), sharex=True)
     colours = plt.get_cmap("tab20").colors  # one colour per policy (the default cycle has ten)
     for ax, (key, label) in zip(axes, panels):
-        for i, (name, tl) in enumerate(series.items()):
+        for k, (name, tl) in enumerate(series.items()):
             xs = [i * window_s / 60.0 for i in range(len(tl[key]))]
-            ax.step(xs, tl[key], where="post", label=name, linewidth=1, color=colours[i % len(colours)])
+            ax.step(xs, tl[key], where="post", label=name, linewidth=1, color=colours[k % len(colours)])
         ax.set_ylabel(label)
     axes[-1].set_xlabel("time (min)")
     axes[0].legend(fontsize=7, ncol=4)
