@@ -110,7 +110,7 @@ def simulate_cmd(
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory)
         options = _builtin_options(vt, auto)
         offer = {"table": vt, "autoscaler": auto, "slo": slo}
-        with Progress(console=_err, transient=True) as bar:
+        with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("simulating", total=None)
             runner = Runner(tr, model, cfg, options, on_run=lambda s: bar.update(task, description=f"simulating {s}"),
                             offer=offer, plugin_pool=pool)
@@ -283,7 +283,7 @@ def evaluate_cmd(
                                   f"(it has {', '.join(s.name for s in specs)})", "command line")
             specs = tuple(s for s in specs if s.name in want)
         vt, auto, slo = load_volatility_table(), AutoscalerConfig(), Slo(slo_miss, slo_worst)
-        with Progress(console=_err, transient=True) as bar:
+        with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("evaluating", total=None)
             out = evaluate(specs, load_profiles("paper"), SimConfig(warm_start=True), _builtin_options(vt, auto),
                            {"table": vt, "autoscaler": auto, "slo": slo}, slo, on_trace=lambda s: bar.update(task, description=s),
@@ -324,7 +324,7 @@ def tune_cmd(
         _writable(output=output)
         lv = _levels(levels)
         model = load_profiles(profile)
-        with Progress(console=_err, transient=True) as bar:
+        with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("tuning", total=None)
             vt = tune(model, bound, lv, range(seeds), GenConfig(duration_s=duration, sessions=sessions),
                       on_step=lambda s: bar.update(task, description=s))

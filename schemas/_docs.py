@@ -208,7 +208,14 @@ TOPIC_NOTES: dict[str, str] = {
     "session-events": "Per session, records are handled in partition order: send a session's "
                       "events with one producer, in order, and never an older `ts` after a "
                       "newer one (control drops it as a stale redelivery).",
-    "session-inputs": "Per session, inputs are handled in partition order.",
+    "session-inputs": "Per session, inputs are handled in partition order. Rate: the broker stamps "
+                      "each input as it appends it (the topic's `message.timestamp.type` is "
+                      "LogAppendTime); per session, the first `input_burst` inputs (default 100) in "
+                      "each window of `input_burst / input_rate_per_s` seconds of those timestamps "
+                      "(default 2 s, windows counted from the Unix epoch) are accepted and the rest "
+                      "refused to dead-letters with the reason; an input refused for its seq, size "
+                      "or key does not count. The rule is decided from the log, so a replay "
+                      "decides it the same.",
     "worker-commands": "A worker reads the partition its id hashes to and skips other "
                        "workers' records; commands of one worker arrive in order, and a "
                        "command whose generation is no longer current is refused "

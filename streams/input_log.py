@@ -3,16 +3,20 @@ it is applied or refused, so recovery replays from it and a close refuses from i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
+from aiokafka import TopicPartition
+
+from schemas.input_rate import RateCount, rate_counted
 from schemas.records import InputPushed
-from schemas.topics import SESSION_INPUTS, misfiled
+from schemas.topics import SESSION_INPUTS
 
 from .config import Settings
-from .kafka import RecordConsumer, RecordProducer
+from .kafka import Delivered, RecordConsumer, RecordProducer
 from .topics import partition_for_key
 
-__all__ = ["LoggedInput", "read_session_inputs", "MAX_LOOKBACK"]
+__all__ = ["LoggedInput", "read_session_inputs", "count_session_inputs", "MAX_LOOKBACK"]
 
 # a read from a partition's start looks at most this many records back from its end
 MAX_LOOKBACK = 100_000
@@ -35,20 +39,60 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
     just after ``start`` (partition, offset) when it is the session's partition, else from the
     partition's start (at most ``MAX_LOOKBACK`` records back). A record that fails to decode
     is passed to the consumer's dead-letter path when ``producer`` is given. Inputs dispatch
-    refuses whenever it reads them (keyed by another id, over ``max_input_bytes``) are left
-    out: they were dead-lettered once and are not the session's."""
+    refuses whenever it reads them are left out: keyed by another id, over
+    ``max_input_bytes``, a seq below 1, or past the rate rule (``schemas.input_rate``, decided
+    from the log: the count of the first window read starts at the session's inputs earlier
+    in that window, read back by their timestamps); they were dead-lettered once and are not
+    the session's."""
     reader = RecordConsumer(settings, [SESSION_INPUTS], producer, name=name)
     await reader.start(subscribe=False)
     try:
         part = partition_for_key(sid.encode(), len(await reader.partitions(SESSION_INPUTS)))
         begin = start[1] + 1 if start is not None and start[0] == part else -MAX_LOOKBACK
         ends = await reader.assign({SESSION_INPUTS: [part]}, begin)
-        return [LoggedInput(part, d.offset, d.record) async for d in reader.read_to(ends)
-                if isinstance(d.record, InputPushed) and d.record.session_id == sid and d.record.seq > after_seq
-                and not _refused_at_dispatch(d.record, d.key, settings)]
+        first = await reader.raw.position(next(iter(ends)))
+        counted = [d async for d in reader.read_to(ends) if _counted(d, sid, settings)]
+        counts = RateCount(settings.input_rate_per_s, settings.input_burst)
+        if counted:
+            window = counts.window(_stamp(counted[0]))
+            counts.seed(sid, window, await _earlier(reader, sid, part, first, counts, window, settings))
+        return [LoggedInput(part, d.offset, d.record) for d in counted
+                if counts.passes(sid, _stamp(d)) and d.record.seq > after_seq]  # type: ignore[attr-defined]
     finally:
         await reader.stop()
 
 
-def _refused_at_dispatch(rec: InputPushed, key: bytes | None, settings: Settings) -> bool:
-    return misfiled(rec, key) is not None or len(rec.payload.encode()) > settings.max_input_bytes
+async def count_session_inputs(settings: Settings, sid: str, partition: int, before: int, start_s: float) -> int:
+    """How many of the session's inputs the rate rule counts in ``partition`` below offset
+    ``before`` in the rate window that begins at ``start_s`` (dispatch, reading a partition it
+    did not read when the window began)."""
+    reader = RecordConsumer(settings, [SESSION_INPUTS], None, name="dispatch-rate")
+    await reader.start(subscribe=False)
+    try:
+        counts = RateCount(settings.input_rate_per_s, settings.input_burst)
+        return await _earlier(reader, sid, partition, before, counts, counts.window(start_s), settings)
+    finally:
+        await reader.stop()
+
+
+async def _earlier(reader: RecordConsumer, sid: str, part: int, before: int, counts: RateCount, window: int,
+                   settings: Settings) -> int:
+    """The session's counted inputs in ``window`` below offset ``before`` (the reader is
+    assigned anew for it)."""
+    since = await reader.offset_at(SESSION_INPUTS, part, counts.start_s(window))
+    if since is None or since >= before:
+        return 0
+    tp = TopicPartition(reader.catalogue.name(SESSION_INPUTS), part)
+    await reader.assign({SESSION_INPUTS: [part]}, since)
+    return len([d async for d in reader.read_to({tp: before})
+                if _counted(d, sid, settings) and counts.window(_stamp(d)) == window])
+
+
+def _counted(d: Delivered, sid: str, settings: Settings) -> bool:
+    rec = d.record
+    return isinstance(rec, InputPushed) and rec.session_id == sid and rate_counted(rec, d.key, settings.max_input_bytes)
+
+
+def _stamp(d: Delivered) -> float:
+    """The record's Kafka timestamp in seconds (a broker that keeps none: now, as dispatch does)."""
+    return d.timestamp_ms / 1000.0 if d.timestamp_ms is not None and d.timestamp_ms > 0 else time.time()

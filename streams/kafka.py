@@ -134,6 +134,7 @@ class Delivered:
     offset: int
     key: bytes | None
     refused: str | None = None  # unsigned / unknown_key / forged, where commands are signed
+    timestamp_ms: int | None = None  # the record's Kafka timestamp
 
 
 class RecordConsumer:
@@ -237,6 +238,18 @@ class RecordConsumer:
             await raw.position(tp)
         return ends
 
+    async def offset_at(self, logical: str, partition: int, timestamp_s: float) -> int | None:
+        """The first offset of the partition whose Kafka timestamp is at or after
+        ``timestamp_s`` (None: none is, or the broker cannot say)."""
+        tp = TopicPartition(self.catalogue.name(logical), partition)
+        try:
+            found = await self._consumer.offsets_for_times({tp: max(0, int(timestamp_s * 1000))})
+        except Exception as exc:  # noqa: BLE001 - a broker without timestamp lookups
+            log.warning("%s: no offset by time on %s[%d] (%s)", self.name, tp.topic, partition, exc)
+            return None
+        hit = found.get(tp)
+        return None if hit is None else hit.offset
+
     async def reached(self, ends: Mapping[TopicPartition, int]) -> bool:
         """Whether this consumer's position is at or past ``ends`` on every partition."""
         return all([await self._consumer.position(tp) >= end for tp, end in ends.items()])
@@ -282,7 +295,7 @@ class RecordConsumer:
                     metrics().event_time_replaced.labels(logical).inc()
                     log.warning("%s: %s[%d]@%d: %s", self.name, tp.topic, tp.partition, msg.offset, changed)
                 refused = keys.verify(logical, msg.value, msg.headers)
-                out.append(Delivered(rec, tp.topic, tp.partition, msg.offset, msg.key, refused))
+                out.append(Delivered(rec, tp.topic, tp.partition, msg.offset, msg.key, refused, msg.timestamp))
                 metrics().consumed.labels(topic_of(rec)).inc()
         return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.topics import TOPICS
+from schemas.topics import SESSION_INPUTS, TOPICS
 
 from .config import Settings
 
@@ -63,6 +63,12 @@ def replication_for(brokers: int) -> tuple[int, int]:
     return factor, (2 if factor >= 3 else 1)
 
 
+# session-inputs: the broker stamps each input as it appends it, so the rate rule's windows
+# (schemas.input_rate) follow the log's order and a producer cannot spread its inputs over
+# windows by the timestamps it sets
+TOPIC_CONFIGS = {SESSION_INPUTS: {"message.timestamp.type": "LogAppendTime"}}
+
+
 async def ensure_topics(settings: Settings) -> TopicCatalogue:
     """Create every chunkserve topic that is missing, replicated as the cluster allows;
     return the catalogue."""
@@ -77,7 +83,8 @@ async def ensure_topics(settings: Settings) -> TopicCatalogue:
         # the broker enforces each topic's bound too (plus room for the batch, key and headers)
         missing = [NewTopic(catalogue.name(t), catalogue.partitions.get(t, 1), factor,
                             topic_configs={"max.message.bytes": str(catalogue.limit(t) + TOPIC_FRAMING_BYTES),
-                                           **({"min.insync.replicas": str(isr)} if isr > 1 else {})})
+                                           **({"min.insync.replicas": str(isr)} if isr > 1 else {}),
+                                           **TOPIC_CONFIGS.get(t, {})})
                    for t in TOPICS if catalogue.name(t) not in existing]
         refused: set[str] = set()
         if missing:

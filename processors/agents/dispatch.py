@@ -18,6 +18,7 @@ from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, Inp
                              SessionOpened, WorkerDown, WorkerUp)
 
 from schemas.codec import encode
+from schemas.input_rate import rate_counted
 from schemas.topics import SESSION_INPUTS, misfiled
 from streams.kafka import dead_letter_record
 
@@ -65,7 +66,8 @@ class DispatchShell:
                  max_in_flight: int = 1024, max_input_bytes: int = 64 * 1024,
                  input_rate: float = 50.0, input_burst: float = 100.0,
                  read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None = None,
-                 inputs_topic: str = SESSION_INPUTS) -> None:
+                 inputs_topic: str = SESSION_INPUTS,
+                 count_in_window: Callable[[str, int, int, float], Awaitable[int]] | None = None) -> None:
         self.store, self.publisher, self.clock = store, publisher, clock
         self.view_ttl_s, self.name = view_ttl_s, name
         self.rereads = int(owner_wait_s / REREAD_S)
@@ -76,6 +78,10 @@ class DispatchShell:
         self._slots = asyncio.Semaphore(max_in_flight)
         # the session's inputs after a seq, read back from the log (LoggedInput); the topic's full name
         self.read_inputs, self.inputs_topic = read_inputs, inputs_topic
+        # the session's inputs in a partition from a time up to an offset, read back from the
+        # log (a rate window that began before this process read the partition)
+        self.count_in_window = count_in_window
+        self._reading_since: dict[int, float] = {}  # partition -> the first timestamp read there
         self.recovery = Recovery(self)
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
@@ -244,14 +250,36 @@ class DispatchShell:
         elif isinstance(rec, CommandRejected) and rec.generation is not None:
             await self.feed(Seen(rec, await self.facts(rec.session_id)))
 
-    def admit_input(self, rec: InputPushed, key: bytes | None) -> str | None:
-        """None if the input (read under ``key``) may be routed; else why not: its key, or a
-        bound of the ``InputGate``, which keeps every refused seq for the next routed input."""
+    async def read_rate_window(self, rec: InputPushed, key: bytes | None, partition: int, offset: int,
+                               timestamp_s: float) -> None:
+        """Before the gate counts an input: when its rate window began before this process
+        read the partition (a start, a restart, a partition taken over from another replica),
+        start the window's count at the session's inputs read back from the log, so the rule
+        decides as it did, and as a replay does."""
+        since = self._reading_since.setdefault(partition, timestamp_s)
+        counts, sid = self.gate.counts, rec.session_id
+        if not rate_counted(rec, key, self.gate.max_bytes):
+            return
+        window = counts.window(timestamp_s)
+        start_s = counts.start_s(window)
+        if self.count_in_window is None or offset < 0 or counts.known(sid, window) or start_s >= since:
+            return
+        try:
+            earlier = await self.count_in_window(sid, partition, offset, start_s)
+        except Exception as exc:  # noqa: BLE001 - the broker away: count from here, as before a restart
+            log.warning("%s: could not read back the rate window of %s (%s); counting from here", self.name, sid, exc)
+            earlier = 0
+        counts.seed(sid, window, earlier)
+
+    def admit_input(self, rec: InputPushed, key: bytes | None, timestamp_s: float) -> str | None:
+        """None if the input (read under ``key``, with this Kafka timestamp) may be routed;
+        else why not: its key, or a bound of the ``InputGate``, which keeps every refused seq
+        for the next routed input."""
         why = misfiled(rec, key)
         if why is not None:
             self.gate.note_refused(rec.session_id, rec.seq)
             return why
-        return self.gate.refuse(rec.session_id, rec.seq, len(rec.payload.encode()), time.monotonic())
+        return self.gate.refuse(rec.session_id, rec.seq, len(rec.payload.encode()), timestamp_s)
 
     async def on_input(self, rec: InputPushed, partition: int = -1, offset: int = -1,
                        origin: Any = None) -> str | None:
@@ -330,7 +358,9 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
         if rec is None:
             continue
         msg, sh = event.message, await shell()
-        refused = sh.admit_input(rec, msg.key)  # type: ignore[arg-type]
+        stamp = msg.timestamp or time.time()  # the record's Kafka timestamp (faust: seconds)
+        await sh.read_rate_window(rec, msg.key, msg.partition, msg.offset, stamp)  # type: ignore[arg-type]
+        refused = sh.admit_input(rec, msg.key, stamp)  # type: ignore[arg-type]
         if refused is not None:  # over a bound: refused with the reason, never dropped; the
             # session's next routed input names it, so its owner does not wait for it
             await publisher.dead_letter(msg, f"refused: {refused}", "dispatch")
@@ -392,7 +422,7 @@ def build_app(settings: Any) -> Any:
     from schemas.topics import SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS
     from streams.faust_app import FaustPublisher, make_app
     from streams.generations import GenerationStore
-    from streams.input_log import read_session_inputs
+    from streams.input_log import count_session_inputs, read_session_inputs
     from streams.topics import TopicCatalogue
 
     import redis.asyncio  # noqa: F401  (imported now: the first session would wait for it)
@@ -407,11 +437,15 @@ def build_app(settings: Any) -> Any:
             async def read_inputs(sid: str, after_seq: int) -> list[Any]:
                 return await read_session_inputs(settings, sid, after_seq, name="dispatch-close")
 
+            async def count_in_window(sid: str, partition: int, offset: int, start_s: float) -> int:
+                return await count_session_inputs(settings, sid, partition, offset, start_s)
+
             state["shell"] = DispatchShell(GenerationStore.from_settings(settings), publisher,
                                            max_input_bytes=settings.max_input_bytes,
                                            input_rate=settings.input_rate_per_s,
                                            input_burst=settings.input_burst, read_inputs=read_inputs,
-                                           inputs_topic=catalogue.name(SESSION_INPUTS))
+                                           inputs_topic=catalogue.name(SESSION_INPUTS),
+                                           count_in_window=count_in_window)
         return state["shell"]
 
     for topic, agent in ((SESSION_EVENTS, _session_events), (SESSION_INPUTS, _session_inputs),

@@ -145,7 +145,7 @@ def test_dispatch_refuses_inputs_over_the_payload_and_rate_bounds(kafka_bootstra
     beyond the session's rate are refused to ``dead-letters`` with the reason, never dropped;
     the session's next input reaches its owner naming the refused ones, and is applied."""
     settings = replace(_settings(kafka_bootstrap, redis_url, namespace), max_input_bytes=100,
-                       input_rate_per_s=0.01, input_burst=2)
+                       input_rate_per_s=1e-4, input_burst=2)  # one window for the test
     fleet = LocalFleet(settings, tmp_path / "logs")
 
     def refusals(rs: list) -> list[str]:
@@ -212,3 +212,54 @@ def test_the_input_log_leaves_out_what_dispatch_refuses_whenever_it_reads_it(kaf
         return [x.record.seq for x in await read_session_inputs(settings, "s", 0)]
 
     assert asyncio.run(run()) == [1, 4]
+
+
+def test_the_rate_rule_is_decided_from_the_log_by_a_replay_and_by_a_dispatch_that_restarts(
+        kafka_bootstrap, redis_url, namespace):
+    """An input dispatch refused for the rate stays in the log: a recovery's replay from a
+    snapshot taken after input 1 counts input 1 (read back by its broker timestamp), so of
+    inputs 2-5 it applies only 2, as dispatch routed; and a dispatch reading the partition from
+    input 3 on, as after a restart, refuses 3 as the first one did."""
+    from processors.agents.dispatch import DispatchShell
+    from streams.input_log import count_session_inputs, read_session_inputs
+
+    # a burst of two per window of 2,000,000 s: the five inputs share a window
+    settings = replace(_settings(kafka_bootstrap, redis_url, namespace), input_rate_per_s=1e-6, input_burst=2,
+                       partitions={SESSION_INPUTS: 1})
+
+    async def run() -> tuple[list[int], list[int], int, str | None, str | None]:
+        await ensure_topics(settings)
+        async with RecordProducer(settings) as producer:
+            for seq in range(1, 6):
+                await producer.send(InputPushed(session_id="s", seq=seq, kind="text", payload="ok", ts=1.0))
+        every = await read_session_inputs(settings, "s", 0)
+        consumer = RecordConsumer(settings, [SESSION_INPUTS], None, name="test-read")
+        await consumer.start(subscribe=False)
+        try:
+            ends = await consumer.assign({SESSION_INPUTS: [0]})
+            logged = [d async for d in consumer.read_to(ends)]
+        finally:
+            await consumer.stop()
+        first = next(d for d in logged if d.record.seq == 1)  # type: ignore[attr-defined]
+        replayed = await read_session_inputs(settings, "s", 1, start=(0, first.offset))
+        third = next(d for d in logged if d.record.seq == 3)  # type: ignore[attr-defined]
+        stamp = third.timestamp_ms / 1000.0  # type: ignore[operator]
+        window_start = (stamp * 1e-6 // 2) * 2 / 1e-6
+        before_third = await count_session_inputs(settings, "s", 0, third.offset, window_start)
+
+        async def count_in_window(sid: str, partition: int, offset: int, start_s: float) -> int:
+            return await count_session_inputs(settings, sid, partition, offset, start_s)
+
+        restarted = DispatchShell(store=None, publisher=None, input_rate=1e-6, input_burst=2,
+                                  count_in_window=count_in_window)
+        verdicts = []
+        for d in logged[2:4]:  # inputs 3 and 4, read from a committed offset after input 2
+            await restarted.read_rate_window(d.record, d.key, 0, d.offset, d.timestamp_ms / 1000.0)  # type: ignore[arg-type, operator]
+            verdicts.append(restarted.admit_input(d.record, d.key, d.timestamp_ms / 1000.0))  # type: ignore[arg-type, operator]
+        return [x.record.seq for x in every], [x.record.seq for x in replayed], before_third, *verdicts
+
+    every, replayed, before_third, third, fourth = asyncio.run(run())
+    assert every == [1, 2]  # 3-5 past the burst
+    assert replayed == [2]  # input 1 counted from before the snapshot: 3 is not applied
+    assert before_third == 2
+    assert third is not None and "input rate" in third and fourth is not None and "input rate" in fourth

@@ -1,22 +1,59 @@
-"""Input bounds at the router: a per-session token bucket and a payload limit."""
+"""Input bounds at the router: the per-session rate rule and a payload limit."""
 
 from __future__ import annotations
 
+import asyncio
+
 from processors.agents.dispatch import DispatchShell
-from processors.input_gate import MAX_REFUSED, InputGate, take
+from processors.input_gate import MAX_REFUSED, InputGate
+from schemas.input_rate import RateCount, rate_counted, rate_window
 from schemas.records import InputPushed
 
 
-def test_token_bucket_refills_at_its_rate_up_to_its_burst() -> None:
-    bucket, results = None, []
-    for _ in range(5):
-        bucket, ok = take(bucket, 0.0, rate=2.0, burst=3.0)
-        results.append(ok)
-    assert results == [True, True, True, False, False]
-    bucket, ok = take(bucket, 0.5, rate=2.0, burst=3.0)  # one token back after 0.5 s
-    assert ok and not take(bucket, 0.5, rate=2.0, burst=3.0)[1]
-    bucket, _ = take(bucket, 100.0, rate=2.0, burst=3.0)  # never above the burst
-    assert bucket.tokens == 2.0
+def test_the_rate_rule_passes_the_first_burst_of_each_window_of_burst_over_rate_seconds() -> None:
+    counts = RateCount(rate=2.0, burst=3.0)  # windows of 1.5 s
+    assert [counts.passes("s", t) for t in (0.0, 0.1, 0.2, 0.3, 1.4)] == [True, True, True, False, False]
+    assert counts.passes("s", 1.5) and counts.passes("t", 1.4)  # a new window; another session
+    assert rate_window(1.49, 2.0, 3.0) == 0 and rate_window(1.5, 2.0, 3.0) == 1
+    seeded = RateCount(rate=2.0, burst=3.0)
+    seeded.seed("s", 0, 2)  # two inputs of the window read back from the log
+    assert [seeded.passes("s", t) for t in (1.0, 1.1)] == [True, False]
+    assert seeded.known("s", 0) and not seeded.known("s", 1) and seeded.start_s(2) == 3.0
+
+
+def test_the_rate_rule_counts_only_inputs_within_the_other_bounds() -> None:
+    def rec(seq: int, payload: str = "ok") -> InputPushed:
+        return InputPushed(session_id="s", seq=seq, kind="text", payload=payload, ts=0.0)
+
+    assert rate_counted(rec(1), b"s", 10)
+    assert not rate_counted(rec(0), b"s", 10)  # seq below 1
+    assert not rate_counted(rec(1, "x" * 11), b"s", 10)  # over the size bound
+    assert not rate_counted(rec(1), b"other", 10)  # keyed by another id
+
+
+def test_a_dispatch_that_starts_inside_a_rate_window_counts_what_the_log_holds_of_it() -> None:
+    """A restart, or a partition taken over: the window began before this process read the
+    partition, so its count starts at the session's inputs read back from the log."""
+    asked: list[tuple[str, int, int, float]] = []
+
+    async def count_in_window(sid: str, partition: int, offset: int, start_s: float) -> int:
+        asked.append((sid, partition, offset, start_s))
+        return 2
+
+    shell = DispatchShell(store=None, publisher=None, input_rate=1.0, input_burst=3.0,
+                          count_in_window=count_in_window)
+    inp = InputPushed(session_id="s", seq=3, kind="text", payload="ok", ts=0.0)
+
+    async def admit(rec: InputPushed, offset: int, at: float) -> str | None:
+        await shell.read_rate_window(rec, rec.session_id.encode(), 0, offset, at)
+        return shell.admit_input(rec, rec.session_id.encode(), at)
+
+    assert asyncio.run(admit(inp, 7, 10.0)) is None  # the window of 9-12 s began before 10.0
+    assert asked == [("s", 0, 7, 9.0)]
+    assert "input rate" in asyncio.run(admit(InputPushed(session_id="s", seq=4, kind="text", payload="ok", ts=0.0), 8, 10.5))
+    assert len(asked) == 1  # known since
+    assert asyncio.run(admit(InputPushed(session_id="t", seq=1, kind="text", payload="ok", ts=0.0), 9, 12.0)) is None
+    assert len(asked) == 1  # a window that began after this process started reading: all of it was read here
 
 
 def test_router_refuses_oversized_and_too_frequent_inputs_with_a_reason() -> None:
@@ -25,21 +62,21 @@ def test_router_refuses_oversized_and_too_frequent_inputs_with_a_reason() -> Non
 
     def push(seq: int, payload: str) -> str | None:
         return shell.admit_input(InputPushed(session_id="s", seq=seq, kind="text",
-                                             payload=payload, ts=0.0), b"s")
+                                             payload=payload, ts=0.0), b"s", 5.0)
 
     assert push(1, "x" * 11) is not None and "over the 10-byte limit" in push(1, "x" * 11)
     assert push(1, "ok") is None and push(2, "ok") is None
     assert "input rate" in push(3, "ok")
     assert shell.admit_input(InputPushed(session_id="other", seq=1, kind="text", payload="ok",
-                                         ts=0.0), b"other") is None  # buckets are per session
+                                         ts=0.0), b"other", 5.0) is None  # counts are per session
     misfiled = InputPushed(session_id="other", seq=2, kind="text", payload="ok", ts=0.0)
-    assert "is not the session id" in shell.admit_input(misfiled, b"s")
+    assert "is not the session id" in shell.admit_input(misfiled, b"s", 5.0)
     assert shell.gate.refused_before("other") == (2,)  # named on the session's next routed input
 
 
 def test_router_refuses_a_seq_below_one() -> None:
     shell = DispatchShell(store=None, publisher=None)
-    why = shell.admit_input(InputPushed(session_id="s", seq=0, kind="text", payload="hi", ts=0.0), b"s")
+    why = shell.admit_input(InputPushed(session_id="s", seq=0, kind="text", payload="hi", ts=0.0), b"s", 0.0)
     assert why is not None and "numbered from 1" in why
 
 

@@ -1,0 +1,71 @@
+"""The rate rule of ``session-inputs``, part of the topic's contract: a function of the log
+alone, so that whoever reads the log decides the same (dispatch when it routes, a recovery's
+replay and a close's sweep when they read a session's inputs back).
+
+Time is cut into windows of ``burst / rate`` seconds of the records' Kafka timestamps
+(:func:`rate_window`); the first ``burst`` inputs of a session in a window pass, the rest are
+refused. Counted, in log order: the session's inputs that pass the other bounds
+(:func:`rate_counted`: seq from 1, payload size, key), whether the rate refused them or not.
+A token bucket on the reader's clock let a replay apply an input dispatch had refused for the
+rate, and a restarted dispatch decide otherwise than before."""
+
+from __future__ import annotations
+
+import math
+
+from .records import InputPushed
+from .topics import misfiled
+
+__all__ = ["MAX_SESSIONS", "rate_window", "rate_counted", "RateCount", "bound"]
+
+MAX_SESSIONS = 100_000  # past this many, the oldest sessions' counts (and refusals) are forgotten
+
+
+def rate_counted(rec: InputPushed, key: bytes | None, max_bytes: int) -> bool:
+    """Whether the rate rule counts this input: within the other bounds dispatch checks first."""
+    return rec.seq >= 1 and misfiled(rec, key) is None and len(rec.payload.encode()) <= max_bytes
+
+
+def rate_window(timestamp_s: float, rate: float, burst: float) -> int:
+    """The rate window a record with this Kafka timestamp falls in (``burst / rate`` s long)."""
+    return math.floor(timestamp_s * rate / burst)
+
+
+class RateCount:
+    """Per session, the inputs counted in its latest window; :meth:`passes` counts one more."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.limit = rate, math.floor(burst)
+        self._counts: dict[str, tuple[int, int]] = {}  # sid -> (window, inputs counted in it)
+
+    def window(self, timestamp_s: float) -> int:
+        return rate_window(timestamp_s, self.rate, self.limit)
+
+    def start_s(self, window: int) -> float:
+        """When ``window`` begins (a Kafka timestamp, in seconds)."""
+        return window * self.limit / self.rate
+
+    def known(self, sid: str, window: int) -> bool:
+        """Whether this count has seen the session in ``window`` already."""
+        return self._counts.get(sid, (None, 0))[0] == window
+
+    def seed(self, sid: str, window: int, earlier: int) -> None:
+        """Start the session's ``window`` at ``earlier`` inputs (read back from the log)."""
+        self._counts[sid] = (window, earlier)
+        bound(self._counts)
+
+    def passes(self, sid: str, timestamp_s: float) -> bool:
+        """Count one input of ``sid`` at this timestamp; whether it is within the window's burst."""
+        w = self.window(timestamp_s)
+        at, n = self._counts.get(sid, (w, 0))
+        n = n + 1 if at == w else 1  # a record stamped earlier than the latest window starts it again
+        self._counts[sid] = (w, n)
+        bound(self._counts)
+        return n <= self.limit
+
+
+def bound(per_session: dict[str, object]) -> None:
+    """Forget the oldest tenth of the sessions once there are more than ``MAX_SESSIONS``."""
+    if len(per_session) > MAX_SESSIONS:
+        for old in list(per_session)[:MAX_SESSIONS // 10]:
+            del per_session[old]
