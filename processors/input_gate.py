@@ -29,7 +29,7 @@ class InputGate:
         why = None
         if size > self.max_bytes:
             why = f"input payload is {size} bytes, over the {self.max_bytes}-byte limit"
-        elif not self.counts.passes(sid, timestamp_s):
+        elif not self.counts.passes(sid, timestamp_s, seq):
             why = (f"input rate over {self.rate:g}/s for this session (more than {self.counts.limit} "
                    f"inputs in a window of {self.counts.limit / self.rate:g} s)")
         if why is not None:

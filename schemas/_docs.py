@@ -214,7 +214,8 @@ TOPIC_NOTES: dict[str, str] = {
                       "each window of `input_burst / input_rate_per_s` seconds of those timestamps "
                       "(default 2 s, windows counted from the Unix epoch) are accepted and the rest "
                       "refused to dead-letters with the reason; an input refused for its seq, size "
-                      "or key does not count. The rule is decided from the log, so a replay "
+                      "or key does not count, and a seq repeated within a window (a retry) counts "
+                      "once and gets its first copy's verdict. The rule is decided from the log, so a replay "
                       "decides it the same.",
     "worker-commands": "A worker reads the partition its id hashes to and skips other "
                        "workers' records; commands of one worker arrive in order, and a "

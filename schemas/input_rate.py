@@ -5,7 +5,8 @@ replay and a close's sweep when they read a session's inputs back).
 Time is cut into windows of ``burst / rate`` seconds of the records' Kafka timestamps
 (:func:`rate_window`); the first ``burst`` inputs of a session in a window pass, the rest are
 refused. Counted, in log order: the session's inputs that pass the other bounds
-(:func:`rate_counted`: seq from 1, payload size, key), whether the rate refused them or not.
+(:func:`rate_counted`: seq from 1, payload size, key), whether the rate refused them or not;
+a seq repeated within the window is counted once and gets its first copy's verdict.
 A token bucket on the reader's clock let a replay apply an input dispatch had refused for the
 rate, and a restarted dispatch decide otherwise than before."""
 
@@ -32,11 +33,16 @@ def rate_window(timestamp_s: float, rate: float, burst: float) -> int:
 
 
 class RateCount:
-    """Per session, the inputs counted in its latest window; :meth:`passes` counts one more."""
+    """Per session, the inputs counted in its latest window; :meth:`passes` counts one more.
+
+    A repeated seq in the window (a producer's retry, an at-least-once redelivery) is not
+    counted again and gets the first copy's verdict: a duplicate of an input that passed is
+    not refused (its owner applies the seq once), nor one of an input refused let through."""
 
     def __init__(self, rate: float, burst: float) -> None:
         self.rate, self.limit = rate, math.floor(burst)
-        self._counts: dict[str, tuple[int, int]] = {}  # sid -> (window, inputs counted in it)
+        # sid -> (window, inputs counted in it, the verdict of each seq seen in it)
+        self._counts: dict[str, tuple[int, int, dict[int, bool]]] = {}
 
     def window(self, timestamp_s: float) -> int:
         return rate_window(timestamp_s, self.rate, self.limit)
@@ -47,21 +53,36 @@ class RateCount:
 
     def known(self, sid: str, window: int) -> bool:
         """Whether this count has seen the session in ``window`` already."""
-        return self._counts.get(sid, (None, 0))[0] == window
+        got = self._counts.get(sid)
+        return got is not None and got[0] == window
 
-    def seed(self, sid: str, window: int, earlier: int) -> None:
-        """Start the session's ``window`` at ``earlier`` inputs (read back from the log)."""
-        self._counts[sid] = (window, earlier)
+    def seed(self, sid: str, window: int, earlier: list[int]) -> None:
+        """Start the session's ``window`` with the seqs of its inputs read back from the log
+        (in log order), as if they had been counted here."""
+        self._counts[sid] = (window, 0, {})
+        for seq in earlier:
+            self._count(sid, window, seq)
         bound(self._counts)
 
-    def passes(self, sid: str, timestamp_s: float) -> bool:
-        """Count one input of ``sid`` at this timestamp; whether it is within the window's burst."""
-        w = self.window(timestamp_s)
-        at, n = self._counts.get(sid, (w, 0))
-        n = n + 1 if at == w else 1  # a record stamped earlier than the latest window starts it again
-        self._counts[sid] = (w, n)
+    def passes(self, sid: str, timestamp_s: float, seq: int) -> bool:
+        """Count input ``seq`` of ``sid`` at this timestamp; whether it is within the window's burst."""
+        ok = self._count(sid, self.window(timestamp_s), seq)
         bound(self._counts)
-        return n <= self.limit
+        return ok
+
+    def _count(self, sid: str, w: int, seq: int) -> bool:
+        at, n, seen = self._counts.get(sid, (w, 0, {}))
+        if at != w:  # a new window (or a record stamped earlier than the latest: it starts again)
+            n, seen = 0, {}
+        if seq in seen:
+            ok = seen[seq]
+        else:
+            n += 1
+            ok = n <= self.limit
+            if len(seen) < 4 * self.limit + 64:  # bounded: past it, a repeat counts again
+                seen[seq] = ok
+        self._counts[sid] = (w, n, seen)
+        return ok
 
 
 def bound(per_session: dict[str, object]) -> None:

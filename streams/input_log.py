@@ -57,15 +57,15 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
             window = counts.window(_stamp(counted[0]))
             counts.seed(sid, window, await _earlier(reader, sid, part, first, counts, window, settings))
         return [LoggedInput(part, d.offset, d.record) for d in counted
-                if counts.passes(sid, _stamp(d)) and d.record.seq > after_seq]  # type: ignore[attr-defined]
+                if counts.passes(sid, _stamp(d), d.record.seq) and d.record.seq > after_seq]  # type: ignore[attr-defined]
     finally:
         await reader.stop()
 
 
-async def count_session_inputs(settings: Settings, sid: str, partition: int, before: int, start_s: float) -> int:
-    """How many of the session's inputs the rate rule counts in ``partition`` below offset
-    ``before`` in the rate window that begins at ``start_s`` (dispatch, reading a partition it
-    did not read when the window began)."""
+async def count_session_inputs(settings: Settings, sid: str, partition: int, before: int, start_s: float) -> list[int]:
+    """The seqs of the session's inputs the rate rule counts in ``partition`` below offset
+    ``before`` in the rate window that begins at ``start_s``, in log order (dispatch, reading
+    a partition it did not read when the window began)."""
     reader = RecordConsumer(settings, [SESSION_INPUTS], None, name="dispatch-rate")
     await reader.start(subscribe=False)
     try:
@@ -76,16 +76,16 @@ async def count_session_inputs(settings: Settings, sid: str, partition: int, bef
 
 
 async def _earlier(reader: RecordConsumer, sid: str, part: int, before: int, counts: RateCount, window: int,
-                   settings: Settings) -> int:
-    """The session's counted inputs in ``window`` below offset ``before`` (the reader is
-    assigned anew for it)."""
+                   settings: Settings) -> list[int]:
+    """The seqs of the session's counted inputs in ``window`` below offset ``before``, in log
+    order (the reader is assigned anew for it)."""
     since = await reader.offset_at(SESSION_INPUTS, part, counts.start_s(window))
     if since is None or since >= before:
-        return 0
+        return []
     tp = TopicPartition(reader.catalogue.name(SESSION_INPUTS), part)
     await reader.assign({SESSION_INPUTS: [part]}, since)
-    return len([d async for d in reader.read_to({tp: before})
-                if _counted(d, sid, settings) and counts.window(_stamp(d)) == window])
+    return [d.record.seq async for d in reader.read_to({tp: before})  # type: ignore[attr-defined]
+            if _counted(d, sid, settings) and counts.window(_stamp(d)) == window]
 
 
 def _counted(d: Delivered, sid: str, settings: Settings) -> bool:

@@ -60,7 +60,7 @@ class CommandHandler:
         self.schedule = Schedule(self.sessions)
         self.early = EarlyInputs()
         # offloaded sessions kept in host memory, by snapshot id: a resume here skips Redis
-        self.host_cache: OrderedDict[str, tuple[str, Any, tuple[int, int]]] = OrderedDict()
+        self.host_cache: OrderedDict[str, tuple[str, snapshots.Restored]] = OrderedDict()
 
     async def handle(self, rec: Record) -> None:
         match rec:
@@ -115,7 +115,7 @@ class CommandHandler:
             self.sessions.pop(sid)
             await self.reject_all(held.take_pending(), "stale_epoch", f"superseded by {rec.generation}")
         try:
-            state, input_pos = await self.initial_state(rec)
+            state, input_pos, skipped = await self.initial_state(rec)
         except ChunkserveError as exc:  # corrupt, vanished, or over max_snapshot_bytes
             await self.reject(rec, exc.reason_code, str(exc))
             try:
@@ -124,7 +124,7 @@ class CommandHandler:
                 pass
             await self.reject_all(self.early.take(sid, rec.generation), "not_owner", f"its session did not start here: {exc}")
             return
-        sess = Held(rec.generation, state, next_due=self.p.monotonic(), input_pos=input_pos)
+        sess = Held(rec.generation, state, next_due=self.p.monotonic(), input_pos=input_pos, skipped=set(skipped))
         self.sessions[sid] = sess
         self.schedule.add(sid, sess)
         if rec.recover:  # the inputs after the snapshot, from the log
@@ -140,15 +140,16 @@ class CommandHandler:
             await self.reject(other, "stale_epoch", f"held: {sess.generation}")
         await self.apply_pending(sid, sess)
 
-    async def initial_state(self, rec: Assign) -> tuple[Any, tuple[int, int]]:
+    async def initial_state(self, rec: Assign) -> snapshots.Restored:
         """A new session's state, or its last snapshot when the Assign restores it (from host
-        memory when it holds that one); with the input position it was taken at."""
+        memory when it holds that one); with the input position it was taken at and the seqs
+        given up on before it."""
         if rec.restore:
             got = await snapshots.restore(self.p.store, self.p.model, self.p.device, rec.session_id,
                                           self.host_cache)
             if got is not None:
                 return got
-        return self.p.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id)), (-1, -1)
+        return self.p.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id)), (-1, -1), ()
 
     async def snapshot(self, sid: str, sess: Held) -> Any:
         return await snapshots.take(self.p.store, self.p.model, sid, sess)
@@ -159,7 +160,11 @@ class CommandHandler:
         if (sess := await self.current(rec)) is None:
             return
         sess.frozen_since = None  # an offload overrides a handoff: it keeps the inputs
-        await self.apply_pending(sid, sess, skip_gaps=True)  # a snapshot keeps no waiting input
+        # what is in order goes into the snapshot; inputs waiting behind a missing one are
+        # handed back once the session is offloaded, so dispatch routes them to its next owner
+        # (given up on here, the missing ones would have been lost: the next owner takes a seq
+        # below the snapshot's for a duplicate)
+        await self.apply_pending(sid, sess)
         if self.sessions.get(sid) is not sess:
             return  # fenced meanwhile
         try:
@@ -174,9 +179,10 @@ class CommandHandler:
             await self.drop(sid, sess, str(exc))
             return
         self.sessions.pop(sid, None)
-        self.host_cache[sid] = (manifest.snap_id, sess.state, sess.input_pos)
+        self.host_cache[sid] = (manifest.snap_id, (sess.state, sess.input_pos, tuple(sorted(sess.skipped))))
         while len(self.host_cache) > self.p.host_cache_sessions:
             self.host_cache.popitem(last=False)
+        await self.reject_all(sess.take_pending(), "stale_epoch", "offloaded while it waited for an earlier input")
         await self.released(sid, sess.generation, "suspended", sess.released_chunk)
 
     async def on_handoff(self, rec: Handoff) -> None:

@@ -67,7 +67,7 @@ class DispatchShell:
                  input_rate: float = 50.0, input_burst: float = 100.0,
                  read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None = None,
                  inputs_topic: str = SESSION_INPUTS,
-                 count_in_window: Callable[[str, int, int, float], Awaitable[int]] | None = None) -> None:
+                 count_in_window: Callable[[str, int, int, float], Awaitable[list[int]]] | None = None) -> None:
         self.store, self.publisher, self.clock = store, publisher, clock
         self.view_ttl_s, self.name = view_ttl_s, name
         self.rereads = int(owner_wait_s / REREAD_S)
@@ -78,8 +78,8 @@ class DispatchShell:
         self._slots = asyncio.Semaphore(max_in_flight)
         # the session's inputs after a seq, read back from the log (LoggedInput); the topic's full name
         self.read_inputs, self.inputs_topic = read_inputs, inputs_topic
-        # the session's inputs in a partition from a time up to an offset, read back from the
-        # log (a rate window that began before this process read the partition)
+        # the seqs of the session's inputs in a partition from a time up to an offset, read back
+        # from the log (a rate window that began before this process read the partition)
         self.count_in_window = count_in_window
         self._reading_since: dict[int, float] = {}  # partition -> the first timestamp read there
         self.recovery = Recovery(self)
@@ -268,7 +268,7 @@ class DispatchShell:
             earlier = await self.count_in_window(sid, partition, offset, start_s)
         except Exception as exc:  # noqa: BLE001 - the broker away: count from here, as before a restart
             log.warning("%s: could not read back the rate window of %s (%s); counting from here", self.name, sid, exc)
-            earlier = 0
+            earlier = []
         counts.seed(sid, window, earlier)
 
     def admit_input(self, rec: InputPushed, key: bytes | None, timestamp_s: float) -> str | None:
@@ -437,7 +437,7 @@ def build_app(settings: Any) -> Any:
             async def read_inputs(sid: str, after_seq: int) -> list[Any]:
                 return await read_session_inputs(settings, sid, after_seq, name="dispatch-close")
 
-            async def count_in_window(sid: str, partition: int, offset: int, start_s: float) -> int:
+            async def count_in_window(sid: str, partition: int, offset: int, start_s: float) -> list[int]:
                 return await count_session_inputs(settings, sid, partition, offset, start_s)
 
             state["shell"] = DispatchShell(GenerationStore.from_settings(settings), publisher,

@@ -12,13 +12,25 @@ from schemas.records import InputPushed
 
 def test_the_rate_rule_passes_the_first_burst_of_each_window_of_burst_over_rate_seconds() -> None:
     counts = RateCount(rate=2.0, burst=3.0)  # windows of 1.5 s
-    assert [counts.passes("s", t) for t in (0.0, 0.1, 0.2, 0.3, 1.4)] == [True, True, True, False, False]
-    assert counts.passes("s", 1.5) and counts.passes("t", 1.4)  # a new window; another session
+    assert [counts.passes("s", t, seq) for seq, t in enumerate((0.0, 0.1, 0.2, 0.3, 1.4), 1)] == [True, True, True, False, False]
+    assert counts.passes("s", 1.5, 6) and counts.passes("t", 1.4, 1)  # a new window; another session
     assert rate_window(1.49, 2.0, 3.0) == 0 and rate_window(1.5, 2.0, 3.0) == 1
     seeded = RateCount(rate=2.0, burst=3.0)
-    seeded.seed("s", 0, 2)  # two inputs of the window read back from the log
-    assert [seeded.passes("s", t) for t in (1.0, 1.1)] == [True, False]
+    seeded.seed("s", 0, [1, 2])  # two inputs of the window read back from the log
+    assert [seeded.passes("s", t, seq) for seq, t in ((3, 1.0), (4, 1.1))] == [True, False]
     assert seeded.known("s", 0) and not seeded.known("s", 1) and seeded.start_s(2) == 3.0
+
+
+def test_a_repeated_seq_in_a_window_counts_once_and_keeps_its_first_verdict() -> None:
+    """A producer's retry or a redelivery: a copy of an input that passed is not refused (its
+    owner applies the seq once) and does not use up the burst; a copy of a refused one is
+    refused again."""
+    counts = RateCount(rate=1.0, burst=2.0)  # windows of 2 s
+    got = [counts.passes("s", 0.1 * i, seq) for i, seq in enumerate((1, 2, 1, 2, 1, 3, 3, 2))]
+    assert got == [True, True, True, True, True, False, False, True]
+    again = RateCount(rate=1.0, burst=2.0)
+    again.seed("s", 0, [1, 1, 2])  # read back with its repeats: the same count
+    assert again.passes("s", 1.0, 2) and not again.passes("s", 1.0, 3)
 
 
 def test_the_rate_rule_counts_only_inputs_within_the_other_bounds() -> None:
@@ -36,9 +48,9 @@ def test_a_dispatch_that_starts_inside_a_rate_window_counts_what_the_log_holds_o
     partition, so its count starts at the session's inputs read back from the log."""
     asked: list[tuple[str, int, int, float]] = []
 
-    async def count_in_window(sid: str, partition: int, offset: int, start_s: float) -> int:
+    async def count_in_window(sid: str, partition: int, offset: int, start_s: float) -> list[int]:
         asked.append((sid, partition, offset, start_s))
-        return 2
+        return [1, 2]
 
     shell = DispatchShell(store=None, publisher=None, input_rate=1.0, input_burst=3.0,
                           count_in_window=count_in_window)

@@ -113,15 +113,18 @@ def test_inputs_waiting_when_the_session_closes_are_refused() -> None:
     asyncio.run(run())
 
 
-def test_waiting_inputs_are_applied_before_an_offload() -> None:
+def test_inputs_in_order_are_applied_before_an_offload_and_those_behind_a_gap_handed_back() -> None:
+    """An offload applies what is in order; what waits for a missing input is handed back
+    (dispatch routes it to the next owner), not applied past the gap: the next owner would
+    take the missing one, when it came, for a duplicate and drop it."""
     async def run() -> None:
         worker, out, _mono, gen, store = await _worker()
-        for seq in (2, 3):
+        for seq in (1, 2, 4):
             await worker.handle(_input(gen, seq))
         await worker.handle(Suspend(worker_id="w", session_id="s", generation=gen, ts=2.0))
-        assert out.accepted() == [2, 3]
+        assert out.accepted() == [1, 2] and set(out.refused()) == {4}
         view = await store.session("s")
-        assert view.state == "suspended" and view.snapshot is not None and view.snapshot.input_seq == 3
+        assert view.state == "suspended" and view.snapshot is not None and view.snapshot.input_seq == 2
 
     asyncio.run(run())
 

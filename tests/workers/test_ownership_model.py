@@ -51,15 +51,16 @@ class _Model:
         return _State(**data)
 
 
-def _handler(store: MemoryGenerationStore, sent: list[Record], now: Callable[[], float]) -> CommandHandler:
-    """Worker w's command handler on ``store``, its records sent to ``sent``, clocks ``now``."""
+def _handler(store: MemoryGenerationStore, sent: list[Record], now: Callable[[], float],
+             worker_id: str = "w") -> CommandHandler:
+    """A worker's command handler on ``store``, its records sent to ``sent``, clocks ``now``."""
     async def send(rec: Record) -> None:
         sent.append(rec)
 
     async def replay(sid: str, after: int, start: Any) -> list[Any]:
         return []
 
-    return CommandHandler(Ports(worker_id="w", device="cpu", store=store, model=_Model(), send=send,
+    return CommandHandler(Ports(worker_id=worker_id, device="cpu", store=store, model=_Model(), send=send,
                                 clock=now, monotonic=now, replay=replay, gap_wait_s=GAP_WAIT_S))
 
 

@@ -1,0 +1,76 @@
+"""Inputs waiting behind a missing one when a session changes generation (an offload, then a
+restore): none is lost. The store is its in-memory twin and the model a counter, as in the
+ownership model test."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from schemas.records import Assign, CommandRejected, InputAccepted, Record, RoutedInput, Suspend
+from streams.generations_memory import MemoryGenerationStore
+from tests.workers.test_ownership_model import GAP_WAIT_S, _handler
+
+
+def _input(gen: Any, seq: int, worker: str = "w") -> RoutedInput:
+    return RoutedInput(worker_id=worker, session_id="s", generation=gen, seq=seq, kind="text", payload=f"in {seq}", ts=0.0)
+
+
+def _outcomes(sent: list[Record]) -> tuple[list[int], list[tuple[int, str]]]:
+    accepted = [r.seq for r in sent if isinstance(r, InputAccepted)]
+    refused = [(r.seq, r.reason) for r in sent if isinstance(r, CommandRejected) and r.command == RoutedInput.TAG]
+    return accepted, refused
+
+
+def test_an_offload_hands_back_the_inputs_waiting_behind_a_missing_one_and_the_next_owner_applies_all():
+    """Input 3 waits for 2 when the session is offloaded: 3 is handed back (dispatch routes
+    it to the next owner) instead of applied past 2, which the next owner would then have
+    taken for a duplicate of one applied and dropped (neither applied nor refused)."""
+    loop = asyncio.new_event_loop()
+    try:
+        store, sent, now = MemoryGenerationStore("t"), [], [0.0]
+        handler = _handler(store, sent, lambda: now[0])
+        run = loop.run_until_complete
+        run(store.register_worker("w", 4))
+        first = run(store.commit("s", 0, "w"))
+        run(handler.handle(Assign(worker_id="w", session_id="s", generation=first, ts=0.0, prompt="p")))
+        run(handler.handle(_input(first, 1)))
+        run(handler.handle(_input(first, 3)))
+        run(handler.handle(Suspend(worker_id="w", session_id="s", generation=first, ts=0.0)))
+        assert _outcomes(sent) == ([1], [(3, "stale_epoch")])
+        assert run(store.session("s")).input_seq == 1
+        second = run(store.commit("s", first.epoch, "w"))  # the restore dispatch makes for them
+        run(handler.handle(Assign(worker_id="w", session_id="s", generation=second, ts=0.0, prompt="p", restore=True)))
+        run(handler.handle(_input(second, 3)))
+        run(handler.handle(_input(second, 2)))
+        assert _outcomes(sent) == ([1, 2, 3], [(3, "stale_epoch")])
+    finally:
+        loop.close()
+
+
+def test_a_seq_given_up_on_is_refused_as_late_by_the_next_owner_too():
+    """After the gap wait, 3 is applied without 2; the session then moves (offload, restore on
+    another worker from the store's snapshot). When 2 comes at last, the new owner refuses it
+    as late, as the old one would have, instead of taking it for a duplicate."""
+    loop = asyncio.new_event_loop()
+    try:
+        store, sent, now = MemoryGenerationStore("t"), [], [0.0]
+        w, v = _handler(store, sent, lambda: now[0]), _handler(store, sent, lambda: now[0], "v")
+        run = loop.run_until_complete
+        run(store.register_worker("w", 4))
+        run(store.register_worker("v", 4))
+        first = run(store.commit("s", 0, "w"))
+        run(w.handle(Assign(worker_id="w", session_id="s", generation=first, ts=0.0, prompt="p")))
+        run(w.handle(_input(first, 1)))
+        run(w.handle(_input(first, 3)))
+        now[0] = GAP_WAIT_S + 0.1
+        run(w.expire_gaps())
+        assert _outcomes(sent) == ([1, 3], [])
+        run(w.handle(Suspend(worker_id="w", session_id="s", generation=first, ts=0.0)))
+        second = run(store.commit("s", first.epoch, "v"))
+        run(v.handle(Assign(worker_id="v", session_id="s", generation=second, ts=0.0, prompt="p", restore=True)))
+        assert v.sessions["s"].applied_seq == 3  # from the store's snapshot, not w's host memory
+        run(v.handle(_input(second, 2, "v")))
+        assert _outcomes(sent) == ([1, 3], [(2, "late")])
+    finally:
+        loop.close()
