@@ -15,7 +15,7 @@ from schemas.errors import ConfigError
 
 __all__ = ["register"]
 
-console = Console(emoji=False)  # ":x:" in a module:Name is text, not an emoji
+console = Console(emoji=False, soft_wrap=True)  # piped output keeps paths whole; ":x:" stays text
 
 
 def _principals(pairs: List[str]) -> dict[str, str]:

@@ -15,7 +15,7 @@ from schemas.errors import InfraError
 
 __all__ = ["register"]
 
-console = Console(emoji=False)  # ":x:" in a module:Name is text, not an emoji
+console = Console(emoji=False, soft_wrap=True)  # piped output keeps paths whole; ":x:" stays text
 broker_app = typer.Typer(no_args_is_help=True, help="The embedded Apache Kafka broker.")
 
 

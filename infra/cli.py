@@ -30,7 +30,7 @@ schemas_app = typer.Typer(help="Wire contracts.", no_args_is_help=True)
 app.add_typer(schemas_app, name="schemas")
 bench_app = typer.Typer(help="Benchmarks; each writes JSON.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
-console = Console(emoji=False)  # ":x:" in a module:Name is text, not an emoji
+console = Console(emoji=False, soft_wrap=True)  # piped output keeps paths whole; ":x:" stays text
 
 
 def _register_extensions() -> None:
@@ -194,7 +194,7 @@ def worker(
     serve(settings, cfg, model)
 
 
-def _check_children_env() -> None:
+def _check_children_env(settings: Settings) -> None:
     """The settings `up`'s children read from the environment alone (the control processor's
     policy, profile, GPU type and pacing, the detector's window, the cost tick, the workers'
     capacity): a bad one is refused here, in one line, before any child starts."""
@@ -206,7 +206,11 @@ def _check_children_env() -> None:
     ControlShell(ControlConfig.from_env())
     detector_settings(os.environ)
     metrics_settings(os.environ)
-    env_number(os.environ, "CHUNKSERVE_WORKER_CAPACITY", 8, positive=True)
+    capacity = env_number(os.environ, "CHUNKSERVE_WORKER_CAPACITY", 8, positive=True)
+    try:  # each worker refuses one over max_sessions_per_worker: `up` would run with none
+        settings.check_capacity(int(capacity))
+    except ConfigError as exc:
+        raise ConfigError(exc.key, str(exc).split(": ", 2)[-1], "env CHUNKSERVE_WORKER_CAPACITY") from None
 
 
 def _check_worker_options(worker_id: str, device: str) -> None:
@@ -503,7 +507,7 @@ def up(
     from infra.local import LocalFleet, after_exit, last_words
     from streams.topics import ensure_topics
 
-    _check_children_env()  # what only a child reads is refused here, before any starts
+    _check_children_env(_settings(require_endpoints=False))  # what only a child reads is refused here, before any starts
     settings = _settings()
     _logging(log_format)  # and its children's, through CHUNKSERVE_LOG_FORMAT
     _warn_unsigned(settings)

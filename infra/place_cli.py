@@ -25,7 +25,7 @@ from schemas.errors import ChunkserveError, ConfigError
 
 __all__ = ["register", "parse_instance", "decide"]
 
-_err = Console(stderr=True, emoji=False)
+_err = Console(stderr=True, emoji=False, soft_wrap=True)
 _UNBOUNDED = 1 << 62  # max_moves absent: no move budget
 _MAX_NUMBER = 1e9  # seconds, eta, seconds per byte: past this an answer is no longer a number
 _MAX_COUNT = 1 << 53  # bytes, moves, capacities: exact as JSON numbers up to here

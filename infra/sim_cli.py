@@ -20,8 +20,8 @@ from schemas.errors import ChunkserveError, ConfigError
 
 __all__ = ["register"]
 
-_console = Console(emoji=False)
-_err = Console(stderr=True, emoji=False)
+_console = Console(emoji=False, soft_wrap=True)
+_err = Console(stderr=True, emoji=False, soft_wrap=True)
 
 
 def _fail(exc: Exception) -> None:

@@ -353,7 +353,9 @@ class ChunkDone(Record):
 
 @record("worker.input")
 class InputAccepted(Record):
-    """The owner applied input ``seq`` (exactly once, in order)."""
+    """The owner applied input ``seq`` (once per generation, in order). After a recovery the
+    new owner replays the inputs after its snapshot and reports them again under its own
+    generation: count applied inputs by session and seq."""
 
     worker_id: Id
     session_id: Id

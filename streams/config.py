@@ -54,6 +54,10 @@ class KafkaSettings:
     idempotence: str = "on"  # "off" only for a broker without idempotent producers (Tansu)
 
     def __post_init__(self) -> None:
+        for server in filter(None, (x.strip() for x in self.bootstrap.split(","))):
+            host, colon, port = server.rpartition(":")
+            if not (colon and host.strip("[]") and port.isdigit() and 1 <= int(port) <= 65535):
+                raise ConfigError("kafka.bootstrap", f"{server[:80]!r} is not host:port with a port from 1 to 65535")
         if self.idempotence not in ("on", "off"):
             raise ConfigError("kafka.idempotence", f"must be on or off, got {self.idempotence!r}")
         if self.security_protocol not in _SECURITY_PROTOCOLS:
@@ -210,6 +214,8 @@ class Settings:
                                        f"({self.max_record_bytes}), got {n!r}")
         if self.max_input_bytes < 1 or self.input_rate_per_s <= 0 or self.input_burst < 1:
             raise ConfigError("inputs", "max_input_bytes >= 1, input_rate_per_s > 0 and input_burst >= 1")
+        if self.input_burst != int(self.input_burst):
+            raise ConfigError("input_burst", f"a count of inputs: must be a whole number, got {self.input_burst!r}")
         for topic in (SESSION_INPUTS, WORKER_COMMANDS):  # an input within bounds must fit its records
             if self.max_input_bytes + INPUT_ENVELOPE_BYTES > self.record_limit(topic):
                 raise ConfigError("max_input_bytes", f"{self.max_input_bytes} bytes plus the record envelope "

@@ -186,6 +186,9 @@ class ControlConfig:
         if cfg.max_gpus < max(1, cfg.min_gpus):
             raise ConfigError("CHUNKSERVE_MAX_WORKERS", f"must be at least 1 and CHUNKSERVE_MIN_WORKERS "
                               f"({cfg.min_gpus}), got {cfg.max_gpus}", "environment")
+        if env.get("CHUNKSERVE_POLICY") and cfg.policy not in BUILTIN_POLICIES and ":" not in cfg.policy:
+            raise ConfigError("policy", f"unknown policy {cfg.policy[:80]!r} (built-ins: {', '.join(BUILTIN_POLICIES)}; "
+                              "or module:Name)", "env CHUNKSERVE_POLICY")
         return cfg
 
 

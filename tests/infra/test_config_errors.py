@@ -102,6 +102,10 @@ def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_boot
              (["up"], {"CHUNKSERVE_MAX_WORKERS": "abc"}, "CHUNKSERVE_MAX_WORKERS: not an integer: 'abc'"),
              (["up"], {"CHUNKSERVE_HEARTBEAT_TIMEOUT_S": "-1"}, "CHUNKSERVE_HEARTBEAT_TIMEOUT_S: must be above 0"),
              (["up"], {"CHUNKSERVE_COST_INTERVAL_S": "nan"}, "CHUNKSERVE_COST_INTERVAL_S: must be above 0"),
+             # each worker would refuse it: `up` ran on with none
+             (["up"], {"CHUNKSERVE_WORKER_CAPACITY": "1000"},
+              "env CHUNKSERVE_WORKER_CAPACITY: worker.capacity: 1000 sessions: must be from 1 to max_sessions_per_worker (64)"),
+             (["up"], {"CHUNKSERVE_POLICY": "nosuch"}, "env CHUNKSERVE_POLICY: policy:"),
              (["processor", "control"], {"CHUNKSERVE_POLICY": "nosuch"}, "policy: unknown policy"),
              (["processor", "detector"], {"CHUNKSERVE_DETECTOR_TICK_S": "x"}, "CHUNKSERVE_DETECTOR_TICK_S: not a number"),
              (["worker", "--worker-id", " "], {}, "--worker-id: must be a non-empty id"),

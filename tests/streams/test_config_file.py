@@ -182,6 +182,10 @@ def test_bounds_from_file_and_environment(tmp_path):
     ({"CHUNKSERVE_MAX_SNAPSHOT_BYTES": "10"}, "max_snapshot_bytes"),
     ({"CHUNKSERVE_MAX_SESSIONS_PER_WORKER": "0"}, "max_sessions_per_worker"),
     ({"CHUNKSERVE_PARTITIONS_METRICS": "x"}, "partitions.metrics"),
+    ({"CHUNKSERVE_KAFKA_BOOTSTRAP": "host:abc"}, "kafka.bootstrap"),  # an aiokafka traceback before
+    ({"CHUNKSERVE_KAFKA_BOOTSTRAP": "127.0.0.1:99999"}, "kafka.bootstrap"),
+    ({"CHUNKSERVE_KAFKA_BOOTSTRAP": "a:9092,garbage::"}, "kafka.bootstrap"),
+    ({"CHUNKSERVE_INPUT_BURST": "2.5"}, "input_burst"),  # a count of inputs
 ])
 def test_bad_bound_names_key_and_variable(env, key):
     with pytest.raises(ConfigError) as info:
