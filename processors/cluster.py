@@ -252,7 +252,8 @@ def to_snapshot(view: ClusterView, now: float, *, heartbeat_timeout_s: float = m
     given; ``external`` when no provisioner announced them), plus booting placeholders. Sessions: every non-terminated one, on its owner's GPU
     when that GPU is in the snapshot, or on the target of a pending handoff (one asked for at
     the current epoch less than ``handoff_timeout_s`` ago), so a migration in flight is not
-    asked for twice.
+    asked for twice. A session's ``since`` is the time of its last session event (its idle
+    age, for a suspended one).
     """
     gpus = [Gpu(w.id, w.gpu_type, w.state, external=not w.provisioned) for _, w in sorted(view.workers.items())
             if w.alive and now - w.last_seen <= heartbeat_timeout_s
@@ -271,7 +272,8 @@ def to_snapshot(view: ClusterView, now: float, *, heartbeat_timeout_s: float = m
             where = h[1]
         gpu = where if where in usable else None
         sessions.append(Session(sid, s.state_bytes, lifecycle, gpu,
-                                restore=lifecycle is SessionState.EXECUTION and gpu is None and s.released > 0))
+                                restore=lifecycle is SessionState.EXECUTION and gpu is None and s.released > 0,
+                                since=s.last_event[0] if s.last_event[0] > _NEVER else 0.0))
     return Snapshot(now, tuple(gpus), tuple(sessions))
 
 

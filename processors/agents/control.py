@@ -26,7 +26,7 @@ from processors.cluster import (BOOTING_PREFIX, ClusterView, apply, current_gene
                                 dead_workers, prune, to_snapshot)
 from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.latency import GpuProfile, LatencyModel, load_profiles
-from processors.lifecycle import session_event
+from processors.lifecycle import SessionEvent, session_event
 from processors.placement import ADMIT_LIMIT, worst_latency
 from processors.policy import BUILTIN_POLICIES, Policy, load_policy
 from processors.policy_state import decode as decode_state
@@ -192,6 +192,8 @@ class ControlConfig:
         return cfg
 
 
+MAX_FRESH_EVENTS = 100_000  # session events kept for the next round's snapshot
+
 _POSITIVE = {"tick_s", "period_s", "heartbeat_timeout_s", "boot_timeout_s", "max_gpus"}  # 0 would never act
 
 
@@ -219,6 +221,7 @@ class ControlShell:
         self.logged: r.PolicyState | None = None  # the latest state a leader put in the log
         self.published: bytes | None = None
         self.plan_sent: Any = None  # what the last admission plan published said
+        self.fresh: list[SessionEvent] = []  # session events folded since the last round (snapshot.events)
 
     def policy(self, model: LatencyModel) -> Policy:
         cfg = self.config
@@ -235,6 +238,9 @@ class ControlShell:
         if event is not None:
             before = self.view.sessions.get(event.session_id)
             self.detector, _ = step(self.detector, event, self.detector_config)
+            self.fresh.append(event)
+            if len(self.fresh) > MAX_FRESH_EVENTS:  # no round for a long while: the newest
+                del self.fresh[:len(self.fresh) - MAX_FRESH_EVENTS]
         self.view = apply(self.view, rec)
         if event is not None:
             after = self.view.sessions.get(rec.session_id)  # type: ignore[attr-defined]
@@ -271,8 +277,9 @@ class ControlShell:
             self.view = apply(self.view, rec)
         model = fit_capacity(self.model, self.view)
         policy = self.policy(model)
-        snap = to_snapshot(self.view, now, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-                           boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model))
+        snap = replace(to_snapshot(self.view, now, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+                                   boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model)), events=tuple(self.fresh))
+        self.fresh = []
         self.detector, signal = observe(self.detector, now, self.detector_config)
         state = self._policy_state(policy)
         decision = policy.decide(snap, signal, state)

@@ -153,3 +153,36 @@ def test_the_policy_state_survives_a_leader_change_through_the_log():
     # the leader's own state coming back from the log does not roll it back
     leader.fold(states[0])
     assert leader._policy_state(policy) == successor._policy_state(policy)
+
+
+class _Recorder:
+    """A plug-in policy that keeps the snapshots the live control round hands it."""
+
+    name = "recorder"
+    seen: list = []
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):  # noqa: ANN001
+        from processors.policy import Decision
+
+        _Recorder.seen.append(snapshot)
+        return Decision((), state)
+
+
+def test_the_live_round_gives_a_policy_idle_ages_and_the_events_since_the_last_round():
+    """What the README says a plug-in sees live, as in the simulator: each session's ``since``
+    (its last session event) and the session events folded since the previous round."""
+    _Recorder.seen.clear()
+    shell = ControlShell(ControlConfig(policy=f"{__name__}:_Recorder"), clock=lambda: 100.0)
+    shell.fold(r.WorkerUp(worker_id="p-0", ts=1, capacity=4, pool="default"))
+    shell.fold(r.SessionOpened(session_id="a", ts=10.0))
+    shell.fold(r.SessionIdle(session_id="a", ts=40.0))
+    shell.decide(50.0)
+    shell.fold(r.SessionActive(session_id="a", ts=60.0))
+    shell.decide(70.0)
+    first, second = _Recorder.seen
+    assert [(e.session_id, e.kind.value, e.t) for e in first.events] == [("a", "open", 10.0), ("a", "idle", 40.0)]
+    assert [s.since for s in first.sessions if s.id == "a"] == [40.0]  # idle for 10 s at 50
+    assert [(e.kind.value, e.t) for e in second.events] == [("active", 60.0)]
