@@ -160,11 +160,7 @@ class CommandHandler:
         if (sess := await self.current(rec)) is None:
             return
         sess.frozen_since = None  # an offload overrides a handoff: it keeps the inputs
-        # what is in order goes into the snapshot; inputs waiting behind a missing one are
-        # handed back once the session is offloaded, so dispatch routes them to its next owner
-        # (given up on here, the missing ones would have been lost: the next owner takes a seq
-        # below the snapshot's for a duplicate)
-        await self.apply_pending(sid, sess)
+        await self.apply_pending(sid, sess)  # in order; what waits on a gap is handed back below
         if self.sessions.get(sid) is not sess:
             return  # fenced meanwhile
         try:

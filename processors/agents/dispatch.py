@@ -55,6 +55,35 @@ class Publisher(Protocol):
     async def send(self, rec: Record, wait: bool = False) -> Any: ...
 
 
+class RateWindows:
+    """Before the gate counts an input: when its rate window began before this process read
+    the partition (a start, a restart, a partition taken over from another replica), the
+    window's count starts at the session's inputs read back from the log
+    (``count_in_window(sid, partition, offset, start_s)``: their seqs, in log order), so the
+    rule decides as it did, and as a replay does."""
+
+    def __init__(self, gate: InputGate, count_in_window: Callable[[str, int, int, float], Awaitable[list[int]]] | None,
+                 name: str) -> None:
+        self.gate, self.count_in_window, self.name = gate, count_in_window, name
+        self._reading_since: dict[int, float] = {}  # partition -> the first timestamp read there
+
+    async def read(self, rec: InputPushed, key: bytes | None, partition: int, offset: int, timestamp_s: float) -> None:
+        since = self._reading_since.setdefault(partition, timestamp_s)
+        counts, sid = self.gate.counts, rec.session_id
+        if not rate_counted(rec, key, self.gate.max_bytes):
+            return
+        window = counts.window(timestamp_s)
+        start_s = counts.start_s(window)
+        if self.count_in_window is None or offset < 0 or counts.known(sid, window) or start_s >= since:
+            return
+        try:
+            earlier = await self.count_in_window(sid, partition, offset, start_s)
+        except Exception as exc:  # noqa: BLE001 - the broker away: count from here, as before a restart
+            log.warning("%s: could not read back the rate window of %s (%s); counting from here", self.name, sid, exc)
+            earlier = []
+        counts.seed(sid, window, earlier)
+
+
 class DispatchShell:
     """Carries out the dispatch core's commands (``processors.dispatch.decide``): reads what
     the store says about each event's session, commits, publishes, dead-letters, and feeds
@@ -78,10 +107,7 @@ class DispatchShell:
         self._slots = asyncio.Semaphore(max_in_flight)
         # the session's inputs after a seq, read back from the log (LoggedInput); the topic's full name
         self.read_inputs, self.inputs_topic = read_inputs, inputs_topic
-        # the seqs of the session's inputs in a partition from a time up to an offset, read back
-        # from the log (a rate window that began before this process read the partition)
-        self.count_in_window = count_in_window
-        self._reading_since: dict[int, float] = {}  # partition -> the first timestamp read there
+        self.rate_windows = RateWindows(self.gate, count_in_window, name)
         self.recovery = Recovery(self)
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
@@ -250,27 +276,6 @@ class DispatchShell:
         elif isinstance(rec, CommandRejected) and rec.generation is not None:
             await self.feed(Seen(rec, await self.facts(rec.session_id)))
 
-    async def read_rate_window(self, rec: InputPushed, key: bytes | None, partition: int, offset: int,
-                               timestamp_s: float) -> None:
-        """Before the gate counts an input: when its rate window began before this process
-        read the partition (a start, a restart, a partition taken over from another replica),
-        start the window's count at the session's inputs read back from the log, so the rule
-        decides as it did, and as a replay does."""
-        since = self._reading_since.setdefault(partition, timestamp_s)
-        counts, sid = self.gate.counts, rec.session_id
-        if not rate_counted(rec, key, self.gate.max_bytes):
-            return
-        window = counts.window(timestamp_s)
-        start_s = counts.start_s(window)
-        if self.count_in_window is None or offset < 0 or counts.known(sid, window) or start_s >= since:
-            return
-        try:
-            earlier = await self.count_in_window(sid, partition, offset, start_s)
-        except Exception as exc:  # noqa: BLE001 - the broker away: count from here, as before a restart
-            log.warning("%s: could not read back the rate window of %s (%s); counting from here", self.name, sid, exc)
-            earlier = []
-        counts.seed(sid, window, earlier)
-
     def admit_input(self, rec: InputPushed, key: bytes | None, timestamp_s: float) -> str | None:
         """None if the input (read under ``key``, with this Kafka timestamp) may be routed;
         else why not: its key, or a bound of the ``InputGate``, which keeps every refused seq
@@ -359,7 +364,7 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
             continue
         msg, sh = event.message, await shell()
         stamp = msg.timestamp or time.time()  # the record's Kafka timestamp (faust: seconds)
-        await sh.read_rate_window(rec, msg.key, msg.partition, msg.offset, stamp)  # type: ignore[arg-type]
+        await sh.rate_windows.read(rec, msg.key, msg.partition, msg.offset, stamp)  # type: ignore[arg-type]
         refused = sh.admit_input(rec, msg.key, stamp)  # type: ignore[arg-type]
         if refused is not None:  # over a bound: refused with the reason, never dropped; the
             # session's next routed input names it, so its owner does not wait for it

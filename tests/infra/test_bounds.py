@@ -254,7 +254,7 @@ def test_the_rate_rule_is_decided_from_the_log_by_a_replay_and_by_a_dispatch_tha
                                   count_in_window=count_in_window)
         verdicts = []
         for d in logged[2:4]:  # inputs 3 and 4, read from a committed offset after input 2
-            await restarted.read_rate_window(d.record, d.key, 0, d.offset, d.timestamp_ms / 1000.0)  # type: ignore[arg-type, operator]
+            await restarted.rate_windows.read(d.record, d.key, 0, d.offset, d.timestamp_ms / 1000.0)  # type: ignore[arg-type, operator]
             verdicts.append(restarted.admit_input(d.record, d.key, d.timestamp_ms / 1000.0))  # type: ignore[arg-type, operator]
         return [x.record.seq for x in every], [x.record.seq for x in replayed], before_third, *verdicts
 

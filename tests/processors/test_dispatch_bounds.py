@@ -57,7 +57,7 @@ def test_a_dispatch_that_starts_inside_a_rate_window_counts_what_the_log_holds_o
     inp = InputPushed(session_id="s", seq=3, kind="text", payload="ok", ts=0.0)
 
     async def admit(rec: InputPushed, offset: int, at: float) -> str | None:
-        await shell.read_rate_window(rec, rec.session_id.encode(), 0, offset, at)
+        await shell.rate_windows.read(rec, rec.session_id.encode(), 0, offset, at)
         return shell.admit_input(rec, rec.session_id.encode(), at)
 
     assert asyncio.run(admit(inp, 7, 10.0)) is None  # the window of 9-12 s began before 10.0
