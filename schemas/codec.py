@@ -150,5 +150,6 @@ def bound_event_time(logical: str, rec: Record, broker_ms: int | float | None,
     if abs(off) <= max_skew_s:
         return rec, None
     unit = " (ts is Unix seconds; this looks like milliseconds)" if 500.0 < ts / broker_s < 2000.0 else ""
-    return replace(rec, ts=broker_s), (f"event time: ts {ts!r} is {off:+.0f} s from the record's broker "
+    gap = f"{off:+.0f}" if abs(off) < 1e12 else f"{off:+.3g}"  # a ts of 1e300 would print 300 digits
+    return replace(rec, ts=broker_s), (f"event time: ts {ts!r} is {gap} s from the record's broker "
                                        f"timestamp (more than {max_skew_s:g} s): the broker's is used{unit}")

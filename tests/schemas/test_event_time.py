@@ -37,3 +37,12 @@ def test_only_producer_event_times_and_only_with_a_broker_timestamp() -> None:
     rec = InputPushed(session_id="s", seq=1, kind="text", payload="x", ts=1.0)
     assert bound_event_time("session-inputs", rec, None) == (rec, None)
     assert bound_event_time("session-inputs", rec, NOW_MS)[0].ts == NOW
+
+
+def test_a_huge_event_time_is_named_in_a_short_line():
+    """ts 1e300 used to print its 300-digit distance from the broker's timestamp in the log."""
+    from schemas.codec import bound_event_time
+    from schemas.records import SessionOpened
+
+    _, why = bound_event_time("session-events", SessionOpened(session_id="a", ts=1e300), 1_700_000_000_000)
+    assert why is not None and "+1e+300 s" in why and len(why) < 200
