@@ -419,7 +419,11 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
         return view, [ReadAgain(Seen(replace(inp, rereads_left=inp.rereads_left - 1), facts), REREAD_S)]
     if sv is None or sv.state == StoreState.CLOSED:
         why = "no owner for session (unknown or closed)"
-        if refused is not None:
+        if sv is not None and inp.seq <= (sv.input_seq or 0):  # at or below the last applied
+            if inp.seq not in sv.skipped:  # a copy of one applied (a redelivery, a recovery's replay)
+                return view, [Note(f"{inp.session_id}: input {inp.seq} came again after the close; it was applied")]
+            why = f"input {inp.seq} came after its session gave up waiting for it and applied later ones (late)"
+        elif refused is not None:
             why = f"session closed before input {inp.seq} was applied"
         return view, [Refuse(inp, _refusal(inp, why))]
     if refused is not None and refused.reason not in ("stale_epoch", "not_owner"):

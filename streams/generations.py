@@ -37,7 +37,7 @@ operations against a pure-Python twin of the scripts.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from schemas.records import Generation
 
@@ -192,8 +192,10 @@ class GenerationStore:
         """Fenced write of the chunk index and/or the last applied input seq."""
         await _drive_async(self._backend, self._ops.write_progress(session_id, gen, chunk_index, input_seq))
 
-    async def set_input_seq(self, session_id: str, gen: Generation, seq: int) -> None:
-        await self.write_progress(session_id, gen, input_seq=seq)
+    async def set_input_seq(self, session_id: str, gen: Generation, seq: int,
+                            skipped: Sequence[int] | None = None) -> None:
+        """The last input applied (fenced); with ``skipped``, the seqs given up on so far."""
+        await _drive_async(self._backend, self._ops.write_progress(session_id, gen, None, seq, skipped))
 
     async def current(self, session_id: str) -> Generation | None:
         """The current generation; None when unknown or closed."""
@@ -288,8 +290,8 @@ class SyncGenerationStore:
                        input_seq: int | None = None) -> None:
         _drive_sync(self._backend, self._ops.write_progress(session_id, gen, chunk_index, input_seq))
 
-    def set_input_seq(self, session_id: str, gen: Generation, seq: int) -> None:
-        self.write_progress(session_id, gen, input_seq=seq)
+    def set_input_seq(self, session_id: str, gen: Generation, seq: int, skipped: Sequence[int] | None = None) -> None:
+        _drive_sync(self._backend, self._ops.write_progress(session_id, gen, None, seq, skipped))
 
     def current(self, session_id: str) -> Generation | None:
         return _drive_sync(self._backend, self._ops.current(session_id))

@@ -272,6 +272,8 @@ class MemoryScripts(Keyspace):
             self._hset(k[0], ci=a[3])
         if a[4] != "":
             self._hset(k[0], sq=a[4])
+        if a[5] != "":
+            self._hset(k[0], sk=a[5])
         return ["ok"]
 
     def _snap_part(self, k: list[str], a: list[Any]) -> Reply:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from schemas.errors import (
     ConfigError,
@@ -24,6 +24,8 @@ from schemas.records import Generation
 from .config import Settings
 from .store_backends import Op, _s
 from .store_records import Keys, SessionView, SnapshotManifest, StoreState, WorkerLoad
+
+MAX_SKIPPED = 256  # the latest seqs given up on that the store keeps per session
 
 __all__ = ["DEFAULT_MAX_SNAPSHOT_BYTES", "DEFAULT_PART_SIZE", "DEFAULT_RETENTION_S", "closed_error"]
 
@@ -214,9 +216,10 @@ class _Ops:
         _check((yield "release", k, [session_id, gen.worker_id, int(gen.epoch), "1" if close else "0", retention_ms]))
 
     def write_progress(self, session_id: str, gen: Generation, chunk_index: int | None = None,
-                       input_seq: int | None = None) -> Op:
+                       input_seq: int | None = None, skipped: Sequence[int] | None = None) -> Op:
         k, a = self._fenced(session_id, gen)
-        a += ["" if chunk_index is None else int(chunk_index), "" if input_seq is None else int(input_seq)]
+        a += ["" if chunk_index is None else int(chunk_index), "" if input_seq is None else int(input_seq),
+              "" if skipped is None else ",".join(str(int(x)) for x in skipped[-MAX_SKIPPED:])]
         _check((yield "progress", k, a))
 
     def current(self, session_id: str) -> Op:
@@ -233,8 +236,9 @@ class _Ops:
         if "sn_id" in f:
             snap = SnapshotManifest(_s(f["sn_id"]), int(_s(f["sn_n"])), int(_s(f["sn_size"])), _s(f["sn_sha"]),
                                     int(_s(f["sn_e"])), _opt_int(f.get("sn_ci")), _opt_int(f.get("sn_sq")))
+        skipped = tuple(int(x) for x in _s(f.get("sk", "")).split(",") if x)
         return SessionView(gen, StoreState(_s(f["st"])), _s(f.get("cl", "0")) == "1", _opt_int(f.get("ci")),
-                           _opt_int(f.get("sq")), snap, _s(f.get("cr", "0")) == "1", _opt_int(f.get("rv")))
+                           _opt_int(f.get("sq")), snap, _s(f.get("cr", "0")) == "1", _opt_int(f.get("rv")), skipped)
 
     def put_snapshot(self, session_id: str, gen: Generation, data: bytes, chunk_index: int | None = None,
                      input_seq: int | None = None) -> Op:

@@ -57,6 +57,7 @@ class SessionView:
     snapshot: SnapshotManifest | None
     close_requested: bool = False  # the user closed it: it is never moved again
     stranded_epoch: int | None = None  # this epoch's owner was lost: a recovery is owed
+    skipped: tuple[int, ...] = ()  # seqs below input_seq given up on after the gap wait (the latest)
 
     @property
     def stranded(self) -> bool:

@@ -249,8 +249,8 @@ class CommandHandler:
     async def apply_pending(self, sid: str, sess: Held, skip_gaps: bool = False) -> None:
         """Apply the waiting inputs in order, each fenced in the store first."""
         while (rec := sess.next_input(self.p.monotonic(), skip_gaps)) is not None:
-            try:
-                await self.p.store.set_input_seq(sid, sess.generation, rec.seq)
+            try:  # with the seqs given up on, when there are new ones (see Held.skipped_news)
+                await self.p.store.set_input_seq(sid, sess.generation, rec.seq, sess.skipped_news())
             except OwnershipError as exc:
                 sess.pending[rec.seq] = rec
                 await self.drop(sid, sess, str(exc))

@@ -71,6 +71,7 @@ class Held:
     input_pos: tuple[int, int] = (-1, -1)  # session-inputs (partition, offset) of the last applied input
     gap_since: float | None = None  # since when the next seq is missing while later ones wait
     skipped: set[int] = field(default_factory=set)  # seqs given up on after the gap wait
+    skipped_told: int = 0  # the highest seq given up on that the store was told of
     withdrawn: set[int] = field(default_factory=set)  # seqs dispatch refused: never waited for
     frozen_since: float | None = None  # frozen for a handoff: no chunk, no input applied
     released_chunk: int = -1  # the last chunk index released under this generation (-1: none)
@@ -138,6 +139,16 @@ class Held:
             self.withdrawn = {seq for seq in self.withdrawn if seq > rec.seq}
         if rec.source_offset >= 0:
             self.input_pos = (rec.source_partition, rec.source_offset)
+
+    def skipped_news(self) -> list[int] | None:
+        """The seqs given up on, when some are new since the last call (else None): the store
+        keeps them, so a copy of one that comes back after the session ended is refused as
+        late, and a copy of an input applied is known for a duplicate."""
+        top = max(self.skipped, default=0)
+        if top <= self.skipped_told:
+            return None
+        self.skipped_told = top
+        return sorted(self.skipped)
 
     def gap_expired(self, now: float, gap_wait_s: float) -> bool:
         return self.gap_since is not None and self.gap_since <= now - gap_wait_s

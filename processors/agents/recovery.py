@@ -114,7 +114,8 @@ class Recovery:
                 except OwnershipError:
                     return False  # moved meanwhile: the next sweep reads it again
             await store.recovery_mark(sid, None)
-            await self._refuse_unapplied(sid, sv.input_seq or 0)
+            final = await store.session(sid)  # closed now: no owner can apply more (the sweep's read may be older)
+            await self._refuse_unapplied(sid, (final or sv).input_seq or 0)
             return True
         if step is Step.RECOVER:
             try:  # an owner that is up again (restarted) takes it back in its own slot

@@ -6,7 +6,7 @@ is fed back as an event, the way the shell does it.
 
 from __future__ import annotations
 
-from dataclasses import FrozenInstanceError, fields
+from dataclasses import FrozenInstanceError, fields, replace
 
 import pytest
 
@@ -194,3 +194,21 @@ def test_an_admission_waiting_for_a_worker_stops_when_its_session_closes():
     assert _kinds(cmds) == ["Note", "Refuse"] and "closed before input 3" in cmds[1].why
     _, cmds = decide(VIEW, Retry(Admission("s", restore=True), Facts(_sv(StoreState.SUSPENDED))), 1.0)
     assert _kinds(cmds) == ["Commit"]
+
+
+def test_a_copy_of_an_input_coming_back_after_the_close_is_told_apart_by_the_store():
+    """After a recovery's replay applied input 7 a routed copy of it can come back from its
+    owner after the close: the store's last applied seq says it was applied (no refusal:
+    refusing it made an input both applied and refused); a seq the owner gave up on after the
+    gap wait is refused as late; one past the last applied as closed before it was applied."""
+    closed = Facts(replace(_sv(StoreState.CLOSED), input_seq=10, skipped=(4,)))
+    bounced = CommandRejected(worker_id="w1", ts=2.0, command=RoutedInput.TAG, reason="not_owner", detail="closed",
+                              session_id="s", generation=GEN, seq=7, kind="text", payload="x")
+    _, cmds = decide(VIEW, Seen(bounced, closed), 2.0)
+    assert _kinds(cmds) == ["Note"]
+    _, cmds = decide(VIEW, Seen(replace(bounced, seq=4), closed), 2.0)
+    assert _kinds(cmds) == ["Refuse"] and "(late)" in cmds[0].why
+    _, cmds = decide(VIEW, Seen(replace(bounced, seq=12), closed), 2.0)
+    assert _kinds(cmds) == ["Refuse"] and "session closed before input 12 was applied" in cmds[0].why
+    _, cmds = decide(VIEW, Seen(Input("s", 9, "text", "x"), closed), 2.0)  # a producer's late retry
+    assert _kinds(cmds) == ["Note"]

@@ -196,6 +196,10 @@ def test_fenced_progress_and_snapshots(redis_url: str, namespace: str, redis_cli
             await s.put_snapshot("a", g1, b"stale")
         view = await s.session("a")
         assert (view.chunk_index, view.input_seq, view.snapshot) == (4, 9, m)
+        await s.set_input_seq("a", g2, 12, [7, 10])  # 7 and 10 given up on after the gap wait
+        await s.set_input_seq("a", g2, 13)  # none new: the list stays
+        view = await s.session("a")
+        assert (view.input_seq, view.skipped) == (13, (7, 10))
         m2 = await s.put_snapshot("a", g2, b"new state")
         assert await s.read_snapshot("a") == (m2, b"new state")
         assert redis_client.hlen(s.keys.snapdata("a")) == 1  # old parts dropped with the manifest
