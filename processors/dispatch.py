@@ -420,8 +420,9 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
     if sv is None or sv.state == StoreState.CLOSED:
         why = "no owner for session (unknown or closed)"
         if sv is not None and inp.seq <= (sv.input_seq or 0):  # at or below the last applied
-            if inp.seq not in sv.skipped:  # a copy of one applied (a redelivery, a recovery's replay)
-                return view, [Note(f"{inp.session_id}: input {inp.seq} came again after the close; it was applied")]
+            if inp.seq not in sv.skipped:  # a copy of one settled: applied (a redelivery, a recovery's
+                # replay) or refused at dispatch (its owner skipped it as withdrawn, never as a gap)
+                return view, [Note(f"{inp.session_id}: input {inp.seq} came again after the close; it was settled before")]
             why = f"input {inp.seq} came after its session gave up waiting for it and applied later ones (late)"
         elif refused is not None:
             why = f"session closed before input {inp.seq} was applied"

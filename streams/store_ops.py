@@ -25,9 +25,9 @@ from .config import Settings
 from .store_backends import Op, _s
 from .store_records import Keys, SessionView, SnapshotManifest, StoreState, WorkerLoad
 
-MAX_SKIPPED = 256  # the latest seqs given up on that the store keeps per session
+MAX_SKIPPED = 256  # the latest seqs given up on that the store (and a snapshot) keeps per session
 
-__all__ = ["DEFAULT_MAX_SNAPSHOT_BYTES", "DEFAULT_PART_SIZE", "DEFAULT_RETENTION_S", "closed_error"]
+__all__ = ["DEFAULT_MAX_SNAPSHOT_BYTES", "DEFAULT_PART_SIZE", "DEFAULT_RETENTION_S", "MAX_SKIPPED", "closed_error"]
 
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 DEFAULT_MAX_SNAPSHOT_BYTES = Settings.max_snapshot_bytes

@@ -14,11 +14,11 @@ from typing import Any, Iterable, MutableMapping
 import msgpack
 
 from schemas.errors import SnapshotCorruptError
+from streams.store_ops import MAX_SKIPPED
 
-__all__ = ["SNAPSHOT_FORMAT", "MAX_SKIPPED", "pack_snapshot", "unpack_snapshot", "take", "restore"]
+__all__ = ["SNAPSHOT_FORMAT", "pack_snapshot", "unpack_snapshot", "take", "restore"]
 
 SNAPSHOT_FORMAT = "chunkserve.snapshot.v1"
-MAX_SKIPPED = 256  # the latest seqs given up on that a snapshot keeps
 
 # what a restore gives back: the state, the input position and the seqs given up on
 Restored = tuple[Any, tuple[int, int], tuple[int, ...]]
