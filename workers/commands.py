@@ -160,7 +160,9 @@ class CommandHandler:
         if (sess := await self.current(rec)) is None:
             return
         sess.frozen_since = None  # an offload overrides a handoff: it keeps the inputs
-        await self.apply_pending(sid, sess)  # in order; what waits on a gap is handed back below
+        # a snapshot keeps no waiting input: what waits on a gap is applied past it, and the
+        # seqs given up on travel in the snapshot and the store (a late one is refused as late)
+        await self.apply_pending(sid, sess, skip_gaps=True)
         if self.sessions.get(sid) is not sess:
             return  # fenced meanwhile
         try:
@@ -178,7 +180,6 @@ class CommandHandler:
         self.host_cache[sid] = (manifest.snap_id, (sess.state, sess.input_pos, tuple(sorted(sess.skipped))))
         while len(self.host_cache) > self.p.host_cache_sessions:
             self.host_cache.popitem(last=False)
-        await self.reject_all(sess.take_pending(), "stale_epoch", "offloaded while it waited for an earlier input")
         await self.released(sid, sess.generation, "suspended", sess.released_chunk)
 
     async def on_handoff(self, rec: Handoff) -> None:

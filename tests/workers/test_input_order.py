@@ -113,18 +113,18 @@ def test_inputs_waiting_when_the_session_closes_are_refused() -> None:
     asyncio.run(run())
 
 
-def test_inputs_in_order_are_applied_before_an_offload_and_those_behind_a_gap_handed_back() -> None:
-    """An offload applies what is in order; what waits for a missing input is handed back
-    (dispatch routes it to the next owner), not applied past the gap: the next owner would
-    take the missing one, when it came, for a duplicate and drop it."""
+def test_waiting_inputs_are_applied_before_an_offload() -> None:
+    """A snapshot keeps no waiting input: what waits for a missing one is applied past it, and
+    the missing one is recorded as given up on (the store and the snapshot keep it)."""
     async def run() -> None:
         worker, out, _mono, gen, store = await _worker()
-        for seq in (1, 2, 4):
+        for seq in (2, 3):
             await worker.handle(_input(gen, seq))
         await worker.handle(Suspend(worker_id="w", session_id="s", generation=gen, ts=2.0))
-        assert out.accepted() == [1, 2] and set(out.refused()) == {4}
+        assert out.accepted() == [2, 3]
         view = await store.session("s")
-        assert view.state == "suspended" and view.snapshot is not None and view.snapshot.input_seq == 2
+        assert view.state == "suspended" and view.snapshot is not None and view.snapshot.input_seq == 3
+        assert view.skipped == (1,)
 
     asyncio.run(run())
 

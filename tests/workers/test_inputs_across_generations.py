@@ -1,5 +1,5 @@
-"""Inputs waiting behind a missing one when a session changes generation (an offload, then a
-restore): none is lost. The store is its in-memory twin and the model a counter, as in the
+"""Inputs missing when a session changes generation (an offload, then a restore): none is
+lost. The store is its in-memory twin and the model a counter, as in the
 ownership model test."""
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ def _outcomes(sent: list[Record]) -> tuple[list[int], list[tuple[int, str]]]:
     return accepted, refused
 
 
-def test_an_offload_hands_back_the_inputs_waiting_behind_a_missing_one_and_the_next_owner_applies_all():
-    """Input 3 waits for 2 when the session is offloaded: 3 is handed back (dispatch routes
-    it to the next owner) instead of applied past 2, which the next owner would then have
-    taken for a duplicate of one applied and dropped (neither applied nor refused)."""
+def test_an_input_missing_at_an_offload_is_refused_as_late_by_the_next_owner_not_dropped():
+    """Input 3 waits for 2 when the session is offloaded: the offload applies 3 past 2 (a
+    snapshot keeps no waiting input) and records 2 as given up on, so when 2 comes to the
+    next owner it is refused as late. It was dropped before: the next owner took a seq below
+    its snapshot's for a duplicate of one applied (neither applied nor refused)."""
     loop = asyncio.new_event_loop()
     try:
         store, sent, now = MemoryGenerationStore("t"), [], [0.0]
@@ -37,13 +38,13 @@ def test_an_offload_hands_back_the_inputs_waiting_behind_a_missing_one_and_the_n
         run(handler.handle(_input(first, 1)))
         run(handler.handle(_input(first, 3)))
         run(handler.handle(Suspend(worker_id="w", session_id="s", generation=first, ts=0.0)))
-        assert _outcomes(sent) == ([1], [(3, "stale_epoch")])
-        assert run(store.session("s")).input_seq == 1
-        second = run(store.commit("s", first.epoch, "w"))  # the restore dispatch makes for them
+        assert _outcomes(sent) == ([1, 3], [])
+        assert (run(store.session("s")).input_seq, run(store.session("s")).skipped) == (3, (2,))
+        second = run(store.commit("s", first.epoch, "w"))  # the restore an input makes dispatch ask for
         run(handler.handle(Assign(worker_id="w", session_id="s", generation=second, ts=0.0, prompt="p", restore=True)))
-        run(handler.handle(_input(second, 3)))
         run(handler.handle(_input(second, 2)))
-        assert _outcomes(sent) == ([1, 2, 3], [(3, "stale_epoch")])
+        run(handler.handle(_input(second, 4)))
+        assert _outcomes(sent) == ([1, 3, 4], [(2, "late")])
     finally:
         loop.close()
 
