@@ -97,7 +97,7 @@ class Held:
             return Refusal("stale_epoch", f"held: {self.generation}")
         if rec.seq in self.skipped:
             return Refusal("late", f"input {rec.seq} arrived after the session gave up waiting "
-                           f"for it ({gap_wait_s:g} s) and applied later inputs")
+                           f"for it (after {gap_wait_s:g} s, or at an offload) and applied later inputs")
         if rec.seq <= self.applied_seq:
             return None  # already applied (a duplicate delivery)
         if len(self.pending) >= MAX_PENDING_INPUTS:
