@@ -70,11 +70,11 @@ class RateWindows:
     async def read(self, rec: InputPushed, key: bytes | None, partition: int, offset: int, timestamp_s: float) -> None:
         since = self._reading_since.setdefault(partition, timestamp_s)
         counts, sid = self.gate.counts, rec.session_id
-        if not rate_counted(rec, key, self.gate.max_bytes):
-            return
         window = counts.window(timestamp_s)
         start_s = counts.start_s(window)
         if self.count_in_window is None or offset < 0 or counts.known(sid, window) or start_s >= since:
+            return  # the common case, decided before the payload is measured
+        if not rate_counted(rec, key, self.gate.max_bytes):
             return
         try:
             earlier = await self.count_in_window(sid, partition, offset, start_s)
