@@ -102,7 +102,10 @@ class EventLog:
             if (why := failed()) is not None:
                 raise InfraError(f"{why} (while waiting for {what})")
             if time.monotonic() > deadline:
-                raise InfraError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+                letters = self.of(DeadLetter)
+                seen = (f"; {len(letters)} dead letters, the last from {letters[-1].consumer}: "
+                        f"{letters[-1].reason[:200]}" if letters else "")
+                raise InfraError(f"timed out after {timeout_s:.0f}s waiting for {what}{seen}")
             await self.pump()
 
     def of(self, cls: type) -> list[Any]:

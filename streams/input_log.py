@@ -29,6 +29,9 @@ class LoggedInput:
     partition: int
     offset: int
     record: InputPushed
+    # seqs of the session's inputs the rate rule refused since the input before this one
+    # (a replay's owner takes them for withdrawn, as dispatch's ``refused_before``)
+    refused_before: tuple[int, ...] = ()
 
 
 async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
@@ -43,7 +46,8 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
     ``max_input_bytes``, a seq below 1, or past the rate rule (``schemas.input_rate``, decided
     from the log: the count of the first window read starts at the session's inputs earlier
     in that window, read back by their timestamps); they were dead-lettered once and are not
-    the session's."""
+    the session's, and each input returned names those refused since the one before it
+    (``LoggedInput.refused_before``), so a replay's owner does not wait for them."""
     reader = RecordConsumer(settings, [SESSION_INPUTS], producer, name=name)
     await reader.start(subscribe=False)
     try:
@@ -51,13 +55,23 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
         begin = start[1] + 1 if start is not None and start[0] == part else -MAX_LOOKBACK
         ends = await reader.assign({SESSION_INPUTS: [part]}, begin)
         first = await reader.raw.position(next(iter(ends)))
-        counted = [d async for d in reader.read_to(ends) if _counted(d, sid, settings)]
+        mine = [d async for d in reader.read_to(ends) if _mine(d, sid)]
+        counted = [d for d in mine if _counted(d, sid, settings)]
         counts = RateCount(settings.input_rate_per_s, settings.input_burst)
         if counted:
             window = counts.window(_stamp(counted[0]))
             counts.seed(sid, window, await _earlier(reader, sid, part, first, counts, window, settings))
-        return [LoggedInput(part, d.offset, d.record) for d in counted
-                if counts.passes(sid, _stamp(d), d.record.seq) and d.record.seq > after_seq]  # type: ignore[attr-defined]
+        out: list[LoggedInput] = []
+        refused: list[int] = []
+        for d in mine:
+            seq = d.record.seq  # type: ignore[attr-defined]
+            if not _counted(d, sid, settings) or not counts.passes(sid, _stamp(d), seq):
+                refused.append(seq)
+            elif seq > after_seq:
+                out.append(LoggedInput(part, d.offset, d.record,  # type: ignore[arg-type]
+                                       tuple(s for s in refused if s > after_seq)))
+                refused = []
+        return out
     finally:
         await reader.stop()
 
@@ -86,6 +100,10 @@ async def _earlier(reader: RecordConsumer, sid: str, part: int, before: int, cou
     await reader.assign({SESSION_INPUTS: [part]}, since)
     return [d.record.seq async for d in reader.read_to({tp: before})  # type: ignore[attr-defined]
             if _counted(d, sid, settings) and counts.window(_stamp(d)) == window]
+
+
+def _mine(d: Delivered, sid: str) -> bool:
+    return isinstance(d.record, InputPushed) and d.record.session_id == sid
 
 
 def _counted(d: Delivered, sid: str, settings: Settings) -> bool:

@@ -63,3 +63,19 @@ def redis_client(redis_url: str) -> Iterator["object"]:
         yield client
     finally:
         client.close()
+
+
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed test that ran child processes shows the end of each child's log (the fleet
+    writes them under the test's ``tmp_path``): a CI failure then says what the children
+    were doing, not only that the test's wait ran out."""
+    if call.when == "call" and call.excinfo is not None:
+        tmp = getattr(item, "funcargs", {}).get("tmp_path")
+        for path in sorted(Path(tmp).rglob("*.log")) if isinstance(tmp, Path) else []:
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            item.add_report_section("call", f"log {path.relative_to(tmp)}", "\n".join(lines))
+    yield

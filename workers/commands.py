@@ -132,7 +132,8 @@ class CommandHandler:
                 sess.offer(RoutedInput(
                     worker_id=self.p.worker_id, session_id=sid, generation=sess.generation,
                     seq=got.record.seq, kind=got.record.kind, payload=got.record.payload,
-                    ts=self.p.clock(), source_partition=got.partition, source_offset=got.offset),
+                    ts=self.p.clock(), source_partition=got.partition, source_offset=got.offset,
+                    refused_before=got.refused_before),
                     self.p.gap_wait_s)
         await self.p.send(Claimed(worker_id=self.p.worker_id, session_id=sid,
                                   generation=rec.generation, ts=self.p.clock()))

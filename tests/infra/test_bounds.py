@@ -201,7 +201,7 @@ def test_the_input_log_leaves_out_what_dispatch_refuses_whenever_it_reads_it(kaf
     settings = replace(_settings(kafka_bootstrap, redis_url, namespace), max_input_bytes=100,
                        partitions={SESSION_INPUTS: 1})  # the misfiled record shares the session's partition
 
-    async def run() -> list[int]:
+    async def run() -> list[tuple[int, tuple[int, ...]]]:
         await ensure_topics(settings)
         async with RecordProducer(settings) as producer:
             await producer.send(InputPushed(session_id="s", seq=1, kind="text", payload="ok", ts=1.0))
@@ -209,9 +209,10 @@ def test_the_input_log_leaves_out_what_dispatch_refuses_whenever_it_reads_it(kaf
             misfiled = InputPushed(session_id="s", seq=3, kind="text", payload="ok", ts=1.0)
             await producer.send_raw(SESSION_INPUTS, encode(misfiled), key=b"someone-else")
             await producer.send(InputPushed(session_id="s", seq=4, kind="text", payload="ok", ts=1.0))
-        return [x.record.seq for x in await read_session_inputs(settings, "s", 0)]
+        return [(x.record.seq, x.refused_before) for x in await read_session_inputs(settings, "s", 0)]
 
-    assert asyncio.run(run()) == [1, 4]
+    # input 4 names 2 and 3 as refused before it: a replay's owner does not wait for them
+    assert asyncio.run(run()) == [(1, ()), (4, (2, 3))]
 
 
 def test_the_rate_rule_is_decided_from_the_log_by_a_replay_and_by_a_dispatch_that_restarts(

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from schemas.records import Assign, CommandRejected, InputAccepted, Record, RoutedInput, Suspend
+from schemas.records import Assign, CommandRejected, InputAccepted, InputPushed, Record, RoutedInput, Suspend
 from streams.generations_memory import MemoryGenerationStore
+from streams.input_log import LoggedInput
 from tests.workers.test_ownership_model import GAP_WAIT_S, _handler
 
 
@@ -73,5 +74,25 @@ def test_a_seq_given_up_on_is_refused_as_late_by_the_next_owner_too():
         assert v.sessions["s"].applied_seq == 3  # from the store's snapshot, not w's host memory
         run(v.handle(_input(second, 2, "v")))
         assert _outcomes(sent) == ([1, 3], [(2, "late")])
+    finally:
+        loop.close()
+
+
+def test_a_recovery_does_not_wait_for_inputs_the_log_says_were_refused():
+    """A recovery replays the session's inputs from the log; 2 and 3 were refused by dispatch
+    (over the rate) and input 4 names them, so the new owner applies 4 at once instead of
+    waiting out the gap for inputs that will never come (it waited 5 s before)."""
+    loop = asyncio.new_event_loop()
+    try:
+        pushed = [InputPushed(session_id="s", seq=seq, kind="text", payload=f"in {seq}", ts=0.0) for seq in (1, 4)]
+        logged = (LoggedInput(0, 10, pushed[0]), LoggedInput(0, 13, pushed[1], refused_before=(2, 3)))
+        store, sent, now = MemoryGenerationStore("t"), [], [0.0]
+        handler = _handler(store, sent, lambda: now[0], logged=logged)
+        run = loop.run_until_complete
+        run(store.register_worker("w", 4))
+        gen = run(store.commit("s", 0, "w"))
+        run(handler.handle(Assign(worker_id="w", session_id="s", generation=gen, ts=0.0, prompt="p", recover=True)))
+        assert _outcomes(sent) == ([1, 4], [])
+        assert run(store.session("s")).input_seq == 4
     finally:
         loop.close()

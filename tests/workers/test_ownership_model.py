@@ -52,13 +52,14 @@ class _Model:
 
 
 def _handler(store: MemoryGenerationStore, sent: list[Record], now: Callable[[], float],
-             worker_id: str = "w") -> CommandHandler:
-    """A worker's command handler on ``store``, its records sent to ``sent``, clocks ``now``."""
+             worker_id: str = "w", logged: tuple[Any, ...] = ()) -> CommandHandler:
+    """A worker's command handler on ``store``, its records sent to ``sent``, clocks ``now``;
+    a recovery replays ``logged`` (``streams.input_log.LoggedInput``) after the applied seq."""
     async def send(rec: Record) -> None:
         sent.append(rec)
 
     async def replay(sid: str, after: int, start: Any) -> list[Any]:
-        return []
+        return [got for got in logged if got.record.seq > after]
 
     return CommandHandler(Ports(worker_id=worker_id, device="cpu", store=store, model=_Model(), send=send,
                                 clock=now, monotonic=now, replay=replay, gap_wait_s=GAP_WAIT_S))
