@@ -11,13 +11,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from schemas.records import (ChunkDone, Claimed, CommandRejected, CostTick, Heartbeat,
+from schemas.records import (ChunkDone, CommandRejected, CostTick, Heartbeat,
                              PlacementReport, Record, Released, WorkerDown, WorkerUp,
                              WorkloadSignal)
 from schemas.topics import METRICS, WORKER_EVENTS
 from streams.config import Settings
 
-__all__ = ["WorkerView", "WatchState", "fold", "summary", "table", "watch"]
+__all__ = ["WorkerView", "WatchState", "fold", "sessions", "summary", "table", "watch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,6 @@ class WatchState:
     """Everything the view shows; a new one per folded record that changes it."""
 
     workers: dict[str, WorkerView] = field(default_factory=dict)
-    owners: dict[str, str] = field(default_factory=dict)  # session -> worker holding it
     chunks: int = 0
     worst_chunk_latency_s: float = 0.0
     migrations: int = 0
@@ -68,16 +67,9 @@ def fold(state: WatchState, rec: Record) -> WatchState:
     if isinstance(rec, WorkerUp):
         return replace(s, workers=_worker(s, rec.worker_id, capacity=rec.capacity, last_ts=rec.ts, up=True))
     if isinstance(rec, WorkerDown):
-        owners = {k: w for k, w in s.owners.items() if w != rec.worker_id}
-        return replace(s, owners=owners, workers=_worker(s, rec.worker_id, up=False, sessions=0,
-                                                         last_ts=rec.ts))
-    if isinstance(rec, Claimed):
-        return replace(s, owners={**s.owners, rec.session_id: rec.worker_id})
-    if isinstance(rec, Released):
-        owners = s.owners
-        if owners.get(rec.session_id) == rec.worker_id:
-            owners = {k: w for k, w in owners.items() if k != rec.session_id}
-        return replace(s, owners=owners, migrations=s.migrations + (rec.reason == "migrated"))
+        return replace(s, workers=_worker(s, rec.worker_id, up=False, sessions=0, last_ts=rec.ts))
+    if isinstance(rec, Released) and rec.reason == "migrated":
+        return replace(s, migrations=s.migrations + 1)
     if isinstance(rec, ChunkDone):
         return replace(s, chunks=s.chunks + 1,
                        worst_chunk_latency_s=max(s.worst_chunk_latency_s, rec.latency_s))
@@ -92,6 +84,12 @@ def fold(state: WatchState, rec: Record) -> WatchState:
     return s
 
 
+def sessions(state: WatchState) -> int:
+    """The sessions the fleet holds: the sum of the up workers' last heartbeats (so a view
+    started from the end counts the sessions claimed before it, as the worker rows do)."""
+    return sum(w.sessions for w in state.workers.values() if w.up)
+
+
 def summary(state: WatchState) -> dict[str, Any]:
     """The state as plain data (what ``watch`` returns)."""
     return {
@@ -99,7 +97,7 @@ def summary(state: WatchState) -> dict[str, Any]:
                         "chunk_latency_ms": round(v.chunk_latency_s * 1e3, 3),
                         "device_mem_bytes": v.device_mem_bytes, "device_util": v.device_util}
                     for w, v in sorted(state.workers.items())},
-        "sessions": len(state.owners), "chunks": state.chunks,
+        "sessions": sessions(state), "chunks": state.chunks,
         "worst_chunk_latency_ms": round(state.worst_chunk_latency_s * 1e3, 3),
         "migrations": state.migrations, "rejected": state.rejected, "gpus": state.gpus,
         "gpu_seconds": state.gpu_seconds, "cost": state.cost,
@@ -112,7 +110,7 @@ def table(state: WatchState, now: float) -> Any:
     from rich.table import Table
 
     t = Table(title="chunkserve watch", caption=(
-        f"sessions {len(state.owners)}  chunks {state.chunks}  worst chunk "
+        f"sessions {sessions(state)}  chunks {state.chunks}  worst chunk "
         f"{state.worst_chunk_latency_s * 1e3:.1f} ms  migrations {state.migrations}  rejected "
         f"{state.rejected}  gpus {state.gpus}  cost {state.cost:.2f} ({state.gpu_seconds:.0f} GPU-s)"
         f"  volatility {state.volatility_level}"))
