@@ -346,7 +346,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
                 session_events.append(SessionOpened(session_id=sid, ts=time.time(), prompt=f"chaos {sid}"))
                 await _send_until_acked(producer, session_events[-1])
             await log.until(lambda rs: {r.session_id for r in rs if isinstance(r, Claimed)} >= set(ids),
-                            60, "every session to be claimed")
+                            60, "every session to be claimed", fleet.failed)
             helpers = [asyncio.create_task(_duplicator(settings, producer, config.duplicate_fraction,
                                                         rng, stop, counts)),
                        asyncio.create_task(_sample_overshoots(store, stop, counts))]
