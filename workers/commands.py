@@ -129,12 +129,7 @@ class CommandHandler:
         self.schedule.add(sid, sess)
         if rec.recover:  # the inputs after the snapshot, from the log
             for got in await self.p.replay(sid, sess.applied_seq, input_pos if input_pos[0] >= 0 else None):
-                sess.offer(RoutedInput(
-                    worker_id=self.p.worker_id, session_id=sid, generation=sess.generation,
-                    seq=got.record.seq, kind=got.record.kind, payload=got.record.payload,
-                    ts=self.p.clock(), source_partition=got.partition, source_offset=got.offset,
-                    refused_before=got.refused_before),
-                    self.p.gap_wait_s)
+                sess.offer(self.from_log(sid, sess, got), self.p.gap_wait_s)
         await self.p.send(Claimed(worker_id=self.p.worker_id, session_id=sid,
                                   generation=rec.generation, ts=self.p.clock()))
         for other in self.early.hand_over(sid, sess):
@@ -263,14 +258,42 @@ class CommandHandler:
                                             generation=sess.generation, seq=rec.seq, ts=self.p.clock()))
 
     async def expire_gaps(self) -> int:
-        """Sessions whose missing input was waited for long enough: apply the inputs after
-        it (a missing one that arrives later is refused as late). Returns how many."""
+        """Sessions whose missing input was waited for long enough: look for it in the log
+        first, then apply the inputs after it (a missing one that arrives later is refused
+        as late). Returns how many."""
         now = self.p.monotonic()
         due = [(sid, s) for sid, s in self.sessions.items() if s.gap_expired(now, self.p.gap_wait_s)]
         for sid, sess in due:
+            await self.fill_from_log(sid, sess)
             await self.apply_pending(sid, sess, skip_gaps=True)
         await self.reject_all(self.early.expired(now, self.p.gap_wait_s), "not_owner", "no Assign of its generation came in time")
         return len(due)
+
+    async def fill_from_log(self, sid: str, sess: Held) -> None:
+        """Offer the inputs up to the last one waiting as the log holds them (read after the
+        last applied one): a routed copy is lost when the owner it went to, one the session
+        had just left, is killed before it hands it back, while ``session-inputs`` keeps every
+        input; inputs dispatch refused come named (``refused_before``) and are not waited for.
+        Only when the broker cannot be read is the gap given up on without it."""
+        if not sess.pending:
+            return
+        top, pos = max(sess.pending), sess.input_pos
+        try:
+            logged = await self.p.replay(sid, sess.applied_seq, pos if pos[0] >= 0 else None)
+        except Exception as exc:  # the broker away: the gap is given up on as before
+            log.warning("%s: reading %s's inputs from the log for a gap failed: %s", self.p.worker_id, sid, exc)
+            return
+        for got in logged:
+            if got.record.seq <= top and got.record.seq not in sess.withdrawn:
+                sess.offer(self.from_log(sid, sess, got), self.p.gap_wait_s)
+
+    def from_log(self, sid: str, sess: Held, got: Any) -> RoutedInput:
+        """An input read back from the log (``streams.input_log.LoggedInput``) as if routed
+        to ``sess``'s generation."""
+        return RoutedInput(worker_id=self.p.worker_id, session_id=sid, generation=sess.generation,
+                           seq=got.record.seq, kind=got.record.kind, payload=got.record.payload,
+                           ts=self.p.clock(), source_partition=got.partition, source_offset=got.offset,
+                           refused_before=got.refused_before)
 
     async def reject_all(self, recs: list[RoutedInput], reason: RejectReason, detail: str) -> None:
         """Refuse inputs this worker will not apply: dispatch routes each again or refuses it."""

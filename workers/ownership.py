@@ -22,7 +22,7 @@ own them; this machine only fences one owner's actions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from schemas.records import Generation, RejectReason, RoutedInput
 from streams.generations import StoreState
@@ -101,13 +101,18 @@ class Held:
         if rec.seq <= self.applied_seq:
             return None  # already applied (a duplicate delivery)
         if len(self.pending) >= MAX_PENDING_INPUTS:
+            self.withdraw((rec.seq,))  # refused for good: not waited for, nor applied from the log
             return Refusal("too_many_pending", "pending input buffer full")
         self.pending[rec.seq] = rec
+        self.withdraw(seq for seq in rec.refused_before if seq < rec.seq)
+        return None
+
+    def withdraw(self, seqs: Iterable[int]) -> None:
+        """Seqs refused upstream (dispatch named them) or here for good: never coming."""
         applied = self.applied_seq
-        self.withdrawn.update(seq for seq in rec.refused_before if applied < seq < rec.seq)
+        self.withdrawn.update(seq for seq in seqs if seq > applied)
         if len(self.withdrawn) > MAX_PENDING_INPUTS:
             self.withdrawn = set(sorted(self.withdrawn)[-MAX_PENDING_INPUTS:])
-        return None
 
     def next_input(self, now: float, skip_gaps: bool = False) -> RoutedInput | None:
         """The next input to apply, in order, or None. A missing seq is waited for (from

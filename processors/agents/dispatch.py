@@ -230,6 +230,9 @@ class DispatchShell:
             return CommitRefused(adm, worker, exc.reason_code, detail=str(exc))
 
     async def refuse(self, inp: Input, why: str) -> None:
+        # named on the session's next routed input: its owner neither waits for the seq nor
+        # applies it from the log at a gap (the refusals of the gate are noted there)
+        self.gate.note_refused(inp.session_id, inp.seq)
         if inp.origin is not None:  # the record as it came: dead-lettered with its own bytes
             await self.publisher.dead_letter(inp.origin, why, self.name)
             return

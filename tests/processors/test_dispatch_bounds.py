@@ -103,3 +103,22 @@ def test_the_gate_hands_its_refused_seqs_to_the_next_routed_input_once() -> None
         gate.refuse("u", seq, 11, 0.0)
     kept = gate.refused_before("u")
     assert len(kept) == MAX_REFUSED and kept[-1] == 199
+
+
+def test_an_input_refused_on_its_route_is_named_on_the_next_routed_one() -> None:
+    """An input for a session dispatch did not know yet (its open still admitting) is refused
+    on its route, not at the gate: it is named too, so its owner neither waits for it nor
+    applies it from the log when it meets the gap."""
+    from processors.dispatch import Input
+
+    class Letters:
+        def __init__(self) -> None:
+            self.sent: list[object] = []
+
+        async def send(self, rec: object, wait: bool = False) -> None:
+            self.sent.append(rec)
+
+    letters = Letters()
+    shell = DispatchShell(store=None, publisher=letters)
+    asyncio.run(shell.refuse(Input("s", 1, "text", "hi", partition=0, offset=5), "no owner for session"))
+    assert len(letters.sent) == 1 and shell.gate.refused_before("s") == (1,)

@@ -96,3 +96,42 @@ def test_a_recovery_does_not_wait_for_inputs_the_log_says_were_refused():
         assert run(store.session("s")).input_seq == 4
     finally:
         loop.close()
+
+
+def _gap_run(routed: list[tuple[int, tuple[int, ...]]], logged_seqs: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """Inputs routed to one owner (seq, refused_before) while the log holds ``logged_seqs``:
+    what it applied at once, and after the gap wait."""
+    loop = asyncio.new_event_loop()
+    try:
+        logged = tuple(LoggedInput(0, seq, InputPushed(session_id="s", seq=seq, kind="text", payload=f"in {seq}",
+                                                       ts=0.0)) for seq in logged_seqs)
+        store, sent, now = MemoryGenerationStore("t"), [], [0.0]
+        handler = _handler(store, sent, lambda: now[0], logged=logged)
+        run = loop.run_until_complete
+        run(store.register_worker("w", 4))
+        gen = run(store.commit("s", 0, "w"))
+        run(handler.handle(Assign(worker_id="w", session_id="s", generation=gen, ts=0.0, prompt="p")))
+        for seq, named in routed:
+            run(handler.handle(RoutedInput(worker_id="w", session_id="s", generation=gen, seq=seq, kind="text",
+                                           payload=f"in {seq}", ts=0.0, refused_before=named)))
+        at_once = _outcomes(sent)[0]
+        now[0] = GAP_WAIT_S + 1
+        run(handler.expire_gaps())
+        assert _outcomes(sent)[1] == []
+        return at_once, _outcomes(sent)[0]
+    finally:
+        loop.close()
+
+
+def test_a_gap_is_filled_from_the_log_before_it_is_given_up_on():
+    """Input 2's routed copy never came (it went to an owner the session had just left, killed
+    before handing it back): after the gap wait the owner finds 2 in the log and applies it,
+    then 3, where it applied 3 past 2 and 2 was neither applied nor refused."""
+    assert _gap_run([(1, ()), (3, ())], (1, 2, 3)) == ([1], [1, 2, 3])
+    assert _gap_run([(1, ()), (3, ())], (1, 3)) == ([1], [1, 3])  # not in the log: given up on
+
+
+def test_a_seq_dispatch_refused_is_not_applied_from_the_log():
+    """Dispatch refused 2 (an input for a session it did not know yet, say) and names it on 3:
+    the owner applies 3 at once and never takes 2 from the log."""
+    assert _gap_run([(1, ()), (3, (2,))], (1, 2, 3)) == ([1, 3], [1, 3])
