@@ -37,9 +37,10 @@ FIELDS: dict[str, Doc] = {
             "more for each (a seq below 1 is refused to dead-letters). The owner applies inputs in "
             "seq order, each once: a repeated seq already applied is ignored (at-least-once "
             "redelivery). After a gap (3 arrives, 2 has not) later inputs wait up to 5 s for the "
-            "missing one, then are applied without it; the missing one, if it comes later, is "
+            "missing one, then the owner looks for it in session-inputs and applies it from there, "
+            "else applies the later ones without it; the missing one, if it comes later, is "
             "refused as `late`. A missing one that dispatch refused (over the size or rate bound, "
-            "or keyed by another id) is not waited for. Inputs still waiting when the session closes are refused as "
+            "keyed by another id, or for a session it did not know) is not waited for. Inputs still waiting when the session closes are refused as "
             "`closed`. Every input ends applied (worker-events `worker.input`, InputAccepted) "
             "or refused with a reason (dead-letters, the InputPushed's bytes in `raw`).", None),
     "kind": ("What the input is: `text` (PushText, streamed text), `prompt` (a new prompt) "
