@@ -102,6 +102,9 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
                                         "owner applies this input without waiting for them.", None),
     ("WorkerUp", "device"): ("The torch device the worker runs on (`cpu`, `cuda`, `cuda:1`...).", None),
     ("WorkerUp", "pid"): ("The worker's process id on its host; 0: not said.", None),
+    ("WorkerUp", "chunk_interval_s"): ("The media duration of one of its chunks, so the deadline of "
+                                       "each: a chunk whose `latency_s` is over it missed its deadline "
+                                       "(the control processor counts them for its policy); 0: not said.", "s"),
     ("Heartbeat", "sessions"): ("Sessions whose state the worker holds (executing or idle "
                                 "and still resident).", None),
     ("Heartbeat", "executing"): ("Of those, sessions executing (producing chunks).", None),

@@ -251,6 +251,7 @@ class WorkerUp(Record):
     gpu_type: str = "cpu"
     pool: str = "default"
     pid: Count = 0
+    chunk_interval_s: Seconds = 0.0
 
 
 @record("worker.heartbeat")

@@ -51,6 +51,17 @@ class Ports:
     host_cache_sessions: int = 64
 
 
+async def initial_state(p: Ports, host_cache: Any, rec: Assign) -> snapshots.Restored:
+    """A new session's state, or its last snapshot when the Assign restores it (from host
+    memory when it holds that one); with the input position it was taken at and the seqs
+    given up on before it."""
+    if rec.restore:
+        got = await snapshots.restore(p.store, p.model, p.device, rec.session_id, host_cache)
+        if got is not None:
+            return got
+    return p.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id)), (-1, -1), ()
+
+
 class CommandHandler:
     """The sessions a worker holds and the commands on them."""
 
@@ -115,7 +126,7 @@ class CommandHandler:
             self.sessions.pop(sid)
             await self.reject_all(held.take_pending(), "stale_epoch", f"superseded by {rec.generation}")
         try:
-            state, input_pos, skipped = await self.initial_state(rec)
+            state, input_pos, skipped = await initial_state(self.p, self.host_cache, rec)
         except ChunkserveError as exc:  # corrupt, vanished, or over max_snapshot_bytes
             await self.reject(rec, exc.reason_code, str(exc))
             try:
@@ -128,24 +139,13 @@ class CommandHandler:
         self.sessions[sid] = sess
         self.schedule.add(sid, sess)
         if rec.recover:  # the inputs after the snapshot, from the log
-            for got in await self.p.replay(sid, sess.applied_seq, input_pos if input_pos[0] >= 0 else None):
-                sess.offer(self.from_log(sid, sess, got), self.p.gap_wait_s)
+            sess.offer_logged(await self.p.replay(sid, sess.applied_seq, input_pos if input_pos[0] >= 0 else None),
+                              self.p.worker_id, self.p.clock(), self.p.gap_wait_s)
         await self.p.send(Claimed(worker_id=self.p.worker_id, session_id=sid,
                                   generation=rec.generation, ts=self.p.clock()))
         for other in self.early.hand_over(sid, sess):
             await self.reject(other, "stale_epoch", f"held: {sess.generation}")
         await self.apply_pending(sid, sess)
-
-    async def initial_state(self, rec: Assign) -> snapshots.Restored:
-        """A new session's state, or its last snapshot when the Assign restores it (from host
-        memory when it holds that one); with the input position it was taken at and the seqs
-        given up on before it."""
-        if rec.restore:
-            got = await snapshots.restore(self.p.store, self.p.model, self.p.device, rec.session_id,
-                                          self.host_cache)
-            if got is not None:
-                return got
-        return self.p.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id)), (-1, -1), ()
 
     async def snapshot(self, sid: str, sess: Held) -> Any:
         return await snapshots.take(self.p.store, self.p.model, sid, sess)
@@ -270,30 +270,16 @@ class CommandHandler:
         return len(due)
 
     async def fill_from_log(self, sid: str, sess: Held) -> None:
-        """Offer the inputs up to the last one waiting as the log holds them (read after the
-        last applied one): a routed copy is lost when the owner it went to, one the session
-        had just left, is killed before it hands it back, while ``session-inputs`` keeps every
-        input; inputs dispatch refused come named (``refused_before``) and are not waited for.
-        Only when the broker cannot be read is the gap given up on without it."""
-        if not sess.pending:
-            return
-        top, pos = max(sess.pending), sess.input_pos
-        try:
-            logged = await self.p.replay(sid, sess.applied_seq, pos if pos[0] >= 0 else None)
-        except Exception as exc:  # the broker away: the gap is given up on as before
-            log.warning("%s: reading %s's inputs from the log for a gap failed: %s", self.p.worker_id, sid, exc)
-            return
-        for got in logged:
-            if got.record.seq <= top and got.record.seq not in sess.withdrawn:
-                sess.offer(self.from_log(sid, sess, got), self.p.gap_wait_s)
-
-    def from_log(self, sid: str, sess: Held, got: Any) -> RoutedInput:
-        """An input read back from the log (``streams.input_log.LoggedInput``) as if routed
-        to ``sess``'s generation."""
-        return RoutedInput(worker_id=self.p.worker_id, session_id=sid, generation=sess.generation,
-                           seq=got.record.seq, kind=got.record.kind, payload=got.record.payload,
-                           ts=self.p.clock(), source_partition=got.partition, source_offset=got.offset,
-                           refused_before=got.refused_before)
+        """Offer the inputs up to the last one waiting as ``session-inputs`` holds them: a routed
+        copy is lost when the owner it went to (one the session had just left) is killed before
+        handing it back. Only when the broker cannot be read is the gap given up on without it."""
+        if sess.pending:
+            try:
+                logged = await self.p.replay(sid, sess.applied_seq, sess.input_pos if sess.input_pos[0] >= 0 else None)
+            except Exception as exc:  # the broker away: the gap is given up on as before
+                log.warning("%s: reading %s's inputs for a gap failed: %s", self.p.worker_id, sid, exc)
+                return
+            sess.offer_logged(logged, self.p.worker_id, self.p.clock(), self.p.gap_wait_s, upto=max(sess.pending))
 
     async def reject_all(self, recs: list[RoutedInput], reason: RejectReason, detail: str) -> None:
         """Refuse inputs this worker will not apply: dispatch routes each again or refuses it."""

@@ -107,6 +107,19 @@ class Held:
         self.withdraw(seq for seq in rec.refused_before if seq < rec.seq)
         return None
 
+    def offer_logged(self, logged: Iterable[Any], worker_id: str, ts: float, gap_wait_s: float,
+                     upto: int | None = None) -> None:
+        """Take inputs read back from ``session-inputs`` (``streams.input_log.LoggedInput``) as
+        if routed to this generation, up to seq ``upto``; never one withdrawn (refused upstream,
+        which the log read names too)."""
+        for got in logged:
+            rec = got.record
+            if (upto is None or rec.seq <= upto) and rec.seq not in self.withdrawn:
+                self.offer(RoutedInput(worker_id=worker_id, session_id=rec.session_id, generation=self.generation,
+                                       seq=rec.seq, kind=rec.kind, payload=rec.payload, ts=ts,
+                                       source_partition=got.partition, source_offset=got.offset,
+                                       refused_before=got.refused_before), gap_wait_s)
+
     def withdraw(self, seqs: Iterable[int]) -> None:
         """Seqs refused upstream (dispatch named them) or here for good: never coming."""
         applied = self.applied_seq

@@ -98,6 +98,7 @@ class Worker:
         await self.store.set_up(cfg.worker_id, self.clock())
         self._telemetry = Telemetry(0 if cfg.device.startswith("cuda") else None)
         await self._send(WorkerUp(worker_id=cfg.worker_id, ts=self.clock(), capacity=cfg.capacity,
+                                  chunk_interval_s=cfg.chunk_interval_s,
                                   device=cfg.device, gpu_type=cfg.gpu_type, pool=cfg.pool))
 
     async def stop(self, reason: str = "shutdown") -> None:

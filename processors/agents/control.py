@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from processors import decisions as d
-from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, AutoscalerConfig, utilization
+from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, AutoscalerConfig, Slo, utilization
 from processors.cluster import (BOOTING_PREFIX, ClusterView, apply, current_generation,
                                 dead_workers, prune, to_snapshot)
 from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
@@ -31,7 +31,7 @@ from processors.placement import ADMIT_LIMIT, worst_latency
 from processors.policy import BUILTIN_POLICIES, Policy, load_policy
 from processors.policy_state import decode as decode_state
 from processors.policy_state import encode as encode_state
-from processors.snapshot import GpuState, Snapshot
+from processors.snapshot import ChunkStats, GpuState, Snapshot
 from processors.turboserve import TurboServeState
 from schemas import records as r
 from schemas.errors import ConfigError
@@ -167,6 +167,17 @@ class ControlConfig:
     min_gpus: int = 1
     max_gpus: int = 64
     burst_memory_s: float = 900.0  # how long the autoscaler's burst reserve remembers a rise
+    # an SLO the autoscaler meets on the measured chunks (either set: on, the other Slo's default)
+    slo_miss_rate: float | None = None
+    slo_worst_s: float | None = None
+
+    @property
+    def slo(self) -> Slo | None:
+        if self.slo_miss_rate is None and self.slo_worst_s is None:
+            return None
+        base = Slo()
+        return Slo(base.miss_rate if self.slo_miss_rate is None else self.slo_miss_rate,
+                   base.worst_s if self.slo_worst_s is None else self.slo_worst_s)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ControlConfig":
@@ -178,11 +189,15 @@ class ControlConfig:
                  "min_gpus": "CHUNKSERVE_MIN_WORKERS", "max_gpus": "CHUNKSERVE_MAX_WORKERS",
                  "burst_memory_s": "CHUNKSERVE_BURST_MEMORY_S", "policy": "CHUNKSERVE_POLICY",
                  "profile": "CHUNKSERVE_PROFILE", "gpu_type": "CHUNKSERVE_GPU_TYPE",
-                 "pool": "CHUNKSERVE_POOL"}  # spelt out: the README's table is checked against the code
+                 "pool": "CHUNKSERVE_POOL", "slo_miss_rate": "CHUNKSERVE_SLO_MISS_RATE",
+                 "slo_worst_s": "CHUNKSERVE_SLO_WORST_S"}  # spelt out: the README's table is checked against the code
         kw: dict[str, Any] = {k: env[v] if isinstance(getattr(base, k), str)
                               else env_number(env, v, getattr(base, k), positive=k in _POSITIVE)
                               for k, v in names.items() if env.get(v)}
         cfg = replace(base, **kw)
+        if cfg.slo_miss_rate is not None and cfg.slo_miss_rate >= 1:
+            raise ConfigError("CHUNKSERVE_SLO_MISS_RATE", f"must be below 1 (a share of chunks), got "
+                              f"{env['CHUNKSERVE_SLO_MISS_RATE'][:40]!r}", "environment")
         if cfg.max_gpus < max(1, cfg.min_gpus):
             raise ConfigError("CHUNKSERVE_MAX_WORKERS", f"must be at least 1 and CHUNKSERVE_MIN_WORKERS "
                               f"({cfg.min_gpus}), got {cfg.max_gpus}", "environment")
@@ -194,7 +209,14 @@ class ControlConfig:
 
 MAX_FRESH_EVENTS = 100_000  # session events kept for the next round's snapshot
 
-_POSITIVE = {"tick_s", "period_s", "heartbeat_timeout_s", "boot_timeout_s", "max_gpus"}  # 0 would never act
+
+def measured(stats: ChunkStats, latency_s: float, deadline_s: float) -> ChunkStats:
+    """``stats`` with one more chunk of ``latency_s``, past its deadline when the worker said
+    its chunks' media duration (``deadline_s`` > 0) and the chunk took longer."""
+    return ChunkStats(stats.count + 1, stats.missed + int(0 < deadline_s < latency_s),
+                      max(stats.worst_s, latency_s))
+
+_POSITIVE = {"tick_s", "period_s", "heartbeat_timeout_s", "boot_timeout_s", "max_gpus", "slo_worst_s"}  # 0 would never act
 
 
 @dataclass
@@ -222,18 +244,27 @@ class ControlShell:
         self.published: bytes | None = None
         self.plan_sent: Any = None  # what the last admission plan published said
         self.fresh: list[SessionEvent] = []  # session events folded since the last round (snapshot.events)
+        self.chunks = ChunkStats()  # chunks reported since the last round (snapshot.chunks)
+        self.deadlines: dict[str, float] = {}  # per worker, its chunks' media duration (WorkerUp)
 
     def policy(self, model: LatencyModel) -> Policy:
         cfg = self.config
         return make_policy(cfg.policy, model, cfg.gpu_type, min_gpus=cfg.min_gpus, max_gpus=cfg.max_gpus,
-                           dwell_s=cfg.dwell_s, boot_s=cfg.boot_s, burst_memory_s=cfg.burst_memory_s)
+                           dwell_s=cfg.dwell_s, boot_s=cfg.boot_s, burst_memory_s=cfg.burst_memory_s,
+                           slo=cfg.slo)
 
     def fold(self, rec: r.Record) -> None:
         """Fold one record; an arrival, departure or flip (or a worker change) asks for a round."""
         if isinstance(rec, r.PolicyState):  # another leader's (or an earlier) round left it
             if rec.policy == self.config.policy and rec.ts > self.state_at:
-                self.logged = rec
+                self.logged = rec  # that round saw the events and chunks before it
+                self.fresh, self.chunks = [], ChunkStats()
             return
+        if isinstance(rec, r.ChunkDone):
+            self.chunks = measured(self.chunks, rec.latency_s, self.deadlines.get(rec.worker_id, 0.0))
+            return
+        if isinstance(rec, r.WorkerUp):
+            self.deadlines[rec.worker_id] = rec.chunk_interval_s
         event = session_event(rec)
         if event is not None:
             before = self.view.sessions.get(event.session_id)
@@ -278,8 +309,9 @@ class ControlShell:
         model = fit_capacity(self.model, self.view)
         policy = self.policy(model)
         snap = replace(to_snapshot(self.view, now, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-                                   boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model)), events=tuple(self.fresh))
-        self.fresh = []
+                                   boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model)),
+                       events=tuple(self.fresh), chunks=self.chunks)
+        self.fresh, self.chunks = [], ChunkStats()
         self.detector, signal = observe(self.detector, now, self.detector_config)
         state = self._policy_state(policy)
         decision = policy.decide(snap, signal, state)

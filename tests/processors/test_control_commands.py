@@ -111,7 +111,25 @@ def test_config_from_env():
                                   "CHUNKSERVE_CONTROL_TICK_S": "0.1", "CHUNKSERVE_BURST_MEMORY_S": "20"})
     assert (cfg.policy, cfg.profile, cfg.gpu_type, cfg.min_gpus, cfg.tick_s) == ("lag", "paper", "b300", 2, 0.1)
     assert cfg.burst_memory_s == 20.0
-    assert ControlConfig.from_env({}) == ControlConfig()
+    assert ControlConfig.from_env({}) == ControlConfig() and ControlConfig().slo is None
+
+
+def test_an_slo_from_the_environment_reaches_the_autoscaler():
+    """Either SLO setting turns the live autoscaler's SLO mode on (the other at its default);
+    it then follows the chunks measured since each round (``snapshot.chunks``)."""
+    import pytest
+
+    from processors.autoscaler import Slo
+    from schemas.errors import ConfigError
+
+    cfg = ControlConfig.from_env({"CHUNKSERVE_SLO_WORST_S": "2"})
+    assert cfg.slo == Slo(miss_rate=Slo().miss_rate, worst_s=2.0)
+    assert ControlShell(cfg).policy(load_profiles(cfg.profile)).autoscaler.slo == cfg.slo
+    assert ControlConfig.from_env({"CHUNKSERVE_SLO_MISS_RATE": "0.01"}).slo == Slo(0.01, Slo().worst_s)
+    with pytest.raises(ConfigError, match="CHUNKSERVE_SLO_MISS_RATE"):
+        ControlConfig.from_env({"CHUNKSERVE_SLO_MISS_RATE": "1.5"})
+    with pytest.raises(ConfigError, match="CHUNKSERVE_SLO_WORST_S"):
+        ControlConfig.from_env({"CHUNKSERVE_SLO_WORST_S": "0"})
 
 
 def _world(shell: ControlShell) -> list[r.Record]:
@@ -186,3 +204,31 @@ def test_the_live_round_gives_a_policy_idle_ages_and_the_events_since_the_last_r
     assert [(e.session_id, e.kind.value, e.t) for e in first.events] == [("a", "open", 10.0), ("a", "idle", 40.0)]
     assert [s.since for s in first.sessions if s.id == "a"] == [40.0]  # idle for 10 s at 50
     assert [(e.kind.value, e.t) for e in second.events] == [("active", 60.0)]
+
+
+def test_the_live_round_gives_a_policy_the_chunks_measured_since_the_last_round():
+    """``snapshot.chunks`` live: the chunks the workers reported since the previous round, a
+    chunk past its deadline when it took longer than its worker's chunk interval (WorkerUp);
+    a worker that did not say its interval misses none. A round another leader took (its
+    PolicyState in the log) saw the chunks before it."""
+    _Recorder.seen.clear()
+    shell = ControlShell(ControlConfig(policy=f"{__name__}:_Recorder"), clock=lambda: 100.0)
+    shell.fold(r.WorkerUp(worker_id="p-0", ts=1, capacity=4, chunk_interval_s=0.1))
+    shell.fold(r.WorkerUp(worker_id="p-1", ts=1, capacity=4))
+
+    def chunk(worker: str, latency_s: float, index: int) -> r.ChunkDone:
+        return r.ChunkDone(worker_id=worker, session_id="a", generation=r.Generation(worker, 1),
+                           chunk_index=index, ts=2.0, latency_s=latency_s)
+
+    for i, (w, lat) in enumerate((("p-0", 0.05), ("p-0", 0.25), ("p-1", 0.5))):
+        shell.fold(chunk(w, lat, i))
+    shell.decide(50.0)
+    shell.decide(60.0)
+    shell.fold(chunk("p-0", 0.07, 3))
+    shell.fold(r.PolicyState(pool="default", ts=65.0, policy=shell.config.policy, state=b""))
+    shell.fold(chunk("p-0", 0.3, 4))
+    shell.decide(70.0)
+    first, second, third = _Recorder.seen
+    assert (first.chunks.count, first.chunks.missed, first.chunks.worst_s) == (3, 1, 0.5)
+    assert second.chunks.count == 0
+    assert (third.chunks.count, third.chunks.missed, third.chunks.worst_s) == (1, 1, 0.3)
