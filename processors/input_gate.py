@@ -36,6 +36,15 @@ class InputGate:
             self.note_refused(sid, seq)
         return why
 
+    def other_rule(self, rate: float, burst: float) -> str | None:
+        """Why a worker that replays with this rate rule (0: not said) would decide otherwise
+        than this gate, or None."""
+        if (rate, burst) == (0, 0) or (rate, burst) == (self.rate, self.burst):
+            return None
+        return (f"replays inputs with the rate rule {rate:g}/s, burst {burst:g}, where dispatch applies "
+                f"{self.rate:g}/s, burst {self.burst:g}: a recovery there may apply inputs dispatch refused "
+                "(give both CHUNKSERVE_INPUT_RATE_PER_S and CHUNKSERVE_INPUT_BURST the same values)")
+
     def note_refused(self, sid: str, seq: int) -> None:
         """Keep ``seq`` as refused elsewhere (a misfiled key) too."""
         if seq >= 1:

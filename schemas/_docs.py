@@ -102,6 +102,10 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
                                         "owner applies this input without waiting for them.", None),
     ("WorkerUp", "device"): ("The torch device the worker runs on (`cpu`, `cuda`, `cuda:1`...).", None),
     ("WorkerUp", "pid"): ("The worker's process id on its host; 0: not said.", None),
+    ("WorkerUp", "input_rate_per_s"): ("The input rate rule the worker's replays apply (with "
+                                       "`input_burst`); dispatch logs an error when it applies another "
+                                       "(a replay would then apply inputs dispatch refused); 0: not said.", None),
+    ("WorkerUp", "input_burst"): ("The input burst of that rule; 0: not said.", None),
     ("WorkerUp", "chunk_interval_s"): ("The media duration of one of its chunks, so the deadline of "
                                        "each: a chunk whose `latency_s` is over it missed its deadline "
                                        "(the control processor counts them for its policy); 0: not said.", "s"),

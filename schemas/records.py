@@ -252,6 +252,8 @@ class WorkerUp(Record):
     pool: str = "default"
     pid: Count = 0
     chunk_interval_s: Seconds = 0.0
+    input_rate_per_s: float = 0.0
+    input_burst: float = 0.0
 
 
 @record("worker.heartbeat")

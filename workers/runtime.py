@@ -99,6 +99,8 @@ class Worker:
         self._telemetry = Telemetry(0 if cfg.device.startswith("cuda") else None)
         await self._send(WorkerUp(worker_id=cfg.worker_id, ts=self.clock(), capacity=cfg.capacity,
                                   chunk_interval_s=cfg.chunk_interval_s,
+                                  input_rate_per_s=self.settings.input_rate_per_s,
+                                  input_burst=self.settings.input_burst,
                                   device=cfg.device, gpu_type=cfg.gpu_type, pool=cfg.pool))
 
     async def stop(self, reason: str = "shutdown") -> None:

@@ -273,6 +273,8 @@ class DispatchShell:
         elif isinstance(rec, (Heartbeat, WorkerUp)):
             if isinstance(rec, WorkerUp):  # registered just before: the next admission sees it
                 self.invalidate_view()
+                if (why := self.gate.other_rule(rec.input_rate_per_s, rec.input_burst)) is not None:
+                    log.error("%s: worker %s %s", self.name, rec.worker_id, why)
             await self.recovery.worker_alive(rec.worker_id, rec.ts)
         elif isinstance(rec, Frozen):
             await self.feed(Seen(rec, Facts(None)))

@@ -122,3 +122,12 @@ def test_an_input_refused_on_its_route_is_named_on_the_next_routed_one() -> None
     shell = DispatchShell(store=None, publisher=letters)
     asyncio.run(shell.refuse(Input("s", 1, "text", "hi", partition=0, offset=5), "no owner for session"))
     assert len(letters.sent) == 1 and shell.gate.refused_before("s") == (1,)
+
+
+def test_a_worker_with_another_rate_rule_is_named() -> None:
+    """A worker started by hand with other rate settings would replay with another rule:
+    dispatch names the difference (it logs it as an error when the worker comes up)."""
+    gate = InputGate(100, rate=5.0, burst=10.0)
+    assert gate.other_rule(5.0, 10.0) is None and gate.other_rule(0.0, 0.0) is None  # the same; not said
+    why = gate.other_rule(50.0, 100.0)
+    assert why is not None and "50/s, burst 100" in why and "5/s, burst 10" in why
