@@ -6,10 +6,14 @@ accruing ``stale_s`` after it was last heard from. The fold is per worker, in th
 the worker's partition; a duplicate up or down is ignored. Prices come from the latency
 profile (``CHUNKSERVE_PROFILE``, default ``reference-cpu``). Run one replica: it also reads
 ``session-events`` (sessions active and idle) and ``metrics`` (scale events) for Prometheus.
+At start it reads ``worker-events`` and ``session-events`` from their start (:func:`catch_up`),
+so a restart still bills the workers up and counts the sessions open before it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import os
 import time
@@ -23,6 +27,8 @@ from streams.config_file import env_number
 
 __all__ = ["WorkerSpan", "fold_cost", "cost_tick", "SessionTally", "observe_fleet",
            "build_app"]
+
+log = logging.getLogger(__name__)
 
 # worker events the fleet figures read beside billing
 OBSERVED = (r.ChunkDone, r.Released, r.CommandRejected)
@@ -133,23 +139,61 @@ def metrics_settings(env: Mapping[str, str]) -> tuple[LatencyModel, float]:
             env_number(env, "CHUNKSERVE_COST_INTERVAL_S", 5.0, positive=True))
 
 
+async def catch_up(settings: Any, catalogue: Any, spans: dict[str, WorkerSpan], sessions: SessionTally) -> dict[str, WorkerSpan]:
+    """Fold ``worker-events`` (billing) and ``session-events`` from their start to their ends
+    as of now, without a group: a restarted metrics processor bills the workers already up
+    and counts the sessions already open (its agents resume after their committed offsets,
+    past those ``WorkerUp`` and opens). Folding a record again is harmless (see
+    :func:`fold_cost`, :class:`SessionTally`)."""
+    from schemas.topics import SESSION_EVENTS, WORKER_EVENTS, misfiled
+    from streams.kafka import RecordConsumer
+
+    reader = RecordConsumer(settings, [WORKER_EVENTS, SESSION_EVENTS], None, name="metrics-catch-up",
+                            catalogue=catalogue)
+    await reader.start(subscribe=False)
+    try:
+        async for d in reader.read_to(await reader.assign(dict.fromkeys((WORKER_EVENTS, SESSION_EVENTS)))):
+            if isinstance(d.record, BILLED):
+                spans = fold_cost(spans, d.record)
+            elif misfiled(d.record, d.key) is None:
+                sessions.fold(d.record)
+    finally:
+        await reader.stop()
+    return spans
+
+
 def build_app(settings: Any) -> Any:
-    """The faust app: one agent folding ``worker-events``, a timer publishing ``CostTick``."""
+    """The faust app: one agent folding ``worker-events``, a timer publishing ``CostTick``;
+    at start, the log read from its start (:func:`catch_up`) before the agents fold."""
     from schemas.topics import METRICS, SESSION_EVENTS, WORKER_EVENTS, misfiled
     from streams.faust_app import FaustPublisher, decode_event, make_app
     from streams.prom import fleet_metrics
     from streams.topics import TopicCatalogue
 
     app = make_app("metrics", settings)
-    publisher = FaustPublisher(app, TopicCatalogue.from_settings(settings))
+    catalogue = TopicCatalogue.from_settings(settings)
+    publisher = FaustPublisher(app, catalogue)
     model, interval_s = metrics_settings(os.environ)
     state: dict[str, Any] = {"spans": {}}
     sessions = SessionTally()
     fleet = fleet_metrics()
     worker_tags = BILLED_TAGS | {cls.TAG for cls in OBSERVED}
+    caught_up = asyncio.Event()
+
+    @app.task
+    async def rebuild() -> None:
+        try:
+            state["spans"] = await catch_up(settings, catalogue, state["spans"], sessions)
+            for name, n in sessions.counts().items():
+                fleet.sessions.labels(name).set(n)
+        except Exception as exc:  # the broker away: bill from what the agents read, as before
+            log.warning("metrics: reading the log from its start failed (%s); counting from the agents' offsets", exc)
+        finally:
+            caught_up.set()
 
     @app.agent(publisher.topic(WORKER_EVENTS), name="metrics-worker-events")
     async def worker_events(stream: Any) -> None:
+        await caught_up.wait()
         async for event in stream.events():
             rec = await decode_event(event, WORKER_EVENTS, publisher, "metrics", worker_tags)
             if isinstance(rec, BILLED):
@@ -159,6 +203,7 @@ def build_app(settings: Any) -> Any:
 
     @app.agent(publisher.topic(SESSION_EVENTS), name="metrics-session-events")
     async def session_events(stream: Any) -> None:
+        await caught_up.wait()
         async for event in stream.events():
             rec = await decode_event(event, SESSION_EVENTS, publisher, "metrics")
             if rec is not None and misfiled(rec, event.message.key) is None:  # dispatch refuses a misfiled one

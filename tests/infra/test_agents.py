@@ -129,6 +129,37 @@ def test_detector_control_and_metrics_agents_answer_events(kafka_bootstrap, redi
     _run_then_stop(run, procs)
 
 
+def test_a_restarted_metrics_processor_bills_the_workers_already_up(kafka_bootstrap, redis_url, namespace):
+    """The metrics agents resume after their group's offsets, past the ``WorkerUp`` of the
+    workers running and the opens of the sessions open: the catch-up read from the log's
+    start bills those workers and counts those sessions (a restart showed 0 workers and no
+    cost beside two workers serving)."""
+    from processors.agents.metrics import SessionTally, catch_up
+    from streams.topics import TopicCatalogue
+
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+    asyncio.run(ensure_topics(settings))
+
+    async def run() -> tuple[dict, SessionTally]:
+        now = time.time()
+        async with RecordProducer(settings) as producer:
+            await producer.send(r.WorkerUp(worker_id="w-0", ts=now - 100, capacity=4))
+            await producer.send(r.WorkerUp(worker_id="w-1", ts=now - 100, capacity=4))
+            await producer.send(r.WorkerDown(worker_id="w-1", ts=now - 40))
+            await producer.send(r.Heartbeat(worker_id="w-0", ts=now - 1, sessions=2, executing=1, capacity=4))
+            for sid in ("a", "b"):
+                await producer.send(r.SessionOpened(session_id=sid, ts=now - 50))
+            await producer.send(r.SessionIdle(session_id="b", ts=now - 20))
+            await producer.send_raw(SESSION_EVENTS, encode(r.SessionOpened(session_id="c", ts=now)), key=b"x")
+        sessions = SessionTally()
+        return await catch_up(settings, TopicCatalogue.from_settings(settings), {}, sessions), sessions
+
+    spans, sessions = asyncio.run(run())
+    tick = cost_tick(spans, time.time(), load_profiles("reference-cpu"))
+    assert tick.gpus == 1 and tick.gpu_seconds == pytest.approx(160, abs=5)  # w-0 up 100 s, w-1 60 s
+    assert sessions.counts() == {"active": 1, "idle": 1}  # the misfiled open is not counted
+
+
 def test_dispatch_admits_where_the_published_admission_plan_says(kafka_bootstrap, redis_url, namespace, tmp_path):
     """A dispatch process reads the admission plans on scaling-commands: where least-loaded
     would pick w-b, the plan says w-a; past the plan, a session waits for its pin."""
