@@ -311,7 +311,19 @@ def shutdowns(snapshot: Snapshot) -> tuple[Retire, ...]:
                  if g.state is GpuState.DRAINING and not g.external and g.id not in held)
 
 
-def autoscale(
+def autoscale(snapshot: Snapshot, level: int, model: LatencyModel, config: AutoscalerConfig = AutoscalerConfig(),
+              table: VolatilityTable = DEFAULT_VOLATILITY_TABLE, state: AutoscalerState = AutoscalerState(),
+              foresight: int | None = None) -> tuple[tuple[Command, ...], AutoscalerState]:
+    """:func:`scale`, then up to ``min_gpus``: a pool below its floor (none booted yet, or
+    GPUs lost) boots the rest at once, with or without sessions, dwell or not."""
+    cmds, state = scale(snapshot, level, model, config, table, state, foresight)
+    after = (sum(1 for g in snapshot.gpus if g.state is not GpuState.DRAINING)
+             + sum(c.count for c in cmds if isinstance(c, Boot)) - sum(1 for c in cmds if isinstance(c, Vacate)))
+    short = min(config.min_gpus, config.max_gpus) - after
+    return (cmds + (Boot(short, config.gpu_type),) if short > 0 else cmds), state
+
+
+def scale(
     snapshot: Snapshot,
     level: int,
     model: LatencyModel,

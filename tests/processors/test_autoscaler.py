@@ -201,3 +201,16 @@ def test_burst_reserve_decays_with_age_and_is_held_at_full_capacity():
     flat = VolatilityTable(((0.5, 0.05),) * 10)
     cmds, _ = autoscale(snap, 1, PAPER, replace(cfg, dwell_s=0.0), flat, AutoscalerState(recent=later[:-1]))
     assert cmds == (Boot(1, "b300"),)  # 40 / 0.5 + 30 = 110 slots: three GPUs, not (40 + 30) / 0.5 = 140
+
+
+def test_a_pool_below_its_floor_boots_the_rest_with_or_without_sessions():
+    """``min_gpus`` is a floor the pool is brought up to, not only one a scale-in stops at:
+    an idle fleet with none (a fresh ``up``, or its workers lost) boots up to it at once."""
+    floor = replace(CFG, min_gpus=2)
+    assert autoscale(Snapshot(100.0, (), ()), 1, PAPER, floor)[0] == (Boot(2, "h20"),)
+    booting = Snapshot(100.0, (Gpu("g00", "h20", GpuState.BOOTING),), ())
+    assert autoscale(booting, 1, PAPER, floor)[0] == (Boot(1, "h20"),)  # a booting GPU counts
+    assert autoscale(_pool([0, 0]), 1, PAPER, floor)[0] == ()  # at the floor: nothing
+    cmds, _ = autoscale(_pool([16]), 1, PAPER, floor)  # a scale-out past the floor: no extra Boot
+    assert len(cmds) == 1 and isinstance(cmds[0], Boot) and cmds[0].count >= 1
+    assert autoscale(Snapshot(100.0, (), ()), 1, PAPER, replace(CFG, min_gpus=0))[0] == ()
