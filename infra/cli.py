@@ -239,6 +239,12 @@ async def _publish(settings: Settings, rec: Record) -> None:
 
 @app.command("provisioner")
 def provisioner(metrics_port: Optional[int] = MetricsPort, metrics_host: str = MetricsHost,
+                worker_metrics_port: Optional[int] = typer.Option(
+                    None, "--worker-metrics-port", min=1, max=65535,
+                    help="Each worker started serves Prometheus metrics on the next free port from this one."),
+                targets: Optional[Path] = typer.Option(
+                    None, "--targets", help="Keep the running workers' metrics endpoints in this Prometheus "
+                    "file_sd file."),
                 log_format: str = LogFormat) -> None:
     """Run the local process provisioner: starts, drains and stops workers on scaling commands."""
     from workers.provisioner import run_provisioner
@@ -253,7 +259,8 @@ def provisioner(metrics_port: Optional[int] = MetricsPort, metrics_host: str = M
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_provisioner(settings, stop)
+        await run_provisioner(settings, stop, targets=targets,
+                              metrics=(metrics_host, worker_metrics_port) if worker_metrics_port else None)
 
     asyncio.run(main())
 
@@ -493,7 +500,8 @@ def up(
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
     metrics_port: Optional[int] = typer.Option(
         None, "--metrics-port", help="Serve `up`'s metrics on this port and give each child the next "
-        "one (listed in <log-dir>/prometheus-targets.json, a Prometheus file_sd file)."),
+        "one (listed in <log-dir>/prometheus-targets.json, a Prometheus file_sd file); the workers the "
+        "provisioner starts take free ports from ten past its own (in <log-dir>/prometheus-workers.json)."),
     metrics_host: str = MetricsHost,
     log_format: str = LogFormat,
 ) -> None:
@@ -503,7 +511,7 @@ def up(
     refused a setting, or exited six times in five minutes, stops the fleet."""
     from prometheus_client import Counter, Gauge
 
-    from infra.embedded import port_free
+    from workers.supervision import port_free
     from infra.local import LocalFleet, after_exit, last_words
     from streams.topics import ensure_topics
 
@@ -535,7 +543,9 @@ def up(
             fleet.start_processor("dispatch", replica=str(i), options=exposed())
         for name in ("detector", "control", "metrics"):
             fleet.start_processor(name, options=exposed())
-        fleet.start_provisioner(options=exposed())
+        own = exposed()  # the provisioner's workers take free ports from ten past its own
+        fleet.start_provisioner(options=own + (["--worker-metrics-port", str(given[-1] + 10), "--targets",
+                                                str(logs / "prometheus-workers.json")] if own else []))
         if metrics_port:
             targets = prometheus_targets(metrics_host, {"up": metrics_port, **dict(zip(fleet.procs, given))})
             (logs / "prometheus-targets.json").write_text(json.dumps(targets, indent=2) + "\n")

@@ -45,16 +45,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def port_free(host: str, port: int) -> bool:
-    """Whether ``port`` on ``host`` can be bound right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 async def _metadata(bootstrap: str) -> list[str]:
     from aiokafka.admin import AIOKafkaAdminClient
 

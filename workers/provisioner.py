@@ -11,6 +11,7 @@ Kubernetes one can follow. Bad records go to ``dead-letters``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -27,7 +28,7 @@ from schemas.topics import SCALING_COMMANDS
 from streams.config import PROVISIONER_ENV, Settings
 from streams.config_file import child_env, env_number, env_var
 
-from .supervision import spawn, stop_in_order
+from .supervision import port_free, spawn, stop_in_order
 
 __all__ = ["Provisioner", "LocalProcessProvisioner", "ProvisionerService", "run_provisioner",
            "next_index", "WORKER_SASL_ENV", "worker_credentials"]
@@ -89,8 +90,13 @@ class LocalProcessProvisioner:
                  device: str = "cpu", chunk_interval_s: float = 0.1, first_index: int = 0,
                  log_dir: Path | None = None, stop_timeout_s: float = 15.0,
                  command: Iterable[str] = (sys.executable, "-m", "infra", "worker"),
-                 worker_credentials: tuple[str, str] | None = None) -> None:
+                 worker_credentials: tuple[str, str] | None = None,
+                 metrics: tuple[str, int] | None = None, targets: Path | None = None) -> None:
         self.settings = settings
+        # (host, first port): each worker serves Prometheus on the next free port from it,
+        # listed in ``targets`` (a Prometheus file_sd file) while it runs
+        self.metrics, self.targets = metrics, targets
+        self.ports: dict[str, int] = {}
         self.worker_credentials = worker_credentials
         self.pool = pool
         self.capacity = capacity
@@ -109,7 +115,7 @@ class LocalProcessProvisioner:
             self.index += 1
             args = [*self.command, "--worker-id", wid, "--pool", self.pool, "--capacity", str(self.capacity),
                     "--device", self.device, "--gpu-type", gpu_type,
-                    "--chunk-interval", str(self.chunk_interval_s)]
+                    "--chunk-interval", str(self.chunk_interval_s), *self._metrics_args(wid)]
             out: Any = None
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -127,7 +133,31 @@ class LocalProcessProvisioner:
                     out.close()
             log.info("provisioner: started %s (pid %d)", wid, self.procs[wid].pid)
             ids.append(wid)
+        self._write_targets()
         return ids
+
+    def _metrics_args(self, wid: str) -> list[str]:
+        if self.metrics is None:
+            return []
+        host, first = self.metrics
+        taken = set(self.ports.values())  # a worker's port stays its own until it is stopped
+        port = next(p for p in range(first, 65536) if p not in taken and port_free(host, p))
+        self.ports[wid] = port
+        return ["--metrics-port", str(port), "--metrics-host", host]
+
+    def _write_targets(self) -> None:
+        """The running workers' metrics endpoints as a Prometheus file_sd file (written whole,
+        then renamed: Prometheus never reads half of it)."""
+        for wid in [w for w in self.ports if w not in self.procs]:
+            del self.ports[wid]
+        if self.targets is None or self.metrics is None:
+            return
+        host = "127.0.0.1" if self.metrics[0] in ("0.0.0.0", "::") else self.metrics[0]
+        doc = [{"targets": [f"{host}:{port}"], "labels": {"job": "chunkserve", "process": wid}}
+               for wid, port in sorted(self.ports.items())]
+        part = self.targets.with_name(self.targets.name + ".part")
+        part.write_text(json.dumps(doc, indent=2) + "\n")
+        part.replace(self.targets)
 
     async def drain(self, worker_id: str) -> None:
         log.info("provisioner: %s draining", worker_id)
@@ -138,6 +168,7 @@ class LocalProcessProvisioner:
             return False
         await asyncio.to_thread(stop_in_order, [[proc]], self.stop_timeout_s)
         log.info("provisioner: stopped %s (rc %s)", worker_id, proc.returncode)
+        self._write_targets()
         return True
 
     def running(self) -> list[str]:
@@ -149,6 +180,8 @@ class LocalProcessProvisioner:
         gone = {w: p.returncode for w, p in self.procs.items() if p.poll() is not None}
         for w in gone:
             del self.procs[w]
+        if gone:
+            self._write_targets()
         return gone
 
     async def close(self) -> None:
@@ -227,7 +260,8 @@ class ProvisionerService:
 
 
 async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
-                          provisioner: Provisioner | None = None, *, retry_s: float = 1.0) -> None:
+                          provisioner: Provisioner | None = None, *, retry_s: float = 1.0,
+                          metrics: tuple[str, int] | None = None, targets: Path | None = None) -> None:
     """Consume ``scaling-commands`` in the provisioner group until ``stop_event`` is set.
 
     Without ``provisioner``, a :class:`LocalProcessProvisioner` for ``CHUNKSERVE_POOL``
@@ -248,7 +282,8 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
         provisioner = LocalProcessProvisioner(
             settings, pool, capacity=env_number(os.environ, "CHUNKSERVE_WORKER_CAPACITY", 8, positive=True),
             first_index=next_index(pool, await store.load_view()),
-            log_dir=Path(log_dir) if log_dir else None, worker_credentials=credentials)
+            log_dir=Path(log_dir) if log_dir else None, worker_credentials=credentials,
+            metrics=metrics, targets=targets)
     producer = await RecordProducer(settings, catalogue, client_id="provisioner").start()
     consumer = RecordConsumer(settings, [SCALING_COMMANDS], producer, name="provisioner",
                               group_id=f"{settings.topic_prefix}provisioner", catalogue=catalogue)

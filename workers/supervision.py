@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +38,16 @@ def _die_with(parent: int) -> Callable[[], None]:
             os._exit(1)
 
     return preexec
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether ``port`` on ``host`` can be bound right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def spawn(args: Sequence[str], env: Mapping[str, str], **popen: Any) -> subprocess.Popen[bytes]:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -265,7 +267,11 @@ def test_provisioner_starts_a_worker_and_stops_it_once_empty(kafka_bootstrap, re
     async def run() -> None:
         await ensure_topics(settings)
         stop = asyncio.Event()
-        prov = LocalProcessProvisioner(settings, "p", capacity=2, log_dir=tmp_path / "logs")
+        from infra.embedded import free_port
+
+        targets = tmp_path / "workers.json"  # the workers' metrics endpoints, as Prometheus file_sd
+        prov = LocalProcessProvisioner(settings, "p", capacity=2, log_dir=tmp_path / "logs",
+                                       metrics=("127.0.0.1", free_port()), targets=targets)
         task = asyncio.create_task(run_provisioner(settings, stop, prov, retry_s=0.3))
         store = GenerationStore(settings.redis.async_client(), namespace=namespace)
         try:
@@ -284,6 +290,10 @@ def test_provisioner_starts_a_worker_and_stops_it_once_empty(kafka_bootstrap, re
                 letters = [x for x in reader.records if isinstance(x, r.DeadLetter)]
                 assert {x.consumer for x in letters} == {"provisioner"} and len(letters) == 2
                 assert list(prov.procs) == ["p-0"]  # the duplicate and the other pool started nothing
+                listed = json.loads(targets.read_text())
+                assert [t["labels"]["process"] for t in listed] == ["p-0"]
+                scraped = urllib.request.urlopen(f"http://{listed[0]['targets'][0]}/metrics", timeout=5).read().decode()
+                assert "chunkserve_records_produced_total" in scraped  # the worker serves its metrics
                 replay = await reader.wait_for(lambda x: isinstance(x, r.CommandRejected), 10, "replay refusal")
                 assert replay.reason == "replayed" and replay.command == r.ScaleOut.TAG and "d1" in replay.detail
 
@@ -297,6 +307,7 @@ def test_provisioner_starts_a_worker_and_stops_it_once_empty(kafka_bootstrap, re
                                              and x.reason == "shutdown by provisioner", 20, "WorkerDown")
                 assert down.worker_id == "p-0"
                 assert "p-0" not in prov.procs and "p-0" not in await store.load_view()
+                assert json.loads(targets.read_text()) == []  # no longer listed
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)

@@ -112,7 +112,12 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path):
     by_process = {t["labels"]["process"]: int(t["targets"][0].rsplit(":", 1)[1]) for t in targets}
     assert by_process["up"] == port and len(set(by_process.values())) == len(by_process) == 6
     given = {int(c[c.index("--metrics-port") + 1]) for c in map(_cmdline, tree) if "--metrics-port" in c}
-    assert port + 2 not in given and given == set(by_process.values()) - {port}
+    # the provisioned worker serves from ten past the provisioner's port, listed in a file of its own
+    workers = {t["labels"]["process"]: int(t["targets"][0].rsplit(":", 1)[1])
+               for t in json.loads((tmp_path / "logs" / "prometheus-workers.json").read_text())}
+    assert len(workers) == 1 and min(workers.values()) >= by_process["provisioner"] + 10, workers
+    assert port + 2 not in given and given == (set(by_process.values()) - {port}) | set(workers.values())
+    _scrape(next(iter(workers.values())), "chunkserve_sessions_held")
     _scrape(port, 'chunkserve_up_process_running{process="control-0"} 1.0')
     # the metrics processor, idle, exposes the fleet figures and every topic's counters
     fleet = _scrape(by_process["metrics-0"], 'chunkserve_fleet_sessions{state="idle"} 0.0')
@@ -287,7 +292,7 @@ def test_a_port_in_use_is_not_free_for_up_to_hand_out():
     the child fail to listen, and `up` stop everything)."""
     import socket
 
-    from infra.embedded import port_free
+    from workers.supervision import port_free
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
