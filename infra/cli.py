@@ -14,12 +14,13 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from infra.outputs import folder_problem, json_option, write_output
 from schemas.errors import ChunkserveError, ConfigError
 from schemas.records import Record, WorkerProvisioned
 from streams.config import PROVISIONER_ENV, Settings
@@ -206,11 +207,21 @@ def _check_children_env(settings: Settings) -> None:
     ControlShell(ControlConfig.from_env())
     detector_settings(os.environ)
     metrics_settings(os.environ)
+    _check_log_dir(os.environ)
     capacity = env_number(os.environ, "CHUNKSERVE_WORKER_CAPACITY", 8, positive=True)
     try:  # each worker refuses one over max_sessions_per_worker: `up` would run with none
         settings.check_capacity(int(capacity))
     except ConfigError as exc:
         raise ConfigError(exc.key, str(exc).split(": ", 2)[-1], "env CHUNKSERVE_WORKER_CAPACITY") from None
+
+
+def _check_log_dir(env: Mapping[str, str]) -> None:
+    """``CHUNKSERVE_LOG_DIR`` (where the provisioner logs its workers) a folder there or one
+    that can be made (it is made now), or ConfigError naming the variable."""
+    raw = env.get("CHUNKSERVE_LOG_DIR")
+    problem = folder_problem(Path(raw)) if raw else None
+    if problem:
+        raise ConfigError("CHUNKSERVE_LOG_DIR", problem, "environment")
 
 
 def _check_worker_options(worker_id: str, device: str) -> None:
@@ -249,6 +260,7 @@ def provisioner(metrics_port: Optional[int] = MetricsPort, metrics_host: str = M
     """Run the local process provisioner: starts, drains and stops workers on scaling commands."""
     from workers.provisioner import run_provisioner
 
+    _check_log_dir(os.environ)
     settings = _settings()
     _logging(log_format)
     _warn_unsigned(settings)
@@ -387,7 +399,7 @@ def smoke(
     chunks: int = typer.Option(12, min=1, help="Chunks each session streams before it closes."),
     workers: int = typer.Option(2, min=1, help="Worker processes to start."),
     inputs: int = typer.Option(2, min=0, help="Inputs (PushText) per session."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the summary here."),
+    json_out: Optional[Path] = json_option("Write the summary here."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
 ) -> None:
     """A few sessions end to end (dispatch and fixed workers, no autoscaling), then the audit."""
@@ -407,19 +419,26 @@ def smoke(
                                            progress=lambda m: status.update(m)))
     _print_summary(summary, time.monotonic() - started)
     if json_out:
-        json_out.write_text(json.dumps(summary.as_dict(), indent=2, default=str))
+        _write_json(summary.as_dict(), json_out)
     if summary.problems:
         raise typer.Exit(1)
 
 
 def _write_json(result: dict, json_out: Optional[Path]) -> None:
-    text = json.dumps(result, indent=2)
+    """``result`` to ``--json`` (checked before the work by ``json_option``), else to stdout;
+    if the file cannot be written after all, to stdout too, so a long run's result is not
+    lost, then one line and exit code 2 (``ConfigError``)."""
+    text = json.dumps(result, indent=2, default=str) + "\n"
     if json_out is None:
-        sys.stdout.write(text + "\n")
-    else:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(text + "\n")
-        console.print(f"wrote {json_out}")
+        sys.stdout.write(text)
+        return
+    try:
+        write_output("json", json_out, text)
+    except ConfigError:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        raise
+    console.print(f"wrote {json_out}")
 
 
 def _int_list(text: str, option: str) -> list[int]:
@@ -437,7 +456,7 @@ def bench_scheduler(
     gpus: str = typer.Option("64,256,1024", help="Pool sizes to time, comma-separated."),
     instances: int = typer.Option(200, min=1, help="Random small instances compared with the exhaustive oracle."),
     seed: int = typer.Option(0, help="Seed of the generated pools and instances."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+    json_out: Optional[Path] = json_option("Write the result here."),
 ) -> None:
     """Time one decision round on loaded pools; measure the gap to exhaustive placement."""
     from infra.bench.scheduler import run
@@ -457,7 +476,7 @@ def ownership_check(
                               "with an asynchronous replica that fails over (pure model, no Redis)."),
     replica_ack: bool = typer.Option(True, "--replica-ack/--no-replica-ack",
                                      help="With --store replica: fenced writes count once the replica has them."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+    json_out: Optional[Path] = json_option("Write the result here."),
 ) -> None:
     """The protocol study: drive four ownership protocols through the same faulty schedules."""
     from infra.embedded import EmbeddedRedis
@@ -582,18 +601,30 @@ def watch_cmd(
     duration: Optional[float] = typer.Option(None, min=1.0, help="Stop after this many seconds."),
     from_offset: Optional[int] = typer.Option(None, min=0, help="Start at this offset (default: the end)."),
     no_render: bool = typer.Option(False, "--no-render", help="No live table; print the summary."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the final summary here."),
+    json_out: Optional[Path] = json_option("Write the final summary here."),
     metrics_port: Optional[int] = MetricsPort,
     metrics_host: str = MetricsHost,
 ) -> None:
-    """Follow the metrics and worker events: GPUs, sessions, worst chunk latency, migrations, cost."""
+    """Follow the metrics and worker events: GPUs, sessions, worst chunk latency, migrations,
+    cost; until --duration, Ctrl-C or SIGTERM, each of which ends it with the summary."""
     from infra.watch import watch
 
     settings = _settings()
     _metrics_server(metrics_port, metrics_host)
+
+    async def main() -> dict:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if no_render:  # the live table says nothing else: say how it ends (on stderr: stdout is the JSON's)
+            print("watch: following metrics and worker-events; Ctrl-C or SIGTERM stops it with the summary",
+                  file=sys.stderr, flush=True)
+        return await watch(settings, duration, render=not no_render, from_offset=from_offset, stop=stop)
+
     try:
-        result = asyncio.run(watch(settings, duration, render=not no_render, from_offset=from_offset))
-    except KeyboardInterrupt:
+        result = asyncio.run(main())
+    except KeyboardInterrupt:  # before the handlers above were in place: nothing read yet
         return
     if json_out is not None or no_render:
         _write_json(result, json_out)
@@ -603,7 +634,7 @@ def watch_cmd(
 def replay_cmd(
     processor: str = typer.Argument("control", help="Whose state to rebuild: control, dispatch, detector."),
     offset: int = typer.Option(0, min=0, help="Start at this offset in every partition (0: the beginning)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rebuilt state here."),
+    json_out: Optional[Path] = json_option("Write the rebuilt state here."),
 ) -> None:
     """Rebuild a processor's state from the topics and print it (the log is the truth)."""
     from infra.replay import replay
@@ -641,7 +672,7 @@ def chaos(
                                                "for on the cluster (default 1; 0: the control run)."),
     migrate_every: float = typer.Option(0.0, min=0.0, help="Seconds between operator Handoffs of a random "
                                         "session to another worker (0: none; the run's policy never migrates)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the audit here."),
+    json_out: Optional[Path] = json_option("Write the audit here."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
 ) -> None:
     """Run the live system under faults (pause, crash, dead dispatcher, duplicated and delayed
@@ -706,7 +737,7 @@ def bench_control_plane(
                                                "for on the cluster (default 1)."),
     warmup: float = typer.Option(10.0, min=0.0, help="Seconds of sessions opened (one input each) at the "
                                  "rate and kept open before measuring."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+    json_out: Optional[Path] = json_option("Write the result here."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
 ) -> None:
     """CreateLive and PushText latency through the real broker, dispatch and Redis."""
@@ -725,7 +756,7 @@ def bench_broker(
     seconds: int = typer.Option(30, min=2, help="How long to produce."),
     partitions: int = typer.Option(8, min=1, help="Partitions of the topic."),
     compare: bool = typer.Option(False, "--compare", help="Also run the other embedded broker (Tansu beside Kafka)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+    json_out: Optional[Path] = json_option("Write the result here."),
 ) -> None:
     """The embedded broker's CPU and one-hop latency per window under a steady producer, and its idle hop per fetch wait."""
     from infra.bench.broker import run
@@ -744,7 +775,7 @@ def bench_fuzz(
     consumer_records: int = typer.Option(2000, min=0, help="Of which also through a real consumer loop."),
     processor_records: int = typer.Option(3000, min=0, help="Also through the running faust processors."),
     seed: int = typer.Option(0, help="Seed of the generated and mutated records."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+    json_out: Optional[Path] = json_option("Write the result here."),
 ) -> None:
     """Generated and mutated records against every decoder, a real consumer loop and every
     faust processor (dispatch, detector, metrics, control) running as a process."""
@@ -765,7 +796,7 @@ def bench_fuzz(
 
 @bench_app.command("worker")
 def bench_worker(
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here."),
+    json_out: Optional[Path] = json_option("Write the result here."),
     profile_out: Optional[Path] = typer.Option(None, help="Also write the latencies as a latency profile."),
     sessions: int = typer.Option(32, min=1, help="Sessions offloaded and restored."),
     migrations: int = typer.Option(40, min=1, help="Migrations timed."),

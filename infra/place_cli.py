@@ -15,6 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from infra.outputs import json_option
 from processors.decisions import Migrate
 from processors.latency import GpuProfile, LatencyModel
 from processors.oracles import plan_objective
@@ -183,7 +184,7 @@ def decide(doc: Any, src: str) -> dict:
 
 def place_cmd(
     snapshot: Path = typer.Argument(..., help="Snapshot JSON: eta, alpha_s, beta_s_per_byte, gpu_types, gpus, sessions; or {\"instances\": [...]}. Optional: max_moves and max_transient_s (default: none; the live controller runs 512 and 1.4)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the decision here (default: stdout)."),
+    json_out: Optional[Path] = json_option("Write the decision here (default: stdout)."),
 ) -> None:
     """One placement decision: where every session goes, what moves, worst latency, objective."""
     src = str(snapshot)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from infra.outputs import writable as _writable
 from schemas.errors import ChunkserveError, ConfigError
 
 __all__ = ["register"]
@@ -130,21 +131,6 @@ def simulate_cmd(
             plot_timeline(timelines(runner, names), cfg.window_s, str(plot))
     except OSError as exc:
         _fail(exc)
-
-
-def _writable(**paths: Path | None) -> None:
-    """Make each output's folder before the work (as ``bench`` does), so a long run does not
-    end on a path it cannot write; a folder given as a file, or one that cannot be made, is
-    named in one line."""
-    for option, path in paths.items():
-        if path is None:
-            continue
-        if path.is_dir():
-            raise ConfigError(option, "is a folder; give a file name", str(path))
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(option, f"cannot make its folder ({exc.strerror})", str(path)) from None
 
 
 def _plot_format(plot: Path | None) -> None:

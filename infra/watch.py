@@ -7,6 +7,7 @@ mutates its input and reads no clock. The shell polls, folds and renders a rich 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -124,8 +125,10 @@ def table(state: WatchState, now: float) -> Any:
 
 
 async def watch(settings: Settings, duration_s: float | None, render: bool = True,
-                from_offset: int | None = None, clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    """Follow the fleet for ``duration_s`` seconds (None: until cancelled); returns the summary.
+                from_offset: int | None = None, clock: Callable[[], float] = time.time,
+                stop: asyncio.Event | None = None) -> dict[str, Any]:
+    """Follow the fleet for ``duration_s`` seconds (None: until ``stop`` is set or it is
+    cancelled); returns the summary.
 
     ``from_offset`` None starts at the end of every partition, else at that offset.
     """
@@ -144,7 +147,7 @@ async def watch(settings: Settings, duration_s: float | None, render: bool = Tru
         deadline = None if duration_s is None else time.monotonic() + duration_s
         if live is not None:
             live.start()
-        while deadline is None or time.monotonic() < deadline:
+        while not (stop is not None and stop.is_set()) and (deadline is None or time.monotonic() < deadline):
             for d in await consumer.poll(timeout_ms=200):
                 state = fold(state, d.record)
             if live is not None:

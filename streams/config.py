@@ -7,6 +7,7 @@ through to aiokafka, faust and redis-py.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -24,6 +25,10 @@ PROVISIONER_ENV = "CHUNKSERVE_PROVISIONER"  # set by a provisioner for the worke
 INPUT_ENVELOPE_BYTES = 1024  # what an input record carries beside its payload, at most
 DEAD_LETTER_ENVELOPE_BYTES = 8192  # a dead letter beside the refused bytes: reason, key, source
 TANSU_FETCH_WAIT_MS = 10  # Tansu holds a fetch to its whole wait: keep it short there
+KAFKA_TOPIC_MAX = 249  # the longest topic name Kafka takes
+_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]*")  # the only characters Kafka takes in one
+# every name made under the prefix: the topics, and each faust processor's leader topic
+_SUFFIXES = (*TOPICS, *(f"{p}-__assignor-__leader" for p in ("dispatch", "detector", "control", "metrics")))
 
 DEFAULT_PARTITIONS: dict[str, int] = {
     SESSION_EVENTS: 8,
@@ -198,6 +203,9 @@ class Settings:
     command_keys: Any = field(default_factory=lambda: _command_keys(), repr=False)
 
     def __post_init__(self) -> None:
+        problem = topic_prefix_problem(self.topic_prefix)
+        if problem:
+            raise ConfigError("topic_prefix", problem)
         for topic, n in self.partitions.items():
             if topic not in TOPICS:
                 raise ConfigError(f"partitions.{topic}", "unknown topic")
@@ -253,6 +261,19 @@ class Settings:
         """The same settings pointed at another broker and Redis."""
         return replace(self, kafka=replace(self.kafka, bootstrap=bootstrap),
                        redis=replace(self.redis, url=redis_url))
+
+
+def topic_prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` cannot start a Kafka topic name of ours, or None: a broker refuses the
+    name only when the topic is made, after a long wait and a traceback."""
+    if not _TOPIC_CHARS.fullmatch(prefix):
+        return (f"{prefix[:60]!r}: a Kafka topic name takes only ASCII letters, digits, "
+                "'.', '_' and '-'")
+    longest = max(_SUFFIXES, key=len)
+    if len(prefix) + len(longest) > KAFKA_TOPIC_MAX:
+        return (f"{len(prefix)} characters: the topic {longest!r} under it would pass Kafka's "
+                f"{KAFKA_TOPIC_MAX}; at most {KAFKA_TOPIC_MAX - len(longest)}")
+    return None
 
 
 def _command_keys() -> Any:

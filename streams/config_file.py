@@ -78,7 +78,21 @@ def load_with_sources(path: Path | None, env: Mapping[str, str]) -> tuple[Settin
         if raw:
             source = f"env {env_var(key)}"
             values[key], sources[key] = _parsed(key, raw, source), source
+    _refuse_unknown_topic_vars(env)
     return _build(values, sources), sources
+
+
+def _refuse_unknown_topic_vars(env: Mapping[str, str]) -> None:
+    """A ``CHUNKSERVE_PARTITIONS_<TOPIC>`` or ``CHUNKSERVE_RECORD_BYTES_<TOPIC>`` naming no
+    topic is refused, as the file's tables refuse one: a mistyped name would go unread."""
+    for table in _PER_TOPIC:
+        family = env_var(table) + "_"
+        known = sorted(env_var(f"{table}.{t}")[len(family):] for t in TOPICS)
+        for name in sorted(env):
+            topic = name[len(family):]
+            if name.startswith(family) and env[name] and topic not in known:
+                raise ConfigError(f"{table}.{topic.lower().replace('_', '-')}",
+                                  f"unknown topic (known: {', '.join(known)})", f"env {name}")
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -121,7 +135,7 @@ def _flatten(doc: dict[str, Any], source: str) -> dict[str, Any]:
             section = key.split(".", 1)[0]
             known = sorted(k.split(".", 1)[1] for k in KEYS if k.startswith(section + ".")
                            and k not in SECRETS)
-            hint = f" (known: {', '.join(known)})" if known and section in ("kafka", "redis") else ""
+            hint = f" (known: {', '.join(known)})" if known else ""
             raise ConfigError(key, ("unknown topic" if section in _PER_TOPIC else "unknown key") + hint,
                               source)
     return flat

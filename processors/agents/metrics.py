@@ -162,6 +162,19 @@ async def catch_up(settings: Any, catalogue: Any, spans: dict[str, WorkerSpan], 
     return spans
 
 
+async def _rebuild(settings: Any, catalogue: Any, state: dict[str, Any], sessions: SessionTally, fleet: Any,
+                   caught_up: asyncio.Event) -> None:
+    """:func:`catch_up` into the agents' state, then let them fold on."""
+    try:
+        state["spans"] = await catch_up(settings, catalogue, state["spans"], sessions)
+        for name, n in sessions.counts().items():
+            fleet.sessions.labels(name).set(n)
+    except Exception as exc:  # the broker away: bill from what the agents read, as before
+        log.warning("metrics: reading the log from its start failed (%s); counting from the agents' offsets", exc)
+    finally:
+        caught_up.set()
+
+
 def build_app(settings: Any) -> Any:
     """The faust app: one agent folding ``worker-events``, a timer publishing ``CostTick``;
     at start, the log read from its start (:func:`catch_up`) before the agents fold."""
@@ -182,14 +195,7 @@ def build_app(settings: Any) -> Any:
 
     @app.task
     async def rebuild() -> None:
-        try:
-            state["spans"] = await catch_up(settings, catalogue, state["spans"], sessions)
-            for name, n in sessions.counts().items():
-                fleet.sessions.labels(name).set(n)
-        except Exception as exc:  # the broker away: bill from what the agents read, as before
-            log.warning("metrics: reading the log from its start failed (%s); counting from the agents' offsets", exc)
-        finally:
-            caught_up.set()
+        await _rebuild(settings, catalogue, state, sessions, fleet, caught_up)
 
     @app.agent(publisher.topic(WORKER_EVENTS), name="metrics-worker-events")
     async def worker_events(stream: Any) -> None:

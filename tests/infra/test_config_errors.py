@@ -94,10 +94,12 @@ def test_the_demo_refuses_an_unknown_policy_from_the_environment_before_starting
     assert "nope: policy: unknown policy" in _one_line(out)
 
 
-def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_bootstrap, redis_url):
+def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_bootstrap, redis_url, tmp_path):
     """`up` checks what its children read from the environment alone; a processor started by
     hand says the same in one line; so does a worker given a bad id or device."""
     endpoints = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url}
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
     cases = [(["up"], {"CHUNKSERVE_POLICY": "nosuch"}, "policy: unknown policy"),
              (["up"], {"CHUNKSERVE_MAX_WORKERS": "abc"}, "CHUNKSERVE_MAX_WORKERS: not an integer: 'abc'"),
              (["up"], {"CHUNKSERVE_HEARTBEAT_TIMEOUT_S": "-1"}, "CHUNKSERVE_HEARTBEAT_TIMEOUT_S: must be above 0"),
@@ -106,6 +108,12 @@ def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_boot
              (["up"], {"CHUNKSERVE_WORKER_CAPACITY": "1000"},
               "env CHUNKSERVE_WORKER_CAPACITY: worker.capacity: 1000 sessions: must be from 1 to max_sessions_per_worker (64)"),
              (["up"], {"CHUNKSERVE_POLICY": "nosuch"}, "env CHUNKSERVE_POLICY: policy:"),
+             # the provisioner logs its workers there: it crash-looped on a file
+             (["up"], {"CHUNKSERVE_LOG_DIR": str(a_file)},
+              f"environment: CHUNKSERVE_LOG_DIR: {a_file} is a file, not a folder"),
+             (["up"], {"CHUNKSERVE_LOG_DIR": str(a_file / "logs")},
+              f"environment: CHUNKSERVE_LOG_DIR: cannot make the folder {a_file / 'logs'}"),
+             (["provisioner"], {"CHUNKSERVE_LOG_DIR": str(a_file)}, "CHUNKSERVE_LOG_DIR: "),
              (["processor", "control"], {"CHUNKSERVE_POLICY": "nosuch"}, "policy: unknown policy"),
              (["processor", "detector"], {"CHUNKSERVE_DETECTOR_TICK_S": "x"}, "CHUNKSERVE_DETECTOR_TICK_S: not a number"),
              (["worker", "--worker-id", " "], {}, "--worker-id: must be a non-empty id"),
@@ -114,3 +122,48 @@ def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_boot
         rc, out = _run(args, {**endpoints, **env})
         assert rc == 2, (args, env, out)
         assert said in _one_line(out), (args, env)
+
+
+def test_a_topic_prefix_kafka_refuses_is_named_at_once_by_every_command(kafka_bootstrap, redis_url, tmp_path):
+    """It used to reach the broker, which refused each topic: a traceback after 30 s."""
+    env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url,
+           "CHUNKSERVE_TOPIC_PREFIX": "bad prefix/!"}
+    for command in (["topics"], ["up"], ["watch", "--duration", "2"], ["processor", "control"]):
+        rc, out = _run(command, env)
+        assert rc == 2, (command, out)
+        assert "env CHUNKSERVE_TOPIC_PREFIX: topic_prefix: 'bad prefix/!': a Kafka topic name" in _one_line(out)
+    conf = tmp_path / "chunkserve.toml"
+    conf.write_text('topic_prefix = "' + 'x' * 240 + '"\n')
+    rc, out = _run(["--config", str(conf), "topics"], env={k: v for k, v in env.items() if "PREFIX" not in k})
+    assert rc == 2 and f"{conf}: topic_prefix: 240 characters" in _one_line(out)
+
+
+def test_a_json_output_it_cannot_write_is_named_before_the_work(kafka_bootstrap, redis_url, tmp_path):
+    """A folder, or a path under a file, was a traceback after the work (watch: the summary lost)."""
+    env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url}
+    a_file = tmp_path / "x.csv"
+    a_file.write_text("")
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text('{"eta": 1}')
+    for command in (["replay", "detector"], ["watch", "--duration", "6", "--no-render"],
+                    ["bench", "scheduler", "--gpus", "8", "--instances", "1"], ["place", str(snapshot)],
+                    ["ownership-check", "--runs", "4", "--redis-sample", "0"]):
+        for target, said in ((a_file / "x.json", f"{a_file / 'x.json'}: --json: cannot make its folder: "
+                                                 f"{a_file} is a file, not a folder"),
+                             (tmp_path, f"{tmp_path}: --json: is a folder; give a file name")):
+            rc, out = _run([*command, "--json", str(target)], env)
+            assert rc == 2, (command, out)
+            assert said in _one_line(out), command
+
+
+def test_a_json_output_that_fails_at_the_end_still_gives_the_result(tmp_path, capsys):
+    """Checked before the work, the file can still fail when written: the result goes to
+    stdout, then one line (exit code 2 through ConfigError), no traceback."""
+    from infra.cli import _write_json
+    from schemas.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        _write_json({"sessions": 3}, tmp_path)  # a folder by the time the work is done
+    assert info.value.key == "--json" and info.value.source == str(tmp_path)
+    assert "cannot write" in str(info.value)
+    assert '"sessions": 3' in capsys.readouterr().out

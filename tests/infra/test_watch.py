@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.request
+
+import pytest
 
 from prometheus_client import CollectorRegistry
 
@@ -108,3 +116,62 @@ def _free_port() -> int:
     from infra.embedded import free_port
 
     return free_port()
+
+
+def _watch_until_signalled(tmp_path, settings, json_out, signum, before_signal=lambda: None):
+    """``chunkserve watch --no-render --json OUT`` (no --duration) run as an operator runs it,
+    stopped by ``signum`` once it says it follows the topics; returns (rc, stdout, stderr)."""
+    from streams.config_file import child_env
+    from streams.topics import ensure_topics
+
+    asyncio.run(ensure_topics(settings))
+    env = child_env(settings, base={k: v for k, v in os.environ.items() if not k.startswith("CHUNKSERVE_")})
+    err = tmp_path / "watch.err"
+    with open(err, "w") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "infra", "watch", "--no-render", "--json", str(json_out)],
+                                env=env, stdout=subprocess.PIPE, stderr=err_file, text=True)
+        try:
+            deadline = time.monotonic() + 90
+            while "Ctrl-C or SIGTERM stops it" not in err.read_text() and proc.poll() is None:
+                assert time.monotonic() < deadline, err.read_text()
+                time.sleep(0.2)
+            time.sleep(2.0)
+            before_signal()
+            proc.send_signal(signum)
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return proc.returncode, out, err.read_text()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_watch_stopped_by_a_signal_still_writes_its_summary(kafka_bootstrap, redis_url, namespace, tmp_path,
+                                                           signum):
+    """Without --duration, Ctrl-C (SIGINT) or SIGTERM ended watch without its summary."""
+    from streams.config import Settings
+
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
+    json_out = tmp_path / "summary.json"
+    rc, out, err = _watch_until_signalled(tmp_path, settings, json_out, signum)
+    assert rc == 0 and "Traceback" not in out + err, out + err
+    summary = json.loads(json_out.read_text())
+    assert {"workers", "sessions", "chunks", "records"} <= set(summary)
+
+
+def test_watch_whose_json_fails_at_the_end_prints_the_summary(kafka_bootstrap, redis_url, namespace, tmp_path):
+    """The file checked at the start can still fail at the end: the summary goes to stdout,
+    the failure is one line, exit code 2."""
+    from streams.config import Settings
+
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
+    folder = tmp_path / "out"
+    json_out = folder / "summary.json"
+
+    def break_the_folder():  # it becomes a file while watch runs
+        folder.rmdir()
+        folder.write_text("")
+
+    rc, out, err = _watch_until_signalled(tmp_path, settings, json_out, signal.SIGINT, break_the_folder)
+    assert rc == 2 and "Traceback" not in out + err, out + err
+    assert '"records":' in out and f"{json_out}: --json: cannot write" in out

@@ -251,3 +251,41 @@ def test_isolated_settings_use_topics_and_keys_of_their_own():
 
     s = Settings(topic_prefix="prod.", namespace="eu").isolated("demo-1a2b")
     assert (s.topic_prefix, s.namespace) == ("prod.demo-1a2b.", "eu-demo-1a2b")
+
+
+@pytest.mark.parametrize("prefix,said", [
+    ("bad prefix/!", "a Kafka topic name takes only ASCII letters, digits"),
+    ("caf\u00e9.", "a Kafka topic name takes only ASCII letters, digits"),
+    ("a" * 230, "at most 221"),  # its longest topic would pass Kafka's 249 characters
+])
+def test_a_topic_prefix_kafka_would_refuse_is_named_with_its_source(tmp_path, prefix, said):
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, env={"CHUNKSERVE_TOPIC_PREFIX": prefix})
+    assert (info.value.key, info.value.source) == ("topic_prefix", "env CHUNKSERVE_TOPIC_PREFIX")
+    assert said in str(info.value)
+    path = write(tmp_path, f'topic_prefix = "{prefix}"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    assert (info.value.key, info.value.source) == ("topic_prefix", str(path)) and said in str(info.value)
+
+
+def test_the_longest_topic_prefix_kafka_takes_is_accepted():
+    from streams.config import KAFKA_TOPIC_MAX, Settings
+
+    for prefix in ("", "Prod_1.eu-west.", "a" * 221):
+        s = load_settings(None, env={"CHUNKSERVE_TOPIC_PREFIX": prefix} if prefix else {})
+        assert max(len(s.topic_prefix + t) for t in Settings().partitions) <= KAFKA_TOPIC_MAX
+        assert len(s.topic_prefix + "dispatch-__assignor-__leader") <= KAFKA_TOPIC_MAX
+
+
+@pytest.mark.parametrize("name,key", [
+    ("CHUNKSERVE_RECORD_BYTES_BOGUS", "record_bytes.bogus"),
+    ("CHUNKSERVE_PARTITIONS_SESSION_INPUT", "partitions.session-input"),  # a letter short
+])
+def test_a_per_topic_variable_naming_no_topic_is_refused_like_the_files_table(name, key):
+    """A mistyped per-topic variable was ignored (its setting silently at the default)."""
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, env={name: "abc"})
+    assert (info.value.key, info.value.source) == (key, f"env {name}")
+    assert "unknown topic (known: DEAD_LETTERS, METRICS," in str(info.value)
+    assert load_settings(None, env={name: ""}) == load_settings(None, env={})  # empty: unset, as for any key

@@ -1,0 +1,61 @@
+"""Files a command writes when its work is done (``--json``, ``--plot``): each path is
+checked before the work starts and written after it; one that cannot be written is a
+``ConfigError`` naming the option and the path (one line, exit code 2), never a traceback
+after a long run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from schemas.errors import ConfigError
+
+__all__ = ["folder_problem", "writable", "write_output", "json_option"]
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why no folder can be at ``folder`` (made, with its parents, when missing), or None."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return f"{folder} is a file, not a folder"
+    except OSError as exc:
+        return f"cannot make the folder {folder} ({exc.strerror or exc})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write in the folder {folder}"
+    return None
+
+
+def writable(**paths: Path | None) -> None:
+    """Each output (``option=path``) a file this process can write: not a folder, in a folder
+    that is there or can be made (it is made now); else a ``ConfigError`` naming ``--option``."""
+    for option, path in paths.items():
+        if path is None:
+            continue
+        if path.is_dir():
+            raise ConfigError(f"--{option}", "is a folder; give a file name", str(path))
+        problem = folder_problem(path.parent)
+        if problem:
+            raise ConfigError(f"--{option}", f"cannot make its folder: {problem}", str(path))
+
+
+def write_output(option: str, path: Path, text: str) -> None:
+    """Write ``text`` to the output ``--option`` names; a failure is a ``ConfigError``."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise ConfigError(f"--{option}", f"cannot write ({exc.strerror or exc})", str(path)) from None
+
+
+def _check_json(value: Optional[Path]) -> Optional[Path]:
+    writable(json=value)
+    return value
+
+
+def json_option(help: str) -> Any:
+    """A ``--json PATH`` option whose path is checked as the command line is read, before the
+    command's work starts."""
+    return typer.Option(None, "--json", help=help, callback=_check_json)
