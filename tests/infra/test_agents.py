@@ -308,6 +308,10 @@ def test_provisioner_starts_a_worker_and_stops_it_once_empty(kafka_bootstrap, re
                 assert down.worker_id == "p-0"
                 assert "p-0" not in prov.procs and "p-0" not in await store.load_view()
                 assert json.loads(targets.read_text()) == []  # no longer listed
+                await prov.start(1, "cpu")
+                assert len(json.loads(targets.read_text())) == 1
+                await prov.close()  # as when the provisioner stops
+                assert json.loads(targets.read_text()) == []
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)
