@@ -20,6 +20,7 @@ class InputGate:
         self.max_bytes, self.rate, self.burst = max_bytes, rate, burst
         self.counts = RateCount(rate, burst)
         self._refused: dict[str, list[int]] = {}
+        self._recent: dict[str, list[int]] = {}  # the last MAX_REFUSED refused, kept after they are named
 
     def refuse(self, sid: str, seq: int, size: int, timestamp_s: float) -> str | None:
         """None if the input (with this Kafka timestamp) may be routed; else why not (and the
@@ -48,10 +49,17 @@ class InputGate:
     def note_refused(self, sid: str, seq: int) -> None:
         """Keep ``seq`` as refused elsewhere (a misfiled key) too."""
         if seq >= 1:
-            seqs = self._refused.setdefault(sid, [])
-            seqs[:] = seqs[-(MAX_REFUSED - 1):] + [seq]
-            bound(self._refused)
+            for kept in (self._refused, self._recent):
+                seqs = kept.setdefault(sid, [])
+                seqs[:] = seqs[-(MAX_REFUSED - 1):] + [seq]
+                bound(kept)
 
     def refused_before(self, sid: str) -> tuple[int, ...]:
         """The session's refused seqs since the last call (its next routed input names them)."""
         return tuple(self._refused.pop(sid, ()))
+
+    def recently_refused(self, sid: str, below: int) -> tuple[int, ...]:
+        """The session's last refused seqs below ``below``, named or not: an input routed again
+        after its owner refused it names them too (its first routing's names went to that
+        owner)."""
+        return tuple(seq for seq in self._recent.get(sid, ()) if seq < below)

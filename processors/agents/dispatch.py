@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Awaitable, Callable, Protocol
 
 from schemas.errors import InfraError, NoCapacityError, OwnershipError, StaleGenerationError
-from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, InputPushed, Record,
+from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, InputPushed, Record, RoutedInput,
                              SessionOpened, WorkerDown, WorkerUp)
 
 from schemas.codec import encode
@@ -189,6 +189,8 @@ class DispatchShell:
 
     async def carry_out(self, cmd: Command, refused: list[str]) -> Event | None:
         match cmd:
+            case Publish(record=RoutedInput(source_partition=-1) as rec):  # routed again: its owner refused it
+                await self.publisher.send(replace(rec, refused_before=self.gate.recently_refused(rec.session_id, rec.seq)))
             case Publish(record=rec):
                 await self.publisher.send(rec)
             case Commit(admission=adm, worker=worker):
@@ -230,9 +232,7 @@ class DispatchShell:
             return CommitRefused(adm, worker, exc.reason_code, detail=str(exc))
 
     async def refuse(self, inp: Input, why: str) -> None:
-        # named on the session's next routed input: its owner neither waits for the seq nor
-        # applies it from the log at a gap (the refusals of the gate are noted there)
-        self.gate.note_refused(inp.session_id, inp.seq)
+        self.gate.note_refused(inp.session_id, inp.seq)  # named on the next routed input: not waited for
         if inp.origin is not None:  # the record as it came: dead-lettered with its own bytes
             await self.publisher.dead_letter(inp.origin, why, self.name)
             return

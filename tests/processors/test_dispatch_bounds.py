@@ -131,3 +131,32 @@ def test_a_worker_with_another_rate_rule_is_named() -> None:
     assert gate.other_rule(5.0, 10.0) is None and gate.other_rule(0.0, 0.0) is None  # the same; not said
     why = gate.other_rule(50.0, 100.0)
     assert why is not None and "50/s, burst 100" in why and "5/s, burst 10" in why
+
+
+def test_an_input_routed_again_names_the_inputs_refused_before_it() -> None:
+    """Its owner refused it (the session had moved on): dispatch routes it again, naming the
+    session's inputs refused for the rate below it, as its first routing did, so the new owner
+    does not wait for them (a re-routed copy named none, and the new owner waited until the
+    close refused what followed)."""
+    from processors.dispatch import Publish
+    from schemas.records import Generation, RoutedInput
+
+    class Sent:
+        def __init__(self) -> None:
+            self.records: list[object] = []
+
+        async def send(self, rec: object, wait: bool = False) -> None:
+            self.records.append(rec)
+
+    sent = Sent()
+    shell = DispatchShell(store=None, publisher=sent, input_rate=0.001, input_burst=1)
+    for seq in (1, 2, 3):  # 2 and 3 over the rate
+        shell.admit_input(InputPushed(session_id="s", seq=seq, kind="text", payload="ok", ts=0.0), b"s", 5.0)
+    assert shell.gate.refused_before("s") == (2, 3)  # named on the first routing of input 4
+    again = RoutedInput(worker_id="w", session_id="s", generation=Generation("w", 2), seq=4, kind="text",
+                        payload="ok", ts=0.0)  # routed again: no place in the log (-1)
+    asyncio.run(shell.carry_out(Publish(again), []))
+    first = RoutedInput(worker_id="w", session_id="s", generation=Generation("w", 2), seq=5, kind="text",
+                        payload="ok", ts=0.0, source_partition=0, source_offset=9)
+    asyncio.run(shell.carry_out(Publish(first), []))
+    assert [r.refused_before for r in sent.records] == [(2, 3), ()]  # a first routing keeps its own names
