@@ -146,11 +146,15 @@ class Recovery:
 
     async def _refuse_unapplied(self, sid: str, applied_seq: int) -> None:
         """A session closed while its owner was lost: every input after the last one applied
-        is still in the log (none was routed to a live owner); refuse each with the reason."""
+        is still in the log; refuse each with the reason, but for those refused already (an
+        owner that was alive after all refused them at the close: each was dead-lettered once)."""
         if self.shell.read_inputs is None:
             return
+        done = set(self.shell.gate.recently_refused(sid, below=2**63))
         for got in await self.shell.read_inputs(sid, applied_seq):
             rec = got.record
+            if rec.seq in done:
+                continue
             await self.shell.refuse_input(sid, rec.seq, rec.kind, rec.payload, rec.ts,
                                           f"session closed before input {rec.seq} was applied "
                                           "(its worker was lost and no new owner took it)",

@@ -169,6 +169,32 @@ def test_inputs_of_a_session_closed_while_stranded_are_refused_from_the_log() ->
     asyncio.run(run())
 
 
+def test_the_close_sweep_does_not_refuse_again_what_was_refused_at_the_close() -> None:
+    """A session still queued for recovery closes while an owner holds it after all: that
+    owner refuses its waiting input 2 at the close (dispatch dead-letters it), and the sweep
+    that finishes the close refuses from the log only what nobody refused (3), not 2 a second
+    time (an outside run saw 21 inputs dead-lettered twice)."""
+    from processors.dispatch import Input
+
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 1}, ["a"])
+        log = [LoggedInput(0, i, InputPushed(session_id="a", seq=i, kind="text", payload=f"in {i}", ts=1.0))
+               for i in (2, 3)]
+
+        async def read_inputs(sid: str, after_seq: int) -> list[LoggedInput]:
+            return [x for x in log if x.record.session_id == sid and x.record.seq > after_seq]
+
+        shell.read_inputs = read_inputs
+        await shell.refuse(Input("a", 2, "text", "in 2", partition=0, offset=2), "session closed before input 2 was applied")
+        await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats"))
+        await shell.on_session_event(SessionClosed(session_id="a", ts=clock()))
+        await shell.sweep()
+        assert sorted(refused_inputs(sent.of(DeadLetter))) == [("a", 2), ("a", 3)]
+        assert len(sent.of(DeadLetter)) == 2  # 2 once, at the close; 3 by the sweep
+
+    asyncio.run(run())
+
+
 def test_a_lost_assign_is_sent_again_after_the_grace() -> None:
     """The replica that committed a recovery died before its Assign went out (or the Assign
     was lost): once the grace passes, any replica sends it again."""
