@@ -97,10 +97,12 @@ class EmbeddedRedisCluster:
         self.root = Path(root)
         self.masters, self.replicas, self.node_timeout_ms = masters, replicas, node_timeout_ms
         self.ports: list[int] = []
+        taken: set[int] = set()  # each node's port and its cluster bus port (port + 10000)
         while len(self.ports) < masters * (1 + replicas):
             port = _free_port()
-            if port not in self.ports:
+            if not {port, port + 10000} & taken:  # one node's bus port was another's port once
                 self.ports.append(port)
+                taken |= {port, port + 10000}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.security = security
         self._server, self._cli = _tls_binaries() if security else _binaries()
@@ -170,7 +172,7 @@ class EmbeddedRedisCluster:
         for port in self.ports:
             self._start_node(port)
         for port in self.ports:
-            self._until(lambda p=port: self._cli_call(p, "ping").strip() == "PONG", timeout_s, f"node {port}")
+            self._until(lambda p=port: self._answers(p), timeout_s, f"node {port}")
         nodes = [f"127.0.0.1:{p}" for p in self.ports]
         made = subprocess.run([self._cli, *self._cli_args, "--cluster", "create", *nodes, "--cluster-replicas",
                                str(self.replicas), "--cluster-yes"], capture_output=True, text=True,
@@ -180,6 +182,15 @@ class EmbeddedRedisCluster:
         self._until(self.healthy, timeout_s, "the cluster to be ok with every replica connected")
         self.start_s = round(time.monotonic() - started, 2)
         return self
+
+    def _answers(self, port: int) -> bool:
+        """Whether the node answers PING; an InfraError with its log's last line if it exited."""
+        proc = self.procs[port]
+        if proc.poll() is not None:
+            log = self.root / f"node-{port}" / "redis.log"
+            said = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+            raise InfraError(f"Redis node {port} exited with code {proc.returncode}: {' '.join(said)[-300:]}")
+        return self._cli_call(port, "ping").strip() == "PONG"
 
     def healthy(self) -> bool:
         """Every live node says ``cluster_state:ok``; every master has its replicas in sync."""

@@ -26,6 +26,31 @@ def cluster(tmp_path: Path) -> Iterator[EmbeddedRedisCluster]:
         yield c
 
 
+def test_no_node_takes_the_port_of_another_nodes_cluster_bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node listens on its port and on port + 10000 (the cluster bus): a node given 55301
+    beside one on 45301 could not start (a CI run waited 30 s for it)."""
+    import infra.redis_cluster as rc
+
+    offered = iter([45301, 55301, 45301, 35301, 36000, 37000, 38000, 39000, 40000])
+    monkeypatch.setattr(rc, "_free_port", lambda: next(offered))
+    ports = EmbeddedRedisCluster(tmp_path / "c").ports  # 55301 is 45301's bus, 35301's bus is 45301
+    assert ports == [45301, 36000, 37000, 38000, 39000, 40000]
+
+
+def test_a_node_that_exits_at_start_is_named_at_once(tmp_path: Path) -> None:
+    """Its port taken: the start fails with the node's own last log line, not a 30 s wait."""
+    import socket
+
+    cluster = EmbeddedRedisCluster(tmp_path / "c")
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", cluster.ports[0]))
+        blocker.listen()
+        started = time.monotonic()
+        with pytest.raises(InfraError, match=f"Redis node {cluster.ports[0]} exited with code 1: .*Failed listening on port"):
+            cluster.start()
+        assert time.monotonic() - started < 20
+
+
 def _store(cluster: EmbeddedRedisCluster, namespace: str, acks: int | None = None, timeout_ms: int = 300) -> GenerationStore:
     settings = Settings(namespace=namespace, redis=RedisSettings(url=cluster.url, cluster="on", replica_acks=acks,
                                                                  replica_ack_timeout_ms=timeout_ms))
