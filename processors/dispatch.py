@@ -417,14 +417,17 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
     sv, refused = facts.session, inp.refused
     if sv is None and inp.rereads_left > 0:
         return view, [ReadAgain(Seen(replace(inp, rereads_left=inp.rereads_left - 1), facts), REREAD_S)]
+    resting = sv is not None and sv.state in (StoreState.CLOSED, StoreState.SUSPENDED)
+    if resting and inp.seq <= (sv.input_seq or 0):  # at or below the last applied: nothing to wake it for
+        if inp.seq not in sv.skipped:  # a copy of one settled: applied (a redelivery, a recovery's
+            # replay) or refused at dispatch (its owner skipped it as withdrawn, never as a gap)
+            return view, [Note(f"{inp.session_id}: input {inp.seq} came again after the session "
+                               f"{'closed' if sv.state == StoreState.CLOSED else 'was offloaded'}; it was settled before")]
+        late = f"input {inp.seq} came after its session gave up waiting for it and applied later ones (late)"
+        return view, [Refuse(inp, _refusal(inp, late))]
     if sv is None or sv.state == StoreState.CLOSED:
         why = "no owner for session (unknown or closed)"
-        if sv is not None and inp.seq <= (sv.input_seq or 0):  # at or below the last applied
-            if inp.seq not in sv.skipped:  # a copy of one settled: applied (a redelivery, a recovery's
-                # replay) or refused at dispatch (its owner skipped it as withdrawn, never as a gap)
-                return view, [Note(f"{inp.session_id}: input {inp.seq} came again after the close; it was settled before")]
-            why = f"input {inp.seq} came after its session gave up waiting for it and applied later ones (late)"
-        elif refused is not None:
+        if refused is not None:
             why = f"session closed before input {inp.seq} was applied"
         return view, [Refuse(inp, _refusal(inp, why))]
     if refused is not None and refused.reason not in ("stale_epoch", "not_owner"):

@@ -212,3 +212,20 @@ def test_a_copy_of_an_input_coming_back_after_the_close_is_told_apart_by_the_sto
     assert _kinds(cmds) == ["Refuse"] and "session closed before input 12 was applied" in cmds[0].why
     _, cmds = decide(VIEW, Seen(Input("s", 9, "text", "x"), closed), 2.0)  # a producer's late retry
     assert _kinds(cmds) == ["Note"]
+
+
+def test_a_copy_of_an_applied_input_does_not_wake_an_offloaded_session():
+    """A recovery's replay applied input 110; its routed copy reached the owner after the
+    offload and came back refused: it was settled, so no restore is asked for it (the restore
+    failed on the close that followed and the input was dead-lettered as well as applied, in an
+    outside run); one past the last applied still wakes the session; a late one is refused."""
+    offloaded = Facts(replace(_sv(StoreState.SUSPENDED), input_seq=110, skipped=(104,)))
+    bounced = CommandRejected(worker_id="w1", ts=2.0, command=RoutedInput.TAG, reason="not_owner",
+                              detail="current: w1@3 (suspended)", session_id="s", generation=GEN, seq=110,
+                              kind="text", payload="x")
+    _, cmds = decide(VIEW, Seen(bounced, offloaded), 2.0)
+    assert _kinds(cmds) == ["Note"]
+    _, cmds = decide(VIEW, Seen(replace(bounced, seq=111), offloaded), 2.0)
+    assert _kinds(cmds) == ["Commit"]
+    _, cmds = decide(VIEW, Seen(replace(bounced, seq=104), offloaded), 2.0)
+    assert _kinds(cmds) == ["Refuse"] and "(late)" in cmds[0].why
