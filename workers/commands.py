@@ -8,10 +8,11 @@ are refused so dispatch routes them to the current owner.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from schemas.errors import ChunkserveError, LimitError, OwnershipError
@@ -49,6 +50,9 @@ class Ports:
     replay: Callable[[str, int, tuple[int, int] | None], Awaitable[list[Any]]]
     gap_wait_s: float = 5.0
     host_cache_sessions: int = 64
+    # wait until every event sent so far is acknowledged: the inputs applied are reported
+    # before an offload, a handoff or a close makes the state others act on (no replay then)
+    flush: Callable[[], Awaitable[None]] = field(default=lambda: asyncio.sleep(0))
 
 
 async def initial_state(p: Ports, host_cache: Any, rec: Assign) -> snapshots.Restored:
@@ -156,14 +160,14 @@ class CommandHandler:
         if (sess := await self.current(rec)) is None:
             return
         sess.frozen_since = None  # an offload overrides a handoff: it keeps the inputs
-        # a snapshot keeps no waiting input: what waits on a gap is applied past it, and the
-        # seqs given up on travel in the snapshot and the store (a late one is refused as late)
+        # a snapshot keeps no waiting input: what waits on a gap is applied past it (the seqs given up on travel)
         await self.apply_pending(sid, sess, skip_gaps=True)
         if self.sessions.get(sid) is not sess:
             return  # fenced meanwhile
         try:
             sess.state.to("cpu")
             manifest = await self.snapshot(sid, sess)
+            await self.p.flush()
             await self.p.store.release(sid, sess.generation, close=False)
         except LimitError as exc:  # cannot offload: the session stays resident and says why
             sess.state.to(self.p.device)
@@ -195,17 +199,16 @@ class CommandHandler:
                 await self.drop(sid, sess, str(exc))
                 return
             sess.freeze(self.p.monotonic())
+        await self.p.flush()
         await self.p.send(Frozen(worker_id=self.p.worker_id, session_id=sid, generation=sess.generation,
                                  target_worker=rec.target_worker, ts=self.p.clock(),
                                  chunk_index=sess.released_chunk))
 
     async def current(self, rec: Record) -> Held | None:
-        """The held session if ``rec`` carries its generation; otherwise reject ``rec``.
-
-        A Terminate or Suspend may overtake the Assign of the same generation (they come from
+        """The held session if ``rec`` carries its generation; otherwise reject ``rec``. A
+        Terminate or Suspend may overtake the Assign of the same generation (they come from
         different agents): if the store says the generation is current and ours, the session
-        is ended or suspended in the store directly, so the late Assign finds nothing to run.
-        """
+        is ended or suspended in the store directly, so the late Assign finds nothing to run."""
         sid, gen = rec.session_id, rec.generation  # type: ignore[attr-defined]
         sess = self.sessions.get(sid)
         if (sess is None and isinstance(rec, (Terminate, Suspend)) and gen.worker_id == self.p.worker_id
@@ -294,6 +297,7 @@ class CommandHandler:
             await self.reject_all(sess.take_pending(), "closed", "the session closed while it waited for an earlier one")
         if successor is None:  # (after a handoff the store moved it already)
             try:
+                await self.p.flush()
                 await self.p.store.release(rec.session_id, rec.generation, close=close)
             except OwnershipError as exc:
                 log.info("release of %s refused: %s", rec.session_id, exc)

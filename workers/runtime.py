@@ -64,7 +64,8 @@ class Worker:
         self.commands = CommandHandler(Ports(
             worker_id=config.worker_id, device=config.device, store=store, model=model,
             send=self._send, clock=clock, monotonic=monotonic, replay=self._replay,
-            gap_wait_s=config.input_gap_wait_s, host_cache_sessions=config.host_cache_sessions))
+            gap_wait_s=config.input_gap_wait_s, host_cache_sessions=config.host_cache_sessions,
+            flush=self._flush))
         self.sessions, self.schedule = self.commands.sessions, self.commands.schedule
         self.chunks_released = 0
         self.last_latency_s = 0.0
@@ -247,6 +248,10 @@ class Worker:
             cpu_percent=sample.cpu_percent if sample else 0.0,
             rss_bytes=sample.rss_bytes if sample else 0))
         observe_heartbeat(beat)
+
+    async def _flush(self) -> None:
+        assert self.outbox is not None, "the worker has not started"
+        await self.outbox.acknowledged()
 
     async def _send(self, rec: Record) -> None:
         assert self.outbox is not None, "the worker has not started"

@@ -5,9 +5,11 @@ ownership model test."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
-from schemas.records import Assign, CommandRejected, InputAccepted, InputPushed, Record, RoutedInput, Suspend
+from schemas.records import (Assign, CommandRejected, InputAccepted, InputPushed, Record, RoutedInput, Suspend,
+                             Terminate)
 from streams.generations_memory import MemoryGenerationStore
 from streams.input_log import LoggedInput
 from tests.workers.test_ownership_model import GAP_WAIT_S, _handler
@@ -135,3 +137,36 @@ def test_a_seq_dispatch_refused_is_not_applied_from_the_log():
     """Dispatch refused 2 (an input for a session it did not know yet, say) and names it on 3:
     the owner applies 3 at once and never takes 2 from the log."""
     assert _gap_run([(1, ()), (3, (2,))], (1, 2, 3)) == ([1, 3], [1, 3])
+
+
+def test_the_inputs_applied_are_reported_before_an_offload_or_a_close_is_made_durable():
+    """The owner waits for its InputAccepted reports to be acknowledged before it releases the
+    session in the store at an offload or a close: killed after the release, the reports were
+    lost while the snapshot held the inputs, so the next owner (restoring, not replaying) went
+    on past them and they ended neither applied nor refused for anyone reading the topics."""
+    loop = asyncio.new_event_loop()
+    try:
+        store, sent, now = MemoryGenerationStore("t"), [], [0.0]
+        seen: list[tuple[int, str]] = []
+
+        async def flush() -> None:  # what was reported, and the store's state, when it is called
+            view = await store.session("s")
+            seen.append((len([r for r in sent if isinstance(r, InputAccepted)]), view.state if view else "-"))
+
+        handler = _handler(store, sent, lambda: now[0])
+        handler.p = replace(handler.p, flush=flush)
+        run = loop.run_until_complete
+        run(store.register_worker("w", 4))
+        gen = run(store.commit("s", 0, "w"))
+        run(handler.handle(Assign(worker_id="w", session_id="s", generation=gen, ts=0.0, prompt="p")))
+        run(handler.handle(_input(gen, 1)))
+        run(handler.handle(_input(gen, 3)))  # waits for 2: applied at the offload, past it
+        run(handler.handle(Suspend(worker_id="w", session_id="s", generation=gen, ts=0.0)))
+        assert seen == [(2, "active")]  # both reported, then released
+        second = run(store.commit("s", gen.epoch, "w"))
+        run(handler.handle(Assign(worker_id="w", session_id="s", generation=second, ts=0.0, prompt="p", restore=True)))
+        run(handler.handle(_input(second, 4)))
+        run(handler.handle(Terminate(worker_id="w", session_id="s", generation=second, ts=0.0)))
+        assert seen[-1] == (3, "active") and run(store.session("s")).state == "closed"
+    finally:
+        loop.close()
