@@ -8,6 +8,7 @@ from processors.agents.dispatch import DispatchShell
 from processors.input_gate import MAX_REFUSED, InputGate
 from schemas.input_rate import RateCount, rate_counted, rate_window
 from schemas.records import InputPushed
+from tests.processors.test_recovery import Sent  # the publisher that keeps what dispatch sends
 
 
 def test_the_rate_rule_passes_the_first_burst_of_each_window_of_burst_over_rate_seconds() -> None:
@@ -111,17 +112,10 @@ def test_an_input_refused_on_its_route_is_named_on_the_next_routed_one() -> None
     applies it from the log when it meets the gap."""
     from processors.dispatch import Input
 
-    class Letters:
-        def __init__(self) -> None:
-            self.sent: list[object] = []
-
-        async def send(self, rec: object, wait: bool = False) -> None:
-            self.sent.append(rec)
-
-    letters = Letters()
+    letters = Sent()
     shell = DispatchShell(store=None, publisher=letters)
     asyncio.run(shell.refuse(Input("s", 1, "text", "hi", partition=0, offset=5), "no owner for session"))
-    assert len(letters.sent) == 1 and shell.gate.refused_before("s") == (1,)
+    assert len(letters.records) == 1 and shell.gate.refused_before("s") == (1,)
 
 
 def test_a_worker_with_another_rate_rule_is_named() -> None:
@@ -140,13 +134,6 @@ def test_an_input_routed_again_names_the_inputs_refused_before_it() -> None:
     close refused what followed)."""
     from processors.dispatch import Publish
     from schemas.records import Generation, RoutedInput
-
-    class Sent:
-        def __init__(self) -> None:
-            self.records: list[object] = []
-
-        async def send(self, rec: object, wait: bool = False) -> None:
-            self.records.append(rec)
 
     sent = Sent()
     shell = DispatchShell(store=None, publisher=sent, input_rate=0.001, input_burst=1)

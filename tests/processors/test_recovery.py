@@ -145,16 +145,20 @@ def test_a_close_wins_over_a_recovery_still_to_come() -> None:
     asyncio.run(run())
 
 
+def _log_holds(shell: DispatchShell, sid: str, seqs: tuple[int, ...]) -> None:
+    """The session-inputs log, as dispatch reads it back, holds these inputs of ``sid``."""
+    log = [LoggedInput(0, i, InputPushed(session_id=sid, seq=i, kind="text", payload=f"in {i}", ts=1.0)) for i in seqs]
+
+    async def read_inputs(wanted: str, after_seq: int) -> list[LoggedInput]:
+        return [x for x in log if x.record.session_id == wanted and x.record.seq > after_seq]
+
+    shell.read_inputs = read_inputs
+
+
 def test_inputs_of_a_session_closed_while_stranded_are_refused_from_the_log() -> None:
     async def run() -> None:
         store, shell, sent, clock = await _fleet({"w1": 1}, ["a"])
-        log = [LoggedInput(0, i, InputPushed(session_id="a", seq=i, kind="text", payload=f"in {i}", ts=1.0))
-               for i in (1, 2)]
-
-        async def read_inputs(sid: str, after_seq: int) -> list[LoggedInput]:
-            return [x for x in log if x.record.session_id == sid and x.record.seq > after_seq]
-
-        shell.read_inputs = read_inputs
+        _log_holds(shell, "a", (1, 2))
         await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats"))
         await shell.sweep()
         for seq in (1, 2):
@@ -178,13 +182,7 @@ def test_the_close_sweep_does_not_refuse_again_what_was_refused_at_the_close() -
 
     async def run() -> None:
         store, shell, sent, clock = await _fleet({"w1": 1}, ["a"])
-        log = [LoggedInput(0, i, InputPushed(session_id="a", seq=i, kind="text", payload=f"in {i}", ts=1.0))
-               for i in (2, 3)]
-
-        async def read_inputs(sid: str, after_seq: int) -> list[LoggedInput]:
-            return [x for x in log if x.record.session_id == sid and x.record.seq > after_seq]
-
-        shell.read_inputs = read_inputs
+        _log_holds(shell, "a", (2, 3))
         await shell.refuse(Input("a", 2, "text", "in 2", partition=0, offset=2), "session closed before input 2 was applied")
         await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats"))
         await shell.on_session_event(SessionClosed(session_id="a", ts=clock()))
