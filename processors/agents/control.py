@@ -216,6 +216,7 @@ def measured(stats: ChunkStats, latency_s: float, deadline_s: float) -> ChunkSta
     return ChunkStats(stats.count + 1, stats.missed + int(0 < deadline_s < latency_s),
                       max(stats.worst_s, latency_s))
 
+
 _POSITIVE = {"tick_s", "period_s", "heartbeat_timeout_s", "boot_timeout_s", "max_gpus", "slo_worst_s"}  # 0 would never act
 
 
@@ -265,6 +266,8 @@ class ControlShell:
             return
         if isinstance(rec, r.WorkerUp):
             self.deadlines[rec.worker_id] = rec.chunk_interval_s
+        elif isinstance(rec, r.WorkerDown):  # gone: its chunks are counted no more (bounded)
+            self.deadlines.pop(rec.worker_id, None)
         event = session_event(rec)
         if event is not None:
             before = self.view.sessions.get(event.session_id)
