@@ -266,7 +266,7 @@ class ControlShell:
             return
         if isinstance(rec, r.WorkerUp):
             self.deadlines[rec.worker_id] = rec.chunk_interval_s
-        elif isinstance(rec, r.WorkerDown):  # gone: its chunks are counted no more (bounded)
+        elif isinstance(rec, r.WorkerDown):  # gone (the map stays bounded): a late chunk of it counts no miss
             self.deadlines.pop(rec.worker_id, None)
         event = session_event(rec)
         if event is not None:
