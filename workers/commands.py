@@ -247,7 +247,10 @@ class CommandHandler:
         await self.apply_pending(rec.session_id, sess)
 
     async def apply_pending(self, sid: str, sess: Held, skip_gaps: bool = False) -> None:
-        """Apply the waiting inputs in order, each fenced in the store first."""
+        """Apply the waiting inputs in order, each fenced in the store first; ``skip_gaps``
+        (after the gap wait, or at an offload) past a missing one not found in the log."""
+        if skip_gaps:
+            await self.fill_from_log(sid, sess)
         while (rec := sess.next_input(self.p.monotonic(), skip_gaps)) is not None:
             try:  # with the seqs given up on, when there are new ones (see Held.skipped_news)
                 await self.p.store.set_input_seq(sid, sess.generation, rec.seq, sess.skipped_news())
@@ -261,13 +264,11 @@ class CommandHandler:
                                             generation=sess.generation, seq=rec.seq, ts=self.p.clock()))
 
     async def expire_gaps(self) -> int:
-        """Sessions whose missing input was waited for long enough: look for it in the log
-        first, then apply the inputs after it (a missing one that arrives later is refused
-        as late). Returns how many."""
+        """Sessions whose missing input was waited for long enough: apply the inputs after it
+        (a missing one that arrives later is refused as late). Returns how many."""
         now = self.p.monotonic()
         due = [(sid, s) for sid, s in self.sessions.items() if s.gap_expired(now, self.p.gap_wait_s)]
         for sid, sess in due:
-            await self.fill_from_log(sid, sess)
             await self.apply_pending(sid, sess, skip_gaps=True)
         await self.reject_all(self.early.expired(now, self.p.gap_wait_s), "not_owner", "no Assign of its generation came in time")
         return len(due)
@@ -276,7 +277,7 @@ class CommandHandler:
         """Offer the inputs up to the last one waiting as ``session-inputs`` holds them: a routed
         copy is lost when the owner it went to (one the session had just left) is killed before
         handing it back. Only when the broker cannot be read is the gap given up on without it."""
-        if sess.pending:
+        if sess.has_gap():
             try:
                 logged = await self.p.replay(sid, sess.applied_seq, sess.input_pos if sess.input_pos[0] >= 0 else None)
             except Exception as exc:  # the broker away: the gap is given up on as before

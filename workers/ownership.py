@@ -127,6 +127,13 @@ class Held:
         if len(self.withdrawn) > MAX_PENDING_INPUTS:
             self.withdrawn = set(sorted(self.withdrawn)[-MAX_PENDING_INPUTS:])
 
+    def has_gap(self) -> bool:
+        """Whether inputs wait for one that has not come (nor was refused upstream)."""
+        nxt = self.applied_seq + 1
+        while nxt in self.withdrawn and nxt not in self.pending:
+            nxt += 1
+        return bool(self.pending) and nxt not in self.pending
+
     def next_input(self, now: float, skip_gaps: bool = False) -> RoutedInput | None:
         """The next input to apply, in order, or None. A missing seq is waited for (from
         ``now``); with ``skip_gaps`` it is given up on and the next present one is returned.

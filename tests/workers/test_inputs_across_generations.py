@@ -170,3 +170,24 @@ def test_the_inputs_applied_are_reported_before_an_offload_or_a_close_is_made_du
         assert seen[-1] == (3, "active") and run(store.session("s")).state == "closed"
     finally:
         loop.close()
+
+
+def test_an_offload_looks_for_a_missing_input_in_the_log_before_it_gives_up_on_it():
+    """Input 2's routed copy went to a worker that was killed: at the offload the owner finds
+    2 in the log and applies it before 3, where it gave up on 2 and nobody ever refused it."""
+    loop = asyncio.new_event_loop()
+    try:
+        logged = tuple(LoggedInput(0, seq, InputPushed(session_id="s", seq=seq, kind="text", payload=f"in {seq}",
+                                                       ts=0.0)) for seq in (1, 2, 3))
+        store, sent, now = MemoryGenerationStore("t"), [], [0.0]
+        handler = _handler(store, sent, lambda: now[0], logged=logged)
+        run = loop.run_until_complete
+        run(store.register_worker("w", 4))
+        gen = run(store.commit("s", 0, "w"))
+        run(handler.handle(Assign(worker_id="w", session_id="s", generation=gen, ts=0.0, prompt="p")))
+        run(handler.handle(_input(gen, 1)))
+        run(handler.handle(_input(gen, 3)))
+        run(handler.handle(Suspend(worker_id="w", session_id="s", generation=gen, ts=0.0)))
+        assert _outcomes(sent) == ([1, 2, 3], []) and run(store.session("s")).skipped == ()
+    finally:
+        loop.close()
