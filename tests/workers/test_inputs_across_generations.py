@@ -25,6 +25,21 @@ def _outcomes(sent: list[Record]) -> tuple[list[int], list[tuple[int, str]]]:
     return accepted, refused
 
 
+def _offloaded_past_a_gap(loop: asyncio.AbstractEventLoop, logged: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Inputs 1 and 3 routed to an owner (the log holds ``logged``), then an offload:
+    ``(run, handler, store, sent, generation)``."""
+    store, sent = MemoryGenerationStore("t"), []
+    handler = _handler(store, sent, lambda: 0.0, logged=logged)
+    run = loop.run_until_complete
+    run(store.register_worker("w", 4))
+    gen = run(store.commit("s", 0, "w"))
+    run(handler.handle(Assign(worker_id="w", session_id="s", generation=gen, ts=0.0, prompt="p")))
+    for seq in (1, 3):
+        run(handler.handle(_input(gen, seq)))
+    run(handler.handle(Suspend(worker_id="w", session_id="s", generation=gen, ts=0.0)))
+    return run, handler, store, sent, gen
+
+
 def test_an_input_missing_at_an_offload_is_refused_as_late_by_the_next_owner_not_dropped():
     """Input 3 waits for 2 when the session is offloaded: the offload applies 3 past 2 (a
     snapshot keeps no waiting input) and records 2 as given up on, so when 2 comes to the
@@ -32,15 +47,7 @@ def test_an_input_missing_at_an_offload_is_refused_as_late_by_the_next_owner_not
     its snapshot's for a duplicate of one applied (neither applied nor refused)."""
     loop = asyncio.new_event_loop()
     try:
-        store, sent, now = MemoryGenerationStore("t"), [], [0.0]
-        handler = _handler(store, sent, lambda: now[0])
-        run = loop.run_until_complete
-        run(store.register_worker("w", 4))
-        first = run(store.commit("s", 0, "w"))
-        run(handler.handle(Assign(worker_id="w", session_id="s", generation=first, ts=0.0, prompt="p")))
-        run(handler.handle(_input(first, 1)))
-        run(handler.handle(_input(first, 3)))
-        run(handler.handle(Suspend(worker_id="w", session_id="s", generation=first, ts=0.0)))
+        run, handler, store, sent, first = _offloaded_past_a_gap(loop, ())
         assert _outcomes(sent) == ([1, 3], [])
         assert (run(store.session("s")).input_seq, run(store.session("s")).skipped) == (3, (2,))
         second = run(store.commit("s", first.epoch, "w"))  # the restore an input makes dispatch ask for
@@ -179,15 +186,7 @@ def test_an_offload_looks_for_a_missing_input_in_the_log_before_it_gives_up_on_i
     try:
         logged = tuple(LoggedInput(0, seq, InputPushed(session_id="s", seq=seq, kind="text", payload=f"in {seq}",
                                                        ts=0.0)) for seq in (1, 2, 3))
-        store, sent, now = MemoryGenerationStore("t"), [], [0.0]
-        handler = _handler(store, sent, lambda: now[0], logged=logged)
-        run = loop.run_until_complete
-        run(store.register_worker("w", 4))
-        gen = run(store.commit("s", 0, "w"))
-        run(handler.handle(Assign(worker_id="w", session_id="s", generation=gen, ts=0.0, prompt="p")))
-        run(handler.handle(_input(gen, 1)))
-        run(handler.handle(_input(gen, 3)))
-        run(handler.handle(Suspend(worker_id="w", session_id="s", generation=gen, ts=0.0)))
+        run, _, store, sent, _ = _offloaded_past_a_gap(loop, logged)
         assert _outcomes(sent) == ([1, 2, 3], []) and run(store.session("s")).skipped == ()
     finally:
         loop.close()
