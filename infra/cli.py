@@ -506,13 +506,6 @@ def ownership_check(
 UP_STOP_GRACE_S = 3.0  # per group of `up`'s children: three groups stop within 10 s
 
 
-def prometheus_targets(host: str, ports: dict[str, int]) -> list[dict[str, object]]:
-    """A Prometheus ``file_sd`` list: each process on the port it was given."""
-    scrape = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    return [{"targets": [f"{scrape}:{port}"], "labels": {"job": "chunkserve", "process": name}}
-            for name, port in ports.items()]
-
-
 @app.command("up")
 def up(
     dispatchers: int = typer.Option(1, min=1, help="Dispatch replicas (one consumer group)."),
@@ -530,7 +523,7 @@ def up(
     refused a setting, or exited six times in five minutes, stops the fleet."""
     from prometheus_client import Counter, Gauge
 
-    from workers.supervision import port_free
+    from workers.supervision import port_free, prometheus_targets
     from infra.local import LocalFleet, after_exit, last_words
     from streams.topics import ensure_topics
 

@@ -28,7 +28,7 @@ from schemas.topics import SCALING_COMMANDS
 from streams.config import PROVISIONER_ENV, Settings
 from streams.config_file import child_env, env_number, env_var
 
-from .supervision import port_free, spawn, stop_in_order
+from .supervision import port_free, prometheus_targets, spawn, stop_in_order
 
 __all__ = ["Provisioner", "LocalProcessProvisioner", "ProvisionerService", "run_provisioner",
            "next_index", "WORKER_SASL_ENV", "worker_credentials"]
@@ -152,9 +152,7 @@ class LocalProcessProvisioner:
             del self.ports[wid]
         if self.targets is None or self.metrics is None:
             return
-        host = "127.0.0.1" if self.metrics[0] in ("0.0.0.0", "::") else self.metrics[0]
-        doc = [{"targets": [f"{host}:{port}"], "labels": {"job": "chunkserve", "process": wid}}
-               for wid, port in sorted(self.ports.items())]
+        doc = prometheus_targets(self.metrics[0], dict(sorted(self.ports.items())))
         part = self.targets.with_name(self.targets.name + ".part")
         part.write_text(json.dumps(doc, indent=2) + "\n")
         part.replace(self.targets)

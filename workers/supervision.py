@@ -50,6 +50,14 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def prometheus_targets(host: str, ports: Mapping[str, int]) -> list[dict[str, object]]:
+    """A Prometheus ``file_sd`` list: each process on the port it was given (``host`` as a
+    scraper reaches it: loopback for every interface)."""
+    scrape = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return [{"targets": [f"{scrape}:{port}"], "labels": {"job": "chunkserve", "process": name}}
+            for name, port in ports.items()]
+
+
 def spawn(args: Sequence[str], env: Mapping[str, str], **popen: Any) -> subprocess.Popen[bytes]:
     """Start ``args`` as a supervised child of this process (see the module docstring)."""
     me = os.getpid()
