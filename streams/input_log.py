@@ -55,17 +55,16 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
         begin = start[1] + 1 if start is not None and start[0] == part else -MAX_LOOKBACK
         ends = await reader.assign({SESSION_INPUTS: [part]}, begin)
         first = await reader.raw.position(next(iter(ends)))
-        mine = [d async for d in reader.read_to(ends) if _mine(d, sid)]
-        counted = [d for d in mine if _counted(d, sid, settings)]
+        mine = [(d, _counted(d, sid, settings)) async for d in reader.read_to(ends) if _mine(d, sid)]
         counts = RateCount(settings.input_rate_per_s, settings.input_burst)
-        if counted:
-            window = counts.window(_stamp(counted[0]))
+        if (first_counted := next((d for d, ok in mine if ok), None)) is not None:
+            window = counts.window(_stamp(first_counted))
             counts.seed(sid, window, await _earlier(reader, sid, part, first, counts, window, settings))
         out: list[LoggedInput] = []
         refused: list[int] = []
-        for d in mine:
+        for d, ok in mine:
             seq = d.record.seq  # type: ignore[attr-defined]
-            if not _counted(d, sid, settings) or not counts.passes(sid, _stamp(d), seq):
+            if not ok or not counts.passes(sid, _stamp(d), seq):
                 refused.append(seq)
             elif seq > after_seq:
                 out.append(LoggedInput(part, d.offset, d.record,  # type: ignore[arg-type]
