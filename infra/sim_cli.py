@@ -71,7 +71,7 @@ def trace_gen(
 def simulate_cmd(
     trace: Path = typer.Argument(..., help="Trace CSV (t_s,session_id,event[,state_mb])."),
     policy: list[str] = typer.Option(["all"], "--policy", "-p", help="rr, lag, mag, least-loaded-offload, lag-offload, mag-offload, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle, oracle-autoscale, module:Name, or all (repeatable or comma-separated; all plus module:Name runs both)."),
-    subject: str = typer.Option("turboserve", "--subject", help="The policy the comparisons are about (a --policy spec or a policy's name)."),
+    subject: Optional[str] = typer.Option(None, "--subject", help="The policy the comparisons are about (a --policy spec or a policy's name; default: turboserve when it runs)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the timeline plot (PNG) here."),
     profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
@@ -119,7 +119,7 @@ def simulate_cmd(
             subject_spec = _subject(runner, names, subject)
             if pool is not None and subject_spec is None:
                 runner.peak_pool = pool
-            out = compare(runner, names, subject_spec or subject, slo, jobs=_jobs(jobs))
+            out = compare(runner, names, subject_spec or "turboserve", slo, jobs=_jobs(jobs))
     except ChunkserveError as exc:
         _fail(exc)
     out["wall_s"] = time.perf_counter() - start
@@ -186,18 +186,30 @@ def _check_names(runner: object, names: list[str]) -> None:
             seen[name] = spec
 
 
-def _subject(runner: object, names: list[str], subject: str) -> str | None:
-    """The spec among ``names`` that ``subject`` names (a spec, or a policy's name)."""
+def _subject(runner: object, names: list[str], subject: str | None) -> str | None:
+    """The spec among ``names`` that ``subject`` names (a spec, or a policy's name); None
+    when none is given and turboserve does not run (no comparisons)."""
     from processors.policy import load_policy
 
+    if subject is None:
+        return "turboserve" if "turboserve" in names else None
     if subject in names:
         return subject
     for spec in names:
         if ":" in spec and getattr(load_policy(spec, offer=runner.offer), "name", None) == subject:  # type: ignore[attr-defined]
             return spec
-    if subject != "turboserve":
-        raise ConfigError("subject", "not among the policies run (give it with --policy)", subject)
-    return None
+    raise ConfigError("subject", "not among the policies run (give it with --policy)", subject)
+
+
+def _print_ablations(out: dict) -> None:
+    """The ablations against turboserve (when it is the subject), or why their rows are not."""
+    abl = out.get("ablation_cost_increase_pct")
+    if abl:
+        parts = [f"{a}: " + ("no fixed pool up to 8x the peak pool is as fast" if v is None else f"{v:+.1f}%") for a, v in abl.items()]
+        _console.print("ablations, cost over turboserve (no-autoscale: the fixed pool matching its worst chunk): " + "; ".join(parts))
+    elif "turboserve-no-autoscale" in out["policies"] and out.get("subject") not in (None, "turboserve"):
+        _console.print("[yellow]turboserve-no-autoscale ran at the peak-provisioned pool: the ablations are compared only "
+                       "when turboserve is the subject[/yellow]")
 
 
 def _print_table(out: dict) -> None:
@@ -225,8 +237,10 @@ def _print_table(out: dict) -> None:
             _console.print(f"{out['subject']} vs {b}: matched cost (pool {mc['pool_size'][b]}) worst latency reduction "
                            f"{mc['worst_latency_reduction_pct'][b]:.1f}%; {matched}")
     if "oracle_gap_pct" in out.get("paper", {}):
-        _console.print(f"oracle gap (paper: same controller told the future, on cost) {out['paper']['oracle_gap_pct']:.1f}% "
+        who = "the same controller" if out["subject"] == "turboserve" else "turboserve"
+        _console.print(f"oracle gap (paper: {who} told the future, on cost) {out['paper']['oracle_gap_pct']:.1f}% "
                        f"(oracle worst chunk {out['paper']['oracle_worst_chunk_latency_s']:.2f} s)")
+    _print_ablations(out)
     if "oracle_gap_pct" in out:
         o = out.get("oracle", {})
         note = f" (oracle at u*={o['u_target']:.2f}" + (")" if o.get("matched") else ", cannot match the subject's worst latency)") if o else ""
@@ -234,8 +248,10 @@ def _print_table(out: dict) -> None:
     slo = out.get("slo")
     if slo:
         fixed = slo["fixed_pool_cost"]
+        ran = any(n != "turboserve-no-autoscale" for n in slo["pool_size"])
         _console.print(f"SLO (miss <= {100 * slo['miss_rate']:.2f}%, worst <= {slo['worst_s']:.2f} s): cheapest fixed pool "
-                       + (f"{fixed:.1f} ({slo['fixed_pool_policy']}, pool {slo['pool_size'][slo['fixed_pool_policy']]})" if fixed is not None else "none meets it")
+                       + (f"{fixed:.1f} ({slo['fixed_pool_policy']}, pool {slo['pool_size'][slo['fixed_pool_policy']]})" if fixed is not None
+                          else "none meets it" if ran else "not measured (no fixed-pool policy ran)")
                        + "; " + ", ".join(f"{n} no pool up to 8x the peak pool meets it" if slo["pool_size"].get(n, 0) is None
                                           else f"{n} {c:.1f}{'' if slo['met'][n] else ' (misses)'}" for n, c in slo["cost"].items()))
     _console.print(f"wall {out['wall_s']:.1f} s")

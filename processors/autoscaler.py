@@ -123,6 +123,8 @@ class VolatilityTable:
 
 
 def _parse_table(doc: Mapping[str, Any], source: str) -> VolatilityTable:
+    if not isinstance(doc, Mapping):
+        raise ConfigError("volatility_table", "must be a JSON object", source)
     if doc.get("format") != TABLE_FORMAT or doc.get("version") != 1:
         raise ConfigError("format", f"expected {TABLE_FORMAT!r} version 1", source)
     try:

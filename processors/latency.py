@@ -105,6 +105,8 @@ class LatencyModel(Mapping[str, GpuProfile]):
 
 def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyModel:
     """Validate a decoded profile document and build the model."""
+    if not isinstance(doc, Mapping):
+        raise ConfigError("profile", "must be a JSON object", source)
     if doc.get("format") != PROFILE_FORMAT:
         raise ConfigError("format", f"expected {PROFILE_FORMAT!r}", source)
     if doc.get("version") != 1:

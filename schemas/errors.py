@@ -80,13 +80,14 @@ class AccessDeniedError(ChunkserveError):
 
 
 class TraceError(ChunkserveError):
-    """A trace file is malformed; names the file and the 1-based line."""
+    """A trace file is malformed; names the file and the 1-based line (0: the whole file,
+    not named)."""
 
     def __init__(self, path: str, line: int, reason: str) -> None:
         self.path = path
         self.line = line
         self.reason = reason
-        super().__init__(f"{path}:{line}: {reason}")
+        super().__init__(f"{path}:{line}: {reason}" if line > 0 else f"{path}: {reason}")
 
 
 class OwnershipError(ChunkserveError):

@@ -72,6 +72,8 @@ def parse_trace(rows: Iterable[list[str]], path: str = "trace") -> Trace:
             continue
         if len(row) < need:
             raise TraceError(path, line, f"missing columns: expected {len(header)}, got {len(row)}")
+        if len(row) > len(header) and any(c.strip() for c in row[len(header):]):
+            raise TraceError(path, line, f"more columns than the header names: expected {len(header)}, got {len(row)}")
         t = _number(row[cols["t_s"]].strip(), "t_s", path, line, MAX_T_S)
         sid = row[cols["session_id"]].strip()
         if not sid:

@@ -94,6 +94,10 @@ def test_table_file_round_trip(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(ConfigError):
         load_volatility_table(path)
+    for other in ("[]", "null", "3"):  # a document that is not an object: named, not a traceback
+        path.write_text(other)
+        with pytest.raises(ConfigError, match="must be a JSON object"):
+            load_volatility_table(path)
 
 
 def test_offline_oracle_keeps_a_gpu_it_needs_again_within_a_boot_time():

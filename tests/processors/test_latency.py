@@ -37,5 +37,9 @@ def test_loads_a_file_and_rejects_bad_ones(tmp_path):
         parse_profiles(dict(doc, format="nope"))
     with pytest.raises(ConfigError):
         load_profiles("no-such-profile")
+    for other in ("[]", "null", "3"):  # a document that is not an object: named, not a traceback
+        path.write_text(other)
+        with pytest.raises(ConfigError, match="must be a JSON object"):
+            load_profiles(path)
     with pytest.raises(ConfigError):
         load_profiles("paper")["no-such-type"]

@@ -102,6 +102,23 @@ def test_plugin_gets_the_options_and_can_be_the_subject(tmp_path):
     assert (pol.gpu_type, pol.boot_s, pol.slo) == ("h20", 30.0, Slo(0.01, 2.0)) and pol.model is MODEL
 
 
+def test_the_printed_comparisons_name_what_they_compare(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
+    run = lambda *a: CliRunner().invoke(_app(), ["simulate", str(trace), *a])  # noqa: E731
+    res = run("-p", "rr", "--subject", "turboserve")  # given, not run: refused as any other subject is
+    assert res.exit_code == 2 and "subject" in res.output and "not among the policies run" in res.output
+    res = run("-p", "rr,turboserve,turboserve-no-autoscale,turboserve-no-migration,oracle")
+    assert res.exit_code == 0, res.output
+    assert "same controller told the future" in res.output and "ablations, cost over turboserve" in res.output
+    res = run("-p", "rr,turboserve-no-autoscale,oracle,tests.sim.plugin:Optioned", "--subject", "optioned", "--gpu-type", "h20")
+    assert res.exit_code == 0, res.output
+    assert "turboserve told the future" in res.output and "same controller" not in res.output
+    assert "ran at the peak-provisioned pool" in res.output
+    res = run("-p", "tests.sim.plugin:Optioned", "--gpu-type", "h20")
+    assert res.exit_code == 0 and "not measured (no fixed-pool policy ran)" in res.output, res.output
+
+
 def test_slo_fixed_pool_is_the_cheapest_that_meets_it():
     events = tuple(generate(GenConfig(level=5, duration_s=300.0, sessions=250, seed=3)))
     runner = Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True))

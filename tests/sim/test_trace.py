@@ -31,6 +31,7 @@ def _load(tmp_path, body: str, head: str = HEAD):
         ("0,a,open,-5\n", 2, ">= 0"),
         ("0,a,open,lots\n", 2, "not a number"),
         ("0,a\n", 2, "missing columns"),
+        ("0,a,open,100,extra\n", 2, "more columns than the header"),  # a shifted column, not ignored
         ("0,a,open,1\n1e300,a,close,\n", 3, "over the 10,000,000"),  # a replay that would never end
         ("0,a,open,1e300\n", 2, "over the 1,048,576"),
     ],
@@ -40,6 +41,16 @@ def test_bad_rows(tmp_path, body, line, reason):
         _load(tmp_path, body)
     assert err.value.line == line and reason in err.value.reason
     assert str(tmp_path / "t.csv") in str(err.value)
+
+
+def test_a_missing_file_is_named_without_a_line(tmp_path):
+    with pytest.raises(TraceError) as err:
+        load_trace(tmp_path / "nofile.csv")
+    assert str(err.value) == f"{tmp_path / 'nofile.csv'}: cannot read (No such file or directory)"
+
+
+def test_trailing_empty_cells_are_accepted(tmp_path):
+    assert _load(tmp_path, "0,a,open,1,,\n1,a,close,\n").sessions == 1
 
 
 def test_missing_header_column(tmp_path):
