@@ -44,19 +44,20 @@ def trace_gen(
     idle_scale: float = typer.Option(8.0, "--idle-scale", min=0.1, help="Idle gap Pareto scale, s (minimum gap)."),
     idle_shape: float = typer.Option(1.5, "--idle-shape", min=0.1, help="Idle gap Pareto shape (heavier tail when smaller)."),
     state_mb: float = typer.Option(2000.0, "--state-mb", min=1.0, help="Median per-session state size, MB (log-normal)."),
-    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky (uses --duration, --sessions, --seed only)."),
+    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky; or of the fourth (an outside reviewer's): hawkes, weekly, bimodal, recall, whose rates scale by --sessions / 1600 (uses --duration, --sessions, --seed only)."),
 ) -> None:
     """Generate a synthetic session trace (CSV t_s,session_id,event,state_mb)."""
     from infra.sim.evaluate import TraceSpec, make_trace
     from infra.sim.families import FAMILIES
     from infra.sim.launches import LAUNCHES
+    from infra.sim.outside import OUTSIDE
     from infra.sim.trace import write_trace
     from infra.sim.tracegen import GenConfig, generate
 
     try:
         _writable(output=output)
-        if family is not None and family not in FAMILIES + LAUNCHES:
-            raise ConfigError("family", f"one of {', '.join(FAMILIES + LAUNCHES)}", "trace gen")
+        if family is not None and family not in FAMILIES + LAUNCHES + OUTSIDE:
+            raise ConfigError("family", f"one of {', '.join(FAMILIES + LAUNCHES + OUTSIDE)}", "trace gen")
         if family is not None:  # the same generation evaluate runs, by the family's model
             events = list(make_trace(TraceSpec(family, seed, duration, sessions)).events)
         else:
@@ -258,7 +259,7 @@ def _print_table(out: dict) -> None:
 
 
 def evaluate_cmd(
-    split: str = typer.Option("heldout", "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either) or tune."),
+    split: str = typer.Option("heldout", "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either), outside (the fourth model's, an outside reviewer's; none chosen on either) or tune."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every comparison and its bars as JSON here."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated trace names of the split (e.g. flash/s0)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
@@ -268,14 +269,14 @@ def evaluate_cmd(
     """Compare the policies on a split of trace families; print the quality bars per trace."""
     from processors.autoscaler import AutoscalerConfig, Slo, load_volatility_table
     from processors.latency import load_profiles
-    from infra.sim.evaluate import HELDOUT, LAUNCH, TUNE, evaluate
+    from infra.sim.evaluate import HELDOUT, LAUNCH, OUTSIDE_SPLIT, TUNE, evaluate
     from infra.sim.simulator import SimConfig
 
     try:
         _writable(json=json_out)
-        splits = {"heldout": HELDOUT, "launch": LAUNCH, "tune": TUNE}
+        splits = {"heldout": HELDOUT, "launch": LAUNCH, "outside": OUTSIDE_SPLIT, "tune": TUNE}
         if split not in splits:
-            raise ConfigError("split", "heldout, launch or tune", split)
+            raise ConfigError("split", "heldout, launch, outside or tune", split)
         specs = splits[split]
         if only:
             want = {x.strip() for x in only.split(",")}

@@ -17,12 +17,13 @@ from processors.latency import LatencyModel
 
 from infra.sim.families import FamilyConfig, generate_family
 from infra.sim.launches import LAUNCHES, LaunchConfig, generate_launch
+from infra.sim.outside import OUTSIDE, OutsideConfig, generate_outside
 from infra.sim.report import PAPER_BASELINES, Runner, compare
 from infra.sim.simulator import SimConfig
 from infra.sim.trace import Trace
 from infra.sim.tracegen import GenConfig, generate
 
-__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
+__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
 
 EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turboserve-no-migration",
                  "turboserve-no-autoscale", "oracle", "infra.sim.peers:TeleFuser")
@@ -49,6 +50,8 @@ HELDOUT = (TraceSpec("flash", 0), TraceSpec("flash", 1), TraceSpec("mass-idle", 
 
 # The third model (launches: traces that start empty), seen by no setting either.
 LAUNCH = tuple(TraceSpec(f, 0) for f in LAUNCHES)
+# The fourth model (an outside reviewer's, written from the README alone), seen by no setting.
+OUTSIDE_SPLIT = tuple(TraceSpec(f, 11) for f in OUTSIDE)
 
 
 def make_trace(spec: TraceSpec) -> Trace:
@@ -56,6 +59,9 @@ def make_trace(spec: TraceSpec) -> Trace:
     if spec.family.startswith("gen-"):
         cfg = GenConfig(level=int(spec.family[4:]), duration_s=spec.duration_s, sessions=spec.sessions, seed=spec.seed)
         return Trace(tuple(generate(cfg)), spec.name)
+    if spec.family in OUTSIDE:  # its rates scale with the sessions asked for (1,600: the reviewer's)
+        cfg_o = OutsideConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed)
+        return Trace(tuple(generate_outside(cfg_o)), spec.name)
     if spec.family in LAUNCHES:
         return Trace(tuple(generate_launch(LaunchConfig(spec.family, spec.duration_s, spec.sessions, spec.seed))), spec.name)
     fam = FamilyConfig(spec.family, spec.duration_s, spec.sessions, spec.seed)

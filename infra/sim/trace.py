@@ -117,11 +117,12 @@ def load_trace(path: str | Path) -> Trace:
 
 
 def write_trace(events: Iterable[SessionEvent], path: str | Path) -> None:
-    """Write events as a trace file (``state_mb`` on open rows only)."""
+    """Write events as a trace file (``state_mb`` on open rows, and on others that give a
+    new size)."""
     with open(path, "w", newline="", encoding="utf-8") as fh:
         out = csv.writer(fh)
         out.writerow(["t_s", "session_id", "event", "state_mb"])
         for e in events:
             kind = EventKind(e.kind)
-            mb = f"{e.state_bytes / MB:.1f}" if kind is EventKind.OPEN else ""
+            mb = f"{e.state_bytes / MB:.1f}" if kind is EventKind.OPEN or e.state_bytes else ""
             out.writerow([f"{e.t:.3f}", e.session_id, kind.value, mb])
