@@ -101,6 +101,7 @@ class Runner:
     plugin_pool: int | None = None
     cache: dict[tuple[Any, ...], SimResult] = field(default_factory=dict)
     partial: dict[tuple[Any, ...], SimResult] = field(default_factory=dict)  # runs a Stop ended
+    _rising: bool | None = field(default=None, repr=False)  # the pool type's latency rises with every session
 
     def __post_init__(self) -> None:
         if self.signals is None:
@@ -125,11 +126,26 @@ class Runner:
     def fixed(self, spec: str) -> bool:
         return spec in FIXED_POOL
 
+    def twin(self, spec: str) -> str | None:
+        """The fixed-pool policy whose runs are ``spec``'s, if any: on pools of one GPU type
+        whose latency rises with every session, least predicted latency (``lag-offload``)
+        and fewest sessions (``least-loaded-offload``) rank GPUs alike (ties by id), so they
+        place every session alike."""
+        other = {"lag-offload": "least-loaded-offload", "least-loaded-offload": "lag-offload"}.get(spec)
+        if other is None:
+            return None
+        if self._rising is None:
+            p = self.model[self.config.gpu_type]
+            self._rising = all(p.latency(n) < p.latency(n + 1) for n in range(p.capacity))
+        return other if self._rising else None
+
     def run(self, spec: str, pool: int | None = None, stop: Stop | None = None, **extra: Any) -> SimResult:
         """One run; fixed-pool policies default to the peak-provisioned pool, others start elastic.
         With ``stop`` the run may end early (``complete`` False; not cached as a result)."""
         key = self._key(spec, pool, extra)
         pool = key[1]
+        if key not in self.cache and (other := self.twin(spec)) is not None and (spec_twin := (other, *key[1:])) in self.cache:
+            self.cache[key] = replace(self.cache[spec_twin], policy=spec)  # the same run, under its own name
         if key not in self.cache:
             opts: dict[str, Any] = {**extra}
             if spec in BUILTIN_POLICIES:
@@ -181,12 +197,14 @@ class Runner:
         """Whether the run meets ``bound``; a run that breaks it is stopped there (and a
         stopped run is remembered as failing the bounds it already breaks)."""
         key = self._key(spec, pool, extra)
-        full = self.cache.get(key)
-        if full is not None:
-            return bound.ok(full)
-        part = self.partial.get(key)
-        if part is not None and self._breaks(part, bound):
-            return False
+        other = self.twin(spec)
+        for k in (key,) if other is None else (key, (other, *key[1:])):
+            full = self.cache.get(k)
+            if full is not None:
+                return bound.ok(full)
+            part = self.partial.get(k)
+            if part is not None and self._breaks(part, bound):
+                return False
         res = self.run(spec, pool, stop=self._stop(bound), **extra)
         return res.complete and bound.ok(res)
 

@@ -119,6 +119,19 @@ def test_the_printed_comparisons_name_what_they_compare(tmp_path):
     assert res.exit_code == 0 and "not measured (no fixed-pool policy ran)" in res.output, res.output
 
 
+def test_lag_offload_reuses_the_least_loaded_runs_only_where_they_place_alike():
+    events = tuple(generate(GenConfig(level=5, duration_s=300.0, sessions=250, seed=3)))
+    runner = Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True))
+    assert runner.twin("lag-offload") == "least-loaded-offload" and runner.twin("mag-offload") is None
+    made = runner.run("least-loaded-offload", 3)
+    reused = runner.run("lag-offload", 3)
+    real = simulate(load_policy("lag-offload", model=MODEL), events, MODEL, SimConfig(warm_start=True, initial_gpus=3))
+    assert reused.policy == real.policy == "lag-offload" and made.policy == "least-loaded-offload"
+    assert reused.metrics() == real.metrics() == made.metrics()  # the run it stands for, made for real
+    step = GpuProfile("b300", 4, 1.0, points=((1, 0.5), (2, 0.5), (4, 1.0)))  # a flat step: latency ties at 1 and 2
+    assert Runner(Trace(events, "gen"), LatencyModel({"b300": step}), SimConfig(warm_start=True)).twin("lag-offload") is None
+
+
 def test_slo_fixed_pool_is_the_cheapest_that_meets_it():
     events = tuple(generate(GenConfig(level=5, duration_s=300.0, sessions=250, seed=3)))
     runner = Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True))
