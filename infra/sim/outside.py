@@ -67,6 +67,8 @@ class _Rows:
         self.rows: list[tuple[float, int, str, EventKind, int]] = []
 
     def add(self, t: float, sid: str, kind: EventKind, mb: float | None = None) -> None:
+        # times to the ms and sizes to the 0.1 MB, as a trace file keeps them (the reviewer's
+        # files and these events are the same, event for event)
         size = int(float(f"{mb:.1f}") * MB) if mb is not None else 0
         self.rows.append((round(t, 3), len(self.rows), sid, kind, size))
 
