@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from infra.sim.report import Runner, compare
 from infra.sim.simulator import SimConfig, simulate
-from infra.sim.trace import Trace
+from infra.sim.trace import Trace, write_trace
 from infra.sim.tracegen import GenConfig, generate
 from processors.autoscaler import Slo, load_volatility_table
 from processors.latency import GpuProfile, LatencyModel, load_profiles
@@ -130,6 +130,17 @@ def test_lag_offload_reuses_the_least_loaded_runs_only_where_they_place_alike():
     assert reused.metrics() == real.metrics() == made.metrics()  # the run it stands for, made for real
     step = GpuProfile("b300", 4, 1.0, points=((1, 0.5), (2, 0.5), (4, 1.0)))  # a flat step: latency ties at 1 and 2
     assert Runner(Trace(events, "gen"), LatencyModel({"b300": step}), SimConfig(warm_start=True)).twin("lag-offload") is None
+
+
+def test_the_example_plugin_runs_beside_the_builtins(tmp_path):
+    trace, out = tmp_path / "t.csv", tmp_path / "o.json"
+    write_trace(generate(GenConfig(level=5, duration_s=300.0, sessions=250, seed=3)), trace)
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "turboserve,examples.policies.target_util:TargetUtil",
+                                      "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    m = json.loads(out.read_text())["policies"]["target-util"]
+    assert m["invalid_commands"] == 0 and m["chunks"] > 0 and m["scale_events"] > 0  # it grew or shrank, each command carried out
+    assert m["deadline_miss_rate"] < 0.5 and m["worst_chunk_latency_s"] < 10.0  # every session served, none left waiting
 
 
 def test_slo_fixed_pool_is_the_cheapest_that_meets_it():
