@@ -139,13 +139,19 @@ class Runner:
             self._rising = all(p.latency(n) < p.latency(n + 1) for n in range(p.capacity))
         return other if self._rising else None
 
+    def _alike(self, spec: str, key: tuple[Any, ...]) -> tuple[tuple[Any, ...], ...]:
+        """``key`` and, when ``spec`` has a twin, the twin's key for the same run."""
+        other = self.twin(spec)
+        return (key,) if other is None else (key, (other, *key[1:]))
+
     def run(self, spec: str, pool: int | None = None, stop: Stop | None = None, **extra: Any) -> SimResult:
         """One run; fixed-pool policies default to the peak-provisioned pool, others start elastic.
         With ``stop`` the run may end early (``complete`` False; not cached as a result)."""
         key = self._key(spec, pool, extra)
         pool = key[1]
-        if key not in self.cache and (other := self.twin(spec)) is not None and (spec_twin := (other, *key[1:])) in self.cache:
-            self.cache[key] = replace(self.cache[spec_twin], policy=spec)  # the same run, under its own name
+        made = next((k for k in self._alike(spec, key) if k in self.cache), None)
+        if made is not None and made != key:
+            self.cache[key] = replace(self.cache[made], policy=spec)  # the twin's run, under its own name
         if key not in self.cache:
             opts: dict[str, Any] = {**extra}
             if spec in BUILTIN_POLICIES:
@@ -197,8 +203,7 @@ class Runner:
         """Whether the run meets ``bound``; a run that breaks it is stopped there (and a
         stopped run is remembered as failing the bounds it already breaks)."""
         key = self._key(spec, pool, extra)
-        other = self.twin(spec)
-        for k in (key,) if other is None else (key, (other, *key[1:])):
+        for k in self._alike(spec, key):
             full = self.cache.get(k)
             if full is not None:
                 return bound.ok(full)
