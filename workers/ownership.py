@@ -56,7 +56,8 @@ def stray_input_refusal(rec: RoutedInput, state: str | None, current: Generation
     if state == StoreState.ACTIVE and current == rec.generation:
         return None
     stale = current is not None and current.epoch > rec.generation.epoch
-    return Refusal("stale_epoch" if stale else "not_owner", f"current: {current} ({state or 'unknown'})")
+    said = getattr(state, "value", state) or "unknown"  # the store's word, not the enum's repr
+    return Refusal("stale_epoch" if stale else "not_owner", f"current: {current} ({said})")
 
 
 @dataclass
