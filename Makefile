@@ -16,7 +16,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
-	@# torch first, pinned, so pip never pulls a multi-GB CUDA build on a CPU machine
+	@# torch first, pinned (PyPI's build bundles CUDA and runs on the CPU too)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	@$(PY) -m pip install -q -e '.[test]'
 	@touch $(STAMP)
