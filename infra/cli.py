@@ -593,7 +593,7 @@ def up(
 def watch_cmd(
     duration: Optional[float] = typer.Option(None, min=1.0, help="Stop after this many seconds."),
     from_offset: Optional[int] = typer.Option(None, min=0, help="Start at this offset (default: the end)."),
-    no_render: bool = typer.Option(False, "--no-render", help="No live table; print the summary."),
+    no_render: bool = typer.Option(False, "--no-render", help="No live table; the summary goes to --json, else to stdout."),
     json_out: Optional[Path] = json_option("Write the final summary here."),
     metrics_port: Optional[int] = MetricsPort,
     metrics_host: str = MetricsHost,

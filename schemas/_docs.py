@@ -34,12 +34,15 @@ FIELDS: dict[str, Doc] = {
                     "placement weighs as migration cost; 0: unknown, the profile's default.", "By"),
     "reason": ("Why, in words or a short code (see the record).", None),
     "seq": ("The input's per-session sequence number: 1 for a session's first input, then one "
-            "more for each (a seq below 1 is refused to dead-letters). The owner applies inputs in "
+            "more for each (a seq below 1, or above 2^53 - 1, the largest every JSON number holds "
+            "exactly, is refused to dead-letters). The owner applies inputs in "
             "seq order, each once: a repeated seq already applied is ignored (at-least-once "
             "redelivery). After a gap (3 arrives, 2 has not) later inputs wait up to 5 s for the "
             "missing one, then the owner looks for it in session-inputs and applies it from there, "
             "else applies the later ones without it; the missing one, if it comes later, is "
-            "refused as `late`. A missing one that dispatch refused (over the size or rate bound, "
+            "refused as `late` (only the latest given up on are remembered, 1,024 by the owner "
+            "and 256 by the store for the next one: an older one is taken for a repeat, so "
+            "number inputs one by one). A missing one that dispatch refused (over the size or rate bound, "
             "keyed by another id, or for a session it did not know) is not waited for. Inputs still waiting when the session closes are refused as "
             "`closed`. Every input ends applied (worker-events `worker.input`, InputAccepted) "
             "or refused with a reason (dead-letters, the InputPushed's bytes in `raw`).", None),

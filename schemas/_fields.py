@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 
 from .errors import SchemaError
 
-__all__ = ["Id", "Count", "Seconds", "Fraction", "Validator", "compile_validator", "json_schema"]
+__all__ = ["Id", "Count", "Seq", "Seconds", "Fraction", "Validator", "compile_validator", "json_schema"]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_COLLECTION = 4096
@@ -45,6 +45,8 @@ class Max:
 
 Id = Annotated[str, NonEmpty()]
 Count = Annotated[int, Min(0)]
+# a producer's per-session input number: exact in every JSON number and in the store's Lua
+Seq = Annotated[int, Min(0), Max(2**53 - 1)]
 Seconds = Annotated[float, Min(0.0)]
 Fraction = Annotated[float, Min(0.0), Max(1.0)]
 
@@ -99,6 +101,10 @@ _SCALARS: dict[Any, Validator] = {
 }
 
 
+def _bound(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def _constrained(inner: Validator, constraints: tuple[Any, ...]) -> Validator:
     def check(value: Any, path: str) -> Any:
         value = inner(value, path)
@@ -109,9 +115,9 @@ def _constrained(inner: Validator, constraints: tuple[Any, ...]) -> Validator:
                 if len(value) > c.max_len:
                     _fail(path, f"longer than {c.max_len} characters")
             elif isinstance(c, Min) and value < c.value:
-                _fail(path, f"must be >= {c.value:g}, got {value!r}")
+                _fail(path, f"must be >= {_bound(c.value)}, got {value!r}")
             elif isinstance(c, Max) and value > c.value:
-                _fail(path, f"must be <= {c.value:g}, got {value!r}")
+                _fail(path, f"must be <= {_bound(c.value)}, got {value!r}")
         return value
 
     return check

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from ._fields import Count, Fraction, Id, Seconds, validate_instance
+from ._fields import Count, Fraction, Id, Seconds, Seq, validate_instance
 
 __all__ = [
     "Record", "Generation", "record_types", "ReleaseReason", "RejectReason",
@@ -138,7 +138,7 @@ class InputPushed(Record):
     """A user input (PushText, a new prompt, a control) with its per-session sequence number."""
 
     session_id: Id
-    seq: Count
+    seq: Seq
     kind: InputKind
     payload: str
     ts: Seconds

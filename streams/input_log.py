@@ -13,7 +13,7 @@ from schemas.records import InputPushed
 from schemas.topics import SESSION_INPUTS
 
 from .config import Settings
-from .kafka import Delivered, RecordConsumer, RecordProducer
+from .kafka import Delivered, RecordConsumer
 from .topics import partition_for_key
 
 __all__ = ["LoggedInput", "read_session_inputs", "count_session_inputs", "MAX_LOOKBACK"]
@@ -36,19 +36,18 @@ class LoggedInput:
 
 async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
                               start: tuple[int, int] | None = None,
-                              producer: RecordProducer | None = None,
                               name: str = "input-log") -> list[LoggedInput]:
     """The session's inputs with ``seq > after_seq`` up to the partition's end as of now, from
     just after ``start`` (partition, offset) when it is the session's partition, else from the
     partition's start (at most ``MAX_LOOKBACK`` records back). A record that fails to decode
-    is passed to the consumer's dead-letter path when ``producer`` is given. Inputs dispatch
+    is passed over with a log line (dispatch's group consumer dead-letters it, once). Inputs dispatch
     refuses whenever it reads them are left out: keyed by another id, over
     ``max_input_bytes``, a seq below 1, or past the rate rule (``schemas.input_rate``, decided
     from the log: the count of the first window read starts at the session's inputs earlier
     in that window, read back by their timestamps); they were dead-lettered once and are not
     the session's, and each input returned names those refused since the one before it
     (``LoggedInput.refused_before``), so a replay's owner does not wait for them."""
-    reader = RecordConsumer(settings, [SESSION_INPUTS], producer, name=name)
+    reader = RecordConsumer(settings, [SESSION_INPUTS], None, name=name)
     await reader.start(subscribe=False)
     try:
         part = partition_for_key(sid.encode(), len(await reader.partitions(SESSION_INPUTS)))

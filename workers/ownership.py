@@ -152,7 +152,9 @@ class Held:
                 self.gap_since = self.gap_since if self.gap_since is not None else now
                 return None
             first = min(self.pending)
-            self.skipped.update(range(nxt, first))
+            # only the latest seqs given up on are kept, so only they are listed: a seq far
+            # ahead (a producer's bug, or a hostile one) must not make the owner count up to it
+            self.skipped.update(range(max(nxt, first - MAX_PENDING_INPUTS), first))
             if len(self.skipped) > MAX_PENDING_INPUTS:
                 self.skipped = set(sorted(self.skipped)[-MAX_PENDING_INPUTS:])
             nxt = first

@@ -181,7 +181,7 @@ class Worker:
 
     async def _replay(self, sid: str, after_seq: int, start: tuple[int, int] | None) -> list[Any]:
         """Recovery: the session's inputs after ``after_seq`` from ``session-inputs``."""
-        return await read_session_inputs(self.settings, sid, after_seq, start, self._producer,
+        return await read_session_inputs(self.settings, sid, after_seq, start,
                                          name=f"worker-{self.config.worker_id}-replay")
 
     # --- chunks ------------------------------------------------------------------------

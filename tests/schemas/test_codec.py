@@ -91,6 +91,16 @@ def test_negative_seq_and_wrong_topic() -> None:
         decode("session-events", encode(good))
 
 
+def test_a_seq_past_2_53_is_refused_by_the_schema() -> None:
+    """A producer's seq is at most 2**53 - 1 (exact in every JSON number and in the store)."""
+    wire = msgpack.unpackb(encode(InputPushed(session_id="s", seq=1, kind="text", payload="hi", ts=0.0)))
+    wire["seq"] = 2**53 - 1
+    assert decode("session-inputs", msgpack.packb(wire)).seq == 2**53 - 1
+    wire["seq"] = 2**53
+    with pytest.raises(SchemaError, match="seq: must be <= 9007199254740991, got 9007199254740992"):
+        decode("session-inputs", msgpack.packb(wire))
+
+
 def test_size_limit_is_configurable() -> None:
     rec = SessionOpened(session_id="s", ts=0.0, prompt="x" * 5000)
     data = encode(rec)

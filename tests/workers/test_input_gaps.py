@@ -1,0 +1,47 @@
+"""An owner gives up on a gap in O(its memory of given-up seqs), however far ahead the next
+input is numbered: one input with a seq near 2**53 stalled the worker (it listed every seq
+up to it) and, through recoveries, every worker that took the session."""
+
+from __future__ import annotations
+
+import tracemalloc
+from dataclasses import dataclass
+
+from schemas.records import Generation, RoutedInput
+from workers.ownership import MAX_PENDING_INPUTS, Held
+
+GEN = Generation("w1", 1)
+
+
+@dataclass
+class _State:
+    input_seq: int = 0
+
+
+def _input(seq: int) -> RoutedInput:
+    return RoutedInput(worker_id="w1", session_id="s", generation=GEN, seq=seq, kind="text", payload="x", ts=0.0)
+
+
+def test_a_gap_to_a_seq_far_ahead_is_given_up_on_listing_only_the_latest_seqs():
+    held = Held(GEN, _State(input_seq=1))
+    far = 2**22  # the old listing of every seq took memory in proportion (2**53: for ever)
+    assert held.offer(_input(far), 5.0) is None
+    assert held.next_input(0.0) is None and held.gap_since == 0.0  # the gap is waited for first
+    tracemalloc.start()
+    try:
+        got = held.next_input(6.0, skip_gaps=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got is not None and got.seq == far
+    assert peak < 4 * 1024 * 1024, peak  # a set of 2**22 ints is over 100 MB
+    assert held.skipped == set(range(far - MAX_PENDING_INPUTS, far))  # the latest seqs given up on
+    late = held.offer(_input(far - 1), 5.0)
+    assert late is not None and late.reason == "late"
+
+
+def test_a_short_gap_keeps_every_seq_given_up_on():
+    held = Held(GEN, _State(input_seq=1), skipped={1})
+    held.offer(_input(5), 5.0)
+    assert held.next_input(6.0, skip_gaps=True).seq == 5
+    assert held.skipped == {1, 2, 3, 4}
