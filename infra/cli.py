@@ -76,7 +76,7 @@ def _metrics_server(port: Optional[int], host: str) -> None:
         log.info("Prometheus metrics on %s:%d/metrics", host, port)
 
 
-MetricsPort = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port.")
+MetricsPort = typer.Option(None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port.")
 MetricsHost = typer.Option("127.0.0.1", "--metrics-host",
                            help="Address the metrics endpoint listens on (0.0.0.0: every interface).")
 LogFormat = typer.Option("text", "--log-format", envvar="CHUNKSERVE_LOG_FORMAT",
@@ -316,7 +316,7 @@ def demo(
     level: int = typer.Option(5, min=1, max=10, help="Volatility level of the generated trace."),
     speed: float = typer.Option(10.0, min=1.0, help="Trace seconds replayed per wall second."),
     max_workers: int = typer.Option(4, min=1, help="Most workers the autoscaler may run."),
-    seed: int = typer.Option(0, help="Seed of the generated trace."),
+    seed: int = typer.Option(0, min=0, help="Seed of the generated trace."),
     report_dir: Optional[Path] = typer.Option(None, help="Folder for summary.json and timeline.png."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
     trace: Optional[Path] = typer.Option(None, help="Replay this trace file instead of a generated one."),
@@ -455,7 +455,7 @@ def _int_list(text: str, option: str) -> list[int]:
 def bench_scheduler(
     gpus: str = typer.Option("64,256,1024", help="Pool sizes to time, comma-separated."),
     instances: int = typer.Option(200, min=1, help="Random small instances compared with the exhaustive oracle."),
-    seed: int = typer.Option(0, help="Seed of the generated pools and instances."),
+    seed: int = typer.Option(0, min=0, help="Seed of the generated pools and instances."),
     json_out: Optional[Path] = json_option("Write the result here."),
 ) -> None:
     """Time one decision round on loaded pools; measure the gap to exhaustive placement."""
@@ -469,7 +469,7 @@ def bench_scheduler(
 def ownership_check(
     runs: int = typer.Option(100_000, min=1, help="Randomized runs, split evenly over the protocols."),
     protocol: str = typer.Option("all", help="all, or a comma list of assignment, claim-only, worker-id, generation."),
-    seed: int = typer.Option(0, help="Seed of the random schedules."),
+    seed: int = typer.Option(0, min=0, help="Seed of the random schedules."),
     redis_sample: int = typer.Option(200, min=0, help="Extra generation runs against real Redis."),
     processes: int = typer.Option(2, min=1, help="Worker processes for the in-memory runs."),
     store: str = typer.Option("linearizable", help="linearizable (one store), or replica: a master "
@@ -511,7 +511,7 @@ def up(
     dispatchers: int = typer.Option(1, min=1, help="Dispatch replicas (one consumer group)."),
     log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
     metrics_port: Optional[int] = typer.Option(
-        None, "--metrics-port", help="Serve `up`'s metrics on this port and give each child the next "
+        None, "--metrics-port", min=1, max=65535, help="Serve `up`'s metrics on this port and give each child the next "
         "one (listed in <log-dir>/prometheus-targets.json, a Prometheus file_sd file); the workers the "
         "provisioner starts take free ports from ten past its own (in <log-dir>/prometheus-workers.json)."),
     metrics_host: str = MetricsHost,
@@ -648,7 +648,7 @@ def chaos(
     sessions: int = typer.Option(12, min=1, help="Sessions kept open through the faults."),
     duration: float = typer.Option(40.0, min=10.0, help="Seconds of faults and traffic."),
     workers: int = typer.Option(4, min=3, help="Worker processes (one is paused, one killed)."),
-    seed: int = typer.Option(0, help="Seed of the duplicated/delayed commands."),
+    seed: int = typer.Option(0, min=0, help="Seed of the duplicated/delayed commands."),
     brokers: int = typer.Option(1, min=1, help="Apache Kafka brokers to start (the embedded cluster)."),
     broker_faults: bool = typer.Option(False, "--broker-faults", help="Also kill the leading broker "
                                        "and restart it (3+ brokers), then kill and restart every broker."),
@@ -767,7 +767,7 @@ def bench_fuzz(
     records: int = typer.Option(1_000_000, min=1, help="Hostile records fed to the decoders."),
     consumer_records: int = typer.Option(2000, min=0, help="Of which also through a real consumer loop."),
     processor_records: int = typer.Option(3000, min=0, help="Also through the running faust processors."),
-    seed: int = typer.Option(0, help="Seed of the generated and mutated records."),
+    seed: int = typer.Option(0, min=0, help="Seed of the generated and mutated records."),
     json_out: Optional[Path] = json_option("Write the result here."),
 ) -> None:
     """Generated and mutated records against every decoder, a real consumer loop and every

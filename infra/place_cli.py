@@ -17,7 +17,7 @@ from rich.console import Console
 
 from infra.outputs import json_option
 from processors.decisions import Migrate
-from processors.latency import GpuProfile, LatencyModel
+from processors.latency import MAX_BATCH, MAX_CAPACITY, MAX_POINTS, MAX_TYPES, GpuProfile, LatencyModel
 from processors.oracles import plan_objective
 from processors.placement import RebalanceConfig, plan_placement
 from processors.snapshot import Gpu, Session, Snapshot
@@ -82,14 +82,14 @@ def _name(v: Any, key: str, src: str) -> str:
 def _profile(name: str, spec: Any, at: str, src: str) -> GpuProfile:
     spec = _obj(spec, at, src)
     _known(spec, "gpu_type", at, src)
-    cap = _count(spec.get("capacity"), f"{at}.capacity", src, 1, 1 << 20)
+    cap = _count(spec.get("capacity"), f"{at}.capacity", src, 1, MAX_CAPACITY)
     table = _obj(spec.get("latency"), f"{at}.latency", src)
-    if not table:
-        raise ConfigError(f"{at}.latency", "needs at least one point", src)
+    if not 1 <= len(table) <= MAX_POINTS:
+        raise ConfigError(f"{at}.latency", f"needs 1 to {MAX_POINTS} points", src)
     points = []
     for k, v in table.items():
-        if not k.isdigit() or int(k) < 1:
-            raise ConfigError(f"{at}.latency", f"key {k!r} is not a batch size >= 1", src)
+        if not (k.isascii() and k.isdigit()) or not 1 <= int(k) <= MAX_BATCH:
+            raise ConfigError(f"{at}.latency", f"key {k[:20]!r} is not a batch size from 1 to {MAX_BATCH}", src)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= _MAX_NUMBER:
             raise ConfigError(f"{at}.latency.{k}", f"must be a number of seconds above 0, at most {_MAX_NUMBER:g}", src)
         points.append((int(k), float(v)))
@@ -121,6 +121,8 @@ def parse_instance(doc: Any, src: str, where: str = "") -> tuple[Snapshot, Laten
     types = _obj(doc.get("gpu_types"), f"{where}gpu_types", src)
     if not types:
         raise ConfigError(f"{where}gpu_types", "must name at least one GPU type", src)
+    if len(types) > MAX_TYPES:
+        raise ConfigError(f"{where}gpu_types", f"at most {MAX_TYPES} GPU types", src)
     model = LatencyModel({n: _profile(n, spec, f"{where}gpu_types.{n}", src) for n, spec in types.items()}, src)
     gpus: list[Gpu] = []
     for i, g in enumerate(_list(doc.get("gpus"), f"{where}gpus", src)):
@@ -197,8 +199,8 @@ def place_cmd(
             raise ConfigError("file", "not a UTF-8 text file", src) from None
         try:
             doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError("file", f"not JSON ({exc})", src) from None
+        except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer past Python's digit limit
+            raise ConfigError("file", f"not JSON ({str(exc) or 'nested too deep'})"[:300], src) from None
         out = decide(doc, src)
         body = json.dumps(out, indent=2) + "\n"
         homeless = sum(g is None for r in out.get("results", [out]) for g in r["placement"].values())

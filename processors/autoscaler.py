@@ -148,8 +148,10 @@ def load_volatility_table(spec: str | Path = "default") -> VolatilityTable:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError("volatility_table", f"cannot read ({exc.strerror})", str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError("volatility_table", f"not JSON ({exc})", str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("volatility_table", f"not UTF-8 (byte {exc.start})", str(path)) from None
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer past Python's digit limit
+        raise ConfigError("volatility_table", f"not JSON ({str(exc) or 'nested too deep'})"[:300], str(path)) from None
     return _parse_table(doc, str(path))
 
 

@@ -34,6 +34,10 @@ __all__ = [
 _Slot = tuple[int, int, int, int, int, int]
 
 
+MIN_SLOT_S = 1e-3
+MAX_SLOTS = 100_000
+
+
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
     """Window length, slot length (seconds) and the nine level thresholds (on std / mean)."""
@@ -43,8 +47,10 @@ class DetectorConfig:
     thresholds: tuple[float, ...] = (0.44, 0.55, 0.71, 0.92, 1.14, 1.36, 1.58, 1.81, 2.04)
 
     def __post_init__(self) -> None:
-        if not (self.slot_s > 0 and self.window_s >= self.slot_s):
-            raise ConfigError("window_s", "need slot_s > 0 and window_s >= slot_s", "detector")
+        if not (self.slot_s >= MIN_SLOT_S and self.window_s >= self.slot_s):
+            raise ConfigError("window_s", f"need slot_s >= {MIN_SLOT_S:g} and window_s >= slot_s", "detector")
+        if self.window_s / self.slot_s > MAX_SLOTS:  # the window is kept slot by slot
+            raise ConfigError("window_s", f"at most {MAX_SLOTS} slots in the window (window_s / slot_s)", "detector")
         t = self.thresholds
         if len(t) != 9 or any(b <= a for a, b in zip(t, t[1:])):
             raise ConfigError("thresholds", "need nine strictly ascending values", "detector")

@@ -34,6 +34,22 @@ PROFILE_FORMAT = "chunkserve.latency-profile"
 _GIB = 1 << 30
 
 
+# bounds on a profile (a GPU type holds at most this many sessions; the per-session curve
+# is tabulated up to twice the capacity or the last point): past them a file is a typo or
+# hostile, and tabulating it would not end
+MAX_CAPACITY = 4096
+MAX_BATCH = 2 * MAX_CAPACITY
+MAX_POINTS = 64
+MAX_TYPES = 64
+
+
+def _memory_bytes(gib: object) -> int:
+    value = float(gib)  # type: ignore[arg-type]
+    if not (0 < value <= 1 << 20):
+        raise ValueError(f"memory_gib {gib!r}: must be above 0, at most {1 << 20}")
+    return int(value * _GIB)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuProfile:
     """Latency curve, session capacity K, hourly price and memory of one GPU type."""
@@ -47,12 +63,14 @@ class GpuProfile:
 
     def __post_init__(self) -> None:
         src = f"profile {self.name}"
-        if self.capacity < 1:
-            raise ConfigError("capacity", "must be >= 1", src)
-        if self.cost_per_hour < 0:
-            raise ConfigError("cost_per_hour", "must be >= 0", src)
-        if not self.points:
-            raise ConfigError("latency_s", "needs at least one (batch, seconds) point", src)
+        if not 1 <= self.capacity <= MAX_CAPACITY:
+            raise ConfigError("capacity", f"must be 1 to {MAX_CAPACITY}", src)
+        if not (self.cost_per_hour >= 0 and math.isfinite(self.cost_per_hour)):
+            raise ConfigError("cost_per_hour", "must be a finite number >= 0", src)
+        if not 1 <= len(self.points) <= MAX_POINTS:
+            raise ConfigError("latency_s", f"needs 1 to {MAX_POINTS} (batch, seconds) points", src)
+        if self.points[-1][0] > MAX_BATCH:
+            raise ConfigError("latency_s", f"batch sizes up to {MAX_BATCH}", src)
         prev_n, prev_l = 0, 0.0
         for n, lat in self.points:
             if n <= prev_n:
@@ -114,6 +132,8 @@ def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyMo
     types = doc.get("gpu_types")
     if not isinstance(types, Mapping) or not types:
         raise ConfigError("gpu_types", "must be a non-empty object", source)
+    if len(types) > MAX_TYPES:
+        raise ConfigError("gpu_types", f"at most {MAX_TYPES} GPU types", source)
     profiles = {}
     for name, spec in types.items():
         try:
@@ -123,12 +143,12 @@ def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyMo
                 name=name,
                 capacity=int(spec["capacity"]),
                 cost_per_hour=float(spec["cost_per_hour"]),
-                memory_bytes=int(float(spec.get("memory_gib", 80)) * _GIB),
+                memory_bytes=_memory_bytes(spec.get("memory_gib", 80)),
                 points=points,
             )
         except ConfigError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ConfigError(f"gpu_types.{name}", f"malformed entry ({exc!r})", source) from None
     return LatencyModel(profiles, str(doc.get("name", source)))
 
@@ -146,10 +166,12 @@ def load_profiles(spec: str | Path) -> LatencyModel:
             text, source = path.read_text(encoding="utf-8"), str(path)
         except OSError as exc:
             raise ConfigError("profile", f"cannot read ({exc.strerror})", str(path)) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError("profile", f"not UTF-8 (byte {exc.start})", str(path)) from None
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError("profile", f"not JSON ({exc})", source) from None
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer past Python's digit limit
+        raise ConfigError("profile", f"not JSON ({str(exc) or 'nested too deep'})"[:300], source) from None
     return parse_profiles(doc, source)
 
 

@@ -39,7 +39,7 @@ class Trace:
         return self.events[-1].t if self.events else 0.0
 
 
-MAX_T_S = 1e7  # about 116 days: past this a time is a typo, and replaying it would not end
+MAX_T_S = 1e6  # about 11.6 days: past this a time is a typo, and replaying it would not end (nor fit in memory)
 MAX_STATE_MB = 1 << 20  # 1 TiB of session state, past any GPU's memory
 
 
@@ -114,6 +114,8 @@ def load_trace(path: str | Path) -> Trace:
         raise TraceError(name, 0, f"cannot read ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise TraceError(name, 0, "not a UTF-8 text file") from None
+    except csv.Error as exc:  # a field past the csv module's size limit, a NUL byte
+        raise TraceError(name, 0, f"not a CSV file ({exc})") from None
 
 
 def write_trace(events: Iterable[SessionEvent], path: str | Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.lifecycle import session_event
 from schemas import records as r
+from schemas.errors import ConfigError
 from streams.config_file import env_number
 
 __all__ = ["DetectorShell", "signal_record", "build_app"]
@@ -71,7 +72,11 @@ def detector_settings(env: Mapping[str, str]) -> tuple[DetectorConfig, float]:
     """The detector's window and its tick from the environment (``ConfigError`` naming a bad one)."""
     base = DetectorConfig()
     names = {"window_s": "CHUNKSERVE_DETECTOR_WINDOW_S", "slot_s": "CHUNKSERVE_DETECTOR_SLOT_S"}
-    config = replace(base, **{k: env_number(env, v, float(getattr(base, k)), positive=True) for k, v in names.items()})
+    given = {k: env_number(env, v, float(getattr(base, k)), positive=True) for k, v in names.items()}
+    try:
+        config = replace(base, **given)
+    except ConfigError as exc:  # the two together: name both
+        raise ConfigError(" / ".join(names.values()), str(exc).rsplit(": ", 1)[-1], "environment") from None
     return config, env_number(env, "CHUNKSERVE_DETECTOR_TICK_S", 1.0, positive=True)
 
 

@@ -32,7 +32,7 @@ def _load(tmp_path, body: str, head: str = HEAD):
         ("0,a,open,lots\n", 2, "not a number"),
         ("0,a\n", 2, "missing columns"),
         ("0,a,open,100,extra\n", 2, "more columns than the header"),  # a shifted column, not ignored
-        ("0,a,open,1\n1e300,a,close,\n", 3, "over the 10,000,000"),  # a replay that would never end
+        ("0,a,open,1\n1e300,a,close,\n", 3, "over the 1,000,000"),  # a replay that would never end
         ("0,a,open,1e300\n", 2, "over the 1,048,576"),
     ],
 )
