@@ -6,6 +6,7 @@ session (or one frame), so a session's numbers do not depend on what else shares
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 
@@ -18,17 +19,31 @@ from .model_config import ModelConfig
 __all__ = ["RefNet", "hash_ngrams", "patchify", "unpatchify"]
 
 
+# a text conditions on its first 4 KiB, as a text encoder reads up to its context: hashing
+# every byte of each 64 KiB input (and again with each later one) held the worker's loop for
+# seconds, past its heartbeat
+MAX_TEXT_BYTES = 4096
+
+
 def hash_ngrams(texts: list[str], buckets: int, ngrams: tuple[int, ...]) -> list[int]:
-    """Bucket ids of every byte n-gram of ``texts`` (each framed by STX/ETX); stable hash."""
+    """Bucket ids of every byte n-gram of ``texts`` (each framed by STX/ETX, its first
+    ``MAX_TEXT_BYTES`` bytes); stable hash, each text's ids remembered for the next call."""
     ids: list[int] = []
     for text in texts:
-        data = b"\x02" + text.encode("utf-8") + b"\x03"
-        for n in ngrams:
-            tag = bytes([n])
-            for i in range(len(data) - n + 1):
-                digest = hashlib.blake2b(tag + data[i : i + n], digest_size=8).digest()
-                ids.append(int.from_bytes(digest, "little") % buckets)
+        ids.extend(_text_ids(text, buckets, ngrams))
     return ids
+
+
+@functools.lru_cache(maxsize=256)
+def _text_ids(text: str, buckets: int, ngrams: tuple[int, ...]) -> tuple[int, ...]:
+    data = b"\x02" + text.encode("utf-8")[:MAX_TEXT_BYTES] + b"\x03"
+    ids: list[int] = []
+    for n in ngrams:
+        tag = bytes([n])
+        for i in range(len(data) - n + 1):
+            digest = hashlib.blake2b(tag + data[i : i + n], digest_size=8).digest()
+            ids.append(int.from_bytes(digest, "little") % buckets)
+    return tuple(ids)
 
 
 def patchify(lat: Tensor, p: int) -> Tensor:

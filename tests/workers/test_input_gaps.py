@@ -45,3 +45,14 @@ def test_a_short_gap_keeps_every_seq_given_up_on():
     held.offer(_input(5), 5.0)
     assert held.next_input(6.0, skip_gaps=True).seq == 5
     assert held.skipped == {1, 2, 3, 4}
+
+
+def test_a_text_conditions_on_its_first_4_kib_only():
+    """An input at the 64 KiB bound is hashed no further than 4 KiB (the whole of it, and
+    again with each later input, held the worker's loop for seconds, past its heartbeat)."""
+    from workers._layers import MAX_TEXT_BYTES, hash_ngrams
+
+    head = "a" * MAX_TEXT_BYTES
+    assert hash_ngrams([head + "b" * 60_000], 4096, (1, 2, 3)) == hash_ngrams([head + "c"], 4096, (1, 2, 3))
+    assert hash_ngrams(["ab"], 4096, (1, 2, 3)) != hash_ngrams(["ac"], 4096, (1, 2, 3))
+    assert len(hash_ngrams([head * 16], 4096, (1, 2, 3))) == 3 * (MAX_TEXT_BYTES + 2) - 3
