@@ -24,6 +24,7 @@ __all__ = [
     "DetectorState",
     "Signal",
     "step",
+    "not_ahead",
     "observe",
     "volatility",
     "variation",
@@ -145,6 +146,18 @@ def observe(state: DetectorState, now: float, config: DetectorConfig) -> tuple[D
     first = state.first_slot if state.first_slot is not None else slot
     new = DetectorState(state.active, state.idle, _advance(state, slot, config), first, slot)
     return new, _signal(new, now, config)
+
+
+FUTURE_S = 2.0  # how far ahead of the reading process's clock an event's time may count
+
+
+def not_ahead(event: SessionEvent, now: float) -> SessionEvent:
+    """``event`` with its time at most ``now + FUTURE_S``: a record stamped ahead (the broker
+    lets a producer's time through within its skew bound, minutes) would move the window
+    past every honest event, blind until the clock caught up."""
+    if event.t <= now + FUTURE_S:
+        return event
+    return SessionEvent(now + FUTURE_S, event.session_id, event.kind, event.state_bytes)
 
 
 def step(state: DetectorState, event: SessionEvent, config: DetectorConfig) -> tuple[DetectorState, Signal]:

@@ -24,7 +24,7 @@ from processors import decisions as d
 from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, AutoscalerConfig, Slo, utilization
 from processors.cluster import (BOOTING_PREFIX, ClusterView, apply, current_generation,
                                 dead_workers, prune, to_snapshot)
-from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
+from processors.detector import DetectorConfig, DetectorState, Signal, not_ahead, observe, step
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import SessionEvent, session_event
 from processors.placement import ADMIT_LIMIT, worst_latency
@@ -271,7 +271,7 @@ class ControlShell:
         event = session_event(rec)
         if event is not None:
             before = self.view.sessions.get(event.session_id)
-            self.detector, _ = step(self.detector, event, self.detector_config)
+            self.detector, _ = step(self.detector, not_ahead(event, self.clock()), self.detector_config)
             self.fresh.append(event)
             if len(self.fresh) > MAX_FRESH_EVENTS:  # no round for a long while: the newest
                 del self.fresh[:len(self.fresh) - MAX_FRESH_EVENTS]

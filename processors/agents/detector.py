@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
+from processors.detector import DetectorConfig, DetectorState, Signal, not_ahead, observe, step
 from processors.lifecycle import session_event
 from schemas import records as r
 from schemas.errors import ConfigError
@@ -50,8 +50,8 @@ class DetectorShell:
         event = session_event(rec)
         if event is None:
             return None
-        self.state, signal = step(self.state, event, self.config)
         now = self.clock()
+        self.state, signal = step(self.state, not_ahead(event, now), self.config)
         if now - self.last_published < self.min_interval_s:
             self.held = True
             return None
