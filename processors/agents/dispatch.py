@@ -6,12 +6,13 @@ cache refreshed from it, and any number of replicas may run in one consumer grou
 
 from __future__ import annotations
 
+import contextlib
 import asyncio
 import logging
 import time
 from collections import Counter, deque
 from dataclasses import replace
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 from schemas.errors import InfraError, NoCapacityError, OwnershipError, StaleGenerationError
 from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, InputPushed, Record, RoutedInput,
@@ -47,6 +48,8 @@ PLAN_LOOKBACK = 64
 # every replica looks at the recovery queue this often (a slot freed is used within it)
 RECOVERY_SWEEP_S = 0.25
 
+# inputs of unknown sessions read again at once (the rest are refused at once)
+MAX_REREADING = 64
 # pauses between tries of an event's handling while the store cannot serve it
 STORE_RETRY_S = (0.2, 0.5, 1.0, 2.0, 4.0)
 
@@ -84,6 +87,31 @@ class RateWindows:
         counts.seed(sid, window, earlier)
 
 
+class Rereads:
+    """Inputs of sessions not (yet) in the store, read again ``per_input`` times while their
+    open may be in flight, within a budget of their own: a flood of made-up ids cannot hold
+    every in-flight place for the owner wait (past ``budget`` such an input is refused at
+    once). ``now``: the inputs being read again, as (session, seq, partition, offset)."""
+
+    def __init__(self, per_input: int, budget: int) -> None:
+        self.per_input, self.budget = per_input, budget
+        self.now: set[tuple[str, int, int, int]] = set()
+
+    def allowance(self) -> int:
+        return self.per_input if len(self.now) < self.budget else 0
+
+    async def pause(self, inp: Input, seconds: float) -> None:
+        self.now.add((inp.session_id, inp.seq, inp.partition, inp.offset))
+        await asyncio.sleep(seconds)
+
+    @contextlib.contextmanager
+    def ended(self, key: tuple[str, int, int, int]) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            self.now.discard(key)
+
+
 class DispatchShell:
     """Carries out the dispatch core's commands (``processors.dispatch.decide``): reads what
     the store says about each event's session, commits, publishes, dead-letters, and feeds
@@ -99,7 +127,7 @@ class DispatchShell:
                  count_in_window: Callable[[str, int, int, float], Awaitable[list[int]]] | None = None) -> None:
         self.store, self.publisher, self.clock = store, publisher, clock
         self.view_ttl_s, self.name = view_ttl_s, name
-        self.rereads = int(owner_wait_s / REREAD_S)
+        self.rereads = Rereads(int(owner_wait_s / REREAD_S), MAX_REREADING)
         self.view = DispatchView({}, source=name, admission_retries=int(admission_timeout_s / RETRY_S))
         self._view_at = -1e18
         self._chains: dict[str, asyncio.Task[Any]] = {}
@@ -205,7 +233,7 @@ class DispatchShell:
                 self.invalidate_view()
                 return Retry(adm, await self.facts(adm.session_id))
             case ReadAgain(event=Seen(what=Input() as inp), after_s=pause):
-                await asyncio.sleep(pause)
+                await self.rereads.pause(inp, pause)
                 return Seen(inp, await self.facts(inp.session_id))
             case RequestClose(session_id=sid):
                 await self.store.request_close(sid)
@@ -300,9 +328,10 @@ class DispatchShell:
 
     async def route_input(self, sid: str, seq: int, kind: str, payload: str, partition: int = -1,
                           offset: int = -1, ts: float = 0.0, origin: Any = None) -> str | None:
-        inp = Input(sid, seq, kind, payload, ts, partition, offset, rereads_left=self.rereads,
+        inp = Input(sid, seq, kind, payload, ts, partition, offset, rereads_left=self.rereads.allowance(),
                     refused_before=self.gate.refused_before(sid), origin=origin)
-        refused = await self.feed(Seen(inp, await self.facts(sid)))
+        with self.rereads.ended((sid, seq, partition, offset)):
+            refused = await self.feed(Seen(inp, await self.facts(sid)))
         return refused[0] if refused else None
 
     async def commit_planned(self, sid: str, expected_epoch: int) -> Generation | None:

@@ -147,3 +147,40 @@ def test_an_input_routed_again_names_the_inputs_refused_before_it() -> None:
                         payload="ok", ts=0.0, source_partition=0, source_offset=9)
     asyncio.run(shell.carry_out(Publish(first), []))
     assert [r.refused_before for r in sent.records] == [(2, 3), ()]  # a first routing keeps its own names
+
+
+def test_a_flood_of_inputs_for_sessions_nobody_opened_does_not_hold_up_the_others() -> None:
+    """Inputs of unknown sessions are read again (their open may be in flight) within a
+    budget of their own: past it they are refused at once, so 1,024 of them (each a new id,
+    which the per-session rate rule does not see) no longer hold every in-flight place for
+    10 s while an input of a live session waits behind them."""
+    from schemas.records import DeadLetter, Generation, RoutedInput
+    from streams.generations import StoreState
+    from streams.store_records import SessionView
+
+    class Store:
+        async def session(self, sid: str) -> SessionView | None:
+            return SessionView(Generation("w1", 1), StoreState.ACTIVE, True, None, None, None) if sid == "live" else None
+
+        async def load_view(self) -> dict:
+            return {}
+
+    async def run() -> tuple[int, Sent, DispatchShell]:
+        sent = Sent()
+        shell = DispatchShell(Store(), sent, owner_wait_s=3.0)  # 64 of them read again, the rest refused
+        for i in range(1024):
+            rec = InputPushed(session_id=f"made-up-{i}", seq=1, kind="text", payload="x", ts=0.0)
+            await shell.submit(f"inputs:{rec.session_id}", lambda rec=rec: shell.on_input(rec))
+        live = InputPushed(session_id="live", seq=1, kind="text", payload="hi", ts=0.0)
+        # the consumer loop hands it over at once (the old shell held every place for 3 s)
+        await asyncio.wait_for(shell.submit("inputs:live", lambda: shell.on_input(live)), 0.5)
+        await asyncio.sleep(0.5)
+        routed = len(sent.of(RoutedInput))
+        await asyncio.sleep(3.0)  # the budgeted ones' re-reads run out
+        return routed, sent, shell
+
+    routed, sent, shell = asyncio.run(run())
+    assert routed == 1  # the live session's input went out before the made-up ones' re-reads ended
+    refusals = sent.of(DeadLetter)
+    assert len(refusals) == 1024 and all("no owner for session" in d.reason for d in refusals)
+    assert not shell.rereads.now  # the budget is given back
