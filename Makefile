@@ -6,6 +6,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.chunkserve-installed
+PIP := $(PY) -m pip install -q
+PIPNET := --retries 10 --timeout 60 --resume-retries 20
+# $(call retry,CMD): CMD up to three times (a download cut short by the network)
+retry = for try in 1 2 3; do $(1) && break; [ $$try = 3 ] && exit 1; echo "retrying: $(1)" >&2; sleep 15; done
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -15,10 +19,11 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@$(PY) -m pip install -q --upgrade pip
-	@# torch first, pinned (PyPI's build bundles CUDA and runs on the CPU too)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	@$(PY) -m pip install -q -e '.[test]'
+	@$(call retry,$(PIP) --upgrade "pip>=25.1")
+	@# torch first, pinned (PyPI's build bundles CUDA and runs on the CPU too: about 3 GB of
+	@# wheels, so a dropped connection resumes, and a failed install is tried twice more)
+	@$(PY) -c "import torch" 2>/dev/null || { $(call retry,$(PIP) $(PIPNET) torch==2.13.0); }
+	@$(call retry,$(PIP) $(PIPNET) -e '.[test]')
 	@touch $(STAMP)
 
 # The embedded Apache Kafka (infra/apache_kafka.py): fetched once with Maven; without Java
