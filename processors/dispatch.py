@@ -33,16 +33,27 @@ __all__ = ["DispatchView", "Facts",
 # it and feeds the results back as events (a commit's outcome, a re-read).
 
 
+# admissions for session events (opens, returns) waiting for room at once: each holds one of
+# the shell's in-flight places, so a flood of opens while the fleet is full cannot hold them all
+MAX_WAITING = 256
+MAX_GAVE_UP = 1024  # sessions whose admission timed out, remembered for an admission timeout
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchView:
     """The dispatch core's state: the workers' loads (a cache the shell refreshes from the
-    store), the control leader's admission plan, and when the last placement report went out."""
+    store), the control leader's admission plan, when the last placement report went out, and
+    the sessions whose admission (for a session event) timed out lately. ``waiting``: how many
+    admissions for session events wait for room now (the shell's count)."""
 
     workers: Mapping[str, WorkerLoad]
     plan: AdmitPlan | None = None  # the control leader's latest (None: no controller heard yet)
     reported_at: float = -1e18
     source: str = "dispatch"  # the replica's name on its placement reports
     admission_retries: int = 150  # passes over a full fleet (RETRY_S apart) before an admission gives up
+    waiting: int = 0
+    max_waiting: int = MAX_WAITING  # past it, an open or return that finds no room is refused at once
+    gave_up: Mapping[str, float] = field(default_factory=dict)  # session -> when its admission timed out
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +95,14 @@ class Admission:
     tried: frozenset[str] = frozenset()
     retries_left: int = 0  # passes over the workers left (one every RETRY_S) before giving up
     then_route: Input | None = None  # an input that woke the session: routed once it is placed
+    for_event: bool = False  # an open's or a return's (refused with the event when it gives up)
+    waiting: bool = False  # it found no room and waits (counted in the view's ``waiting``)
+
+    @property
+    def budgeted(self) -> bool:
+        """A user's (an open, a return, an input waking an offloaded session): it waits for
+        room within the budget and is refused when it gives up; a recovery's is not."""
+        return self.for_event or self.then_route is not None
 
 
 # events the shell feeds the core
@@ -242,7 +261,7 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
         case Committed(admission=adm, generation=gen):
             return admitted(view, adm, gen, now)
         case CommitRefused(admission=adm, worker=worker, reason="no_capacity"):
-            return next_candidate(view, replace(adm, tried=adm.tried | {worker}))
+            return next_candidate(view, replace(adm, tried=adm.tried | {worker}), now)
         case CommitRefused(reason=reason) if reason != "no_capacity":
             return commit_refused(view, event, now)
         case Moved(session_id=sid, source=src, successor=succ):
@@ -272,7 +291,7 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
                 cmds.append(Refuse(adm.then_route, _refusal(adm.then_route, why)))
             return view, cmds
         case Retry(admission=adm):
-            return next_candidate(view, replace(adm, tried=frozenset()))
+            return next_candidate(view, replace(adm, tried=frozenset()), now)
     raise TypeError(f"not a dispatch event: {event!r}")
 
 
@@ -308,18 +327,43 @@ def planned(view: DispatchView, rec: AdmissionPlan) -> DispatchView:
     return replace(view, plan=plan)
 
 
-def next_candidate(view: DispatchView, adm: Admission) -> tuple[DispatchView, list[Command]]:
+def next_candidate(view: DispatchView, adm: Admission, now: float) -> tuple[DispatchView, list[Command]]:
     """Commit on the best worker not yet tried (the policy's plan, :func:`candidate`); when
-    none is left, wait (for a slot, or the policy's next plan) and try again."""
-    best = candidate(view.plan, view.workers, adm.session_id, adm.tried)
+    none is left, wait (for a slot, or the policy's next plan) and try again. An open or a
+    return that finds no room is refused at once when ``max_waiting`` others wait already, or
+    when its session's admission gave up within the admission timeout; else it waits up to
+    that timeout, and is refused with its event when it gives up."""
+    sid = adm.session_id
+    best = candidate(view.plan, view.workers, sid, adm.tried)
     if best is not None:
         return view, [Commit(adm, best)]
+    timeout_s = view.admission_retries * RETRY_S
+    if adm.budgeted and not adm.waiting:
+        since = view.gave_up.get(sid)
+        if since is not None and now - since < timeout_s:
+            return view, _given_up(adm, f"no worker has room for session {sid} (its admission gave up "
+                                        f"{max(now - since, 0.0):.0f} s ago)")
+        if view.waiting >= view.max_waiting:
+            return view, _given_up(adm, f"no worker has room for session {sid}, and {view.waiting} other "
+                                        "sessions wait for room already")
+    if adm.retries_left <= 0 and adm.budgeted:
+        # remembered for an admission timeout: the session's next events and inputs that find
+        # no room are refused at once (a flood of one id waits once)
+        horizon = now - timeout_s
+        kept = [(s, t) for s, t in view.gave_up.items() if t > horizon and s != sid][-(MAX_GAVE_UP - 1):]
+        why = f"no worker had room for session {sid} within {timeout_s:.0f} s"
+        return replace(view, gave_up=dict([*kept, (sid, now)])), _given_up(adm, why, error=True)
     if adm.retries_left <= 0:
-        cmds: list[Command] = [Note(f"no worker admitted session {adm.session_id}", error=True)]
-        if adm.then_route is not None:
-            cmds.append(Refuse(adm.then_route, "no worker admitted the session to apply it"))
-        return view, cmds
-    return view, [RetryLater(replace(adm, retries_left=adm.retries_left - 1), RETRY_S)]
+        return view, [Note(f"no worker admitted session {sid}", error=True)]
+    return view, [RetryLater(replace(adm, retries_left=adm.retries_left - 1, waiting=adm.budgeted), RETRY_S)]
+
+
+def _given_up(adm: Admission, why: str, error: bool = False) -> list[Command]:
+    """A user's admission given up: the input that woke it, or its event, refused with the
+    reason (to dead-letters)."""
+    if adm.then_route is not None:
+        return [Note(why, error=error), Refuse(adm.then_route, _refusal(adm.then_route, f"{why}, to apply it"))]
+    return [Note(why, error=error), RefuseEvent(why)]
 
 
 def admitted(view: DispatchView, adm: Admission, gen: Generation, now: float) -> tuple[DispatchView, list[Command]]:
@@ -355,14 +399,14 @@ def on_session_event(view: DispatchView, rec: Record, facts: Facts,
     kind = EVENT_KIND[type(rec)]
     _, action = transition(state, kind)
     if action is Action.PLACE:
-        return next_candidate(view, _admission(view, sid, prompt=getattr(rec, "prompt", "")))
+        return next_candidate(view, _admission(view, sid, prompt=getattr(rec, "prompt", ""), for_event=True), now)
     if state is SessionState.TERMINATED and kind in (EventKind.OPEN, EventKind.ACTIVE):
         return view, [RefuseEvent(_CLOSED_ID.format(sid=sid))]
     if sv is None or state is SessionState.TERMINATED:
         return view, [Note(f"{rec.TAG} for session {sid} without generation")]
     gen = sv.generation
     if action is Action.RESUME:
-        return next_candidate(view, _restore(view, sid, sv))
+        return next_candidate(view, _restore(view, sid, sv, for_event=True), now)
     if action is Action.SUSPEND:
         return view, [Publish(Suspend(worker_id=gen.worker_id, session_id=sid, generation=gen, ts=now))]
     if action is Action.TERMINATE and state is SessionState.SUSPENDED:
@@ -402,7 +446,7 @@ def on_worker_event(view: DispatchView, rec: Record, facts: Facts,
         case CommandRejected(command=Resume.TAG, generation=Generation() as gen):
             # the Resume overtook a pending Suspend: the session is offloaded now
             if sv is not None and sv.state == StoreState.SUSPENDED and sv.generation == gen:
-                return next_candidate(view, _restore(view, rec.session_id, sv))
+                return next_candidate(view, _restore(view, rec.session_id, sv), now)
         case CommandRejected(command=RoutedInput.TAG, generation=Generation()):
             return route(view, Input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts, refused=rec,
                                      rereads_left=0), facts, now)
@@ -433,7 +477,7 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
     if refused is not None and refused.reason not in ("stale_epoch", "not_owner"):
         return view, [Refuse(inp, _refusal(inp, f"input {inp.seq} refused by its owner"))]
     if sv.state == StoreState.SUSPENDED:
-        return next_candidate(view, _restore(view, inp.session_id, sv, then_route=inp))
+        return next_candidate(view, _restore(view, inp.session_id, sv, then_route=inp), now)
     if sv.stranded or facts.owner_down:
         return view, []  # held in the log
     return view, [_routed(inp, sv.generation, now)]

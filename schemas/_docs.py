@@ -218,7 +218,11 @@ HEADERS: dict[str, str] = {
 TOPIC_NOTES: dict[str, str] = {
     "session-events": "Per session, records are handled in partition order: send a session's "
                       "events with one producer, in order, and never an older `ts` after a "
-                      "newer one (control drops it as a stale redelivery).",
+                      "newer one (control drops it as a stale redelivery). When every worker is "
+                      "full, an open (or a return of an offloaded session) waits for room up to "
+                      "dispatch's admission timeout (30 s) and is then refused to dead-letters "
+                      "with the reason; past 256 waiting at once, or within 30 s of its session's "
+                      "timed-out admission, it is refused at once.",
     "session-inputs": "Per session, inputs are handled in partition order. Rate: the broker stamps "
                       "each input as it appends it (the topic's `message.timestamp.type` is "
                       "LogAppendTime); per session, the first `input_burst` inputs (default 100) in "
@@ -227,7 +231,9 @@ TOPIC_NOTES: dict[str, str] = {
                       "refused to dead-letters with the reason; an input refused for its seq, size "
                       "or key does not count, and a seq repeated within a window (a retry) counts "
                       "once and gets its first copy's verdict. The rule is decided from the log, so a replay "
-                      "decides it the same.",
+                      "decides it the same. An input to an offloaded session while every worker is "
+                      "full waits for room as an open does (session-events) and is refused the same "
+                      "way.",
     "worker-commands": "A worker reads the partition its id hashes to and skips other "
                        "workers' records; commands of one worker arrive in order, and a "
                        "command whose generation is no longer current is refused "

@@ -13,7 +13,7 @@ from collections import Counter, deque
 from dataclasses import replace
 from typing import Any, Awaitable, Callable, Protocol
 
-from schemas.errors import InfraError, NoCapacityError, OwnershipError, StaleGenerationError
+from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
 from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, InputPushed, Record, RoutedInput,
                              SessionOpened, WorkerDown, WorkerUp)
 
@@ -26,7 +26,7 @@ from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Com
                         CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, Note, Publish,
                         ReadAgain, Refuse, RefuseEvent, RequestClose, Retry, RetryLater, Seen, counted, decide)
 from ..input_gate import InputGate
-from .input_budgets import MAX_REREADING, RateWindows, Rereads
+from .input_budgets import MAX_REREADING, Chains, RateWindows, Rereads
 from .recovery import Recovery
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
@@ -46,10 +46,6 @@ PLAN_LOOKBACK = 64
 
 # every replica looks at the recovery queue this often (a slot freed is used within it)
 RECOVERY_SWEEP_S = 0.25
-
-# pauses between tries of an event's handling while the store cannot serve it
-STORE_RETRY_S = (0.2, 0.5, 1.0, 2.0, 4.0)
-
 
 class Publisher(Protocol):
     async def send(self, rec: Record, wait: bool = False) -> Any: ...
@@ -72,10 +68,10 @@ class DispatchShell:
         self.view_ttl_s, self.name = view_ttl_s, name
         self.rereads = Rereads(int(owner_wait_s / REREAD_S), MAX_REREADING)
         self.view = DispatchView({}, source=name, admission_retries=int(admission_timeout_s / RETRY_S))
+        self.waiting = 0  # admissions for session events waiting for room (the view's max_waiting)
         self._view_at = -1e18
-        self._chains: dict[str, asyncio.Task[Any]] = {}
         self.gate = InputGate(max_input_bytes, input_rate, input_burst)
-        self._slots = asyncio.Semaphore(max_in_flight)
+        self.chains = Chains(max_in_flight, name)
         # the session's inputs after a seq, read back from the log (LoggedInput); the topic's full name
         self.read_inputs, self.inputs_topic = read_inputs, inputs_topic
         self.rate_windows = RateWindows(self.gate, count_in_window, name)
@@ -83,42 +79,8 @@ class DispatchShell:
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
                      failed: Callable[[Exception], Awaitable[Any]] | None = None) -> None:
-        """Run ``work`` after every earlier submission under the same key (a session's events,
-        or its inputs), concurrently with other keys: one session waiting for capacity does not
-        hold up the others, and each session's events (and inputs) keep their order. Returns
-        once the work is scheduled. Work the store could not serve (Redis away, InfraError) is
-        tried again after each of ``STORE_RETRY_S``; what still fails is handed to ``failed``
-        (an input is refused with the reason: never dropped)."""
-        await self._slots.acquire()
-        previous = self._chains.get(key)
-
-        async def run() -> None:
-            try:
-                if previous is not None:
-                    await asyncio.gather(previous, return_exceptions=True)
-                for pause in (*STORE_RETRY_S, None):
-                    try:
-                        await work()
-                        return
-                    except InfraError as exc:
-                        if pause is None:
-                            raise
-                        log.warning("%s: handling %s: %s; again in %.1f s", self.name, key, exc, pause)
-                        await asyncio.sleep(pause)
-            except Exception as exc:
-                log.exception("%s: handling %s failed", self.name, key)
-                if failed is not None:
-                    try:
-                        await failed(exc)
-                    except Exception:
-                        log.exception("%s: reporting the failure of %s failed", self.name, key)
-            finally:
-                self._slots.release()
-                if self._chains.get(key) is task:
-                    del self._chains[key]
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._chains[key] = task
+        """``work`` in order under ``key``, concurrently with other keys (:class:`Chains`)."""
+        await self.chains.submit(key, work, failed)
 
     # --- the core's inputs ---------------------------------------------------------------
 
@@ -148,14 +110,20 @@ class DispatchShell:
         nothing follows; returns the reasons of the inputs refused on the way."""
         refused: list[str] = []
         queue: deque[Event] = deque([event])
-        while queue:
-            ev = queue.popleft()
-            await self.load_view()
-            self.view, commands = decide(self.view, ev, self.clock())
-            for cmd in commands:
-                outcome = await self.carry_out(cmd, refused)
-                if outcome is not None:
-                    queue.append(outcome)
+        waits = False  # an open or a return of this event waits for room: counted until it ends
+        try:
+            while queue:
+                ev = queue.popleft()
+                await self.load_view()
+                self.view, commands = decide(replace(self.view, waiting=self.waiting), ev, self.clock())
+                for cmd in commands:
+                    if isinstance(cmd, RetryLater) and cmd.admission.waiting and not waits:
+                        waits, self.waiting = True, self.waiting + 1
+                    outcome = await self.carry_out(cmd, refused)
+                    if outcome is not None:
+                        queue.append(outcome)
+        finally:
+            self.waiting -= waits
         return refused
 
     async def carry_out(self, cmd: Command, refused: list[str]) -> Event | None:

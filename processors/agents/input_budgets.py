@@ -1,23 +1,28 @@
-"""Dispatch's budgets for inputs before they are routed: the rate rule's count of a window
-that began before this process read the partition (read back from the log), and the re-reads
-of inputs whose session is not (yet) in the store."""
+"""Dispatch's budgets: its in-flight places (each session's work in order, sessions side by
+side), and for inputs before they are routed, the rate rule's count of a window that began
+before this process read the partition (read back from the log) and the re-reads of inputs
+whose session is not (yet) in the store."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from typing import Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
+from schemas.errors import InfraError
 from schemas.input_rate import rate_counted
 from schemas.records import InputPushed
 
 from ..dispatch import Input
 from ..input_gate import InputGate
 
-__all__ = ["MAX_REREADING", "RateWindows", "Rereads"]
+__all__ = ["MAX_REREADING", "STORE_RETRY_S", "Chains", "RateWindows", "Rereads"]
 
 log = logging.getLogger("processors.agents.dispatch")
+
+# pauses between tries of an event's handling while the store cannot serve it
+STORE_RETRY_S = (0.2, 0.5, 1.0, 2.0, 4.0)
 
 # inputs of unknown sessions read again at once (the rest are refused at once)
 MAX_REREADING = 64
@@ -75,3 +80,52 @@ class Rereads:
             yield
         finally:
             self.now.discard(key)
+
+
+class Chains:
+    """Dispatch's work, at most ``max_in_flight`` pieces at once (the consumer loops wait for
+    a place: backpressure on the topics), each key's in the order submitted."""
+
+    def __init__(self, max_in_flight: int, name: str) -> None:
+        self.name = name
+        self._places = asyncio.Semaphore(max_in_flight)
+        self.tasks: dict[str, asyncio.Task[Any]] = {}  # key -> its latest work
+
+    async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
+                     failed: Callable[[Exception], Awaitable[Any]] | None = None) -> None:
+        """Run ``work`` after every earlier submission under the same key (a session's events,
+        or its inputs), concurrently with other keys: one session waiting for capacity does not
+        hold up the others, and each session's events (and inputs) keep their order. Returns
+        once the work is scheduled. Work the store could not serve (Redis away, InfraError) is
+        tried again after each of ``STORE_RETRY_S``; what still fails is handed to ``failed``
+        (an input is refused with the reason: never dropped)."""
+        await self._places.acquire()
+        previous = self.tasks.get(key)
+
+        async def run() -> None:
+            try:
+                if previous is not None:
+                    await asyncio.gather(previous, return_exceptions=True)
+                for pause in (*STORE_RETRY_S, None):
+                    try:
+                        await work()
+                        return
+                    except InfraError as exc:
+                        if pause is None:
+                            raise
+                        log.warning("%s: handling %s: %s; again in %.1f s", self.name, key, exc, pause)
+                        await asyncio.sleep(pause)
+            except Exception as exc:
+                log.exception("%s: handling %s failed", self.name, key)
+                if failed is not None:
+                    try:
+                        await failed(exc)
+                    except Exception:
+                        log.exception("%s: reporting the failure of %s failed", self.name, key)
+            finally:
+                self._places.release()
+                if self.tasks.get(key) is task:
+                    del self.tasks[key]
+
+        task = asyncio.get_running_loop().create_task(run())
+        self.tasks[key] = task

@@ -358,9 +358,10 @@ def test_dispatch_tries_work_again_while_the_store_is_away_then_reports_it(monke
     """An event whose handling meets the store away (InfraError) is handled again after a
     pause; when every try fails, ``failed`` gets the error (an input is refused, not lost)."""
     from processors.agents import dispatch as agent
+    from processors.agents import input_budgets
     from schemas.errors import InfraError
 
-    monkeypatch.setattr(agent, "STORE_RETRY_S", (0.0, 0.0))
+    monkeypatch.setattr(input_budgets, "STORE_RETRY_S", (0.0, 0.0))
     shell = agent.DispatchShell(store=None, publisher=None)  # type: ignore[arg-type]
     tries: list[str] = []
     failures: list[Exception] = []
@@ -378,7 +379,7 @@ def test_dispatch_tries_work_again_while_the_store_is_away_then_reports_it(monke
     async def go() -> None:
         await shell.submit("a", work("a", 2), failed)  # fails twice, then is handled
         await shell.submit("b", work("b", 9), failed)  # never: reported once, after 3 tries
-        await asyncio.gather(*list(shell._chains.values()))
+        await asyncio.gather(*list(shell.chains.tasks.values()))
 
     asyncio.run(go())
     assert tries.count("a") == 3 and tries.count("b") == 3

@@ -153,3 +153,33 @@ def test_an_open_of_a_closed_session_id_is_refused_with_the_reason(redis_url, na
     sent = _run(redis_url, namespace, scenario)
     assert [x is not None and "session s was closed" in x for x in said] == [True, True, False]
     assert [type(x) for x in sent if not x.TAG.startswith("metric.")] == [Assign]  # only the fresh one
+
+
+def test_an_open_that_finds_no_room_within_the_timeout_is_refused_and_its_id_again_at_once(redis_url, namespace):
+    """Every worker full (the store's own slot count): the open waits the admission timeout
+    (2 s here), is refused with the reason (its caller dead-letters it) and leaves nothing in
+    the store; the same id again within the timeout is refused at once; once a slot frees, a
+    new open is admitted."""
+    from schemas.records import SessionOpened
+
+    async def scenario(store: GenerationStore, shell: DispatchShell) -> None:
+        for i in range(8):  # both workers' 4 slots taken
+            await store.commit(f"busy-{i}", 0, f"w{i % 2}")
+        opened = SessionOpened(session_id="s", ts=0.0, prompt="")
+        start = asyncio.get_running_loop().time()
+        why = await shell.on_session_event(opened)
+        waited = asyncio.get_running_loop().time() - start
+        assert why == "no worker had room for session s within 2 s" and 1.8 < waited < 6.0
+        assert await store.session("s") is None
+        start = asyncio.get_running_loop().time()
+        why = await shell.on_session_event(opened)
+        assert why == "no worker has room for session s (its admission gave up 0 s ago)"
+        assert asyncio.get_running_loop().time() - start < 1.0
+        busy = await store.session("busy-0")
+        await store.release("busy-0", busy.generation, close=True)
+        shell.invalidate_view()
+        assert await shell.on_session_event(SessionOpened(session_id="t", ts=0.0, prompt="")) is None
+        assert (await store.session("t")).generation.worker_id == "w0"
+
+    sent = _run(redis_url, namespace, scenario)
+    assert [r.session_id for r in sent if isinstance(r, Assign)] == ["t"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from processors.agents.dispatch import DispatchShell
 from processors.input_gate import MAX_REFUSED, InputGate
@@ -176,7 +177,7 @@ def test_a_flood_of_inputs_for_sessions_nobody_opened_does_not_hold_up_the_other
         await asyncio.wait_for(shell.submit("inputs:live", lambda: shell.on_input(live)), 0.5)
         await asyncio.sleep(0.5)
         routed = len(sent.of(RoutedInput))
-        await asyncio.sleep(3.0)  # the budgeted ones' re-reads run out
+        await asyncio.gather(*list(shell.chains.tasks.values()))  # the budgeted ones' re-reads run out
         return routed, sent, shell
 
     routed, sent, shell = asyncio.run(run())
@@ -184,3 +185,55 @@ def test_a_flood_of_inputs_for_sessions_nobody_opened_does_not_hold_up_the_other
     refusals = sent.of(DeadLetter)
     assert len(refusals) == 1024 and all("no owner for session" in d.reason for d in refusals)
     assert not shell.rereads.now  # the budget is given back
+
+
+def test_a_flood_of_opens_while_the_fleet_is_full_does_not_hold_up_the_others() -> None:
+    """Opens that find every worker full wait for room within a budget of their own (256 at
+    once): past it they are refused at once, so 1,024 opens of new ids no longer hold every
+    in-flight place for the admission timeout while an input of a live session waits behind
+    them. Each refused open is dead-lettered with its reason (the caller's ``dead_letter``);
+    a flood of one id waits once."""
+    from types import SimpleNamespace
+
+    from processors.dispatch import MAX_WAITING
+    from schemas.records import Generation, RoutedInput, SessionOpened
+    from streams.generations import StoreState
+    from streams.store_records import SessionView
+
+    class Store:
+        async def session(self, sid: str) -> SessionView | None:
+            return SessionView(Generation("w1", 1), StoreState.ACTIVE, True, None, None, None) if sid == "live" else None
+
+        async def load_view(self) -> dict:
+            return {"w1": SimpleNamespace(used=4, capacity=4, draining=False, down=False)}
+
+    async def run() -> tuple[int, list[str], DispatchShell, float]:
+        sent, refused = Sent(), []
+        shell = DispatchShell(Store(), sent, admission_timeout_s=2.0)
+
+        async def opened(sid: str) -> None:
+            why = await shell.on_session_event(SessionOpened(session_id=sid, ts=0.0, prompt=""))
+            if why is not None:
+                refused.append(why)
+
+        for i in range(1024):
+            await shell.submit(f"events:new-{i}", lambda i=i: opened(f"new-{i}"))
+        live = InputPushed(session_id="live", seq=1, kind="text", payload="hi", ts=0.0)
+        await asyncio.wait_for(shell.submit("inputs:live", lambda: shell.on_input(live)), 0.5)
+        await asyncio.sleep(0.5)
+        routed = len(sent.of(RoutedInput))
+        await asyncio.gather(*list(shell.chains.tasks.values()))
+        start = time.monotonic()
+        for _ in range(300):  # one id, over and over: the first waits, the rest follow it at once
+            await shell.submit("events:same", lambda: opened("same"))
+        await asyncio.gather(*list(shell.chains.tasks.values()))
+        return routed, refused, shell, time.monotonic() - start
+
+    routed, refused, shell, same_s = asyncio.run(run())
+    assert routed == 1  # the live session's input went out while the opens waited
+    at_once = [w for w in refused if "other sessions wait for room already" in w]
+    timed_out = [w for w in refused if "within 2 s" in w]
+    again = [w for w in refused if "gave up" in w]
+    assert len(at_once) == 1024 - MAX_WAITING and len(timed_out) == MAX_WAITING + 1 and len(again) == 299
+    assert same_s < 2.0 + 1.5  # 300 opens of one id took about one admission timeout, not 300
+    assert shell.waiting == 0  # the budget is given back

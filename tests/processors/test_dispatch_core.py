@@ -93,6 +93,53 @@ def test_an_admission_tries_workers_best_first_then_waits_then_gives_up():
     assert _kinds(cmds) == ["Note", "Refuse"] and cmds[0].error and cmds[1].input == inp
 
 
+def test_an_open_that_finds_no_room_waits_within_a_budget_and_is_refused_with_its_event():
+    """An open (or a return, or an input waking an offloaded session) that finds every worker
+    full waits for room up to the admission timeout, then is refused with its event
+    (dead-lettered with the reason, not only logged); one that finds ``max_waiting`` others
+    waiting already is refused at once, and so is one whose session's admission gave up
+    within the timeout (a flood of one id, or a session's inputs, wait once)."""
+    full = DispatchView({"w1": WorkerLoad(2, 2)}, admission_retries=5)  # a 1 s timeout
+    opened = Seen(EVENTS[EventKind.OPEN], Facts(None))
+    view, cmds = decide(full, opened, 10.0)
+    assert _kinds(cmds) == ["RetryLater"] and cmds[0].admission.waiting and cmds[0].admission.for_event
+    view, cmds = decide(replace(view, waiting=5), Retry(replace(cmds[0].admission, retries_left=0)), 11.0)
+    assert _kinds(cmds) == ["Note", "RefuseEvent"]  # a waiting one is not counted against the budget
+    assert cmds[1].why == "no worker had room for session s within 1 s" and view.gave_up == {"s": 11.0}
+    _, cmds = decide(view, opened, 11.5)  # again, within the timeout: at once
+    assert _kinds(cmds) == ["Note", "RefuseEvent"] and "gave up 0 s ago" in cmds[1].why
+    _, cmds = decide(view, opened, 12.5)  # after it: waits again
+    assert _kinds(cmds) == ["RetryLater"]
+    other = Seen(SessionOpened(session_id="t", ts=1.0, prompt=""), Facts(None))
+    _, cmds = decide(replace(full, waiting=full.max_waiting), other, 10.0)
+    assert _kinds(cmds) == ["Note", "RefuseEvent"] and "256 other sessions wait for room already" in cmds[1].why
+    _, cmds = decide(replace(full, waiting=full.max_waiting - 1), other, 10.0)
+    assert _kinds(cmds) == ["RetryLater"]
+    returned = Seen(EVENTS[EventKind.ACTIVE], Facts(_sv(StoreState.SUSPENDED)))
+    _, cmds = decide(replace(full, waiting=full.max_waiting), returned, 10.0)
+    assert _kinds(cmds) == ["Note", "RefuseEvent"]  # a return is an event's admission too
+    woken = Seen(Input("s", 7, "text", "hi", partition=0, offset=9), Facts(_sv(StoreState.SUSPENDED)))
+    _, cmds = decide(view, woken, 11.5)  # an input waking it, within the timeout: refused at once
+    assert _kinds(cmds) == ["Note", "Refuse"] and cmds[1].input.seq == 7 and "gave up 0 s ago" in cmds[1].why
+    _, cmds = decide(view, woken, 12.5)
+    assert _kinds(cmds) == ["RetryLater"] and cmds[0].admission.waiting  # counted in the budget too
+    recovery = Admission("s", restore=True, recover=True, retries_left=0)
+    _, cmds = decide(replace(full, waiting=full.max_waiting), Retry(recovery), 10.0)
+    assert _kinds(cmds) == ["Note"]  # a recovery is no event's: it is never refused so
+
+
+def test_the_sessions_whose_admission_gave_up_are_remembered_within_a_bound():
+    from processors.dispatch import MAX_GAVE_UP
+
+    view = DispatchView({"w1": WorkerLoad(2, 2)}, admission_retries=5)
+    for i in range(MAX_GAVE_UP + 10):
+        adm = Admission(f"s{i}", for_event=True, waiting=True)
+        view, _ = decide(view, Retry(adm), 100.0)
+    assert len(view.gave_up) == MAX_GAVE_UP and f"s{MAX_GAVE_UP + 9}" in view.gave_up and "s0" not in view.gave_up
+    view, _ = decide(view, Retry(Admission("late", for_event=True, waiting=True)), 102.0)
+    assert view.gave_up == {"late": 102.0}  # those older than the timeout are forgotten
+
+
 def test_a_committed_generation_is_assigned_counted_and_reported():
     inp = Input("s", 1, "text", "wake up", partition=2, offset=7)
     view, cmds = decide(VIEW, Committed(Admission("s", restore=True, then_route=inp), Generation("w2", 4)), 9.0)
