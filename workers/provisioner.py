@@ -274,6 +274,10 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
     from streams.topics import ensure_topics
 
     credentials = worker_credentials(os.environ) if provisioner is None else None
+    if provisioner is None and credentials is None and settings.kafka.sasl_mechanism:
+        log.warning("provisioner: the workers it starts sign in to Kafka as its own user %r, which the "
+                    "ACL table gives no worker topic; set %s / %s to give them the worker's",
+                    settings.kafka.sasl_username, *WORKER_SASL_ENV)
     catalogue = await ensure_topics(settings)
     store = GenerationStore.from_settings(settings)
     if provisioner is None:

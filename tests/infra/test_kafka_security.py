@@ -200,6 +200,9 @@ def test_end_to_end_with_every_role_as_its_own_principal(secured: Secured, names
     asyncio.run(ensure_topics(admin))
     _apply(admin)
     role_env = {role: secured.env(role) for role in ROLES}
+    # the workers the provisioner starts sign in as the worker principal (else as its own)
+    role_env["provisioner"] |= {"CHUNKSERVE_WORKER_KAFKA_SASL_USERNAME": "worker",
+                                "CHUNKSERVE_WORKER_KAFKA_SASL_PASSWORD": secured.security.users["worker"]}
     others = LocalFleet(admin, tmp_path / "others", role_env=role_env,
                         extra_env={"CHUNKSERVE_COST_INTERVAL_S": "1", "CHUNKSERVE_CONTROL_PERIOD_S": "1",
                                    "CHUNKSERVE_MIN_WORKERS": "1", "CHUNKSERVE_MAX_WORKERS": "1"})

@@ -65,9 +65,20 @@ def _cmdline(proc: psutil.Process) -> list[str]:
 
 
 def _gone_within(procs: list[psutil.Process], timeout_s: float) -> tuple[float, list[psutil.Process]]:
-    started = time.monotonic()
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    """The processes still running after ``timeout_s``: one that exited but whose new parent
+    (an orphan's, once ``up`` is killed) has not reaped it yet, a zombie, has stopped."""
+    started, alive = time.monotonic(), list(procs)
+    while alive and time.monotonic() - started < timeout_s:
+        _, alive = psutil.wait_procs(alive, timeout=0.2)
+        alive = [p for p in alive if not _exited(p)]
     return time.monotonic() - started, alive
+
+
+def _exited(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 @pytest.fixture
