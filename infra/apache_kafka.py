@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -213,6 +214,7 @@ class EmbeddedKafka:
     security: KafkaSecurity | None = None
     nodes: list[KafkaNode] = field(default_factory=list)
     cluster_id: str = field(default_factory=lambda: _cluster_id())
+    _held: int | None = field(default=None, init=False, repr=False)  # the locked folder's descriptor
 
     kind = "apache-kafka"
     version = KAFKA_VERSION
@@ -305,8 +307,11 @@ class EmbeddedKafka:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self, timeout_s: float = 90.0) -> "EmbeddedKafka":
-        """Format the folders that are new, start every node, wait until all serve."""
+        """Format the folders that are new, start every node, wait until all serve. The folder
+        is locked while this process runs it: a second start on it is refused (it would run
+        a second node in the live node's metadata folder)."""
         jars = ensure_kafka()
+        self._lock()
         for node in self.nodes:
             self._write_config(node)
             if not (node.folder / "data" / "meta.properties").exists():
@@ -346,6 +351,22 @@ class EmbeddedKafka:
             quiet.setLevel(level)
         raise InfraError(f"Kafka at {self.bootstrap} not ready within {timeout_s}s: {last}")
 
+    def _lock(self) -> None:
+        if self._held is not None:
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / "broker.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise InfraError(f"{self.root} is in use by a running broker (pid {holder}): stop that one first, "
+                             "or give another data folder") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._held = fd
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop every node: SIGTERM (controlled shutdown), SIGKILL what is left at the end."""
         for node in self.nodes:
@@ -362,6 +383,9 @@ class EmbeddedKafka:
                 node.proc.kill()
                 node.proc.wait(timeout=10)
             node.proc = None
+        if self._held is not None:
+            os.close(self._held)  # the folder's lock goes with it
+            self._held = None
 
     def kill(self, node_id: int) -> None:
         """SIGKILL one node (a crash: no controlled shutdown, nothing flushed on purpose)."""

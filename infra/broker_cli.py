@@ -57,6 +57,7 @@ def start(
         cluster.stop()
     if not stopped:
         console.print("[red]a broker exited[/red]: see server.log under the data folder")
+        raise typer.Exit(1)
 
 
 def _serve(running: Callable[[], bool]) -> bool:

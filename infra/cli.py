@@ -841,6 +841,13 @@ def main() -> None:
     except ChunkserveError as exc:
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         sys.exit(1)
+    except Exception as exc:  # a broker that answers with an error or not in time: one line too
+        from aiokafka.errors import KafkaError
+
+        if not isinstance(exc, KafkaError):
+            raise
+        console.print(f"[red]error:[/red] the broker: {type(exc).__name__} ({exc})", soft_wrap=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ capacity reaches A / u* (A = executing sessions; ceil(A / (u* K)) GPUs for one t
 u* - delta it shrinks to the same bound by draining the least-loaded GPUs, but only once
 u_max has stayed below the band for ``scale_in_delay_s`` (default: one boot time, the
 break-even of shutting a GPU down and booting it again); scale-in then sizes for the peak
-demand seen while waiting. Actions are spaced by a minimum dwell time. Scale-out boots first (booting GPUs are not usable, the
+demand seen while waiting. A full GPU on a pool below the band as a whole (u_max 1.0, A
+over the slots under u* - delta) counts as below the band too: sessions that never idle
+can fill a few GPUs in a burst and stay there (a move rarely pays its transfer), more GPUs
+cannot cool them, and the band held such a pool at its peak size for good. Actions are spaced by a minimum dwell time. Scale-out boots first (booting GPUs are not usable, the
 placement controller migrates onto them once ready); scale-in drains first and shuts a
 GPU down only once it holds no session.
 
@@ -364,7 +367,7 @@ def scale(
         return _slo_scale(snapshot, model, config, state, u_target, reserve, executing)
     u_max, active = utilization(snapshot, model, reserve, executing, loads)
     demand = active + reserve
-    low = u_max < u_target - delta
+    low = u_max < u_target - delta or (u_max >= 1.0 and _imbalanced(snapshot, model, demand, u_target - delta))
     if low:
         since = state.low_since if state.low_since is not None else now
         peak = max(demand, state.low_peak) if state.low_since is not None else demand
@@ -377,13 +380,21 @@ def scale(
     if state.last_action_at is not None and now - state.last_action_at < dwell:
         return (), state
     extra = reserve - reserve * u_target if config.reserve_at_capacity else 0.0  # in demand units at u*
+    cmds: tuple[Command, ...] = ()
     if u_max > u_target + delta:
         cmds = resize(snapshot, model, (demand - extra) / u_target, config, grow=True)  # session slots to have
-    elif low and now - state.low_since >= config.scale_in_delay:  # type: ignore[operator]
+    if not cmds and low and now - state.low_since >= config.scale_in_delay:  # type: ignore[operator]
         cmds = resize(snapshot, model, (state.low_peak - extra) / u_target, config, grow=False)
-    else:
-        cmds = ()
     return (cmds, AutoscalerState(now, recent=state.recent, headroom=state.headroom, measured=state.measured)) if cmds else ((), state)
+
+
+def _imbalanced(snapshot: Snapshot, model: LatencyModel, demand: int, low_u: float) -> bool:
+    """Whether the pool is hot only where sessions sit: some GPU is past the band while the
+    pool as a whole is below it (``demand`` over its non-draining slots). More GPUs cannot
+    cool a GPU whose sessions stay (a move rarely pays its transfer), so that does not hold
+    off scale-in; new sessions go to the least-loaded GPUs either way."""
+    slots = sum(model[g.type].capacity for g in snapshot.gpus if g.state is not GpuState.DRAINING)
+    return slots > 0 and demand / slots < low_u
 
 
 def _slo_scale(snapshot: Snapshot, model: LatencyModel, config: AutoscalerConfig, state: AutoscalerState, u: float,

@@ -383,11 +383,11 @@ def counted(view: DispatchView, worker: str, now: float) -> tuple[DispatchView, 
         w = workers[worker]
         workers[worker] = WorkerLoad(w.used + 1, w.capacity, w.draining, w.down)
     view = replace(view, workers=workers)
-    if now - view.reported_at >= REPORT_EVERY_S:
+    if now - view.reported_at >= REPORT_EVERY_S:  # the workers serving: a down one's slots are not
         view = replace(view, reported_at=now)
+        up = sorted((k, v.used) for k, v in workers.items() if not v.down)
         cmds.append(Publish(PlacementReport(
-            ts=now, workers=len(workers), sessions=sum(w.used for w in workers.values()),
-            source=view.source, loads={k: v.used for k, v in sorted(workers.items())[:256]})))
+            ts=now, workers=len(up), sessions=sum(n for _, n in up), source=view.source, loads=dict(up[:256]))))
     return view, cmds
 
 

@@ -173,12 +173,17 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("WorkloadSignal", "to_active"): ("Idle -> active flips within the window.", None),
     ("WorkloadSignal", "volatility"): ("Standard deviation of newly active sessions per slot "
                                        "over the window (sessions per slot).", None),
-    ("PlacementReport", "workers"): ("Workers in the placement.", None),
+    ("PlacementReport", "workers"): ("Workers in the placement (up: a worker declared down is "
+                                     "left out).", None),
     ("PlacementReport", "sessions"): ("Executing sessions placed on them.", None),
     ("PlacementReport", "worst_latency_s"): ("Worst per-chunk latency the latency profile "
-                                             "predicts for this placement.", "s"),
+                                             "predicts for this placement (control's; 0 in "
+                                             "dispatch's, which does not predict).", "s"),
     ("PlacementReport", "migrations"): ("Migrations (Handoffs) this decision asked for.", None),
-    ("PlacementReport", "source"): ("The process that decided (`control`).", None),
+    ("PlacementReport", "source"): ("The process that reported: `control` (its placement "
+                                    "decision, each control period) or a dispatch replica's "
+                                    "name (the store's slot counts after an admission, at "
+                                    "most ten a second). Tell them apart by it.", None),
     ("PlacementReport", "loads"): ("Executing sessions per worker id (at most 256 workers).", None),
     ("ScalingDecision", "current"): ("Workers in the pool that are not draining.", None),
     ("ScalingDecision", "target"): ("Workers after this decision.", None),

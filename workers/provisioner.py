@@ -259,6 +259,16 @@ class ProvisionerService:
             await self.publish(r.WorkerDown(worker_id=wid, ts=self.clock(), reason=f"exited rc={rc}"))
 
 
+def _credentials(settings: Settings) -> tuple[str, str] | None:
+    """The workers' own SASL credentials from the environment; on SASL without them, a warning."""
+    credentials = worker_credentials(os.environ)
+    if credentials is None and settings.kafka.sasl_mechanism:
+        log.warning("provisioner: the workers it starts sign in to Kafka as its own user %r, which the "
+                    "ACL table gives no worker topic; set %s / %s to give them the worker's",
+                    settings.kafka.sasl_username, *WORKER_SASL_ENV)
+    return credentials
+
+
 async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
                           provisioner: Provisioner | None = None, *, retry_s: float = 1.0,
                           metrics: tuple[str, int] | None = None, targets: Path | None = None) -> None:
@@ -273,11 +283,7 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
     from streams.kafka import RecordConsumer, RecordProducer
     from streams.topics import ensure_topics
 
-    credentials = worker_credentials(os.environ) if provisioner is None else None
-    if provisioner is None and credentials is None and settings.kafka.sasl_mechanism:
-        log.warning("provisioner: the workers it starts sign in to Kafka as its own user %r, which the "
-                    "ACL table gives no worker topic; set %s / %s to give them the worker's",
-                    settings.kafka.sasl_username, *WORKER_SASL_ENV)
+    credentials = _credentials(settings) if provisioner is None else None
     catalogue = await ensure_topics(settings)
     store = GenerationStore.from_settings(settings)
     if provisioner is None:

@@ -58,6 +58,10 @@ def fold_cost(state: Mapping[str, WorkerSpan], rec: r.Record) -> dict[str, Worke
     match rec:
         case r.WorkerUp(ts=ts) if span.up_since is None and ts > span.last_down:
             span = replace(span, gpu_type=rec.gpu_type, up_since=ts, last_seen=ts)
+        case r.Heartbeat(ts=ts) if span.up_since is None and ts > span.last_down:
+            # heard from after its WorkerDown (declared dead and back; another process of its
+            # id stopped): billed again from here, as its slots count again
+            span = replace(span, up_since=ts, last_seen=ts)
         case r.Heartbeat(ts=ts):
             span = replace(span, last_seen=max(span.last_seen, ts))
         case r.WorkerDown(ts=ts) if span.up_since is not None:

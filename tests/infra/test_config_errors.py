@@ -167,3 +167,28 @@ def test_a_json_output_that_fails_at_the_end_still_gives_the_result(tmp_path, ca
     assert info.value.key == "--json" and info.value.source == str(tmp_path)
     assert "cannot write" in str(info.value)
     assert '"sessions": 3' in capsys.readouterr().out
+
+
+def test_a_broker_error_is_one_line_not_a_traceback(monkeypatch, capsys, kafka_bootstrap, redis_url):
+    """`chunkserve topics` against a broker that does not answer in time (a damaged
+    metadata quorum) printed 81 lines of chained tracebacks; any Kafka error that reaches the
+    command line is one line, exit code 1."""
+    import sys
+
+    from aiokafka.errors import RequestTimedOutError
+
+    import infra.cli as cli
+    import streams.topics
+
+    async def timed_out(settings):  # noqa: ARG001 - what the damaged broker answered
+        raise RequestTimedOutError()
+
+    monkeypatch.setattr(streams.topics, "ensure_topics", timed_out)
+    monkeypatch.setenv("CHUNKSERVE_KAFKA_BOOTSTRAP", kafka_bootstrap)  # it answers; its metadata does not
+    monkeypatch.setenv("CHUNKSERVE_REDIS_URL", redis_url)
+    monkeypatch.setattr(sys, "argv", ["chunkserve", "topics"])
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    out = capsys.readouterr().out
+    assert ended.value.code == 1 and "Traceback" not in out
+    assert out.strip().splitlines() == ["error: the broker: RequestTimedOutError ([Error 7] RequestTimedOutError)"]

@@ -241,8 +241,12 @@ def test_an_idle_processor_exposes_its_metrics_and_counts_what_it_produces(setti
 
 @pytest.mark.skipif(not java_available(), reason="needs Java for the embedded Apache Kafka")
 def test_a_broker_started_by_hand_dies_with_its_killed_parent(tmp_path):
-    """`chunkserve broker start` killed outright (SIGKILL) leaves no Java broker behind."""
+    """`chunkserve broker start` killed outright (SIGKILL) leaves no Java broker behind. While
+    it runs, a second start on its folder is refused in one line (it ran a second node in the
+    live node's metadata folder, said the broker was up, and left the live one unable to
+    change its metadata); after the kill the folder is free again."""
     env = {k: v for k, v in os.environ.items() if k != "CHUNKSERVE_KAFKA_BOOTSTRAP"}
+    second = [sys.executable, "-m", "infra", "broker", "start", "--data", str(tmp_path / "kafka")]
     cli = subprocess.Popen([sys.executable, "-m", "infra", "broker", "start", "--data", str(tmp_path / "kafka")],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
@@ -252,6 +256,10 @@ def test_a_broker_started_by_hand_dies_with_its_killed_parent(tmp_path):
             line = cli.stdout.readline()  # type: ignore[union-attr]
         assert b"CHUNKSERVE_KAFKA_BOOTSTRAP=" in line, "the broker did not come up"
         (java,) = [p for p in psutil.Process(cli.pid).children(recursive=True) if "kafka.Kafka" in " ".join(p.cmdline())]
+        refused = subprocess.run(second, capture_output=True, text=True, env=env, timeout=120)
+        assert refused.returncode == 2 and "Traceback" not in refused.stdout + refused.stderr
+        assert f"is in use by a running broker (pid {cli.pid})" in " ".join(refused.stdout.split()), refused.stdout
+        assert java.is_running() and cli.poll() is None
         cli.kill()
         cli.wait(10)
         gone, alive = psutil.wait_procs([java], timeout=30)

@@ -71,6 +71,24 @@ def test_scale_in_drains_least_loaded_and_waits_for_boots():
     assert autoscale(booting, 1, PAPER, CFG, state=low)[0] == ()
 
 
+def test_a_full_gpu_on_an_idle_pool_does_not_hold_off_scale_in():
+    """Sessions that never idle filled three GPUs during a burst (u_max 1.0) and the other
+    twelve hold a few each: more GPUs cannot cool the full ones (their sessions stay), so the
+    pool, below the band as a whole, shrinks once the scale-in delay has passed (it held
+    fifteen GPUs for 210 sessions before). A GPU hot but not full is left to the band."""
+    u, d = DEFAULT_VOLATILITY_TABLE.lookup(1)
+    loads = [16, 16, 16] + [2] * 12  # A = 72 of 240 slots
+    cmds, low = autoscale(_pool(loads), 1, PAPER, CFG)
+    assert cmds == () and low.low_since == 100.0
+    cmds, _ = autoscale(_pool(loads, now=100.0 + CFG.boot_s), 1, PAPER, CFG, state=low)
+    keep = math.ceil(72 / (u * 16))
+    assert cmds and all(isinstance(c, Vacate) for c in cmds) and len(loads) - len(cmds) == keep
+    assert not {c.gpu_id for c in cmds} & {"g00", "g01", "g02"}  # the least-loaded go
+    hot = [math.ceil(16 * (u + d)) + 1] * 3 + [2] * 12  # past the band, not full: unchanged
+    cmds, state = autoscale(_pool(hot), 1, PAPER, CFG)
+    assert cmds == () and state.low_since is None
+
+
 @settings(max_examples=80, deadline=None)
 @given(snapshots(max_gpus=10, draining=True, booting=True), st.integers(1, 10), st.booleans())
 def test_scale_in_never_shuts_a_gpu_holding_a_session(snap, level, migrate):

@@ -150,6 +150,11 @@ def test_a_committed_generation_is_assigned_counted_and_reported():
     assert view.workers["w2"].used == 1 and report.sessions == 4
     _, cmds = decide(view, Committed(Admission("t"), Generation("w2", 1)), 9.05)
     assert not any(isinstance(c, Publish) and isinstance(c.record, PlacementReport) for c in cmds)
+    # a worker declared down is not in the placement (its report read 8 workers beside control's 3)
+    down = replace(VIEW, workers={**VIEW.workers, "w3": WorkerLoad(2, 2, down=True)})
+    _, cmds = decide(down, Committed(Admission("u"), Generation("w1", 1)), 9.0)
+    (report,) = [c.record for c in cmds if isinstance(c.record, PlacementReport)]
+    assert (report.workers, report.sessions, report.loads) == (2, 2, {"w1": 2, "w2": 0})
 
 
 def test_a_stale_commit_follows_what_the_store_holds_and_other_refusals_refuse_the_waiting_input():
