@@ -558,6 +558,8 @@ def up(
         own = exposed()  # the provisioner's workers take free ports from ten past its own
         fleet.start_provisioner(options=own + (["--worker-metrics-port", str(given[-1] + 10), "--targets",
                                                 str(logs / "prometheus-workers.json")] if own else []))
+        for name in fleet.procs:  # every child's series from the start, 0 until it restarts
+            restarted.labels(name)
         if metrics_port:
             targets = prometheus_targets(metrics_host, {"up": metrics_port, **dict(zip(fleet.procs, given))})
             (logs / "prometheus-targets.json").write_text(json.dumps(targets, indent=2) + "\n")

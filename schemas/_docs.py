@@ -117,8 +117,10 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("Heartbeat", "executing"): ("Of those, sessions executing (producing chunks).", None),
     ("Heartbeat", "capacity"): ("K at the time of the heartbeat.", None),
     ("Heartbeat", "chunk_latency_s"): ("Latency of the worker's last coalesced chunk batch.", "s"),
-    ("Heartbeat", "device_mem_bytes"): ("Device memory in use (GPU: NVML; CPU: 0).", "By"),
-    ("Heartbeat", "device_util"): ("Device utilization, 0..1 (GPU: NVML; CPU: 0).", "1"),
+    ("Heartbeat", "device_mem_bytes"): ("Device memory in use (GPU: NVML's used memory; CPU: the "
+                                        "worker process's resident memory, as `rss_bytes`).", "By"),
+    ("Heartbeat", "device_util"): ("Device utilization, 0..1 (GPU: NVML; CPU: the worker "
+                                   "process's CPU use over all cores).", "1"),
     ("Heartbeat", "power_w"): ("Device power draw (GPU: NVML; CPU: 0).", "W"),
     ("Heartbeat", "cpu_percent"): ("CPU use of the worker process, percent of one core (may "
                                    "exceed 100 on several cores).", "%"),

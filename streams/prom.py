@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from schemas.records import RejectReason
 from schemas.topics import TOPICS
 
 __all__ = ["Metrics", "FleetMetrics", "metrics", "fleet_metrics", "start_metrics_server",
@@ -70,10 +71,13 @@ class Metrics:
         ).initialize()
 
     def initialize(self) -> "Metrics":
-        """Every topic's record counters at 0: exposed before the first record."""
+        """Every topic's record counters and every refusal reason's at 0: exposed before the
+        first record (an idle process is told from a missing one)."""
         for topic in TOPICS:
-            for family in (self.consumed, self.produced, self.dead_lettered):
+            for family in (self.consumed, self.produced, self.dead_lettered, self.event_time_replaced):
                 family.labels(topic)
+        for reason in get_args(RejectReason):
+            self.rejected.labels(reason)
         return self
 
 
@@ -114,6 +118,8 @@ class FleetMetrics:
             made.sessions.labels(state)
         for direction in SCALE_DIRECTIONS:
             made.scale_events.labels(direction)
+        for reason in get_args(RejectReason):
+            made.rejected.labels(reason)
         return made
 
 

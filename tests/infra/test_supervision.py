@@ -129,7 +129,8 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path):
     assert len(workers) == 1 and min(workers.values()) >= by_process["provisioner"] + 10, workers
     assert port + 2 not in given and given == (set(by_process.values()) - {port}) | set(workers.values())
     _scrape(next(iter(workers.values())), "chunkserve_sessions_held")
-    _scrape(port, 'chunkserve_up_process_running{process="control-0"} 1.0')
+    up_body = _scrape(port, 'chunkserve_up_process_running{process="control-0"} 1.0')
+    assert 'chunkserve_up_restarts_total{process="detector-0"} 0.0' in up_body  # from the start
     # the metrics processor, idle, exposes the fleet figures and every topic's counters
     fleet = _scrape(by_process["metrics-0"], 'chunkserve_fleet_sessions{state="idle"} 0.0')
     assert 'chunkserve_records_dead_lettered_total{topic="session-inputs"} 0.0' in fleet

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -25,6 +26,13 @@ def test_a_process_that_has_seen_nothing_exposes_every_topic_at_zero():
     for topic in TOPICS:
         for name in ("consumed", "produced", "dead_lettered"):
             assert f'chunkserve_records_{name}_total{{topic="{topic}"}} 0.0' in body
+        assert f'chunkserve_event_time_replaced_total{{topic="{topic}"}} 0.0' in body
+    # and every refusal reason (these families had only their HELP line until the first one)
+    fleet_metrics(registry)
+    body = _exposed(registry)
+    for reason in get_args(r.RejectReason):
+        assert f'chunkserve_commands_rejected_total{{reason="{reason}"}} 0.0' in body
+        assert f'chunkserve_fleet_commands_rejected_total{{reason="{reason}"}} 0.0' in body
 
 
 def test_names_carry_their_units():
