@@ -1,10 +1,11 @@
 """Scheduler benchmark: decision-round time on large pools, placement gap to the exhaustive oracle.
 
 ``run(gpus)`` times one full placement round (place the round's arrivals, rebalance) on
-pools of each size with 16 sessions per GPU on average and skewed loads, under the shipped
-rebalance settings and with every move free (eta 0, no budget or transient limit). It compares the placement
-objective (L + eta * migration seconds) with the exhaustive oracle's on small random
-instances drawn per latency-curve family, under three rebalance settings.
+pools of each size with 16 sessions per GPU on average (capped at each GPU's capacity) and
+skewed loads, under the shipped rebalance settings and with every move free (eta 0, no
+budget or transient limit). It compares the placement objective (L + eta * migration
+seconds) with the exhaustive oracle's on small random instances drawn per latency-curve
+family, under three rebalance settings.
 """
 
 from __future__ import annotations
