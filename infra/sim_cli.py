@@ -111,7 +111,7 @@ def simulate_cmd(
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, round_s=round_s, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory)
         options = _builtin_options(vt, auto)
-        offer = {"table": vt, "autoscaler": auto, "slo": slo}
+        offer = {"table": vt, "autoscaler": auto}  # the SLO is offered only to the runs at it (compare)
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("simulating", total=None)
             runner = Runner(tr, model, cfg, options, on_run=lambda s: bar.update(task, description=f"simulating {s}"),
@@ -172,12 +172,12 @@ def _builtin_options(vt: object, auto: object) -> dict:
 def _check_names(runner: object, names: list[str]) -> None:
     """Results are keyed by the policy's name: a plug-in named as a built-in or as another
     plug-in is refused (it would replace that one's row)."""
-    from processors.policy import BUILTIN_POLICIES, load_policy
+    from processors.policy import BUILTIN_POLICIES
 
     seen = {n: n for n in names if ":" not in n}
     for spec in names:
         if ":" in spec:
-            name = getattr(load_policy(spec, offer=runner.offer), "name", None)  # type: ignore[attr-defined]
+            name = runner.name_of(spec)  # type: ignore[attr-defined]
             if not isinstance(name, str) or not name:
                 raise ConfigError("policy", f"its name is {name!r}: results are keyed by name, give it a string", spec)
             if name in BUILTIN_POLICIES or name in seen:
@@ -190,14 +190,12 @@ def _check_names(runner: object, names: list[str]) -> None:
 def _subject(runner: object, names: list[str], subject: str | None) -> str | None:
     """The spec among ``names`` that ``subject`` names (a spec, or a policy's name); None
     when none is given and turboserve does not run (no comparisons)."""
-    from processors.policy import load_policy
-
     if subject is None:
         return "turboserve" if "turboserve" in names else None
     if subject in names:
         return subject
     for spec in names:
-        if ":" in spec and getattr(load_policy(spec, offer=runner.offer), "name", None) == subject:  # type: ignore[attr-defined]
+        if ":" in spec and runner.name_of(spec) == subject:  # type: ignore[attr-defined]
             return spec
     raise ConfigError("subject", "not among the policies run (give it with --policy)", subject)
 
@@ -289,7 +287,7 @@ def evaluate_cmd(
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("evaluating", total=None)
             out = evaluate(specs, load_profiles("paper"), SimConfig(warm_start=True), _builtin_options(vt, auto),
-                           {"table": vt, "autoscaler": auto, "slo": slo}, slo, on_trace=lambda s: bar.update(task, description=s),
+                           {"table": vt, "autoscaler": auto}, slo, on_trace=lambda s: bar.update(task, description=s),
                            jobs=_jobs(jobs))
     except ChunkserveError as exc:
         _fail(exc)

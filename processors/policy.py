@@ -25,10 +25,11 @@ from processors.snapshot import Snapshot
 from processors.turboserve import TurboServe
 from schemas.errors import ChunkserveError, ConfigError, PolicyError
 
-__all__ = ["Policy", "BUILTIN_POLICIES", "FIXED_POOL", "OPTION_NAMES", "load_policy", "keeps_idle_resident"]
+__all__ = ["Policy", "BUILTIN_POLICIES", "FIXED_POOL", "OPTION_NAMES", "accepts", "load_policy", "keeps_idle_resident"]
 
-#: what every policy is offered: latency model, GPU type to scale, boot time, volatility
-#: table, autoscaler config, the stated SLO (miss rate, worst chunk s)
+#: what a policy may be offered: latency model, GPU type to scale, boot time, volatility
+#: table, autoscaler config, the stated SLO (miss rate, worst chunk s; the simulator offers
+#: it only to a run at that SLO)
 OPTION_NAMES = ("model", "gpu_type", "boot_s", "table", "autoscaler", "slo")
 
 
@@ -95,27 +96,43 @@ def _accepted(factory: Any, offer: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in offer.items() if k in names}
 
 
+def _factory(spec: str) -> Any:
+    """The built-in's factory, or what ``module:Name`` names (imported)."""
+    if spec in BUILTIN_POLICIES:
+        return BUILTIN_POLICIES[spec]
+    if ":" not in spec:
+        raise ConfigError("policy", f"unknown policy (built-ins: {', '.join(BUILTIN_POLICIES)}; or module:Name)", spec)
+    module, _, attr = spec.partition(":")
+    try:
+        factory = importlib.import_module(module)
+        for part in attr.split("."):
+            factory = getattr(factory, part)
+    except ImportError as exc:
+        raise ConfigError("policy", f"cannot import {module!r} ({exc})", spec) from None
+    except AttributeError:
+        raise ConfigError("policy", f"{module!r} has no {attr!r}", spec) from None
+    except Exception as exc:  # the module's own code: a syntax error, or what it runs on import
+        raise ConfigError("policy", f"cannot import {module!r} ({type(exc).__name__}: {exc})"[:300], spec) from None
+    return factory
+
+
+def _called(factory: Any) -> bool:
+    """Whether ``factory`` is called to build the policy (else it is the policy itself)."""
+    return isinstance(factory, type) or (callable(factory) and not isinstance(factory, Policy))
+
+
+def accepts(spec: str, option: str) -> bool:
+    """Whether ``spec``'s factory takes ``option`` when it is offered (see :func:`load_policy`)."""
+    factory = _factory(spec)
+    return _called(factory) and option in _accepted(factory, {option: None})
+
+
 def load_policy(spec: str, offer: Mapping[str, Any] | None = None, **options: Any) -> Policy:
     """Resolve a built-in name or ``module:Name`` (a class or factory is called with ``options``,
     plus those of ``offer`` its signature accepts)."""
-    if spec in BUILTIN_POLICIES:
-        factory: Any = BUILTIN_POLICIES[spec]
-    elif ":" in spec:
-        module, _, attr = spec.partition(":")
-        try:
-            factory = importlib.import_module(module)
-            for part in attr.split("."):
-                factory = getattr(factory, part)
-        except ImportError as exc:
-            raise ConfigError("policy", f"cannot import {module!r} ({exc})", spec) from None
-        except AttributeError:
-            raise ConfigError("policy", f"{module!r} has no {attr!r}", spec) from None
-        except Exception as exc:  # the module's own code: a syntax error, or what it runs on import
-            raise ConfigError("policy", f"cannot import {module!r} ({type(exc).__name__}: {exc})"[:300], spec) from None
-    else:
-        raise ConfigError("policy", f"unknown policy (built-ins: {', '.join(BUILTIN_POLICIES)}; or module:Name)", spec)
+    factory = _factory(spec)
     try:
-        call = isinstance(factory, type) or (callable(factory) and not isinstance(factory, Policy))
+        call = _called(factory)
         if call and offer:
             options = {**_accepted(factory, offer), **options}
         policy = factory(**options) if call else factory

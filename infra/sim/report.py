@@ -11,7 +11,8 @@ u* until its worst chunk is no worse than the subject's) gives ``oracle_gap_pct`
 
 At a stated SLO (:class:`processors.autoscaler.Slo`), each fixed-pool policy is sized with
 hindsight (the smallest pool that meets it); turboserve and the oracle run configured with
-the SLO (their knob is that configuration, nothing per trace); plug-ins are offered it.
+the SLO (their knob is that configuration, nothing per trace); a plug-in's run at the SLO
+is offered it (its ordinary run, like turboserve's, is not).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from processors.autoscaler import Slo
 from processors.latency import LatencyModel
 from processors.lifecycle import EventKind, SessionEvent, SessionState, transition
 from processors.oracles import future_active
-from processors.policy import BUILTIN_POLICIES, FIXED_POOL, load_policy
+from processors.policy import BUILTIN_POLICIES, FIXED_POOL, accepts, load_policy
 from schemas.errors import ConfigError
 
 from infra.sim.simulator import SimConfig, SimResult, Signals, Stop, chunk_bound, signals_for, simulate
@@ -87,8 +88,10 @@ def _peak_open(trace: Trace) -> int:
 class Runner:
     """Runs policies on one trace with a cache keyed by (policy, pool size, options).
 
-    ``options`` are per built-in name; ``offer`` is what every policy is offered (model,
-    GPU type, boot time, table, autoscaler config, SLO): plug-ins take what they accept.
+    ``options`` are per built-in name; ``offer`` is what a plug-in is offered (model, GPU
+    type, boot time, table, autoscaler config): it takes what it accepts. The SLO is never
+    in it: a plug-in is offered the SLO only in its run at the SLO (``run(spec, slo=...)``),
+    as turboserve is configured with it only there.
     """
 
     trace: Trace
@@ -102,6 +105,8 @@ class Runner:
     cache: dict[tuple[Any, ...], SimResult] = field(default_factory=dict)
     partial: dict[tuple[Any, ...], SimResult] = field(default_factory=dict)  # runs a Stop ended
     _rising: bool | None = field(default=None, repr=False)  # the pool type's latency rises with every session
+    _built: dict[str, Any] = field(default_factory=dict, repr=False)  # plug-ins built to read their name, kept for their run
+    _takes_slo: dict[str, bool] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.signals is None:
@@ -121,7 +126,8 @@ class Runner:
         self.peak_pool = max(1, math.ceil(max(self.future, default=0) / k))
         self.pinned_pool = max(1, math.ceil(_peak_open(self.trace) / k))
         self.chunk_bound = chunk_bound(self.trace.events, self.model, self.config.round_s)
-        self.offer = {"model": self.model, "gpu_type": self.config.gpu_type, "boot_s": self.config.boot_s, **self.offer}
+        offer = {k: v for k, v in self.offer.items() if k != "slo"}  # offered per run, at the SLO only
+        self.offer = {"model": self.model, "gpu_type": self.config.gpu_type, "boot_s": self.config.boot_s, **offer}
 
     def fixed(self, spec: str) -> bool:
         return spec in FIXED_POOL
@@ -153,15 +159,8 @@ class Runner:
         if made is not None and made != key:
             self.cache[key] = replace(self.cache[made], policy=spec)  # the twin's run, under its own name
         if key not in self.cache:
-            opts: dict[str, Any] = {**extra}
-            if spec in BUILTIN_POLICIES:
-                opts = {"model": self.model, **self.options.get(spec, {}), **extra}
-                if spec in ("oracle", "oracle-autoscale"):
-                    opts.update(future=self.future)
-                    opts["future_window_s" if spec == "oracle" else "window_s"] = ORACLE_WINDOW_S
-                policy = load_policy(spec, **opts)
-            else:
-                policy = load_policy(spec, offer=self.offer, **{**self.options.get(spec, {}), **extra})
+            built = self._built.pop(spec, None) if not key[2] else None
+            policy = built if built is not None else self._build(spec, dict(key[2]))
             if self.on_run is not None:
                 self.on_run(f"{spec} (pool {pool})")
             res = simulate(policy, self.trace.events, self.model, replace(self.config, initial_gpus=pool), self.signals, stop=stop)
@@ -171,6 +170,26 @@ class Runner:
             self.partial.pop(key, None)
             self.cache[key] = res
         return self.cache[key]
+
+    def _build(self, spec: str, extra: dict[str, Any]) -> Any:
+        """``spec``'s policy for a run with ``extra``; a plug-in is offered ``slo`` (when in
+        ``extra``) with the rest of :attr:`offer`, and takes it only if it accepts it."""
+        if spec not in BUILTIN_POLICIES:
+            offer = {**self.offer, "slo": extra["slo"]} if "slo" in extra else self.offer
+            own = {k: v for k, v in extra.items() if k != "slo"}
+            return load_policy(spec, offer=offer, **{**self.options.get(spec, {}), **own})
+        opts = {"model": self.model, **self.options.get(spec, {}), **extra}
+        if spec in ("oracle", "oracle-autoscale"):
+            opts.update(future=self.future)
+            opts["future_window_s" if spec == "oracle" else "window_s"] = ORACLE_WINDOW_S
+        return load_policy(spec, **opts)
+
+    def name_of(self, spec: str) -> Any:
+        """A plug-in's ``name``, read from the instance built for its ordinary run (which
+        that run then uses: a plug-in is not built once more just to be named)."""
+        if spec not in self._built:
+            self._built[spec] = self._build(spec, {})
+        return getattr(self._built[spec], "name", None)
 
     def label(self, spec: str) -> str:
         """The name ``spec``'s results are keyed by, from any run of it already made."""
@@ -197,7 +216,15 @@ class Runner:
                 pool = self.elastic_start
             else:
                 pool = self.plugin_pool
+        if spec not in BUILTIN_POLICIES and "slo" in extra and not self._takes(spec):
+            extra = {k: v for k, v in extra.items() if k != "slo"}  # not offered what it does not take: the same run
         return (spec, pool, tuple(sorted(extra.items())))
+
+    def _takes(self, spec: str) -> bool:
+        """Whether the plug-in ``spec`` accepts the SLO it is offered in its run at the SLO."""
+        if spec not in self._takes_slo:
+            self._takes_slo[spec] = accepts(spec, "slo")
+        return self._takes_slo[spec]
 
     def check(self, spec: str, pool: int | None, bound: Bound, **extra: Any) -> bool:
         """Whether the run meets ``bound``; a run that breaks it is stopped there (and a
@@ -341,7 +368,8 @@ def _groups(runner: Runner, policies: Sequence[str], subject: str) -> list[list[
     offload = [p for p in policies if (runner.fixed(p) and p not in PAPER_BASELINES or p == "turboserve-no-autoscale") and p != subject]
     rest = sorted((p for p in policies if not runner.fixed(p) and p not in offload and p != subject),
                   key=lambda p: (p != "oracle-autoscale", p != "oracle", p != "turboserve-no-migration"))
-    return [g for g in (offload, pinned) if g] + [[p] for p in rest] + ([[]] if subject in SLO_CONFIGURED else [])
+    at_slo = subject in SLO_CONFIGURED or subject not in BUILTIN_POLICIES
+    return [g for g in (offload, pinned) if g] + [[p] for p in rest] + ([[]] if at_slo else [])
 
 
 def _part(args: tuple[list[str], str, Slo]) -> tuple[dict[tuple[Any, ...], SimResult], dict[tuple[Any, ...], SimResult]]:
@@ -406,7 +434,7 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
                 continue
             res = runner.run(name, pool)
             pool_size[res.policy] = pool
-        elif name in SLO_CONFIGURED:
+        elif name in SLO_CONFIGURED or name not in BUILTIN_POLICIES:  # a plug-in is offered the SLO here only
             res = runner.run(name, None, slo=slo)
         else:
             res = runner.run(name)

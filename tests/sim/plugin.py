@@ -104,6 +104,19 @@ class Optioned:
         return Decision(tuple(cmds), True)
 
 
+BUILT: list = []  # the SLO each SloRecorded was built with, in order
+
+
+@dataclass(frozen=True)
+class SloRecorded(Optioned):
+    """Optioned under its own name, noting each construction's ``slo`` in :data:`BUILT`."""
+
+    name: str = "slo-recorded"
+
+    def __post_init__(self) -> None:
+        BUILT.append(self.slo)
+
+
 @dataclass(frozen=True)
 class Raises:
     """Raises inside ``decide`` (a plug-in's bug): the simulator names it in one line."""

@@ -102,6 +102,25 @@ def test_plugin_gets_the_options_and_can_be_the_subject(tmp_path):
     assert (pol.gpu_type, pol.boot_s, pol.slo) == ("h20", 30.0, Slo(0.01, 2.0)) and pol.model is MODEL
 
 
+def test_a_plugin_is_offered_the_slo_only_in_its_run_at_the_slo(tmp_path):
+    """As turboserve, a plug-in's ordinary run is offered no SLO and its run at the SLO is;
+    one built to read its name is the one its ordinary run uses; one that takes no SLO has
+    one run, its ordinary one, for both."""
+    from tests.sim import plugin
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
+    plugin.BUILT.clear()
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "turboserve,tests.sim.plugin:SloRecorded", "-j", "1",
+                                      "--slo-worst", "2.5"])
+    assert res.exit_code == 0, res.output
+    assert plugin.BUILT == [None, Slo(0.001, 2.5)]
+    runner = Runner(Trace(tuple(_ev((0, "a", O, 0), (0, "a", C, 0))), "t"), MODEL, offer={"slo": Slo()})
+    compare(runner, ["tests.sim.plugin:SloRecorded", "tests.sim.plugin:PlaceAlways"], "none", Slo(0.01, 2.0))
+    assert plugin.BUILT[2:] == [None, Slo(0.01, 2.0)]
+    assert [k[2] for k in runner.cache if k[0] == "tests.sim.plugin:PlaceAlways"] == [()]
+
+
 def test_the_printed_comparisons_name_what_they_compare(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
