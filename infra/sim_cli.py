@@ -204,7 +204,7 @@ def _print_ablations(out: dict) -> None:
     """The ablations against turboserve (when it is the subject), or why their rows are not."""
     abl = out.get("ablation_cost_increase_pct")
     if abl:
-        parts = [f"{a}: " + ("no fixed pool up to 8x the peak pool is as fast" if v is None else f"{v:+.1f}%") for a, v in abl.items()]
+        parts = [f"{a}: " + ("no fixed pool up to the search's cap is as fast" if v is None else f"{v:+.1f}%") for a, v in abl.items()]
         _console.print("ablations, cost over turboserve (no-autoscale: the fixed pool matching its worst chunk): " + "; ".join(parts))
     elif "turboserve-no-autoscale" in out["policies"] and out.get("subject") not in (None, "turboserve"):
         _console.print("[yellow]turboserve-no-autoscale ran at the peak-provisioned pool: the ablations are compared only "
@@ -232,7 +232,7 @@ def _print_table(out: dict) -> None:
         mc, ml = out["matched_cost"], out["matched_latency"]
         for b in mc["pool_size"]:
             matched = (f"matched latency (pool {ml['pool_size'][b]}) cost reduction {ml['cost_reduction_pct'][b]:.1f}%"
-                       if ml["pool_size"][b] is not None else "matched latency: no pool up to 8x the peak pool is as fast")
+                       if ml["pool_size"][b] is not None else "matched latency: no pool up to the search's cap is as fast")
             _console.print(f"{out['subject']} vs {b}: matched cost (pool {mc['pool_size'][b]}) worst latency reduction "
                            f"{mc['worst_latency_reduction_pct'][b]:.1f}%; {matched}")
     if "oracle_gap_pct" in out.get("paper", {}):
@@ -251,7 +251,7 @@ def _print_table(out: dict) -> None:
         _console.print(f"SLO (miss <= {100 * slo['miss_rate']:.2f}%, worst <= {slo['worst_s']:.2f} s): cheapest fixed pool "
                        + (f"{fixed:.1f} ({slo['fixed_pool_policy']}, pool {slo['pool_size'][slo['fixed_pool_policy']]})" if fixed is not None
                           else "none meets it" if ran else "not measured (no fixed-pool policy ran)")
-                       + "; " + ", ".join(f"{n} no pool up to 8x the peak pool meets it" if slo["pool_size"].get(n, 0) is None
+                       + "; " + ", ".join(f"{n} no pool up to the search's cap meets it" if slo["pool_size"].get(n, 0) is None
                                           else f"{n} {c:.1f}{'' if slo['met'][n] else ' (misses)'}" for n, c in slo["cost"].items()))
     _console.print(f"wall {out['wall_s']:.1f} s")
 

@@ -249,14 +249,17 @@ class Runner:
         stop = self._stop(bound)
         return stop.broken(part.worst_chunk_latency_s, part.missed_chunks, part.chunks, part.stopped_at)
 
-    def smallest_pool(self, spec: str, bound: Bound, hint: int | None = None) -> int | None:
-        """Smallest fixed pool whose run meets ``bound`` (assumed monotone in the pool size);
-        None when even 8x the peak pool does not. Starts from the runs already made and
-        ``hint`` (another policy's answer), else from a guess (pinned pools need room for
-        idle sessions); gallops up from the largest failing pool, then bisects. Failing
-        runs stop at their first breach, so probing from below is the cheap direction."""
-        guess = self.pinned_pool if spec in PAPER_BASELINES else self.peak_pool
-        cap = 8 * max(guess, self.peak_pool) + 8
+    def _guess(self, spec: str) -> int:
+        """A first pool for ``spec``'s search: pinned pools need room for idle sessions."""
+        return self.pinned_pool if spec in PAPER_BASELINES else self.peak_pool
+
+    def search_cap(self, spec: str) -> int:
+        """The largest pool a search for ``spec`` answers: 8x the peak pool (for the pinned
+        paper baselines 8x the pool holding every open session, when larger), plus 8."""
+        return 8 * max(self._guess(spec), self.peak_pool) + 8
+
+    def _known(self, spec: str, bound: Bound) -> dict[int, bool]:
+        """Pool sizes already run for ``spec`` (no options): whether each meets ``bound``."""
         known: dict[int, bool] = {}
         for key, r in self.cache.items():
             if key[0] == spec and not key[2] and key[1] is not None:
@@ -264,10 +267,24 @@ class Runner:
         for key, r in self.partial.items():
             if key[0] == spec and not key[2] and key[1] is not None and key[1] not in known and self._breaks(r, bound):
                 known[key[1]] = False
+        return known
+
+    def smallest_pool(self, spec: str, bound: Bound, hint: int | None = None) -> int | None:
+        """Smallest fixed pool whose run meets ``bound`` (assumed monotone in the pool size);
+        None when no pool up to :meth:`search_cap` does (a passing pool past the cap, run for
+        another comparison, is no answer). Starts from the runs already made and ``hint``
+        (another policy's answer), else from a guess; gallops up from the largest failing
+        pool, then bisects. Failing runs stop at their first breach, so probing from below
+        is the cheap direction."""
+        guess, cap = self._guess(spec), self.search_cap(spec)
+        known = self._known(spec, bound)
+        if any(not ok for p, ok in known.items() if p >= cap):
+            return None  # failing at or past the cap, it fails at the cap
+        known = {p: ok for p, ok in known.items() if p <= cap}
         passing = [p for p, v in known.items() if v]
         hi = min(passing) if passing else None
         lo = max([p + 1 for p, v in known.items() if not v and (hi is None or p < hi)], default=1)
-        if hint is not None and lo <= hint and (hi is None or hint < hi):
+        if hint is not None and lo <= hint <= cap and (hi is None or hint < hi):
             if self.check(spec, hint, bound):
                 hi = hint
                 if hint - 1 >= lo and not self.check(spec, hint - 1, bound):
@@ -291,7 +308,7 @@ class Runner:
 
     def latency_matched_pool(self, spec: str, worst: float, hint: int | None = None) -> int | None:
         """Smallest fixed pool whose worst chunk latency is no worse than ``worst``; None
-        when no pool up to the search's cap (8x the peak pool) is."""
+        when no pool up to the search's cap (:meth:`search_cap`) is."""
         return self.smallest_pool(spec, Bound(worst), hint)
 
 
