@@ -225,7 +225,7 @@ def _print_table(out: dict) -> None:
                            "(a GPU not ready or unknown, a session not where the command says; `invalid_commands` "
                            "in the JSON)[/yellow]")
     sub = out["policies"].get(out.get("subject", ""))
-    if sub is not None and sub["deadline_miss_rate"] >= 0.5:
+    if sub is not None and out["subject_missed_half"]:
         _console.print(f"[yellow]{out['subject']} missed {100 * sub['deadline_miss_rate']:.0f}% of its chunks' deadlines: "
                        "the comparisons below set it against pools as slow as it is[/yellow]")
     if "matched_cost" in out:

@@ -121,6 +121,19 @@ def test_a_plugin_is_offered_the_slo_only_in_its_run_at_the_slo(tmp_path):
     assert [k[2] for k in runner.cache if k[0] == "tests.sim.plugin:PlaceAlways"] == [()]
 
 
+def test_a_subject_missing_half_its_deadlines_is_flagged_in_the_json_too(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
+    for subject, flagged in (("bad-boots", True), ("rr", False)):  # bad-boots never places a session
+        out = tmp_path / f"{subject}.json"
+        res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "rr,tests.sim.plugin:BadBoots", "--subject", subject,
+                                          "-j", "1", "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(out.read_text())
+        assert doc["subject_missed_half"] is flagged and (doc["policies"][subject]["deadline_miss_rate"] >= 0.5) is flagged
+        assert ("missed 100% of its chunks' deadlines" in res.output) is flagged, res.output
+
+
 def test_the_printed_comparisons_name_what_they_compare(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
