@@ -184,6 +184,18 @@ def decide(doc: Any, src: str) -> dict:
     return _one(doc, src)
 
 
+def no_room_notes(out: dict) -> list[str]:
+    """One line per instance with sessions placed null for want of room; a batch's name the
+    instance by its 0-based index in ``instances``."""
+    results = out.get("results")
+    counted = [(f"instances[{i}] (0-based): ", r) for i, r in enumerate(results)] if results is not None else [("", out)]
+    notes = []
+    for at, r in counted:
+        if homeless := sum(g is None for g in r["placement"].values()):
+            notes.append(f"note: {at}{homeless} session(s) found no room (more arrivals than free capacity): placement null")
+    return notes
+
+
 def place_cmd(
     snapshot: Path = typer.Argument(..., help="Snapshot JSON: eta, alpha_s, beta_s_per_byte, gpu_types, gpus, sessions; or {\"instances\": [...]}. Optional: max_moves and max_transient_s (default: none; the live controller runs 512 and 1.4)."),
     json_out: Optional[Path] = json_option("Write the decision here (default: stdout)."),
@@ -203,10 +215,8 @@ def place_cmd(
             raise ConfigError("file", f"not JSON ({str(exc) or 'nested too deep'})"[:300], src) from None
         out = decide(doc, src)
         body = json.dumps(out, indent=2) + "\n"
-        homeless = sum(g is None for r in out.get("results", [out]) for g in r["placement"].values())
-        if homeless:
-            _err.print(f"note: {homeless} session(s) found no room (more arrivals than free capacity): placement null",
-                       highlight=False, soft_wrap=True)
+        for note in no_room_notes(out):
+            _err.print(note, highlight=False, soft_wrap=True)
         if json_out is None:
             typer.echo(body, nl=False)
         else:

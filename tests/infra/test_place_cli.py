@@ -136,4 +136,21 @@ def test_a_file_not_utf8_and_sessions_with_no_room(tmp_path):
     result, out = _run(tmp_path, crowded)  # 9 sessions for 8 slots: one has none, and the command says so
     assert result.exit_code == 0 and sum(g is None for g in out["placement"].values()) == 1
     assert "1 session(s) found no room" in result.output
+    result, out = _run(tmp_path, {"instances": [GOOD, crowded, crowded]})  # a batch's note names the instance
+    assert result.exit_code == 0 and [sum(g is None for g in r["placement"].values()) for r in out["results"]] == [0, 1, 1]
+    lines = [x for x in result.output.splitlines() if "found no room" in x]
+    assert [x.split(": ", 1)[1].split(" session")[0] for x in lines] == ["instances[1] (0-based): 1", "instances[2] (0-based): 1"]
 
+
+
+def test_moved_is_in_the_plans_order_largest_kappa_first(tmp_path):
+    """Not sorted by id: the order the plan issues the moves, the one the transient limit assumes."""
+    sizes = (0, 2**28, 2**29, 2**30, 3 * 2**28, 2**31)  # a flat curve: 5 or more on a GPU cost 2 s, 4 or fewer 1 s
+    doc = {"eta": 1.0, "alpha_s": 0.25, "beta_s_per_byte": 2**-30,
+           "gpu_types": {"flat": {"capacity": 8, "latency": {"1": 1, "4": 1, "5": 2, "8": 2}}},
+           "gpus": [{"id": "a", "type": "flat"}, {"id": "b", "type": "flat"}],
+           "sessions": [{"id": f"s{i + 1}", "gpu": "a", "state_bytes": b} for i, b in enumerate(sizes)]
+           + [{"id": f"t{i}", "gpu": "b", "state_bytes": 0} for i in (1, 2)]}
+    result, out = _run(tmp_path, doc)
+    assert result.exit_code == 0, result.output
+    assert out["moved"] == ["s2", "s1"] and out["worst_latency_s"] == pytest.approx(1.0)
