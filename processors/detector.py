@@ -7,7 +7,8 @@ before the first event seen). The level 1..10 reads that spread relative to the 
 ascending thresholds on its coefficient of variation (std / mean), since the autoscaler's
 target is a relative utilization and a raw std grows with any load. The default thresholds
 are calibrated on ``infra.sim.tracegen`` traces (1 s slots): level L reads near L.
-The state is immutable: each step copies the active/idle id sets (O(sessions) per event).
+The state is immutable: each step copies the active/idle id sets (O(sessions) per event);
+``rebuild`` folds a whole log to the same state in O(events), for a restarted detector.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from typing import Iterable
 
-from processors.lifecycle import EventKind, SessionEvent
+from processors.lifecycle import EventKind, SessionEvent, SessionState
 from schemas.errors import ConfigError
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "DetectorState",
     "Signal",
     "step",
+    "rebuild",
     "not_ahead",
     "observe",
     "volatility",
@@ -160,31 +163,78 @@ def not_ahead(event: SessionEvent, now: float) -> SessionEvent:
     return SessionEvent(now + FUTURE_S, event.session_id, event.kind, event.state_bytes)
 
 
+_Counts = tuple[int, int, int, int, int]  # arrivals, departures, to_idle, to_active, newly_active
+NO_COUNTS: _Counts = (0, 0, 0, 0, 0)
+# where a session is in the detector's view: executing, idle, or not open (None)
+ACTIVE, IDLE, GONE = SessionState.EXECUTION, SessionState.SUSPENDED, None
+_Place = SessionState | None
+
+
+def _move(where: _Place, kind: EventKind) -> tuple[_Place, _Counts]:
+    """Where a session at ``where`` goes on ``kind``, and what that counts (the one place the
+    detector's view of a session moves; :func:`step` and :func:`rebuild` both apply it)."""
+    if kind is EventKind.OPEN and where is GONE:
+        return ACTIVE, (1, 0, 0, 0, 1)
+    if kind is EventKind.ACTIVE and where is not ACTIVE:
+        # from idle a flip; from nowhere the open was lost or reordered: count an arrival
+        return ACTIVE, (0, 0, 0, 1, 1) if where is IDLE else (1, 0, 0, 0, 1)
+    if kind is EventKind.IDLE and where is ACTIVE:
+        return IDLE, (0, 0, 1, 0, 0)
+    if kind is EventKind.CLOSE and where is not GONE:
+        return GONE, (0, 1, 0, 0, 0)
+    return where, NO_COUNTS
+
+
+def _where(active: frozenset[str] | set[str], idle: frozenset[str] | set[str], sid: str) -> _Place:
+    return ACTIVE if sid in active else IDLE if sid in idle else GONE
+
+
 def step(state: DetectorState, event: SessionEvent, config: DetectorConfig) -> tuple[DetectorState, Signal]:
     """Fold one session event into the window; returns the new state and the signal."""
     slot = math.floor(event.t / config.slot_s)
     cur = slot if state.last_slot is None else max(state.last_slot, slot)
     first = slot if state.first_slot is None else min(state.first_slot, slot)
-    sid, kind = event.session_id, EventKind(event.kind)
-    active, idle = state.active, state.idle
-    arr = dep = to_idle = to_active = new_active = 0
-    if kind is EventKind.OPEN and sid not in active and sid not in idle:
-        active, arr, new_active = active | {sid}, 1, 1
-    elif kind is EventKind.ACTIVE and sid not in active:
-        if sid in idle:
-            idle, to_active = idle - {sid}, 1
-        else:
-            arr = 1  # the open was lost or reordered: count it as an arrival
-        active, new_active = active | {sid}, 1
-    elif kind is EventKind.IDLE and sid in active:
-        active, idle, to_idle = active - {sid}, idle | {sid}, 1
-    elif kind is EventKind.CLOSE and (sid in active or sid in idle):
-        active, idle, dep = active - {sid}, idle - {sid}, 1
+    sid = event.session_id
+    where = _where(state.active, state.idle, sid)
+    to, counts = _move(where, EventKind(event.kind))
+    active = state.active - {sid} if where is ACTIVE and to is not ACTIVE else state.active
+    idle = state.idle - {sid} if where is IDLE and to is not IDLE else state.idle
+    active = active | {sid} if to is ACTIVE and where is not ACTIVE else active
+    idle = idle | {sid} if to is IDLE and where is not IDLE else idle
     window = _advance(DetectorState(window=state.window), cur, config)
-    if slot >= cur - config.slots + 1 and (arr or dep or to_idle or to_active):
+    if slot >= cur - config.slots + 1 and counts != NO_COUNTS:
         rows = {s[0]: s for s in window}
         old = rows.get(slot, (slot, 0, 0, 0, 0, 0))
-        rows[slot] = (slot, old[1] + arr, old[2] + dep, old[3] + to_idle, old[4] + to_active, old[5] + new_active)
+        rows[slot] = (slot, *(a + b for a, b in zip(old[1:], counts)))  # type: ignore[assignment]
         window = tuple(sorted(rows.values()))
     new = DetectorState(active, idle, window, first, cur)
     return new, _signal(new, event.t, config)
+
+
+def rebuild(events: Iterable[SessionEvent], config: DetectorConfig,
+            state: DetectorState = DetectorState()) -> DetectorState:
+    """The state folding ``events`` into ``state`` one by one with :func:`step` ends in, in
+    O(events + sessions + slots) rather than :func:`step`'s O(sessions) copy per event: a
+    restarted detector folds its whole log with it. The window keeps the counts of the
+    slots within ``config.slots`` of the latest slot seen, as :func:`step`'s pruning does."""
+    active, idle = set(state.active), set(state.idle)
+    counts: dict[int, list[int]] = {s[0]: list(s[1:]) for s in state.window}
+    first, last = state.first_slot, state.last_slot
+    for event in events:
+        slot = math.floor(event.t / config.slot_s)
+        first = slot if first is None else min(first, slot)
+        last = slot if last is None else max(last, slot)
+        sid = event.session_id
+        where = _where(active, idle, sid)
+        to, moved = _move(where, EventKind(event.kind))
+        (active if where is ACTIVE else idle).discard(sid)
+        if to is not GONE:
+            (active if to is ACTIVE else idle).add(sid)
+        if moved != NO_COUNTS and slot > last - config.slots:
+            row = counts.setdefault(slot, [0, 0, 0, 0, 0])
+            row[:] = [a + b for a, b in zip(row, moved)]
+            if len(counts) > 2 * config.slots:  # slots left behind: at most the window's twice
+                counts = {s: c for s, c in counts.items() if s > last - config.slots}
+    lo = -math.inf if last is None else last - config.slots + 1
+    window = tuple((s, *row) for s, row in sorted(counts.items()) if s >= lo)
+    return DetectorState(frozenset(active), frozenset(idle), window, first, last)  # type: ignore[arg-type]

@@ -2,26 +2,32 @@
 
 It publishes a ``WorkloadSignal`` record on ``metrics`` after session events (at most one per
 ``min_interval_s``; a held-back one goes out at the next tick) and on a periodic tick that
-rolls the window forward with :func:`~processors.detector.observe`. Run one replica: the
-window must see every partition.
+rolls the window forward with :func:`~processors.detector.observe`, from start-up on (an idle
+system reads active 0). Run one replica: the window must see every partition. At start it
+folds ``session-events`` from their start to their ends as of now (:func:`catch_up`) before
+it publishes or folds on, so a restart still counts the sessions open before it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from processors.detector import DetectorConfig, DetectorState, Signal, not_ahead, observe, step
+from processors.detector import DetectorConfig, DetectorState, Signal, not_ahead, observe, rebuild, step
 from processors.lifecycle import session_event
 from schemas import records as r
 from schemas.errors import ConfigError
 from streams.config_file import env_number
 
-__all__ = ["DetectorShell", "signal_record", "build_app"]
+__all__ = ["DetectorShell", "signal_record", "catch_up", "build_app"]
 
+log = logging.getLogger(__name__)
+CATCH_UP_BATCH = 10_000  # records folded at once while reading the log from its start
 
 
 def signal_record(signal: Signal, state: DetectorState, config: DetectorConfig) -> r.WorkloadSignal:
@@ -58,10 +64,15 @@ class DetectorShell:
         self.last_published, self.held = now, False
         return signal_record(signal, self.state, self.config)
 
-    def tick(self) -> r.WorkloadSignal | None:
-        """Roll the window to now; the signal, once any event was seen."""
-        if self.state.last_slot is None:
-            return None
+    def fold_log(self, state: DetectorState, records: Iterable[r.Record]) -> DetectorState:
+        """``state`` with ``records`` (read from the log, in its order) folded in, publishing
+        nothing; the caller adopts it once the whole log is read."""
+        now = self.clock()
+        events = (not_ahead(e, now) for e in map(session_event, records) if e is not None)
+        return rebuild(events, self.config, state)
+
+    def tick(self) -> r.WorkloadSignal:
+        """Roll the window to now; the signal, whether or not any event was seen."""
         now = self.clock()
         self.state, signal = observe(self.state, now, self.config)
         self.last_published, self.held = now, False
@@ -80,22 +91,73 @@ def detector_settings(env: Mapping[str, str]) -> tuple[DetectorConfig, float]:
     return config, env_number(env, "CHUNKSERVE_DETECTOR_TICK_S", 1.0, positive=True)
 
 
+Folded = dict[tuple[str, int], int]  # (topic, partition) -> the first offset not folded yet
+
+
+async def catch_up(settings: Any, catalogue: Any, shell: DetectorShell) -> tuple[DetectorState, Folded]:
+    """Fold ``session-events`` from their start to their ends as of now, without a group: a
+    restarted detector's agent resumes after its committed offsets, past the opens of the
+    sessions still open. Returns the state and, per partition, where the fold stopped: the
+    agent passes over what lies below (folding an open and its close twice would count the
+    session twice). Reads and decodes the whole log: its time grows with the log's length."""
+    from schemas.topics import SESSION_EVENTS, misfiled
+    from streams.kafka import RecordConsumer
+
+    reader = RecordConsumer(settings, [SESSION_EVENTS], None, name="detector-catch-up", catalogue=catalogue)
+    await reader.start(subscribe=False)
+    try:
+        ends = await reader.assign({SESSION_EVENTS: None})
+        state, batch = shell.state, []
+        async for d in reader.read_to(ends):
+            if misfiled(d.record, d.key) is None:  # one keyed otherwise: dispatch refused it
+                batch.append(d.record)
+            if len(batch) >= CATCH_UP_BATCH:
+                state, batch = shell.fold_log(state, batch), []
+        return shell.fold_log(state, batch), {(tp.topic, tp.partition): n for tp, n in ends.items()}
+    finally:
+        await reader.stop()
+
+
+async def _rebuild(settings: Any, catalogue: Any, shell: DetectorShell, folded: Folded,
+                   caught_up: asyncio.Event) -> None:
+    """:func:`catch_up` into the shell, then let the agent fold on and the tick publish."""
+    try:
+        shell.state, ends = await catch_up(settings, catalogue, shell)
+        folded.update(ends)
+    except Exception as exc:  # the broker away: fold from the group's offsets, as before
+        log.warning("detector: reading the log from its start failed (%s); folding from the agent's offsets", exc)
+    finally:
+        caught_up.set()
+
+
 def build_app(settings: Any) -> Any:
-    """The faust app: one agent over ``session-events`` and a periodic tick."""
+    """The faust app: one agent over ``session-events`` and a periodic tick; at start, the
+    log read from its start (:func:`catch_up`) before either folds or publishes."""
     from schemas.topics import SESSION_EVENTS, misfiled
     from streams.faust_app import FaustPublisher, decode_event, make_app
     from streams.topics import TopicCatalogue
 
     app = make_app("detector", settings)
-    publisher = FaustPublisher(app, TopicCatalogue.from_settings(settings))
+    catalogue = TopicCatalogue.from_settings(settings)
+    publisher = FaustPublisher(app, catalogue)
     config, tick_s = detector_settings(os.environ)
     shell = DetectorShell(config)
+    folded: Folded = {}
+    caught_up = asyncio.Event()
+
+    @app.task
+    async def rebuild_state() -> None:
+        await _rebuild(settings, catalogue, shell, folded, caught_up)
 
     @app.agent(publisher.topic(SESSION_EVENTS), name="detector-session-events")
     async def session_events(stream: Any) -> None:
+        await caught_up.wait()
         async for event in stream.events():
-            rec = await decode_event(event, SESSION_EVENTS, publisher, "detector")
-            if rec is None or misfiled(rec, event.message.key) is not None:  # dispatch refuses it
+            msg = event.message
+            rec = await decode_event(event, SESSION_EVENTS, publisher, "detector")  # dead-letters bad bytes
+            if rec is None or misfiled(rec, msg.key) is not None:  # dispatch refuses it
+                continue
+            if msg.offset < folded.get((msg.topic, msg.partition), 0):  # in the catch-up already
                 continue
             signal = shell.on_event(rec)
             if signal is not None:
@@ -103,8 +165,7 @@ def build_app(settings: Any) -> Any:
 
     @app.timer(tick_s)
     async def tick() -> None:
-        signal = shell.tick()
-        if signal is not None:
-            await publisher.send(signal)
+        if caught_up.is_set():  # before, the state lacks the sessions open before the start
+            await publisher.send(shell.tick())
 
     return app

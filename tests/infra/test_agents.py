@@ -77,9 +77,9 @@ class Reader:
         self.consumer = RecordConsumer(settings, topics, producer, name="test-reader")
         self.records: list[r.Record] = []
 
-    async def start(self) -> "Reader":
+    async def start(self, at: str = "beginning") -> "Reader":
         await self.consumer.start(subscribe=False)
-        await self.consumer.assign(dict.fromkeys(self.topics))
+        await self.consumer.assign(dict.fromkeys(self.topics), at)
         return self
 
     async def wait_for(self, pred: Callable[[r.Record], bool], timeout_s: float, what: str) -> r.Record:
@@ -160,6 +160,89 @@ def test_a_restarted_metrics_processor_bills_the_workers_already_up(kafka_bootst
     tick = cost_tick(spans, time.time(), load_profiles("reference-cpu"))
     assert tick.gpus == 1 and tick.gpu_seconds == pytest.approx(160, abs=5)  # w-0 up 100 s, w-1 60 s
     assert sessions.counts() == {"active": 1, "idle": 1}  # the misfiled open is not counted
+
+
+async def _wait_committed(settings: Settings, group: str, logical: str, count: int, timeout_s: float) -> None:
+    """Until ``group`` has committed offsets past ``count`` records of ``logical`` in all."""
+    from aiokafka import TopicPartition
+
+    probe = RecordConsumer(settings, [logical], None, name="test-committed", group_id=group)
+    await probe.start(subscribe=False)
+    try:
+        name, deadline = probe.catalogue.name(logical), time.monotonic() + timeout_s
+        tps = [TopicPartition(name, p) for p in await probe.partitions(logical)]
+        while time.monotonic() < deadline:
+            if sum([await probe.raw.committed(tp) or 0 for tp in tps]) >= count:
+                return
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"{group} did not commit {count} records of {logical} within {timeout_s}s")
+    finally:
+        await probe.stop()
+
+
+def _signal(pred: Callable[[r.WorkloadSignal], bool] = lambda s: True) -> Callable[[r.Record], bool]:
+    return lambda x: isinstance(x, r.WorkloadSignal) and pred(x)
+
+
+def test_a_restarted_detector_counts_the_sessions_open_before_it(kafka_bootstrap, redis_url, namespace, tmp_path):
+    """The restarted detector's agent resumes after its group's offsets, past the opens of the
+    sessions executing: it reads the log from its start first, so its first signal counts them
+    and their closes count as departures (a restart was silent until a session event, then
+    closed 4 executing sessions as active=0 departures=0)."""
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+    asyncio.run(ensure_topics(settings))
+    env = dict(CHUNKSERVE_DETECTOR_TICK_S="0.5", CHUNKSERVE_DETECTOR_WINDOW_S="900")  # the opens stay in it
+    first = _spawn_processor("detector", settings, tmp_path / "detector.log", **env)
+    procs = [first]
+
+    async def run() -> None:
+        async with RecordProducer(settings) as producer:
+            now = time.time()
+            for i in range(5):
+                await producer.send(r.SessionOpened(session_id=f"s{i}", ts=now))
+            await producer.send(r.SessionIdle(session_id="s4", ts=now + 0.1))
+            reader = await Reader(settings, producer, [METRICS]).start()
+            try:
+                await reader.wait_for(_signal(lambda s: s.active == 4 and s.to_idle == 1), 60, "the first detector's signal")
+                await _wait_committed(settings, f"{settings.topic_prefix}detector", SESSION_EVENTS, 6, 30)
+                first.kill()  # SIGKILL, as an operator's crash: nothing more from it
+                first.wait(timeout=10)
+                await reader.consumer.assign({METRICS: None}, "end")  # the new detector's signals only
+                reader.records.clear()
+                procs.append(_spawn_processor("detector", settings, tmp_path / "detector-2.log", **env))
+                sig = await reader.wait_for(_signal(), 60, "the restarted detector's first signal")
+                assert (sig.active, sig.arrivals, sig.to_idle, sig.departures) == (4, 5, 1, 0)
+                for i in range(4):
+                    await producer.send(r.SessionClosed(session_id=f"s{i}", ts=time.time()))
+                closed = await reader.wait_for(_signal(lambda s: s.departures == 4), 45, "4 departures")
+                assert (closed.active, closed.arrivals) == (0, 5)
+            finally:
+                await reader.consumer.stop()
+
+    _run_then_stop(run, procs)
+
+
+def test_a_fresh_detector_signals_an_idle_system_every_tick(kafka_bootstrap, redis_url, namespace, tmp_path):
+    """With no session event ever, the detector still publishes active 0 on its tick (it
+    published nothing until the first session event)."""
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+    asyncio.run(ensure_topics(settings))
+    procs = [_spawn_processor("detector", settings, tmp_path / "detector.log", CHUNKSERVE_DETECTOR_TICK_S="0.5")]
+
+    async def run() -> None:
+        async with RecordProducer(settings) as producer:
+            reader = await Reader(settings, producer, [METRICS]).start()
+            try:
+                await reader.wait_for(_signal(), 60, "a signal")  # the process's start-up
+                await reader.wait_for(lambda x: len([s for s in reader.records if _signal()(s)]) >= 4, 5,
+                                      "a signal every tick")
+                sigs = [s for s in reader.records if isinstance(s, r.WorkloadSignal)]
+                assert all((s.active, s.arrivals, s.departures) == (0, 0, 0) for s in sigs)
+                assert sigs[3].ts - sigs[0].ts < 3.0  # 0.5 s ticks
+            finally:
+                await reader.consumer.stop()
+
+    _run_then_stop(run, procs)
 
 
 def test_dispatch_admits_where_the_published_admission_plan_says(kafka_bootstrap, redis_url, namespace, tmp_path):
@@ -338,9 +421,11 @@ def test_cost_fold_bills_each_worker_from_up_to_down():
 
 
 def test_detector_shell_holds_back_bursts_and_ticks():
-    clock = [100.0]
+    clock = [99.0]
     shell = DetectorShell(DetectorConfig(window_s=10, slot_s=1), clock=lambda: clock[0])
-    assert shell.tick() is None  # nothing seen yet
+    idle = shell.tick()  # nothing seen yet: an idle system, said every tick
+    assert (idle.active, idle.arrivals, idle.departures, idle.ts) == (0, 0, 0, 99.0)
+    clock[0] = 100.0
     first = shell.on_event(r.SessionOpened(session_id="a", ts=100))
     assert first is not None and (first.active, first.arrivals) == (1, 1)
     assert shell.on_event(r.SessionIdle(session_id="a", ts=100)) is None and shell.held

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.detector import DetectorConfig, DetectorState, observe, step, variation, volatility_level
+from processors.detector import DetectorConfig, DetectorState, observe, rebuild, step, variation, volatility_level
 from processors.lifecycle import EventKind, SessionEvent
 
 
@@ -68,3 +68,24 @@ def test_levels_and_window_roll():
     dup, sig2 = step(state, SessionEvent(1000.0, "s0", EventKind.OPEN), config)
     assert sig2.active == 20 and sig2.arrivals == 0
 
+
+
+# any events at all: ids reused, flips of unknown ids, times out of order
+anything = st.lists(st.builds(SessionEvent, st.floats(0, 400, allow_nan=False), st.sampled_from("abcdefg"),
+                              st.sampled_from(list(EventKind))), max_size=120)
+
+
+@settings(max_examples=300, deadline=None)
+@given(anything, st.integers(0, 120), st.sampled_from([(60.0, 5.0), (10.0, 1.0), (3.0, 3.0)]))
+def test_rebuild_ends_where_stepping_each_event_ends(events, cut, window):
+    """A restarted detector folds its log with ``rebuild``: the state must be the one the
+    live detector reached stepping through the same events, from any state on."""
+    config = DetectorConfig(window_s=window[0], slot_s=window[1])
+    stepped = DetectorState()
+    for event in events:
+        stepped, _ = step(stepped, event, config)
+    assert rebuild(events, config) == stepped
+    head = DetectorState()
+    for event in events[:cut]:
+        head, _ = step(head, event, config)
+    assert rebuild(events[cut:], config, head) == stepped
