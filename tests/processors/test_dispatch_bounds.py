@@ -195,7 +195,7 @@ def test_a_flood_of_opens_while_the_fleet_is_full_does_not_hold_up_the_others() 
     a flood of one id waits once."""
     from types import SimpleNamespace
 
-    from processors.dispatch import MAX_WAITING
+    from processors.dispatch_types import MAX_WAITING
     from schemas.records import Generation, RoutedInput, SessionOpened
     from streams.generations import StoreState
     from streams.store_records import SessionView

@@ -129,7 +129,7 @@ def test_an_open_that_finds_no_room_waits_within_a_budget_and_is_refused_with_it
 
 
 def test_the_sessions_whose_admission_gave_up_are_remembered_within_a_bound():
-    from processors.dispatch import MAX_GAVE_UP
+    from processors.dispatch_types import MAX_GAVE_UP
 
     view = DispatchView({"w1": WorkerLoad(2, 2)}, admission_retries=5)
     for i in range(MAX_GAVE_UP + 10):
