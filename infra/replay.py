@@ -65,16 +65,19 @@ def cluster_view(records: list[Record]) -> ClusterView:
 
 
 def detector_signal(records: list[Record]) -> dict[str, Any] | None:
-    """The detector's last signal over these session events, folded in timestamp order."""
-    from processors.detector import DetectorConfig, DetectorState, step
+    """The detector's last signal over these session events, folded in timestamp order
+    (:func:`~processors.detector.rebuild`, the state ``step`` reaches, in O(events); the
+    signal at the last event's time, as its ``step`` gives it)."""
+    from processors.detector import DetectorConfig, observe, rebuild
     from processors.lifecycle import session_event
 
-    state, signal, config = DetectorState(), None, DetectorConfig()
-    for rec in sorted(records, key=lambda r: r.ts):  # type: ignore[attr-defined]
-        event = session_event(rec)
-        if event is not None:
-            state, signal = step(state, event, config)
-    return None if signal is None else dataclasses.asdict(signal)
+    config = DetectorConfig()
+    ordered = sorted(records, key=lambda r: r.ts)  # type: ignore[attr-defined]
+    events = [e for e in map(session_event, ordered) if e is not None]
+    if not events:
+        return None
+    _, signal = observe(rebuild(events, config), events[-1].t, config)
+    return dataclasses.asdict(signal)
 
 
 async def replay(settings: Settings, processor: str = "control", offset: int = 0) -> dict[str, Any]:
