@@ -89,3 +89,24 @@ def test_rebuild_ends_where_stepping_each_event_ends(events, cut, window):
     for event in events[:cut]:
         head, _ = step(head, event, config)
     assert rebuild(events[cut:], config, head) == stepped
+
+
+def test_replay_detector_gives_the_signal_step_by_step_gives():
+    """`chunkserve replay detector` folds the log with ``rebuild``; its signal is the one
+    folding the same records in timestamp order with ``step`` ends on."""
+    import dataclasses
+    import random
+
+    from infra.replay import detector_signal
+    from processors.lifecycle import session_event
+    from schemas import records as rr
+
+    kinds = [rr.SessionOpened, rr.SessionActive, rr.SessionIdle, rr.SessionClosed]
+    for seed in range(60):
+        rng = random.Random(seed)
+        recs = [k(session_id=f"s{rng.randint(0, 30)}", ts=round(rng.uniform(0, 400), 1))
+                for k in (rng.choice(kinds) for _ in range(rng.randint(0, 200)))]
+        state, signal, config = DetectorState(), None, DetectorConfig()
+        for rec in sorted(recs, key=lambda x: x.ts):
+            state, signal = step(state, session_event(rec), config)
+        assert detector_signal(recs) == (None if signal is None else dataclasses.asdict(signal)), seed
