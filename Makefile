@@ -11,6 +11,12 @@ PIPNET := --retries 10 --timeout 60 --resume-retries 20
 # $(call retry,CMD): CMD up to three times (a download cut short by the network)
 retry = for try in 1 2 3; do $(1) && break; [ $$try = 3 ] && exit 1; echo "retrying: $(1)" >&2; sleep 15; done
 
+# torch's wheels unpack to about 6 GB beside the venv and pip's temporary folder: say so in
+# one line before a download that cannot fit
+NEED_GB := 8
+DISKCHECK = free=$$(df -Pk $(VENV) $${TMPDIR:-/tmp} | awk 'NR>1 {print int($$4/1048576)}' | sort -n | head -1); \
+  [ "$$free" -ge $(NEED_GB) ] || { echo "torch needs about $(NEED_GB) GB free on the disk of $(VENV) and $${TMPDIR:-/tmp}; $$free GB is free" >&2; exit 1; }
+
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test venv tools kafka clean
@@ -21,8 +27,9 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(call retry,$(PIP) --upgrade "pip>=25.1")
 	@# torch first, pinned (PyPI's build bundles CUDA and runs on the CPU too: about 3 GB of
-	@# wheels, so a dropped connection resumes, and a failed install is tried twice more)
-	@$(PY) -c "import torch" 2>/dev/null || { $(call retry,$(PIP) $(PIPNET) torch==2.13.0); }
+	@# wheels, so a dropped connection resumes, and a failed install is tried twice more;
+	@# not kept in pip's cache, which would double the space it takes)
+	@$(PY) -c "import torch" 2>/dev/null || { $(DISKCHECK); $(call retry,$(PIP) $(PIPNET) --no-cache-dir torch==2.13.0); }
 	@$(call retry,$(PIP) $(PIPNET) -e '.[test]')
 	@touch $(STAMP)
 
