@@ -7,6 +7,7 @@ cache refreshed from it, and any number of replicas may run in one consumer grou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter, deque
@@ -78,9 +79,10 @@ class DispatchShell:
         self.recovery = Recovery(self)
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
-                     failed: Callable[[Exception], Awaitable[Any]] | None = None) -> None:
+                     failed: Callable[[Exception], Awaitable[Any]] | None = None,
+                     refused: Callable[[str], Awaitable[Any]] | None = None) -> None:
         """``work`` in order under ``key``, concurrently with other keys (:class:`Chains`)."""
-        await self.chains.submit(key, work, failed)
+        await self.chains.submit(key, work, failed, refused)
 
     # --- the core's inputs ---------------------------------------------------------------
 
@@ -111,19 +113,21 @@ class DispatchShell:
         refused: list[str] = []
         queue: deque[Event] = deque([event])
         waits = False  # an open or a return of this event waits for room: counted until it ends
-        try:
-            while queue:
-                ev = queue.popleft()
-                await self.load_view()
-                self.view, commands = decide(replace(self.view, waiting=self.waiting), ev, self.clock())
-                for cmd in commands:
-                    if isinstance(cmd, RetryLater) and cmd.admission.waiting and not waits:
-                        waits, self.waiting = True, self.waiting + 1
-                    outcome = await self.carry_out(cmd, refused)
-                    if outcome is not None:
-                        queue.append(outcome)
-        finally:
-            self.waiting -= waits
+        with contextlib.ExitStack() as waiting:
+            try:
+                while queue:
+                    ev = queue.popleft()
+                    await self.load_view()
+                    self.view, commands = decide(replace(self.view, waiting=self.waiting), ev, self.clock())
+                    for cmd in commands:
+                        if isinstance(cmd, RetryLater) and cmd.admission.waiting and not waits:
+                            waits, self.waiting = True, self.waiting + 1
+                            waiting.enter_context(self.chains.waiting_for_room())  # what follows it parks
+                        outcome = await self.carry_out(cmd, refused)
+                        if outcome is not None:
+                            queue.append(outcome)
+            finally:
+                self.waiting -= waits
         return refused
 
     async def carry_out(self, cmd: Command, refused: list[str]) -> Event | None:
@@ -185,6 +189,12 @@ class DispatchShell:
                 why += " (its place in the log was not found)"
         await self.refuse_input(inp.session_id, inp.seq, inp.kind, inp.payload, inp.ts, why,
                                 max(partition, 0), max(offset, 0))
+
+    async def refuse_parked(self, rec: InputPushed, msg: Any, why: str, publisher: Any) -> None:
+        """An input refused behind its session's wait for room: dead-lettered as it came, and
+        named on the session's next routed input, so its owner does not wait for it."""
+        self.gate.note_refused(rec.session_id, rec.seq)
+        await publisher.dead_letter(msg, f"refused: {why}", self.name)
 
     async def refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
                            why: str, partition: int = 0, offset: int = 0) -> None:
@@ -296,7 +306,8 @@ async def _session_events(stream: Any, shell: Callable[[], Awaitable[DispatchShe
         await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
                         handle,
                         lambda exc, msg=msg: publisher.dead_letter(msg, f"refused: dispatch could not handle it ({exc})",
-                                                                   "dispatch"))
+                                                                   "dispatch"),
+                        lambda why, msg=msg: publisher.dead_letter(msg, f"refused: {why}", "dispatch"))
 
 
 async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:
@@ -318,7 +329,8 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
         await sh.submit(f"inputs:{rec.session_id}",  # type: ignore[attr-defined]
                         lambda rec=rec, msg=msg, sh=sh: sh.on_input(rec, msg.partition, msg.offset, msg),
                         lambda exc, msg=msg: publisher.dead_letter(msg, f"refused: dispatch could not route it ({exc})",
-                                                                   "dispatch"))
+                                                                   "dispatch"),
+                        lambda why, rec=rec, msg=msg, sh=sh: sh.refuse_parked(rec, msg, why, publisher))
 
 
 async def _worker_events(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
+from collections import Counter
 from typing import Any, Awaitable, Callable, Iterator
 
 from schemas.errors import InfraError
@@ -17,7 +19,7 @@ from schemas.records import InputPushed
 from ..dispatch import Input
 from ..input_gate import InputGate
 
-__all__ = ["MAX_REREADING", "STORE_RETRY_S", "Chains", "RateWindows", "Rereads"]
+__all__ = ["MAX_PARKED", "MAX_PARKED_PER_KEY", "MAX_REREADING", "STORE_RETRY_S", "Chains", "RateWindows", "Rereads"]
 
 log = logging.getLogger("processors.agents.dispatch")
 
@@ -26,6 +28,14 @@ STORE_RETRY_S = (0.2, 0.5, 1.0, 2.0, 4.0)
 
 # inputs of unknown sessions read again at once (the rest are refused at once)
 MAX_REREADING = 64
+
+# records that arrive behind a session's admission waiting for room wait without an in-flight
+# place: this many per session, and this many in all (past either, refused at once)
+MAX_PARKED_PER_KEY = 16
+MAX_PARKED = 4096
+
+# the key of the chain whose work is running in this task (``Chains.waiting_for_room``)
+_RUNNING: contextvars.ContextVar[str | None] = contextvars.ContextVar("chain_key", default=None)
 
 
 class RateWindows:
@@ -84,37 +94,80 @@ class Rereads:
 
 class Chains:
     """Dispatch's work, at most ``max_in_flight`` pieces at once (the consumer loops wait for
-    a place: backpressure on the topics), each key's in the order submitted."""
+    a place: backpressure on the topics), each key's in the order submitted.
+
+    A piece waiting for room (an open, a return: ``waiting_for_room``) holds its place for up
+    to the admission timeout, within dispatch's budget of waiting admissions; what arrives
+    behind it under the same key is parked without a place (``MAX_PARKED_PER_KEY`` per key,
+    ``MAX_PARKED`` in all; past either it is refused at once with the reason), so a few
+    events behind each waiting open cannot hold every place for the timeout."""
 
     def __init__(self, max_in_flight: int, name: str) -> None:
         self.name = name
         self._places = asyncio.Semaphore(max_in_flight)
         self.tasks: dict[str, asyncio.Task[Any]] = {}  # key -> its latest work
+        self.parked: Counter[str] = Counter()  # key -> pieces waiting behind a wait for room
+        self._waiting: set[str] = set()  # keys whose running piece waits for room
+
+    @contextlib.contextmanager
+    def waiting_for_room(self) -> Iterator[None]:
+        """Called from inside a piece's work while it waits for room (no-op outside a chain)."""
+        key = _RUNNING.get()
+        if key is None or key in self._waiting:
+            yield
+            return
+        self._waiting.add(key)
+        try:
+            yield
+        finally:
+            self._waiting.discard(key)
+
+    def _park(self, key: str) -> str | None:
+        """Park a piece behind ``key``'s wait for room; None, or why it cannot be."""
+        if self.parked[key] >= MAX_PARKED_PER_KEY:
+            return f"{key.partition(':')[2]} waits for room, and {MAX_PARKED_PER_KEY} of its records wait behind it already"
+        if self.parked.total() >= MAX_PARKED:
+            return f"{key.partition(':')[2]} waits for room, and {MAX_PARKED} records wait behind such sessions already"
+        self.parked[key] += 1
+        return None
+
+    def _unpark(self, key: str) -> None:
+        self.parked[key] -= 1
+        if self.parked[key] <= 0:
+            del self.parked[key]
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
-                     failed: Callable[[Exception], Awaitable[Any]] | None = None) -> None:
+                     failed: Callable[[Exception], Awaitable[Any]] | None = None,
+                     refused: Callable[[str], Awaitable[Any]] | None = None) -> None:
         """Run ``work`` after every earlier submission under the same key (a session's events,
         or its inputs), concurrently with other keys: one session waiting for capacity does not
         hold up the others, and each session's events (and inputs) keep their order. Returns
         once the work is scheduled. Work the store could not serve (Redis away, InfraError) is
         tried again after each of ``STORE_RETRY_S``; what still fails is handed to ``failed``
-        (an input is refused with the reason: never dropped)."""
-        await self._places.acquire()
+        (an input is refused with the reason: never dropped). Behind a wait for room, a piece
+        with a ``refused`` handler is parked (or, past the bounds, handed to it with why)."""
         previous = self.tasks.get(key)
+        parked = refused is not None and previous is not None and key in self._waiting
+        if parked:
+            why = self._park(key)
+            if why is not None:
+                await refused(why)  # type: ignore[misc]
+                return
+        else:
+            await self._places.acquire()
 
         async def run() -> None:
+            holds, behind = not parked, parked
             try:
                 if previous is not None:
                     await asyncio.gather(previous, return_exceptions=True)
-                for pause in (*STORE_RETRY_S, None):
-                    try:
-                        await work()
-                        return
-                    except InfraError as exc:
-                        if pause is None:
-                            raise
-                        log.warning("%s: handling %s: %s; again in %.1f s", self.name, key, exc, pause)
-                        await asyncio.sleep(pause)
+                if parked:  # its turn: a place like any other piece
+                    self._unpark(key)
+                    behind = False
+                    await self._places.acquire()
+                    holds = True
+                _RUNNING.set(key)
+                await self._tries(key, work)
             except Exception as exc:
                 log.exception("%s: handling %s failed", self.name, key)
                 if failed is not None:
@@ -123,9 +176,23 @@ class Chains:
                     except Exception:
                         log.exception("%s: reporting the failure of %s failed", self.name, key)
             finally:
-                self._places.release()
+                if holds:
+                    self._places.release()
+                if behind:  # cancelled while parked
+                    self._unpark(key)
                 if self.tasks.get(key) is task:
                     del self.tasks[key]
 
         task = asyncio.get_running_loop().create_task(run())
         self.tasks[key] = task
+
+    async def _tries(self, key: str, work: Callable[[], Awaitable[Any]]) -> None:
+        for pause in (*STORE_RETRY_S, None):
+            try:
+                await work()
+                return
+            except InfraError as exc:
+                if pause is None:
+                    raise
+                log.warning("%s: handling %s: %s; again in %.1f s", self.name, key, exc, pause)
+                await asyncio.sleep(pause)

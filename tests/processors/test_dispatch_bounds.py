@@ -237,3 +237,108 @@ def test_a_flood_of_opens_while_the_fleet_is_full_does_not_hold_up_the_others() 
     assert len(at_once) == 1024 - MAX_WAITING and len(timed_out) == MAX_WAITING + 1 and len(again) == 299
     assert same_s < 2.0 + 1.5  # 300 opens of one id took about one admission timeout, not 300
     assert shell.waiting == 0  # the budget is given back
+
+
+def _full_fleet_store(live: str = "live") -> object:
+    from types import SimpleNamespace
+
+    from schemas.records import Generation
+    from streams.generations import StoreState
+    from streams.store_records import SessionView
+
+    class Store:
+        async def session(self, sid: str) -> SessionView | None:
+            return SessionView(Generation("w1", 1), StoreState.ACTIVE, True, None, None, None) if sid == live else None
+
+        async def load_view(self) -> dict:
+            return {"w1": SimpleNamespace(used=4, capacity=4, draining=False, down=False)}
+
+    return Store()
+
+
+def test_records_behind_a_waiting_open_wait_without_an_in_flight_place() -> None:
+    """256 opens wait for room (the budget), each followed by three more records of its
+    session: those wait behind it without a place, so the 1,024 places are not all held for
+    the admission timeout and an input of a live session is handed over at once (before,
+    256 + 768 pieces held all 1,024)."""
+    from processors.dispatch_types import MAX_WAITING
+    from schemas.records import RoutedInput, SessionActive, SessionOpened
+
+    async def run() -> tuple[int, list[str], DispatchShell, int]:
+        sent, refused = Sent(), []
+        shell = DispatchShell(_full_fleet_store(), sent, admission_timeout_s=2.0)
+
+        async def handle(rec: object) -> None:
+            why = await shell.on_session_event(rec)
+            if why is not None:
+                refused.append(why)
+
+        async def refuse(why: str) -> None:
+            refused.append(why)
+
+        for i in range(MAX_WAITING):
+            sid = f"new-{i}"
+            await shell.submit(f"events:{sid}", lambda sid=sid: handle(SessionOpened(session_id=sid, ts=0.0, prompt="")),
+                               refused=refuse)
+        await asyncio.sleep(0.2)  # each open has found the fleet full and waits
+        for i in range(MAX_WAITING):
+            sid = f"new-{i}"
+            for _ in range(3):
+                await shell.submit(f"events:{sid}", lambda sid=sid: handle(SessionActive(session_id=sid, ts=0.0)),
+                                   refused=refuse)
+        parked = shell.chains.parked.total()
+        live = InputPushed(session_id="live", seq=1, kind="text", payload="hi", ts=0.0)
+        await asyncio.wait_for(shell.submit("inputs:live", lambda: shell.on_input(live)), 0.5)
+        await asyncio.sleep(0.3)
+        routed = len(sent.of(RoutedInput))
+        await asyncio.gather(*list(shell.chains.tasks.values()))
+        return routed, refused, shell, parked
+
+    routed, refused, shell, parked = asyncio.run(run())
+    assert parked == 3 * MAX_WAITING
+    assert routed == 1  # the live session's input went out while the opens waited
+    assert len([w for w in refused if "within 2 s" in w]) == MAX_WAITING
+    assert len(refused) == 4 * MAX_WAITING  # every record ended refused (the sessions were never admitted)
+    assert not shell.chains.parked and shell.waiting == 0  # the budgets are given back
+
+
+def test_past_its_bound_a_record_behind_a_waiting_open_is_refused_at_once_with_the_reason() -> None:
+    from processors.agents.input_budgets import MAX_PARKED_PER_KEY
+    from schemas.records import SessionActive, SessionOpened
+
+    async def run() -> tuple[list[str], list[str], DispatchShell]:
+        shell, handled, at_once = DispatchShell(_full_fleet_store(), Sent(), admission_timeout_s=1.0), [], []
+
+        async def handle(rec: object) -> None:
+            handled.append(type(rec).__name__)
+            await shell.on_session_event(rec)
+
+        async def refuse(why: str) -> None:
+            at_once.append(why)
+
+        await shell.submit("events:s", lambda: handle(SessionOpened(session_id="s", ts=0.0, prompt="")), refused=refuse)
+        await asyncio.sleep(0.2)
+        for _ in range(MAX_PARKED_PER_KEY + 4):
+            await shell.submit("events:s", lambda: handle(SessionActive(session_id="s", ts=0.0)), refused=refuse)
+        refused_before_timeout = list(at_once)
+        await asyncio.gather(*list(shell.chains.tasks.values()))
+        return refused_before_timeout, handled, shell
+
+    refused, handled, shell = asyncio.run(run())
+    assert refused == [f"s waits for room, and {MAX_PARKED_PER_KEY} of its records wait behind it already"] * 4
+    assert handled == ["SessionOpened"] + ["SessionActive"] * MAX_PARKED_PER_KEY  # the parked ones, in order
+    assert not shell.chains.parked
+
+
+def test_an_input_refused_behind_its_sessions_wait_is_dead_lettered_and_named_on_the_next_routed_one() -> None:
+    letters: list[tuple[object, str, str]] = []
+
+    class Publisher:
+        async def dead_letter(self, msg: object, reason: str, source: str) -> None:
+            letters.append((msg, reason, source))
+
+    shell = DispatchShell(store=None, publisher=None)
+    rec = InputPushed(session_id="s", seq=7, kind="text", payload="x", ts=0.0)
+    asyncio.run(shell.refuse_parked(rec, "the record", "s waits for room", Publisher()))
+    assert letters == [("the record", "refused: s waits for room", "dispatch")]
+    assert 7 in shell.gate.refused_before("s")
