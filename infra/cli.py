@@ -187,8 +187,13 @@ def worker(
     if provisioner:  # started by a provisioner, which can stop it: said before its WorkerUp
         asyncio.run(_publish(settings, WorkerProvisioned(worker_id=worker_id, ts=time.time(),
                                                          provisioner=provisioner, pool=pool)))
-    model = (ReferenceModel.load(checkpoint, device=device) if checkpoint
-             else ReferenceModel(seed=0, device=device))
+    try:
+        model = (ReferenceModel.load(checkpoint, device=device) if checkpoint
+                 else ReferenceModel(seed=0, device=device))
+    except ConfigError as exc:  # a missing or foreign checkpoint: one line, not a traceback
+        console.print(f"[red]configuration error:[/red] command line: --checkpoint: "
+                      f"{str(exc).split(': ', 2)[-1]}", soft_wrap=True)
+        raise typer.Exit(2)
     cfg = WorkerConfig(worker_id=worker_id, capacity=capacity, chunk_interval_s=chunk_interval,
                        device=device, pool=pool, gpu_type=gpu_type)
 

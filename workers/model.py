@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import msgpack
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import Tensor
 
@@ -139,6 +140,23 @@ class StreamingModel(Protocol):
         ...
 
 
+def _checkpoint_meta(path: str | Path) -> dict[str, str]:
+    """A safetensors checkpoint's metadata, or ConfigError (missing, unreadable, not safetensors)."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return fh.metadata() or {}
+    except (OSError, SafetensorError) as exc:
+        raise ConfigError("checkpoint", f"{path}: cannot read it as safetensors ({exc})", "load") from None
+
+
+def _load_weights(net: torch.nn.Module, path: str | Path) -> None:
+    """The checkpoint's weights into ``net``, or ConfigError (weights of another shape or name)."""
+    try:
+        net.load_state_dict(load_file(str(path)), strict=True)
+    except (OSError, SafetensorError, RuntimeError) as exc:
+        raise ConfigError("checkpoint", f"{path}: its weights do not fit its config ({exc})"[:400], "load") from None
+
+
 class ReferenceModel:
     """Small causal latent-video transformer: rolling KV over context frames, few-step
     flow denoising per chunk conditioned on a hashed-n-gram text embedding, tiny decoder.
@@ -173,8 +191,7 @@ class ReferenceModel:
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "ReferenceModel":
         """Build a model from a checkpoint written by :meth:`save`."""
-        with safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
+        meta = _checkpoint_meta(path)
         if meta.get("chunkserve.model") != "reference" or "config" not in meta:
             raise ConfigError("checkpoint", f"{path} is not a reference-model checkpoint", "load")
         try:
@@ -182,7 +199,7 @@ class ReferenceModel:
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError("checkpoint", f"{path}: bad config metadata ({exc})", "load") from exc
         model = cls(config, seed=0, device="cpu")
-        model.net.load_state_dict(load_file(str(path)), strict=True)
+        _load_weights(model.net, path)
         model.device = _resolve(device)
         model.net.to(model.device)
         model.fingerprint = model._fingerprint()

@@ -241,6 +241,11 @@ def test_checkpoint_load_rejects_other_files(tmp_path: Path) -> None:
     save_file({"w": torch.zeros(2)}, str(path))
     with pytest.raises(ConfigError):
         ReferenceModel.load(path)
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"not a checkpoint")
+    for bad in (garbage, tmp_path / "missing.safetensors"):  # one line at the command line, not a traceback
+        with pytest.raises(ConfigError, match="cannot read it as safetensors"):
+            ReferenceModel.load(bad)
 
 
 def test_config_validation() -> None:
