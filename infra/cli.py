@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.outputs import folder_problem, json_option, write_output
+from infra.outputs import folder_option, folder_problem, json_option, write_output
 from schemas.errors import ChunkserveError, ConfigError
 from schemas.records import Record, WorkerProvisioned
 from streams.config import PROVISIONER_ENV, Settings
@@ -322,8 +322,8 @@ def demo(
     speed: float = typer.Option(10.0, min=1.0, help="Trace seconds replayed per wall second."),
     max_workers: int = typer.Option(4, min=1, help="Most workers the autoscaler may run."),
     seed: int = typer.Option(0, min=0, help="Seed of the generated trace."),
-    report_dir: Optional[Path] = typer.Option(None, help="Folder for summary.json and timeline.png."),
-    log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
+    report_dir: Optional[Path] = folder_option("report-dir", "Folder for summary.json and timeline.png."),
+    log_dir: Optional[Path] = folder_option("log-dir", "Folder for the processes' logs."),
     trace: Optional[Path] = typer.Option(None, help="Replay this trace file instead of a generated one."),
     policy: str = typer.Option("turboserve", envvar="CHUNKSERVE_POLICY",
                                help="The control processor's policy: a built-in or module:Name."),
@@ -337,7 +337,6 @@ def demo(
     from infra.embedded import infrastructure
 
     base = _settings(require_endpoints=False)
-    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-demo-logs-"))
     report = report_dir or Path("reports") / time.strftime("demo-%Y%m%d-%H%M%S")
     if trace is not None:
         from infra.sim.trace import load_trace
@@ -353,6 +352,7 @@ def demo(
     if os.environ.get("CHUNKSERVE_PROFILE") not in (None, "reference-cpu"):
         console.print("demo: CHUNKSERVE_PROFILE is not used: the workers run the reference model, "
                       "whose measured profile is reference-cpu")
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-demo-logs-"))  # once nothing was refused
     cfg = DemoConfig(duration_s=duration, sessions=sessions, level=level, speed=speed,
                      max_workers=max_workers, seed=seed, trace=str(trace) if trace else None, policy=policy)
     run_id = uuid.uuid4().hex[:6]
@@ -405,7 +405,7 @@ def smoke(
     workers: int = typer.Option(2, min=1, help="Worker processes to start."),
     inputs: int = typer.Option(2, min=0, help="Inputs (PushText) per session."),
     json_out: Optional[Path] = json_option("Write the summary here."),
-    log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
+    log_dir: Optional[Path] = folder_option("log-dir", "Folder for the processes' logs."),
 ) -> None:
     """A few sessions end to end (dispatch and fixed workers, no autoscaling), then the audit."""
     from infra.embedded import infrastructure
@@ -514,7 +514,7 @@ UP_STOP_GRACE_S = 3.0  # per group of `up`'s children: three groups stop within 
 @app.command("up")
 def up(
     dispatchers: int = typer.Option(1, min=1, help="Dispatch replicas (one consumer group)."),
-    log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
+    log_dir: Optional[Path] = folder_option("log-dir", "Folder for the processes' logs."),
     metrics_port: Optional[int] = typer.Option(
         None, "--metrics-port", min=1, max=65535, help="Serve `up`'s metrics on this port and give each child the next "
         "one (listed in <log-dir>/prometheus-targets.json, a Prometheus file_sd file); the workers the "
@@ -673,7 +673,7 @@ def chaos(
     migrate_every: float = typer.Option(0.0, min=0.0, help="Seconds between operator Handoffs of a random "
                                         "session to another worker (0: none; the run's policy never migrates)."),
     json_out: Optional[Path] = json_option("Write the audit here."),
-    log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
+    log_dir: Optional[Path] = folder_option("log-dir", "Folder for the processes' logs."),
 ) -> None:
     """Run the live system under faults (pause, crash, dead dispatcher, duplicated and delayed
     commands; broker failover and full restart with --broker-faults; a Redis master's death
@@ -738,7 +738,7 @@ def bench_control_plane(
     warmup: float = typer.Option(10.0, min=0.0, help="Seconds of sessions opened (one input each) at the "
                                  "rate and kept open before measuring."),
     json_out: Optional[Path] = json_option("Write the result here."),
-    log_dir: Optional[Path] = typer.Option(None, help="Folder for the processes' logs."),
+    log_dir: Optional[Path] = folder_option("log-dir", "Folder for the processes' logs."),
 ) -> None:
     """CreateLive and PushText latency through the real broker, dispatch and Redis."""
     from infra.bench.control_plane import run

@@ -13,7 +13,7 @@ import typer
 
 from schemas.errors import ConfigError
 
-__all__ = ["folder_problem", "writable", "write_output", "json_option"]
+__all__ = ["folder_problem", "writable", "write_output", "json_option", "folder_option"]
 
 
 def folder_problem(folder: Path) -> str | None:
@@ -59,3 +59,16 @@ def json_option(help: str) -> Any:
     """A ``--json PATH`` option whose path is checked as the command line is read, before the
     command's work starts."""
     return typer.Option(None, "--json", help=help, callback=_check_json)
+
+
+def folder_option(option: str, help: str) -> Any:
+    """A ``--option FOLDER`` option (logs, reports) whose folder is made, or refused in one line
+    naming the option, as the command line is read: before any broker starts, not as a
+    traceback after the run."""
+    def check(value: Optional[Path]) -> Optional[Path]:
+        problem = folder_problem(value) if value is not None else None
+        if problem:
+            raise ConfigError(f"--{option}", problem, str(value))
+        return value
+
+    return typer.Option(None, f"--{option}", help=help, callback=check)

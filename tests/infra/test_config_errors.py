@@ -156,6 +156,18 @@ def test_a_json_output_it_cannot_write_is_named_before_the_work(kafka_bootstrap,
             assert said in _one_line(out), command
 
 
+def test_a_log_or_report_folder_it_cannot_make_is_named_before_anything_starts(tmp_path):
+    """A --log-dir or --report-dir under a file was a traceback: at once for the logs (the
+    broker's folder), after the whole run for the demo's report."""
+    a_file = tmp_path / "x.csv"
+    a_file.write_text("")
+    for command in (["demo", "--log-dir"], ["demo", "--report-dir"], ["smoke", "--log-dir"],
+                    ["chaos", "--log-dir"], ["up", "--log-dir"]):
+        rc, out = _run([*command, str(a_file / "d")], {})
+        assert rc == 2, (command, out)
+        assert f"{a_file / 'd'}: {command[-1]}: cannot make the folder" in _one_line(out), command
+
+
 def test_a_json_output_that_fails_at_the_end_still_gives_the_result(tmp_path, capsys):
     """Checked before the work, the file can still fail when written: the result goes to
     stdout, then one line (exit code 2 through ConfigError), no traceback."""
