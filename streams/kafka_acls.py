@@ -90,6 +90,9 @@ def bindings(prefix: str, principals: Mapping[str, str] | None = None,
     """Every binding of ``roles`` (default all) for topics under ``prefix``; a role's
     principal is ``principals[role]`` or ``User:<role>``."""
     principals = principals or {}
+    for name in principals:  # a typo (`wroker=...`) would leave that role on User:<role>
+        if name not in ROLES:
+            raise KeyError(f"--principal: unknown role {name!r}: one of {', '.join(ROLES)}")
     out: list[Binding] = []
     for name in roles or ROLES:
         if name not in ROLES:

@@ -33,6 +33,8 @@ def test_bindings_name_physical_topics_groups_and_faust_leader_topics():
     assert not any(b.operation == "Create" and "__leader" not in b.name for b in got)
     with pytest.raises(KeyError):
         bindings("p.", roles=["admin"])
+    with pytest.raises(KeyError, match="--principal: unknown role 'wroker'"):  # not silently User:worker
+        bindings("p.", {"wroker": "User:gpu"})
 
 
 def test_a_printed_line_is_a_kafka_acls_command():
