@@ -220,8 +220,12 @@ class Settings:
             if not isinstance(n, int) or not 1024 <= n <= self.max_record_bytes:
                 raise ConfigError(key, f"must be an integer from 1024 to max_record_bytes "
                                        f"({self.max_record_bytes}), got {n!r}")
-        if self.max_input_bytes < 1 or self.input_rate_per_s <= 0 or self.input_burst < 1:
-            raise ConfigError("inputs", "max_input_bytes >= 1, input_rate_per_s > 0 and input_burst >= 1")
+        for key, value, ok in (("max_input_bytes", self.max_input_bytes, self.max_input_bytes >= 1),
+                               ("input_rate_per_s", self.input_rate_per_s, self.input_rate_per_s > 0),
+                               ("input_burst", self.input_burst, self.input_burst >= 1)):
+            if not ok:  # each under its own key, so the error names the variable or file that set it
+                raise ConfigError(key, f"must be {'above 0' if key == 'input_rate_per_s' else 'at least 1'}, "
+                                       f"got {value!r}")
         if self.input_burst != int(self.input_burst):
             raise ConfigError("input_burst", f"a count of inputs: must be a whole number, got {self.input_burst!r}")
         for topic in (SESSION_INPUTS, WORKER_COMMANDS):  # an input within bounds must fit its records
