@@ -204,7 +204,24 @@ class ControlConfig:
         if env.get("CHUNKSERVE_POLICY") and cfg.policy not in BUILTIN_POLICIES and ":" not in cfg.policy:
             raise ConfigError("policy", f"unknown policy {cfg.policy[:80]!r} (built-ins: {', '.join(BUILTIN_POLICIES)}; "
                               "or module:Name)", "env CHUNKSERVE_POLICY")
+        if env.get("CHUNKSERVE_PROFILE") or env.get("CHUNKSERVE_GPU_TYPE"):  # named as the variables they came from
+            try:
+                model = load_profiles(cfg.profile)
+            except ConfigError as exc:
+                raise profile_error(exc, cfg.profile) from None
+            if cfg.gpu_type not in model:
+                raise ConfigError("gpu_type", f"no latency profile for {cfg.gpu_type[:80]!r} in profile "
+                                  f"{cfg.profile[:80]!r} (it has {', '.join(sorted(model.profiles))})",
+                                  "env CHUNKSERVE_GPU_TYPE" if env.get("CHUNKSERVE_GPU_TYPE") else "env CHUNKSERVE_PROFILE")
         return cfg
+
+
+def profile_error(exc: ConfigError, spec: str) -> ConfigError:
+    """``load_profiles``'s error for ``spec``, named as ``CHUNKSERVE_PROFILE`` (where it came from)."""
+    reason = str(exc).split("profile: ", 1)[-1]
+    if spec not in reason:
+        reason = f"{spec[:200]}: {reason}"
+    return ConfigError("profile", reason, "env CHUNKSERVE_PROFILE")
 
 
 MAX_FRESH_EVENTS = 100_000  # session events kept for the next round's snapshot

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from processors.latency import LatencyModel, load_profiles
 from processors.lifecycle import EVENT_KIND, SessionState, transition
 from schemas import records as r
+from schemas.errors import ConfigError
 from streams.config_file import env_number
 
 __all__ = ["WorkerSpan", "fold_cost", "cost_tick", "SessionTally", "observe_fleet",
@@ -139,8 +140,14 @@ def observe_fleet(fleet: Any, rec: r.Record) -> None:
 
 def metrics_settings(env: Mapping[str, str]) -> tuple[LatencyModel, float]:
     """The profile that prices GPUs and the cost tick's interval, from the environment."""
-    return (load_profiles(env.get("CHUNKSERVE_PROFILE") or "reference-cpu"),
-            env_number(env, "CHUNKSERVE_COST_INTERVAL_S", 5.0, positive=True))
+    spec = env.get("CHUNKSERVE_PROFILE") or "reference-cpu"
+    try:
+        model = load_profiles(spec)
+    except ConfigError as exc:  # named as the variable it came from
+        reason = str(exc).split("profile: ", 1)[-1]
+        raise ConfigError("profile", reason if spec in reason else f"{spec[:200]}: {reason}",
+                          "env CHUNKSERVE_PROFILE") from None
+    return model, env_number(env, "CHUNKSERVE_COST_INTERVAL_S", 5.0, positive=True)
 
 
 async def catch_up(settings: Any, catalogue: Any, spans: dict[str, WorkerSpan], sessions: SessionTally) -> dict[str, WorkerSpan]:

@@ -114,6 +114,20 @@ def test_config_from_env():
     assert ControlConfig.from_env({}) == ControlConfig() and ControlConfig().slo is None
 
 
+def test_a_bad_profile_or_gpu_type_names_its_variable():
+    """They said "nope: profile: ..." and "reference-cpu: gpu_type: ...", naming no variable."""
+    import pytest
+
+    from schemas.errors import ConfigError
+
+    for env, said in (({"CHUNKSERVE_PROFILE": "nope"}, "env CHUNKSERVE_PROFILE: profile: no built-in profile 'nope'"),
+                      ({"CHUNKSERVE_GPU_TYPE": "h100"}, "env CHUNKSERVE_GPU_TYPE: gpu_type: no latency profile for 'h100'"),
+                      ({"CHUNKSERVE_PROFILE": "/no/such.json"}, "env CHUNKSERVE_PROFILE: profile: /no/such.json: cannot read")):
+        with pytest.raises(ConfigError) as info:
+            ControlConfig.from_env(env)
+        assert str(info.value).startswith(said), info.value
+
+
 def test_an_slo_from_the_environment_reaches_the_autoscaler():
     """Either SLO setting turns the live autoscaler's SLO mode on (the other at its default);
     it then follows the chunks measured since each round (``snapshot.chunks``)."""
