@@ -401,7 +401,7 @@ def _print_demo(s: dict, report: Path) -> None:
 @app.command("smoke")
 def smoke(
     sessions: int = typer.Option(3, min=1, help="Sessions to open."),
-    chunks: int = typer.Option(12, min=1, help="Chunks each session streams before it closes."),
+    chunks: int = typer.Option(12, min=1, help="Chunks each session streams at least before it closes."),
     workers: int = typer.Option(2, min=1, help="Worker processes to start."),
     inputs: int = typer.Option(2, min=0, help="Inputs (PushText) per session."),
     json_out: Optional[Path] = json_option("Write the summary here."),

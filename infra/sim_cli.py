@@ -310,7 +310,7 @@ def evaluate_cmd(
 def tune_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Volatility table JSON to write."),
     bound: float = typer.Option(2.5, "--bound", min=0.001, help="Latency bound on the worst chunk latency, s."),
-    levels: str = typer.Option("1-10", "--levels", help="Levels to tune, e.g. 1-10 or 1,5,10 (others keep defaults)."),
+    levels: str = typer.Option("1-10", "--levels", help="Levels to tune, e.g. 1-10 or 1,5,10 (every other level takes its nearest tuned neighbour's setting)."),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Generated traces per level."),
     duration: float = typer.Option(900.0, "--duration", min=60.0, help="Length of each generated trace, s."),
     sessions: int = typer.Option(1200, "--sessions", min=1, help="Expected sessions per generated trace."),

@@ -40,7 +40,8 @@ def tune(
     config: SimConfig = SimConfig(warm_start=True),
     on_step: Callable[[str], None] | None = None,
 ) -> VolatilityTable:
-    """The cheapest (u_target, delta) per level meeting ``bound_s``; unlisted levels keep defaults."""
+    """The cheapest (u_target, delta) per level meeting ``bound_s``; every level written by none
+    takes its nearest written neighbour's entry (``fill_unread``)."""
     entries = list(DEFAULT_VOLATILITY_TABLE.entries)
     written: set[int] = set()
     for level in levels:
