@@ -153,6 +153,7 @@ def plot_timeline(records: list[Record], active: list[tuple[float, int]], t0: fl
     axes[1].set_ylabel("active sessions")
     axes[2].bar([k * window_s for k in migr], list(migr.values()), width=window_s, color="tab:orange")
     axes[2].set_ylabel(f"migrations / {window_s:g}s")
+    axes[2].set_ylim(0, max(migr.values(), default=0) + 1)  # a count: no negative axis when there are none
     axes[3].plot([k * window_s for k in sorted(worst)], [worst[k] for k in sorted(worst)], color="tab:red")
     axes[3].set_ylabel("worst chunk ms")
     axes[3].set_xlabel("seconds since the first session")
