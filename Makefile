@@ -1,4 +1,4 @@
-# make demo: serve a few sessions end to end on the embedded broker and Redis.
+# make demo: an autoscaled fleet serves a generated trace on the embedded broker and Redis.
 # make test: the whole test suite (CI runs exactly this).
 # Both create and fill .venv when it is missing, and fetch the pinned Apache Kafka from
 # Maven Central into the cache folder when Java is here and the jars are not.
