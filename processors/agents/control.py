@@ -283,6 +283,10 @@ class ControlShell:
             return
         if isinstance(rec, r.WorkerUp):
             self.deadlines[rec.worker_id] = rec.chunk_interval_s
+            if rec.gpu_type not in self.model:
+                log.warning("control: worker %s reports GPU type %r, which profile %s has no latency curve "
+                            "for (types: %s): it is left out of placement and scaling", rec.worker_id[:80],
+                            rec.gpu_type[:80], self.config.profile, ", ".join(sorted(self.model)))
         elif isinstance(rec, r.WorkerDown):  # gone (the map stays bounded): a late chunk of it counts no miss
             self.deadlines.pop(rec.worker_id, None)
         event = session_event(rec)

@@ -106,3 +106,13 @@ def test_an_announcement_outlives_the_epochs_before_its_worker_comes_up():
     shell.fold(r.WorkerUp(worker_id="default-0", ts=104.0, capacity=8))
     (gpu,) = to_snapshot(shell.view, 104.5).gpus
     assert gpu.id == "default-0" and not gpu.external
+
+
+def test_a_worker_of_a_gpu_type_the_profile_lacks_is_named_and_left_out(caplog):
+    shell = ControlShell(ControlConfig(profile="paper", gpu_type="h20"))
+    shell.fold(r.WorkerUp(worker_id="odd", ts=1, capacity=4, gpu_type="nope"))
+    shell.fold(r.WorkerUp(worker_id="ok", ts=1, capacity=4, gpu_type="h20"))
+    named = [m for m in caplog.messages if "GPU type" in m]
+    assert len(named) == 1 and "odd" in named[0] and "'nope'" in named[0] and "h20" in named[0]
+    snap = to_snapshot(shell.view, 2.0, gpu_types=set(shell.model))
+    assert [g.id for g in snap.gpus] == ["ok"]
