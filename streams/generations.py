@@ -14,12 +14,15 @@ Key layout, all under one hash tag per namespace so each script touches one clus
                         x:<w> declared down at (Unix seconds)
     {ns}:ws:<worker>    set: sessions holding a slot on the worker
     {ns}:recover        sorted set: sessions owing a recovery, scored by when to look next
+    {ns}:lease:<name>   string: the token of the one live holder of ``name`` (``worker:<id>``),
+                        expiring unless refreshed (``streams.lease``)
 
 Bounded footprint: a closed session's snapshot data goes at the close and its hash expires
 ``retention_s`` later (until then it refuses any commit or write as closed; after it the
 session is unknown, so an open of that id starts a new session at epoch 1). A worker declared
 down, not heard from for ``retention_s`` and holding no slot is deregistered by
-``forget_down`` (dispatch's recovery sweep runs it); a deregistered worker leaves no key.
+``forget_down`` (dispatch's recovery sweep runs it); a deregistered worker leaves no key. A
+lease expires by itself once its holder stops refreshing it.
 
 Cluster story: a commit must change a session's generation *and* two workers' slot counts
 atomically, and on Redis Cluster one script reaches one slot. Any (session, worker) pair may
@@ -44,7 +47,7 @@ from schemas.records import Generation
 from .config import Settings, redis_client
 from .store_backends import SCRIPTS, _AsyncBackend, _ClusterSlotBackend, _drive_async, _drive_sync, _SyncBackend
 from .store_ops import DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_PART_SIZE, DEFAULT_RETENTION_S, _Ops, closed_error
-from .store_records import Keys, SessionView, SnapshotManifest, StoreState, WorkerLoad
+from .store_records import Keys, LeaseAnswer, LeaseState, SessionView, SnapshotManifest, StoreState, WorkerLoad
 
 __all__ = [
     "DEFAULT_PART_SIZE",
@@ -52,6 +55,8 @@ __all__ = [
     "GenerationStore",
     "SyncGenerationStore",
     "Keys",
+    "LeaseAnswer",
+    "LeaseState",
     "SessionView",
     "StoreState",
     "SnapshotManifest",
@@ -161,6 +166,15 @@ class GenerationStore:
         """``{worker_id: (used, capacity, draining)}``, for ranking candidates (advisory)."""
         return await _drive_async(self._backend, self._ops.load_view())
 
+    async def acquire_lease(self, name: str, token: str, ttl_ms: int) -> LeaseAnswer:
+        """Take the lease ``name`` for ``token``, or refresh it when ``token`` holds it: it
+        expires ``ttl_ms`` from now. Held by another token: that holder and its time left."""
+        return await _drive_async(self._backend, self._ops.acquire_lease(name, token, ttl_ms))
+
+    async def release_lease(self, name: str, token: str) -> bool:
+        """Delete the lease while ``token`` holds it (True when it did)."""
+        return await _drive_async(self._backend, self._ops.release_lease(name, token))
+
     async def sessions_of(self, worker_id: str) -> list[str]:
         """Sessions currently holding a slot on the worker (e.g. to recover a dead one)."""
         return await _drive_async(self._backend, self._ops.sessions_of(worker_id))
@@ -266,6 +280,12 @@ class SyncGenerationStore:
 
     def load_view(self) -> dict[str, WorkerLoad]:
         return _drive_sync(self._backend, self._ops.load_view())
+
+    def acquire_lease(self, name: str, token: str, ttl_ms: int) -> LeaseAnswer:
+        return _drive_sync(self._backend, self._ops.acquire_lease(name, token, ttl_ms))
+
+    def release_lease(self, name: str, token: str) -> bool:
+        return _drive_sync(self._backend, self._ops.release_lease(name, token))
 
     def sessions_of(self, worker_id: str) -> list[str]:
         return _drive_sync(self._backend, self._ops.sessions_of(worker_id))

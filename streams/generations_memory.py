@@ -25,8 +25,8 @@ def _arg(v: Any) -> Any:
 
 
 class Keyspace:
-    """Redis's data structures over ``self.data`` (key -> dict for a hash, set for a set),
-    with its semantics: empty containers vanish, with their expiry."""
+    """Redis's data structures over ``self.data`` (key -> dict for a hash, set for a set, str
+    for a string), with its semantics: empty containers vanish, with their expiry."""
 
     def __init__(self) -> None:
         self.data: dict[str, Any] = {}
@@ -304,6 +304,19 @@ class MemoryScripts(Keyspace):
 
     def _sessions_of(self, k: list[str], a: list[Any]) -> Reply:
         return sorted(self.data.get(k[0]) or ())
+
+    def _acquire_lease(self, k: list[str], a: list[Any]) -> Reply:
+        holder = self.data.get(k[0])
+        if holder is None or holder == a[0]:
+            self.data[k[0]], self.ttl[k[0]] = a[0], int(a[1])
+            return ["refreshed" if holder else "acquired", a[0], a[1]]
+        return ["held", holder, str(self.ttl.get(k[0], -1))]
+
+    def _release_lease(self, k: list[str], a: list[Any]) -> Reply:
+        if self.data.get(k[0]) == a[0]:
+            self._del(k[0])
+            return ["ok", "1"]
+        return ["ok", "0"]
 
 
 class _AsyncScripts:

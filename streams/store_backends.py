@@ -130,6 +130,8 @@ class _AsyncBackend(_RedisScripts):
 
 # scripts that confer or exercise authority: on a replicated store each counts only once a
 # replica holds it, so a promoted replica never runs behind an authority someone acted on
+# (not the leases: one lost in a failover is taken again at its holder's next refresh, and
+# it guards an id against a second process, not a session: generations fence those)
 FENCED_WRITES = frozenset({"commit", "claim", "release_chunks", "progress", "snap_commit", "release",
                            "request_close", "set_down", "strand"})
 

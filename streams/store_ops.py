@@ -23,7 +23,7 @@ from schemas.records import Generation
 
 from .config import Settings
 from .store_backends import Op, _s
-from .store_records import Keys, SessionView, SnapshotManifest, StoreState, WorkerLoad
+from .store_records import Keys, LeaseAnswer, LeaseState, SessionView, SnapshotManifest, StoreState, WorkerLoad
 
 MAX_SKIPPED = 256  # the latest seqs given up on that the store (and a snapshot) keeps per session
 
@@ -166,6 +166,16 @@ class _Ops:
 
     def request_close(self, session_id: str) -> Op:
         _check((yield "request_close", [self.keys.session(session_id)], [session_id]))
+
+    def acquire_lease(self, name: str, token: str, ttl_ms: int) -> Op:
+        if not name or not token or int(ttl_ms) <= 0:
+            raise ValueError(f"lease {name!r} for {token!r}, {ttl_ms} ms: needs a name, a token and a positive time")
+        reply = yield "acquire_lease", [self.keys.lease(name)], [token, int(ttl_ms)]
+        return LeaseAnswer(LeaseState(_s(reply[0])), _s(reply[1]), int(_s(reply[2])))
+
+    def release_lease(self, name: str, token: str) -> Op:
+        reply = _check((yield "release_lease", [self.keys.lease(name)], [token]))
+        return _s(reply[1]) == "1"
 
     def sessions_of(self, worker_id: str) -> Op:
         return sorted(_s(x) for x in (yield "sessions_of", [self.keys.slots(_worker(worker_id))], []))

@@ -1,5 +1,5 @@
 """The generation store's records: a session's stored state, what a read returns, a worker's
-load, and the key layout (``streams.generations`` describes the keys)."""
+load, a lease's answer, and the key layout (``streams.generations`` describes the keys)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import NamedTuple
 from schemas.errors import ConfigError
 from schemas.records import Generation
 
-__all__ = ["Keys", "SessionView", "SnapshotManifest", "StoreState", "WorkerLoad"]
+__all__ = ["Keys", "LeaseAnswer", "LeaseState", "SessionView", "SnapshotManifest", "StoreState", "WorkerLoad"]
 
 
 class StoreState(str, Enum):
@@ -21,6 +21,28 @@ class StoreState(str, Enum):
     ACTIVE = "active"  # a generation holds a slot on its worker
     SUSPENDED = "suspended"  # offloaded: a snapshot and no slot
     CLOSED = "closed"  # terminated; refuses every commit and write
+
+
+class LeaseState(str, Enum):
+    """What an acquire found (``acquire_lease.lua`` answers with these names)."""
+
+    ACQUIRED = "acquired"  # no one held it: taken now
+    REFRESHED = "refreshed"  # this token held it: its time set again
+    HELD = "held"  # another token holds it: left as it is
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseAnswer:
+    """An acquire's answer: who holds the lease now and for how many ms unless refreshed
+    (the time just set when ours; -1 for a key without expiry, set by hand)."""
+
+    state: LeaseState
+    holder: str
+    remaining_ms: int
+
+    @property
+    def ours(self) -> bool:
+        return self.state != LeaseState.HELD
 
 
 class WorkerLoad(NamedTuple):
@@ -86,4 +108,7 @@ class Keys:
     @property
     def recovery(self) -> str:
         return f"{self.tag}:recover"
+
+    def lease(self, name: str) -> str:
+        return f"{self.tag}:lease:{name}"
 

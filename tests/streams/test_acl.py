@@ -34,6 +34,10 @@ def test_acl_user_runs_the_store_and_nothing_else(redis_url, namespace):
         store.register_worker("w2", 1)
         store.set_down("w2", 1.0)
         assert store.forget_down(time.time()) == ["w2"] and "w2" not in store.load_view()
+        assert store.acquire_lease("worker:w1", "h:1:a", 5000).ours  # GET, SET ... PX
+        held = store.acquire_lease("worker:w1", "h:2:b", 5000)  # PTTL
+        assert not held.ours and held.holder == "h:1:a"
+        assert store.release_lease("worker:w1", "h:1:a")  # DEL
         with pytest.raises(redis.exceptions.NoPermissionError):
             limited.flushall()
         with pytest.raises(redis.exceptions.NoPermissionError):

@@ -97,6 +97,9 @@ def test_the_store_runs_unchanged_on_a_cluster_and_namespaces_spread(cluster: Em
             assert got is not None and got[1] == b"state" * 10
             with pytest.raises(StaleGenerationError):
                 await store.commit("s", 0, "w1")
+            assert (await store.acquire_lease("worker:w1", "h:1:a", 5000)).ours  # the namespace's slot too
+            assert (await store.acquire_lease("worker:w1", "h:2:b", 5000)).holder == "h:1:a"
+            assert await store.release_lease("worker:w1", "h:1:a")
             other = store.for_namespace(ns + "-b")
             await other.register_worker("w2", 1)
             assert (await other.load_view())["w2"].capacity == 1
