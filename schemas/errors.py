@@ -3,6 +3,8 @@
     ChunkserveError
     ├── SchemaError              the sender's fault: bytes or fields that break a wire contract
     ├── ConfigError              the operator's fault: a bad setting, named with its key and source
+    │   └── LeaseHeldError           another live process holds what this one must hold alone
+    │                                (a worker id given to two workers), named with the holder
     ├── AccessDeniedError        the operator's fault: the broker's (or Redis') ACLs or credentials
     │                            refuse this principal (user) an operation (named with it, the
     │                            operation and the topic or key)
@@ -24,6 +26,7 @@ __all__ = [
     "SchemaError",
     "PolicyError",
     "ConfigError",
+    "LeaseHeldError",
     "AccessDeniedError",
     "TraceError",
     "OwnershipError",
@@ -64,6 +67,15 @@ class ConfigError(ChunkserveError):
         self.key = key
         self.source = source
         super().__init__(f"{source}: {key}: {reason}")
+
+
+class LeaseHeldError(ConfigError):
+    """Another live process (``holder``, as ``host:pid``) holds the lease on ``key`` (e.g.
+    ``worker:<id>``); the message says what to change. A restart cannot mend it."""
+
+    def __init__(self, key: str, holder: str, message: str) -> None:
+        self.key, self.source, self.holder = key, "lease", holder
+        ChunkserveError.__init__(self, message)
 
 
 class AccessDeniedError(ChunkserveError):

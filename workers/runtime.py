@@ -5,7 +5,9 @@ hashes to (records for other workers are skipped) and are carried out by the com
 (``commands.py``, its rules in ``ownership.py``). Every state-advancing step is fenced: a
 session is claimed before its first chunk or input, the whole coalesced batch is revalidated
 in one round trip before any output is released, and inputs are applied once, in sequence
-order. A worker that learns its generation is stale drops the session at once.
+order. A worker that learns its generation is stale drops the session at once. One process
+holds a worker id at a time: a lease in the store (``streams.lease``), taken at start and
+refreshed on the heartbeat timer, refuses a second process started with a live worker's id.
 """
 
 from __future__ import annotations
@@ -16,20 +18,21 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from schemas.errors import LimitError, OwnershipError
+from schemas.errors import LeaseHeldError, LimitError, OwnershipError
 from schemas.records import ChunkDone, Heartbeat, Record, WorkerDown, WorkerUp
 from schemas.topics import WORKER_COMMANDS
 from streams.config import Settings
-from streams.generations import GenerationStore
+from streams.generations import GenerationStore, LeaseAnswer
 from streams.input_log import read_session_inputs
 from streams.kafka import RecordConsumer, RecordProducer
+from streams.lease import Lease, holder_of
 from streams.prom import metrics, observe_heartbeat
 from streams.topics import TopicCatalogue, partition_for_key
 
 from .commands import CommandHandler, Ports, session_seed
 from .outbox import Outbox
 
-__all__ = ["WorkerConfig", "Worker", "session_seed", "serve"]
+__all__ = ["WorkerConfig", "Worker", "id_held", "session_seed", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,12 @@ class WorkerConfig:
     host_cache_sessions: int = 64
     input_gap_wait_s: float = 5.0  # an input waits this long for a missing earlier seq
     handoff_wait_s: float = 10.0  # a session frozen for a handoff runs here again after this
+    lease_s: float = 5.0  # this process's hold on the id lapses this long after its last refresh
+
+    @property
+    def lease_ttl_s(self) -> float:
+        """The id's lease time: ``lease_s``, never under three heartbeats (one refresh each)."""
+        return max(self.lease_s, 3 * self.heartbeat_s)
 
 
 class Worker:
@@ -72,10 +81,23 @@ class Worker:
         self._producer: RecordProducer | None = None
         self._consumer: RecordConsumer | None = None
         self._telemetry: Any = None
+        # one live process per worker id (streams.lease): another holder's start is refused
+        self.lease = Lease(store, f"worker:{config.worker_id}", config.lease_ttl_s, monotonic=monotonic)
+        self.lease_lost: LeaseHeldError | None = None  # another process took the id: it stopped
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Take the id's lease (LeaseHeldError when another live process holds it), then join:
+        register, queue a previous run's sessions for recovery, say WorkerUp."""
+        await self._take_lease()  # before anything the id's live holder would see
+        try:
+            await self._join()
+        except BaseException:
+            await self.lease.release()  # a restart need not wait out the lease
+            raise
+
+    async def _join(self) -> None:
         from .telemetry import Telemetry
 
         cfg = self.config
@@ -104,20 +126,45 @@ class Worker:
                                   input_burst=self.settings.input_burst,
                                   device=cfg.device, gpu_type=cfg.gpu_type, pool=cfg.pool))
 
+    async def _take_lease(self) -> None:
+        """Hold the id alone, or LeaseHeldError: a second process started with a live
+        worker's id would queue its sessions for recovery and mark it down at its stop."""
+        answer = await self.lease.take()
+        if not answer.ours:
+            raise id_held(self.config.worker_id, self.lease, answer)
+
+    async def keep_lease(self, stop: asyncio.Event) -> None:
+        """Refresh the id's lease on the heartbeat timer, in a task of its own (a refresh
+        waiting out a Redis failover holds up no heartbeat); stop when another process has
+        taken the id (this one could not refresh it for a whole lease time) rather than
+        serve beside it."""
+        taken = await self.lease.keep(stop, self.config.heartbeat_s)
+        if taken is not None:
+            self.lease_lost = id_held(self.config.worker_id, self.lease, taken, lost=True)
+            log.error("%s", self.lease_lost)
+            stop.set()
+
     async def stop(self, reason: str = "shutdown") -> None:
-        if self.outbox is not None:
-            await self._send(WorkerDown(worker_id=self.config.worker_id, ts=self.clock(),
-                                        reason=reason))
-            await self.outbox.acknowledged()
-        if self._consumer is not None:
-            await self._consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
+        """Say WorkerDown (not when another process holds the id now: it is up), stop the
+        clients, then free the id."""
+        try:
+            if self.outbox is not None and self.lease_lost is None:
+                await self._send(WorkerDown(worker_id=self.config.worker_id, ts=self.clock(),
+                                            reason=reason))
+                await self.outbox.acknowledged()
+            if self._consumer is not None:
+                await self._consumer.stop()
+            if self._producer is not None:
+                await self._producer.stop()
+        finally:
+            await self.lease.release()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set."""
+        """Serve until ``stop`` is set; LeaseHeldError (after a clean stop) when another
+        process took the id meanwhile."""
         await self.start()
         beats = asyncio.get_running_loop().create_task(self.beat(stop))
+        lease = asyncio.get_running_loop().create_task(self.keep_lease(stop))
         next_check = 0.0
         try:
             while not stop.is_set():
@@ -132,7 +179,10 @@ class Worker:
                     next_check = self.monotonic() + self.config.heartbeat_s
         finally:
             beats.cancel()
+            lease.cancel()
             await self.stop()
+        if self.lease_lost is not None:
+            raise self.lease_lost
 
     async def beat(self, stop: asyncio.Event) -> None:
         """Heartbeats on their own timer: a loop waiting on the store (a Redis failover, a
@@ -256,6 +306,19 @@ class Worker:
     async def _send(self, rec: Record) -> None:
         assert self.outbox is not None, "the worker has not started"
         await self.outbox.send(rec)
+
+
+def id_held(worker_id: str, lease: Lease, answer: LeaseAnswer, lost: bool = False) -> LeaseHeldError:
+    """Why a worker does not serve under ``worker_id``: another live process holds its lease
+    (at start), or took it while this one could not refresh it (``lost``)."""
+    holder = holder_of(answer.holder)
+    if lost:
+        said = (f"worker id {worker_id} was taken by another worker ({holder}) while this one could not "
+                f"refresh its lease for {lease.ttl_s:g} s; this one stopped; give each worker its own id")
+    else:
+        said = (f"worker id {worker_id} is held by another live worker ({holder}); give each worker its own "
+                f"id (one that stopped without a clean shutdown frees its id within {lease.ttl_s:g} s)")
+    return LeaseHeldError(lease.name, holder, said)
 
 
 def serve(settings: Settings, config: WorkerConfig, model: Any, worker_cls: type[Worker] = Worker) -> None:
