@@ -302,7 +302,7 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
     faust_app = module.build_app(settings)
     terminal = sys.stdout.isatty()  # else no banner, no spinner: a log file holds log lines only
     runner = ProcessorWorker(faust_app, loglevel="warning", quiet=not terminal, logging_config=config,
-                             settings=settings)
+                             settings=settings, lease=getattr(module, "LEASE", None))
     if not terminal:
         runner.spinner = None
     try:
@@ -310,8 +310,8 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
     except SystemExit:
         if runner.refused is None:
             raise
-    if runner.refused is not None:  # the broker refused its start-up: one line, exit code 1
-        raise runner.refused
+    if runner.refused is not None:  # the broker refused its start-up (one line, exit code 1), or another
+        raise runner.refused  # live process holds its lease (exit code 2)
 
 
 @app.command("demo")

@@ -21,17 +21,19 @@ from aiokafka.errors import (ClusterAuthorizationFailedError, GroupAuthorization
                              TopicAuthorizationFailedError)
 
 from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, header_tag, key_for
-from schemas.errors import AccessDeniedError, SchemaError
+from schemas.errors import AccessDeniedError, ChunkserveError, LeaseHeldError, SchemaError
 from schemas.records import Record
 from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
 
 from .config import Settings
 from .kafka import count_sent, dead_letter_record, refusal
+from .lease import Lease, holder_of
+from .store_records import LeaseAnswer
 from .prom import metrics
 from .topics import TopicCatalogue
 
 __all__ = ["make_app", "cluster_replication", "FaustPublisher", "decode_event", "shorten_gil_switch",
-           "ProcessorWorker", "start_refusal"]
+           "ProcessorWorker", "PROCESSOR_LEASE_S", "start_refusal", "processor_held"]
 
 log = logging.getLogger(__name__)
 
@@ -182,17 +184,40 @@ async def group_refusal(settings: Settings, group: str) -> AccessDeniedError | N
     return None
 
 
+PROCESSOR_LEASE_S = 5.0  # a processor run alone (``lease``) frees its place this long after a kill
+
+
+def processor_held(processor: str, prefix: str, lease: Lease, answer: LeaseAnswer,
+                   lost: bool = False) -> LeaseHeldError:
+    """Why a processor run alone does not run: another live process holds its lease (at
+    start), or took it while this one could not refresh it (``lost``)."""
+    holder, ttl = holder_of(answer.holder), lease.ttl_s
+    if lost:
+        said = (f"the {processor} processor of topic prefix {prefix!r} was taken over by another ({holder}) "
+                f"while this one could not refresh its lease for {ttl:g} s; this one stopped; run one per topic prefix")
+    else:
+        said = (f"a {processor} processor of topic prefix {prefix!r} is running already ({holder}); run one per "
+                f"topic prefix (one that stopped without a clean shutdown frees its place within {ttl:g} s)")
+    return LeaseHeldError(lease.name, holder, said)
+
+
 class ProcessorWorker(faust.Worker):
     """faust's worker, except that a start-up the broker's ACLs refuse (its group, asked
     first with ``settings``; its leader topic; its producer) ends quietly with ``refused``
     set (the caller reports it in one line) instead of faust's logged traceback or, for the
-    group, a silent wait."""
+    group, a silent wait. With ``lease`` (a processor's name) one process runs it per topic
+    prefix: a second is refused before its agents start (``refused``: LeaseHeldError), and
+    one whose lease another process took stops."""
 
-    refused: AccessDeniedError | None = None
+    refused: ChunkserveError | None = None
 
-    def __init__(self, app: faust.App, *args: Any, settings: Settings | None = None, **kwargs: Any) -> None:
+    def __init__(self, app: faust.App, *args: Any, settings: Settings | None = None, lease: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(app, *args, **kwargs)
         self._settings = settings
+        self._processor = lease
+        self._lease: Lease | None = None
+        self._keeping: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         if self._settings is not None:
@@ -207,6 +232,51 @@ class ProcessorWorker(faust.Worker):
                 raise
             self.refused = refused
             raise asyncio.CancelledError() from None  # faust's worker stops without a traceback
+
+    async def on_first_start(self) -> None:
+        """faust's, then the lease (its signal handlers are in: a SIGTERM while it waits for
+        the lease stops it cleanly), before the app and its agents start."""
+        await super().on_first_start()
+        if self._settings is not None and self._processor is not None:
+            self.refused = await self._take_lease(self._settings, self._processor)
+            if self.refused is not None:
+                raise asyncio.CancelledError()
+
+    async def _take_lease(self, settings: Settings, processor: str) -> LeaseHeldError | None:
+        from .generations import GenerationStore
+
+        lease = Lease(GenerationStore.from_settings(settings), f"{processor}:{settings.topic_prefix}",
+                      PROCESSOR_LEASE_S)
+        self._lease = lease  # a stop meanwhile frees what the take may have taken
+        answer = await lease.take()
+        if not answer.ours:
+            self._lease = None
+            await lease.store.aclose()
+            return processor_held(processor, settings.topic_prefix, lease, answer)
+        self._keeping = asyncio.ensure_future(self._keep_lease(lease))
+        return None
+
+    async def _keep_lease(self, lease: Lease) -> None:
+        taken = await lease.keep(asyncio.Event(), PROCESSOR_LEASE_S / 5)
+        if taken is not None and self._settings is not None and self._processor is not None:
+            self.refused = processor_held(self._processor, self._settings.topic_prefix, lease, taken, lost=True)
+            log.error("%s", self.refused)
+            await self.stop()
+            if self._starting_fut is not None:  # as a signal stops it: the caller reports ``refused``
+                self._starting_fut.cancel()
+
+    async def stop(self) -> None:
+        """Stop faust (its agents' last records out), then free the lease, unless another
+        process holds it now."""
+        await super().stop()
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        if self._keeping is not None and self._keeping is not asyncio.current_task():
+            self._keeping.cancel()
+        if not isinstance(self.refused, LeaseHeldError):
+            await lease.release()
+        await lease.store.aclose()
 
 
 class FaustPublisher:

@@ -1,5 +1,5 @@
 """One live holder at a time for a name in the store's namespace (``worker:<id>``: a worker id
-given to two processes).
+given to two processes; ``metrics:<topic prefix>``: a second metrics processor).
 
 A holder takes the lease with a token naming it (host, pid and a random part) and refreshes it
 well within its time; one that dies without a clean stop stops refreshing, so its lease

@@ -4,8 +4,9 @@ and the fleet's Prometheus figures (``streams.prom.FleetMetrics``).
 A worker accrues from its ``WorkerUp`` to its ``WorkerDown``; one that went silent stops
 accruing ``stale_s`` after it was last heard from. The fold is per worker, in the order of
 the worker's partition; a duplicate up or down is ignored. Prices come from the latency
-profile (``CHUNKSERVE_PROFILE``, default ``reference-cpu``). Run one replica: it also reads
-``session-events`` (sessions active and idle) and ``metrics`` (scale events) for Prometheus.
+profile (``CHUNKSERVE_PROFILE``, default ``reference-cpu``). One replica runs per topic prefix
+(a second is refused: ``LEASE``); it also reads ``session-events`` (sessions active and idle)
+and ``metrics`` (scale events) for Prometheus.
 At start it reads ``worker-events`` and ``session-events`` from their start (:func:`catch_up`),
 so a restart still bills the workers up and counts the sessions open before it.
 """
@@ -30,6 +31,10 @@ __all__ = ["WorkerSpan", "fold_cost", "cost_tick", "SessionTally", "observe_flee
            "build_app"]
 
 log = logging.getLogger(__name__)
+
+# one live metrics processor per topic prefix (a lease, streams.lease): a second one's ticks
+# would interleave with the first's; `chunkserve processor` refuses it
+LEASE = "metrics"
 
 # worker events the fleet figures read beside billing
 OBSERVED = (r.ChunkDone, r.Released, r.CommandRejected)
