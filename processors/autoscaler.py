@@ -6,10 +6,12 @@ capacity reaches A / u* (A = executing sessions; ceil(A / (u* K)) GPUs for one t
 u* - delta it shrinks to the same bound by draining the least-loaded GPUs, but only once
 u_max has stayed below the band for ``scale_in_delay_s`` (default: one boot time, the
 break-even of shutting a GPU down and booting it again); scale-in then sizes for the peak
-demand seen while waiting. A full GPU on a pool below the band as a whole (u_max 1.0, A
-over the slots under u* - delta) counts as below the band too: sessions that never idle
-can fill a few GPUs in a burst and stay there (a move rarely pays its transfer), more GPUs
-cannot cool them, and the band held such a pool at its peak size for good. Actions are spaced by a minimum dwell time. Scale-out boots first (booting GPUs are not usable, the
+demand seen while waiting, and when that peak drains nothing but the load now would, the
+wait starts again from now (a peak older than one wait no longer holds the pool). A full
+GPU on a pool below the band as a whole (u_max 1.0, A over the slots under u* - delta)
+counts as below the band too: sessions that never idle can fill a few GPUs in a burst and
+stay there (a move rarely pays its transfer), more GPUs cannot cool them, and the band
+held such a pool at its peak size for good. Actions are spaced by a minimum dwell time. Scale-out boots first (booting GPUs are not usable, the
 placement controller migrates onto them once ready); scale-in drains first and shuts a
 GPU down only once it holds no session.
 
@@ -385,7 +387,20 @@ def scale(
         cmds = resize(snapshot, model, (demand - extra) / u_target, config, grow=True)  # session slots to have
     if not cmds and low and now - state.low_since >= config.scale_in_delay:  # type: ignore[operator]
         cmds = resize(snapshot, model, (state.low_peak - extra) / u_target, config, grow=False)
+        if not cmds:
+            state = _wait_again(snapshot, model, config, state, (demand - extra) / u_target, demand)
     return (cmds, AutoscalerState(now, recent=state.recent, headroom=state.headroom, measured=state.measured)) if cmds else ((), state)
+
+
+def _wait_again(snapshot: Snapshot, model: LatencyModel, config: AutoscalerConfig, state: AutoscalerState,
+                need: float, demand: int) -> AutoscalerState:
+    """After a wait whose peak drains nothing: a new wait from now at ``demand`` when the
+    load now (``need`` slots) would drain a GPU, else the same one. Otherwise a pool that
+    stays below the band keeps the size of the peak it first went below at, however far the
+    load falls after (the demo's fall from 12 executing sessions to 4 held 3 of 4 workers)."""
+    if resize(snapshot, model, need, config, grow=False):
+        return replace(state, low_since=snapshot.now, low_peak=demand)
+    return state
 
 
 def _imbalanced(snapshot: Snapshot, model: LatencyModel, demand: int, low_u: float) -> bool:
@@ -417,6 +432,8 @@ def _slo_scale(snapshot: Snapshot, model: LatencyModel, config: AutoscalerConfig
     elif state.low_since is not None and now - state.low_since >= config.scale_in_delay and (
             state.last_action_at is None or now - state.last_action_at >= config.dwell_s):
         cmds = resize(snapshot, model, state.low_peak, config, grow=False)
+        if not cmds:
+            state = _wait_again(snapshot, model, config, state, need, slots)
     else:
         cmds = ()
     if not cmds:

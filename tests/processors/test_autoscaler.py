@@ -71,6 +71,23 @@ def test_scale_in_drains_least_loaded_and_waits_for_boots():
     assert autoscale(booting, 1, PAPER, CFG, state=low)[0] == ()
 
 
+def test_a_wait_whose_peak_drains_nothing_starts_again_once_the_load_would():
+    """The pool went below the band at 30 sessions (50 slots at u* 0.6: all four GPUs) and the
+    load then fell to 4: the wait's peak drains nothing, so a new wait starts at 4 and, a
+    scale-in delay on, drains three GPUs (the old peak held all four for good). A pool at
+    its floor keeps its wait."""
+    cmds, low = autoscale(_pool([8, 7, 8, 7]), 1, PAPER, CFG)
+    assert cmds == () and (low.low_since, low.low_peak) == (100.0, 30)
+    cmds, low = autoscale(_pool([1, 1, 1, 1], now=100.0 + CFG.boot_s), 1, PAPER, CFG, state=low)
+    assert cmds == () and (low.low_since, low.low_peak) == (100.0 + CFG.boot_s, 4)
+    cmds, _ = autoscale(_pool([1, 1, 1, 1], now=100.0 + 2 * CFG.boot_s), 1, PAPER, CFG, state=low)
+    assert len(cmds) == 3 and all(isinstance(c, Vacate) for c in cmds)
+    floor = replace(CFG, min_gpus=4)
+    _, held = autoscale(_pool([8, 7, 8, 7]), 1, PAPER, floor)
+    _, held2 = autoscale(_pool([1, 1, 1, 1], now=100.0 + CFG.boot_s), 1, PAPER, floor, state=held)
+    assert (held2.low_since, held2.low_peak) == (100.0, 30)
+
+
 def test_a_full_gpu_on_an_idle_pool_does_not_hold_off_scale_in():
     """Sessions that never idle filled three GPUs during a burst (u_max 1.0) and the other
     twelve hold a few each: more GPUs cannot cool the full ones (their sessions stay), so the
