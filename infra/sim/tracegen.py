@@ -4,22 +4,24 @@ Knobs (see :class:`GenConfig`): a daily-like sinusoidal swing of the arrival rat
 of arrivals and of synchronized idle->active flips whose share and size grow with the
 volatility level (1 calm .. 10 bursty); heavy-tailed (log-normal) session lifetimes from
 a few seconds to tens of minutes; active spells and heavy-tailed (Pareto) idle gaps;
-log-normal per-session state size.
+log-normal per-session state size. :func:`fall` turns a generated trace into one whose load
+rises and then falls (the demo's shape).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from processors.lifecycle import EventKind, SessionEvent
+from processors.lifecycle import EventKind, SessionEvent, SessionState, transition
 from schemas.errors import ConfigError
 
 from infra.sim.trace import MB
 
-__all__ = ["GenConfig", "generate"]
+__all__ = ["GenConfig", "generate", "fall"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +109,36 @@ def generate(cfg: GenConfig) -> list[SessionEvent]:
         events.append((end, 2, sid, EventKind.CLOSE, 0))
     events.sort(key=lambda e: (round(e[0], 3), e[1], e[2]))
     return [SessionEvent(round(t, 3), sid, kind, size) for t, _, sid, kind, size in events]
+
+
+def fall(events: Sequence[SessionEvent], at_s: float, keep: int, end_s: float,
+         over_s: float = 20.0) -> list[SessionEvent]:
+    """``events`` before ``at_s``, then the load falls: every session still open closes
+    within ``over_s`` (evenly spaced) but ``keep`` executing ones, which run on without a
+    pause and close at ``end_s``; nothing opens after ``at_s``. The ones kept are picked
+    evenly over the order they opened in (sessions that opened apart sit on different GPUs);
+    idle ones are woken at ``at_s`` when too few execute."""
+    before = [e for e in events if e.t < at_s]
+    state: dict[str, SessionState] = {}  # in the order the sessions opened
+    for e in before:
+        state[e.session_id] = transition(state.get(e.session_id), e.kind)[0]
+    running = [s for s, st in state.items() if st is SessionState.EXECUTION]
+    idle = [s for s, st in state.items() if st is SessionState.SUSPENDED]
+    kept = _spread(running, keep)
+    woken = _spread(idle, keep - len(kept))
+    staying = set(kept + woken)
+    gone = [s for s, st in state.items() if st is not SessionState.TERMINATED and s not in staying]
+    over = max(0.0, min(over_s, end_s - at_s))
+    after = ([SessionEvent(at_s, s, EventKind.ACTIVE) for s in woken]
+             + [SessionEvent(at_s + over * i / len(gone), s, EventKind.CLOSE) for i, s in enumerate(gone)]
+             + [SessionEvent(max(at_s, end_s), s, EventKind.CLOSE) for s in kept + woken])
+    return before + sorted(after, key=lambda e: e.t)
+
+
+def _spread(ids: list[str], k: int) -> list[str]:
+    """``k`` of ``ids`` evenly apart, the first and the last among them (all when k >= len)."""
+    if k >= len(ids):
+        return list(ids)
+    if k <= 1:
+        return ids[:max(0, k)]
+    return [ids[round(i * (len(ids) - 1) / (k - 1))] for i in range(k)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from infra.sim.trace import load_trace, write_trace
-from infra.sim.tracegen import GenConfig, generate
-from processors.lifecycle import EventKind
+from infra.sim.tracegen import GenConfig, fall, generate
+from processors.lifecycle import EventKind, SessionState, transition
 from schemas.errors import TraceError
 
 HEAD = "t_s,session_id,event,state_mb\n"
@@ -72,6 +72,32 @@ def test_generated_trace_round_trips_and_is_seeded(tmp_path):
     write_trace(ev, tmp_path / "g.csv")
     tr = load_trace(tmp_path / "g.csv")
     assert len(tr.events) == len(ev) and tr.sessions == sum(e.kind is EventKind.OPEN for e in ev)
+
+
+def test_a_fall_leaves_the_sessions_kept_running_and_closes_the_rest():
+    ev = generate(GenConfig(level=5, duration_s=720, sessions=60, seed=0, life_median_s=120.0, state_median_mb=8.0))
+    out = fall(ev, 396.0, 4, 720.0, over_s=20.0)
+    assert out[: sum(e.t < 396.0 for e in ev)] == [e for e in ev if e.t < 396.0]  # the rise as generated
+    assert [e.t for e in out] == sorted(e.t for e in out)
+    later = [e for e in out if e.t >= 396.0]
+    assert not any(e.kind is EventKind.OPEN for e in later)
+    state = _states(out, 416.0)  # the closes are spread over [396, 416)
+    kept = {s for s, st in state.items() if st is SessionState.EXECUTION}
+    assert len(kept) == 4 and not any(st is SessionState.SUSPENDED for st in state.values())
+    assert {e.session_id for e in later if e.t == 720.0} == kept  # they run on to the end
+    assert all(e.kind is EventKind.CLOSE for e in later if e.session_id not in kept)
+    executing = [s for s, st in _states(ev, 396.0).items() if st is SessionState.EXECUTION]
+    assert executing[0] in kept and executing[-1] in kept  # spread over the order they opened in
+
+
+def _states(events, until):
+    """Each session's lifecycle state after the events before ``until``."""
+    state: dict = {}
+    for e in events:
+        if e.t >= until:
+            break
+        state[e.session_id] = transition(state.get(e.session_id), e.kind)[0]
+    return state
 
 
 def test_tune_fills_levels_no_trace_reads_from_the_nearest_written():
