@@ -325,12 +325,14 @@ def demo(
     report_dir: Optional[Path] = folder_option("report-dir", "Folder for summary.json and timeline.png."),
     log_dir: Optional[Path] = folder_option("log-dir", "Folder for the processes' logs."),
     trace: Optional[Path] = typer.Option(None, help="Replay this trace file instead of a generated one."),
+    fall: bool = typer.Option(True, "--fall/--no-fall",
+                              help="The generated trace's load falls after 55% of it, to 4 sessions (the scale-in)."),
     policy: str = typer.Option("turboserve", envvar="CHUNKSERVE_POLICY",
                                help="The control processor's policy: a built-in or module:Name."),
 ) -> None:
-    """An autoscaled fleet on the embedded broker and Redis serving a generated trace (or
-    --trace), then a summary, an ownership audit and a report folder with the timeline plot.
-    The workers run the reference model, so the latency profile is its own (reference-cpu)."""
+    """An autoscaled fleet on the embedded broker and Redis serving a generated trace whose
+    load rises and falls (or --trace), then a summary, an ownership audit and a report folder
+    with the timeline plot. The workers run the reference model, so the latency profile is its own (reference-cpu)."""
     from rich.live import Live
 
     from infra.demo import DemoConfig, run_demo
@@ -354,7 +356,8 @@ def demo(
                       "whose measured profile is reference-cpu")
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-demo-logs-"))  # once nothing was refused
     cfg = DemoConfig(duration_s=duration, sessions=sessions, level=level, speed=speed,
-                     max_workers=max_workers, seed=seed, trace=str(trace) if trace else None, policy=policy)
+                     max_workers=max_workers, seed=seed, trace=str(trace) if trace else None, policy=policy,
+                     fall_at=DemoConfig.fall_at if fall else None)
     run_id = uuid.uuid4().hex[:6]
     with infrastructure(logs) as infra:
         settings = infra.settings(base).isolated(f"demo-{run_id}")
@@ -381,7 +384,8 @@ def _print_demo(s: dict, report: Path) -> None:
     lat = s["chunk_latency_ms"]
     rows = [("sessions", s["sessions"]), ("chunks", s["chunks"]),
             ("chunk latency p50 / p99 / worst", f"{lat['p50']} / {lat['p99']} / {lat['worst']} ms"),
-            ("workers started", s["workers_started"]), ("migrations", s["migrations"]),
+            ("workers started", s["workers_started"]),
+            ("migrations", f"{s['migrations']} ({s['drain_migrations']} off drained workers)"),
             ("scale events", s["scale_events"]), ("offloads / restores", f"{s['offloads']} / {s['restores']}"),
             ("cost", s["cost"]),
             ("dead letters", "; ".join([str(s["dead_letters"])] + [f"{n} x {why}" for why, n in

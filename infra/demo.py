@@ -1,10 +1,12 @@
 """The demo: an autoscaled fleet serving a generated trace, replayed with time compressed.
 
-Starts the processors (dispatch, detector, control, metrics) and the provisioner as child
-processes; the control processor scales workers out and in through ``scaling-commands``
-and migrates sessions with ``Handoff``; sessions go idle (offloaded to Redis) and come back
-(restored). At the end the topics are read back and audited, and a report folder gets the
-summary JSON and a timeline plot.
+The generated trace's load rises and then falls (:func:`infra.sim.tracegen.fall`). Starts
+the processors (dispatch, detector, control, metrics) and the provisioner as child
+processes; the control processor scales workers out, then in once the load has fallen:
+it drains workers, moves the sessions they still hold off at chunk boundaries
+(``Handoff``) and shuts them down once empty. Sessions go idle (offloaded to Redis) and
+come back (restored). At the end the topics are read back and audited, and a report folder
+gets the summary JSON and a timeline plot.
 """
 
 from __future__ import annotations
@@ -49,26 +51,39 @@ class DemoConfig:
     capacity: int = 8
     chunk_interval_s: float = 0.1
     trace: str | None = None  # a trace file to replay instead of a generated one
+    fall_at: float | None = 0.55  # share of the generated trace after which its load falls (None: no fall)
+    fall_keep: int = 4  # sessions that run on after the fall: one worker's worth at u* 0.5 (K 8)
+    # the burst reserve's memory: its default (900 s) is ten times this run, and would hold
+    # the pool at the opening burst's size to the end; off, as in the scale-in tests
+    burst_memory_s: float = 0.0
     policy: str = "turboserve"  # the control processor's (a built-in or module:Name)
 
 
 def _trace(cfg: DemoConfig) -> list[Any]:
     from infra.sim.trace import load_trace
-    from infra.sim.tracegen import GenConfig, generate
+    from infra.sim.tracegen import GenConfig, fall, generate
 
     if cfg.trace is not None:
         return list(load_trace(cfg.trace).events)
     trace_s = cfg.duration_s * cfg.speed * 0.8  # leave the last fifth of the run to drain
-    return generate(GenConfig(level=cfg.level, duration_s=trace_s, sessions=cfg.sessions,
-                              seed=cfg.seed, life_median_s=120.0, state_median_mb=8.0))
+    events = generate(GenConfig(level=cfg.level, duration_s=trace_s, sessions=cfg.sessions,
+                                seed=cfg.seed, life_median_s=120.0, state_median_mb=8.0))
+    if cfg.fall_at is None:
+        return events
+    # the closes spread over 2 s of wall time; what is left runs to the end of the trace
+    return fall(events, cfg.fall_at * trace_s, cfg.fall_keep, trace_s, over_s=2.0 * cfg.speed)
 
 
 def scale_log(records: list[Record], t0: float) -> list[str]:
-    """What the fleet did, in order: each scaling command, decision and worker change, as
-    ``"<seconds since t0> <what>"`` (the decisions carry u_max, u* and the level)."""
+    """What the fleet did, in order: each scaling command, decision, worker change and
+    migration, as ``"<seconds since t0> <what>"`` (the decisions carry u_max, u* and the
+    level; a migration names the session and its source and target workers)."""
     out: list[tuple[float, str]] = []
     for r in records:
-        if isinstance(r, ScaleOut):
+        if isinstance(r, Released) and r.reason == "migrated":
+            target = r.successor.worker_id if r.successor is not None else "?"
+            out.append((r.ts, f"migrate {r.session_id} {r.worker_id}->{target}"))
+        elif isinstance(r, ScaleOut):
             out.append((r.ts, f"scale-out {r.count}"))
         elif isinstance(r, (Drain, Shutdown)):
             out.append((r.ts, f"{'drain' if isinstance(r, Drain) else 'shutdown'} {r.worker_id}"))
@@ -99,6 +114,7 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
                              "worst": round(lat[-1], 2)},
         "workers_started": len(ups),
         "migrations": sum(1 for r in released if r.reason == "migrated"),
+        "drain_migrations": drain_migrations(records),
         "offloads": sum(1 for r in released if r.reason == "suspended"),
         "restores": sum(1 for r in records if isinstance(r, Claimed) and r.generation.epoch > 1),
         "scale_events": {"scale_out": sum(r.count for r in records if isinstance(r, ScaleOut)),
@@ -115,6 +131,16 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
     }
 
 
+def drain_migrations(records: list[Record]) -> int:
+    """Migrations off a worker after the control processor drained it."""
+    drained = {}
+    for r in records:
+        if isinstance(r, Drain):
+            drained.setdefault(r.worker_id, r.ts)
+    return sum(1 for r in records if isinstance(r, Released) and r.reason == "migrated"
+               and r.ts >= drained.get(r.worker_id, float("inf")))
+
+
 def dead_letter_reasons(records: list[Record]) -> dict[str, int]:
     """Dead letters by reason, numbers and ids folded (``input N``), most frequent first."""
     reasons = Counter(re.sub(r"'[^']*'|\b\d+(\.\d+)?\b", "N", r.reason)[:120]
@@ -124,8 +150,8 @@ def dead_letter_reasons(records: list[Record]) -> dict[str, int]:
 
 def plot_timeline(records: list[Record], active: list[tuple[float, int]], t0: float, path: Path,
                   window_s: float = 2.0) -> None:
-    """Four panels over wall time: workers up, active sessions, migrations per window and the
-    worst chunk latency per window."""
+    """Four panels over wall time: workers up (drains marked), active sessions, migrations
+    per window and the worst chunk latency per window."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,6 +174,10 @@ def plot_timeline(records: list[Record], active: list[tuple[float, int]], t0: fl
         up.append((max(active[-1][0], up[-1][0]), up[-1][1]))
     fig, axes = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
     axes[0].step([t for t, _ in up], [n for _, n in up], where="post")
+    for i, ts in enumerate(sorted({r.ts for r in records if isinstance(r, Drain)})):
+        axes[0].axvline(ts - t0, color="tab:purple", linestyle=":", label="drain" if i == 0 else None)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(loc="upper right")
     axes[0].set_ylabel("workers up")
     axes[1].step([t for t, _ in active], [n for _, n in active], where="post", color="tab:green")
     axes[1].set_ylabel("active sessions")
@@ -174,6 +204,7 @@ async def run_demo(settings: Settings, cfg: DemoConfig, log_dir: Path, report_di
         "CHUNKSERVE_MIN_WORKERS": str(cfg.min_workers), "CHUNKSERVE_MAX_WORKERS": str(cfg.max_workers),
         "CHUNKSERVE_BOOT_S": "6", "CHUNKSERVE_SCALE_DWELL_S": "8", "CHUNKSERVE_CONTROL_PERIOD_S": "1",
         "CHUNKSERVE_HEARTBEAT_TIMEOUT_S": "8", "CHUNKSERVE_WORKER_CAPACITY": str(cfg.capacity),
+        "CHUNKSERVE_BURST_MEMORY_S": f"{cfg.burst_memory_s:g}",
         "CHUNKSERVE_LOG_DIR": str(log_dir), "CHUNKSERVE_COST_INTERVAL_S": "2"})
     pushed: dict[str, int] = defaultdict(int)
     active_series: list[tuple[float, int]] = []

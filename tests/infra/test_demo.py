@@ -1,4 +1,5 @@
-"""`chunkserve demo`, short: the autoscaled fleet serves a trace and the audit is clean."""
+"""`chunkserve demo`: the autoscaled fleet serves the default trace (scale-out, then drains
+with migrations and shutdowns) or a trace file, and the audit is clean."""
 
 from __future__ import annotations
 
@@ -12,48 +13,67 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def test_demo_runs_short_and_writes_its_report(tmp_path):
+def test_the_default_demo_scales_out_then_drains_moves_and_shuts_down(tmp_path):
+    """`make demo` as it runs: the generated load rises, then falls to 4 sessions; the fleet
+    scales out, then drains a worker that still holds sessions, moves them off at chunk
+    boundaries and shuts it down, with a clean audit, a report and the plot."""
     env = dict(os.environ)
     env.pop("CHUNKSERVE_KAFKA_BOOTSTRAP", None)  # the demo starts its own embedded broker
     report = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "-m", "infra", "demo", "--duration", "25", "--sessions", "16",
-         "--report-dir", str(report), "--log-dir", str(tmp_path / "logs")],
+        [sys.executable, "-m", "infra", "demo", "--report-dir", str(report), "--log-dir", str(tmp_path / "logs")],
         env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ownership audit: dual-owner releases 0, stale releases 0" in proc.stdout
     summary = json.loads((report / "summary.json").read_text())
-    assert summary["chunks"] > 0 and summary["workers_started"] >= 1
-    assert summary["scale_events"]["scale_out"] >= 1
-    assert summary["sessions"] >= 5
+    events, log = summary["scale_events"], summary["scale_log"]
+    assert events["scale_out"] >= 1 and events["drain"] >= 1 and events["shutdown"] >= 1, log
+    assert summary["drain_migrations"] >= 1, log  # a drained worker held sessions, moved off
+    drained = {line.split()[2] for line in log if line.split()[1] == "drain"}
+    moved_off = {line.split()[3].split("->")[0] for line in log if line.split()[1] == "migrate"}
+    shut = {line.split()[2] for line in log if line.split()[1] == "shutdown"}
+    assert drained & moved_off & shut, log  # one worker drained, emptied and shut down
+    assert summary["sessions"] >= 5 and summary["chunks"] > 0 and summary["offloads"] > 0
     assert all(v == 0 for v in summary["audit"].values()), summary["audit"]
     assert sum(summary["dead_letter_reasons"].values()) == summary["dead_letters"]  # each one's reason said
     assert (report / "timeline.png").stat().st_size > 10_000
 
 
-def test_fleet_scales_out_then_in_and_sessions_survive(tmp_path):
-    """A trace that rises to 18 active sessions then falls to 3: the autoscaler scales out,
-    then drains workers and shuts them down once empty while the sessions left keep running;
-    the audit stays clean."""
+def test_a_trace_file_is_replayed(tmp_path):
+    """``--trace``: 18 sessions from a file, the fleet scales out for them, the audit is clean
+    (the scale-in is the default demo's test)."""
     rows = ["t_s,session_id,event"]
     rows += [f"{i * 0.2:.1f},s{i},open" for i in range(18)]
-    rows += [f"{150 + i:.1f},s{i},close" for i in range(3, 18)]  # the load falls at 15 s of wall time
-    rows += [f"{700 + i:.1f},s{i},close" for i in range(3)]  # 55 s of wall time to scale in
+    rows += [f"{100 + i:.1f},s{i},close" for i in range(3, 18)]
+    rows += [f"{200 + i:.1f},s{i},close" for i in range(3)]
     trace = tmp_path / "rise-and-fall.csv"
     trace.write_text("\n".join(rows) + "\n")
-    env = dict(os.environ, CHUNKSERVE_BURST_MEMORY_S="0")  # no burst reserve: scale in on the fall
+    env = dict(os.environ)
     env.pop("CHUNKSERVE_KAFKA_BOOTSTRAP", None)
     report = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "-m", "infra", "demo", "--trace", str(trace), "--duration", "75", "--max-workers", "3",
-         "--report-dir", str(report)], env=env, capture_output=True, text=True, timeout=400)
+        [sys.executable, "-m", "infra", "demo", "--trace", str(trace), "--max-workers", "3", "--report-dir", str(report)],
+        env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((report / "summary.json").read_text())
-    events = summary["scale_events"]
-    assert events["scale_out"] >= 1 and events["drain"] >= 1 and events["shutdown"] >= 1, summary["scale_log"]
-    assert any(line.split()[1] == "drain" for line in summary["scale_log"])  # the log shows it too
+    assert summary["scale_events"]["scale_out"] >= 1, summary["scale_log"]
     assert summary["sessions"] == 18 and summary["chunks"] > 0
     assert all(v == 0 for v in summary["audit"].values()), summary["audit"]
+
+
+def test_the_scale_log_names_each_migration_and_counts_those_off_drained_workers():
+    from infra.demo import drain_migrations, scale_log
+    from schemas.records import Drain, Generation, Released
+
+    def moved(sid: str, src: str, ts: float) -> Released:
+        return Released(worker_id=src, session_id=sid, generation=Generation(src, 1), ts=ts, reason="migrated",
+                        successor=Generation("w2", 2))
+
+    records = [moved("a", "w1", 10.0), Drain(pool="default", worker_id="w1", ts=11.0), moved("b", "w1", 12.0),
+               moved("c", "w3", 13.0)]
+    assert drain_migrations(records) == 1  # b: a moves before the drain, c off a worker not drained
+    assert scale_log(records, 10.0) == ["0.0 migrate a w1->w2", "1.0 drain w1", "2.0 migrate b w1->w2",
+                                        "3.0 migrate c w3->w2"]
 
 
 def test_dead_letters_are_summed_by_reason_with_numbers_and_ids_folded():
