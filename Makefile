@@ -11,9 +11,9 @@ PIPNET := --retries 10 --timeout 60 --resume-retries 20
 # $(call retry,CMD): CMD up to three times (a download cut short by the network)
 retry = for try in 1 2 3; do $(1) && break; [ $$try = 3 ] && exit 1; echo "retrying: $(1)" >&2; sleep 15; done
 
-# torch's wheels unpack to about 6 GB beside the venv and pip's temporary folder: say so in
-# one line before a download that cannot fit
-NEED_GB := 8
+# the venv takes about 5 GB once torch is in (and its wheels, about 2.7 GB, sit in pip's
+# temporary folder meanwhile): below 6 GB free the install cannot fit, and says so in one line
+NEED_GB := 6
 DISKCHECK = free=$$(df -Pk $(VENV) $${TMPDIR:-/tmp} | awk 'NR>1 {print int($$4/1048576)}' | sort -n | head -1); \
   [ "$$free" -ge $(NEED_GB) ] || { echo "torch needs about $(NEED_GB) GB free on the disk of $(VENV) and $${TMPDIR:-/tmp}; $$free GB is free" >&2; exit 1; }
 
