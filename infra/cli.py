@@ -690,12 +690,12 @@ def chaos(
         raise typer.BadParameter("Redis faults need the embedded cluster: add --redis-cluster",
                                  param_hint="--redis-faults")
     base = _settings(require_endpoints=False)
-    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-chaos-"))
     run_id = uuid.uuid4().hex[:6]
     cfg = ChaosConfig(sessions=sessions, duration_s=duration, workers=workers, seed=seed,
                       broker_faults=KINDS if broker_faults else (), outage_s=outage,
                       process_faults=process_faults, migrate_every_s=migrate_every,
                       redis_faults=(1 if redis_faults is None else redis_faults) if redis_cluster else 0)
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-chaos-"))  # once the settings were taken
     own_broker = "kafka" if broker_faults or brokers > 1 else None  # faults need a cluster of our own
     if broker_faults:  # the run's own clients: connection errors are what it asked for
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
