@@ -87,8 +87,10 @@ def scale_log(records: list[Record], t0: float) -> list[str]:
             out.append((r.ts, f"scale-out {r.count}"))
         elif isinstance(r, (Drain, Shutdown)):
             out.append((r.ts, f"{'drain' if isinstance(r, Drain) else 'shutdown'} {r.worker_id}"))
-        elif isinstance(r, (WorkerUp, WorkerDown)):
-            out.append((r.ts, f"{'up' if isinstance(r, WorkerUp) else 'down'} {r.worker_id}"))
+        elif isinstance(r, WorkerUp):
+            out.append((r.ts, f"up {r.worker_id}"))
+        elif isinstance(r, WorkerDown):  # said by the worker and by whoever saw it go: each names why
+            out.append((r.ts, f"down {r.worker_id} ({r.reason})"))
         elif isinstance(r, ScalingDecision):
             out.append((r.ts, f"decision {r.reason} {r.current}->{r.target} u_max {r.u_max:.2f} "
                               f"u* {r.u_target:.2f} level {r.level}"))
