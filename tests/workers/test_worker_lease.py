@@ -21,16 +21,7 @@ from workers.null_model import NullModel
 from workers.outbox import Outbox
 from workers.runtime import Worker, WorkerConfig
 
-
-class Recorder:
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    async def send(self, rec: Record, wait: bool = False) -> Any:
-        self.records.append(rec)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
+from tests.workers.test_input_order import Recorder  # the producer that keeps what a worker sends
 
 
 def _worker(store: MemoryGenerationStore, **config: Any) -> Worker:
