@@ -24,6 +24,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from processors.autoscaler import Slo
 from processors.latency import LatencyModel
 from processors.lifecycle import EventKind, SessionEvent, SessionState, transition
@@ -31,6 +33,7 @@ from processors.oracles import future_active
 from processors.policy import BUILTIN_POLICIES, FIXED_POOL, accepts, load_policy
 from schemas.errors import ConfigError
 
+from infra.sim.guide import MissGuide, miss_guide
 from infra.sim.simulator import SimConfig, SimResult, Signals, Stop, chunk_bound, signals_for, simulate
 from infra.sim.trace import Trace
 
@@ -108,6 +111,9 @@ class Runner:
     _rising: bool | None = field(default=None, repr=False)  # the pool type's latency rises with every session
     _built: dict[str, Any] = field(default_factory=dict, repr=False)  # plug-ins built to read their name, kept for their run
     _takes_slo: dict[str, bool] = field(default_factory=dict, repr=False)
+    found: dict[tuple[Any, ...], int | None] = field(default_factory=dict)  # the searches' answers
+    _guide: MissGuide | None = field(default=None, repr=False)
+    _waits: np.ndarray | None = field(default=None, repr=False)  # l(n - 1) + l(n) for n = 1, 2, ...
 
     def __post_init__(self) -> None:
         if self.signals is None:
@@ -129,6 +135,13 @@ class Runner:
         self.chunk_bound = chunk_bound(self.trace.events, self.model, self.config.round_s)
         offer = {k: v for k, v in self.offer.items() if k != "slo"}  # offered per run, at the SLO only
         self.offer = {"model": self.model, "gpu_type": self.config.gpu_type, "boot_s": self.config.boot_s, **offer}
+
+    @property
+    def guide(self) -> MissGuide:
+        """Where the SLO searches aim (built on first use)."""
+        if self._guide is None:
+            self._guide = miss_guide(self.trace.events, self.model[self.config.gpu_type], self.config.deadline_s)
+        return self._guide
 
     def fixed(self, spec: str) -> bool:
         return spec in FIXED_POOL
@@ -274,37 +287,110 @@ class Runner:
         """Smallest fixed pool whose run meets ``bound`` (assumed monotone in the pool size);
         None when no pool up to :meth:`search_cap` does (a passing pool past the cap, run for
         another comparison, is no answer). Starts from the runs already made and ``hint``
-        (another policy's answer), else from a guess; gallops up from the largest failing
-        pool, then bisects. Failing runs stop at their first breach, so probing from below
-        is the cheap direction."""
-        guess, cap = self._guess(spec), self.search_cap(spec)
+        (another policy's answer), then probes where the nearest full run aims
+        (:meth:`_aim`; twice in a row at most, then it halves the bracket), galloping up
+        from the largest failing pool while none passes (from a guess when nothing is
+        known). Failing runs stop at their first breach. The answer is remembered (a
+        search made in another process is not made again from runs another task may have
+        stopped differently)."""
+        key = ("pool", spec, bound, hint)
+        if key not in self.found:
+            self.found[key] = self._smallest(spec, bound, hint)
+        return self.found[key]
+
+    def _smallest(self, spec: str, bound: Bound, hint: int | None) -> int | None:
+        cap = self.search_cap(spec)
         known = self._known(spec, bound)
         if any(not ok for p, ok in known.items() if p >= cap):
             return None  # failing at or past the cap, it fails at the cap
         known = {p: ok for p, ok in known.items() if p <= cap}
         passing = [p for p, v in known.items() if v]
         hi = min(passing) if passing else None
-        lo = max([p + 1 for p, v in known.items() if not v and (hi is None or p < hi)], default=1)
-        if hint is not None and lo <= hint <= cap and (hi is None or hint < hi):
-            if self.check(spec, hint, bound):
-                hi = hint
-                if hint - 1 >= lo and not self.check(spec, hint - 1, bound):
-                    return hint
+        lo = max([p for p, v in known.items() if not v and (hi is None or p < hi)], default=0)  # 0: none fails yet
+        if hint is not None and not (lo < hint <= cap and (hi is None or hint < hi)):
+            hint = None
+        up, aimed = 1, 0  # the gallop's next step; aimed probes in a row (every third halves instead)
+        while hi is None or hi - lo > 1:
+            if hint is not None:
+                p, hint, aimed = hint, None, 0
+            elif aimed < 2 and (aim := self._aim(spec, bound, hi)) is not None:
+                # where the nearest full run says, within reach of the bracket
+                p, aimed = max(lo + 1, min(aim, hi - 1 if hi is not None else min(cap, max(lo + up, lo * 3 // 2)))), aimed + 1
+            elif hi is None:  # gallop up from the last failure (or the guess) to a passing pool
+                p, aimed = min(cap, lo + up) if lo else self._guess(spec), 0
             else:
-                lo = hint + 1
-        if hi is None:  # gallop up from the last failure to a passing pool
-            probe, step = max(lo, guess if not known else lo), 1
-            while not self.check(spec, probe, bound):
-                if probe >= cap:
-                    return None
-                lo, probe, step = probe + 1, min(cap, probe + step), step * 2
-            hi = probe
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.check(spec, mid, bound):
-                hi = mid
+                p, aimed = (lo + hi) // 2, 0
+            if self.check(spec, p, bound):
+                hi = p
+            elif p >= cap:
+                return None
             else:
-                lo = mid + 1
+                lo, up = p, up * 2
+        return hi
+
+    def _aim(self, spec: str, bound: Bound, hi: int | None) -> int | None:
+        """The pool a latency search aims at: a fixed pool's worst chunk is a first chunk
+        waiting out a running chunk and then running its own at the most sessions per GPU
+        it meets, l(n - 1) + l(n), and that most n falls about as 1 / pool (measured:
+        n x pool within 2% over pools 21-45 for the offload references on a one-hour
+        trace, within 15% for the others); so the full run nearest the answer (the
+        smallest passing one, else the largest run) gives n x pool, and the aim is the pool
+        where n is the bound's. None when no full run of ``spec`` is known."""
+        full = {k[1]: r for k, r in self.cache.items() if k[0] == spec and not k[2] and k[1] is not None}
+        if not full:
+            return None
+        ref = hi if hi in full else max(full)
+        have, want = self._load_at(full[ref].worst_chunk_latency_s), self._load_at(bound.worst_s)
+        return max(1, math.ceil(have * ref / want - 1e-9))
+
+    def _load_at(self, worst: float) -> float:
+        """n (interpolated, at least 1) where l(n - 1) + l(n) = ``worst`` on the pool's GPU type."""
+        if self._waits is None:
+            p = self.model[self.config.gpu_type]
+            top = max(4 * p.capacity, len(p.curve), 64)
+            self._waits = np.array([p.latency(n - 1) + p.latency(n) for n in range(1, top + 1)])
+        return float(np.interp(worst, self._waits, np.arange(1, len(self._waits) + 1)))
+
+    def slo_pool(self, spec: str, bound: Bound, start: int | None = None) -> int | None:
+        """Smallest fixed pool whose run meets ``bound`` (an SLO: a miss rate), searched
+        from ``start`` (else where :class:`MissGuide` aims) with each full run calibrating
+        the guide; None when no pool up to :meth:`search_cap` does. The probes depend only
+        on ``spec``, ``bound``, ``start`` and their own outcomes, never on which runs other
+        searches made (those only make probes free), so the answer is the same in whatever
+        process or order the searches run; as :meth:`smallest_pool`, it assumes the
+        outcome monotone in the pool size. The answer is remembered."""
+        key = ("slo", spec, bound, start)
+        if key in self.found:
+            return self.found[key]
+        cap, target = self.search_cap(spec), bound.miss_rate if bound.miss_rate is not None else 1.0
+        lo, hi, up, down, failed = 0, None, 1, 1, 0  # lo fails, hi passes (0 and None: not yet known)
+        p = start if start is not None else self.guide.pool_for(target, cap)
+        while True:
+            p = max(lo + 1, min(p, cap if hi is None else hi - 1))
+            if hi is not None and p >= hi:
+                break
+            if self.check(spec, p, bound):
+                hi, failed = p, 0
+                if p - 1 <= lo:
+                    break
+                res, est = self.run(spec, p), self.guide.rate(p)
+                # calibrated on this run, the guide aims below it; else step down, or halve what is left
+                aim = self.guide.pool_for(target, cap, max(res.missed_chunks, 1) / max(res.chunks, 1) / est) if est > 0 else p
+                if lo < aim < p:
+                    p = aim
+                elif lo == 0:
+                    p, down = p - down, down * 2
+                else:
+                    p = (lo + hi) // 2
+            else:
+                lo, failed = p, failed + 1
+                if p >= cap:
+                    break
+                if hi is None:  # gallop up: 1, 2, 4 ... past the last failure
+                    p, up = p + up, up * 2
+                else:  # the aim fell short: the next pool, then halve what is left
+                    p = p + 1 if failed == 1 else (lo + hi) // 2
+        self.found[key] = hi
         return hi
 
     def latency_matched_pool(self, spec: str, worst: float, hint: int | None = None) -> int | None:
@@ -314,7 +400,7 @@ class Runner:
 
 
 def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str = "turboserve", slo: Slo = Slo(),
-            jobs: int = 1, _slo_subject: bool = True) -> dict[str, Any]:
+            jobs: int = 1, _slo_subject: bool = True, _slo_searches: bool = True) -> dict[str, Any]:
     """Run ``policies``; when ``subject`` is among them, the comparisons against it.
     ``jobs`` > 1 makes the runs in that many processes first (same runs, same figures)."""
     if jobs > 1 and subject in policies:
@@ -372,37 +458,47 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
             out["ablation_cost_increase_pct"] = {
                 a: None if a in unmatched else 100.0 * (pol[a]["cost"] - sub.cost) / sub.cost for a in ABLATIONS if a in pol and sub.cost > 0
             }
-    out["slo"] = _slo(runner, policies if _slo_subject else [p for p in policies if p != subject], slo)
+    out["slo"] = _slo(runner, policies if _slo_subject else [p for p in policies if p != subject], slo, _slo_searches)
     return out
 
 
 _SHARED: Runner | None = None  # the runner forked workers inherit
 
 
-def _groups(runner: Runner, policies: Sequence[str], subject: str) -> list[list[str]]:
-    """Policies whose runs do not depend on each other's, biggest first: the offload fixed
-    pools with the no-autoscale ablation (its searches start from their answers), the
-    pinned ones (their searches share hints), then each other policy, and last ``[]``: the
-    subject's run at the SLO."""
-    pinned = [p for p in policies if runner.fixed(p) and p in PAPER_BASELINES and p != subject]
-    offload = [p for p in policies if (runner.fixed(p) and p not in PAPER_BASELINES or p == "turboserve-no-autoscale") and p != subject]
-    rest = sorted((p for p in policies if not runner.fixed(p) and p not in offload and p != subject),
+def _groups(runner: Runner, policies: Sequence[str], subject: str) -> list[tuple[str, list[str]]]:
+    """Tasks whose runs do not depend on each other's, biggest first: the offload fixed
+    pools with the no-autoscale ablation (its latency search starts from their answers)
+    and the pinned ones (their searches share hints), each group's runs but the SLO
+    searches (``compare``); the SLO searches, one chain (``slo``: each starts from the
+    answer before it); each other policy; and last ``[]``: the subject's run at the SLO."""
+    fixed = [p for p in policies if (runner.fixed(p) or p == "turboserve-no-autoscale") and p != subject]
+    pinned = [p for p in fixed if p in PAPER_BASELINES]
+    offload = [p for p in fixed if p not in PAPER_BASELINES]
+    rest = sorted((p for p in policies if p not in fixed and p != subject),
                   key=lambda p: (p != "oracle-autoscale", p != "oracle", p != "turboserve-no-migration"))
     at_slo = subject in SLO_CONFIGURED or subject not in BUILTIN_POLICIES
-    return [g for g in (offload, pinned) if g] + [[p] for p in rest] + ([[]] if at_slo else [])
+    return ([("compare", g) for g in (offload, pinned) if g] + ([("slo", chain)] if (chain := _slo_chain(runner, policies)) else [])
+            + [("compare", [p]) for p in rest]
+            + ([("compare", [])] if at_slo else []))
 
 
-def _part(args: tuple[list[str], str, Slo]) -> tuple[dict[tuple[Any, ...], SimResult], dict[tuple[Any, ...], SimResult]]:
-    names, subject, slo = args
+def _part(args: tuple[tuple[str, list[str]], str, Slo]) -> tuple[dict[tuple[Any, ...], SimResult], dict[tuple[Any, ...], SimResult],
+                                                                 dict[tuple[Any, ...], int | None]]:
+    (task, names), subject, slo = args
     runner = _SHARED
     assert runner is not None
     runner.on_run = None
-    cache, partial = set(runner.cache), set(runner.partial)
-    if names:  # the subject's own SLO run is the task of its own (no names)
-        compare(runner, [subject, *names], subject, slo, _slo_subject=False)
+    cache, partial, found = set(runner.cache), set(runner.partial), set(runner.found)
+    if task == "slo":  # the fixed pools' SLO searches, as _slo makes them
+        bound = Bound(slo.worst_s, slo.miss_rate)
+        for name in names:
+            runner.slo_pool(name, bound, _slo_start(runner, name, names, bound))
+    elif names:  # the subject's own SLO run is the task of its own (no names)
+        compare(runner, [subject, *names], subject, slo, _slo_subject=False, _slo_searches=False)
     else:
         compare(runner, [subject], subject, slo)
-    return ({k: v for k, v in runner.cache.items() if k not in cache}, {k: v for k, v in runner.partial.items() if k not in partial})
+    return ({k: v for k, v in runner.cache.items() if k not in cache}, {k: v for k, v in runner.partial.items() if k not in partial},
+            {k: v for k, v in runner.found.items() if k not in found})
 
 
 def _prefetch(runner: Runner, policies: Sequence[str], subject: str, slo: Slo, jobs: int) -> None:
@@ -416,9 +512,12 @@ def _prefetch(runner: Runner, policies: Sequence[str], subject: str, slo: Slo, j
     _SHARED = runner
     try:
         with ProcessPoolExecutor(min(jobs, len(groups)) or 1, mp_context=multiprocessing.get_context("fork")) as pool:
-            for cache, partial in pool.map(_part, [(g, subject, slo) for g in groups]):
+            for cache, partial, found in pool.map(_part, [(g, subject, slo) for g in groups]):
                 runner.cache.update(cache)
-                runner.partial.update((k, v) for k, v in partial.items() if k not in runner.cache)
+                runner.partial.update(partial)
+                runner.found.update(found)
+        # a pool one task stopped early and another ran to the end is a full run (as one process keeps it)
+        runner.partial = {k: v for k, v in runner.partial.items() if k not in runner.cache}
     finally:
         _SHARED = None
 
@@ -433,11 +532,28 @@ def _hint(spec: str, found: dict[str, int | None]) -> int | None:
     return next((p for b, p in reversed(found.items()) if p is not None and (b in PAPER_BASELINES) == pinned), None)
 
 
-def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
-    """Each policy's cost at the SLO: fixed pools sized with hindsight, elastic ones as run."""
+SLO_CHAIN = ("least-loaded-offload", "lag-offload", "turboserve-no-autoscale", "mag-offload", "rr", "lag", "mag")
+
+
+def _slo_chain(runner: Runner, policies: Sequence[str]) -> list[str]:
+    """The fixed-pool SLO searches in the order each starts from the one before it."""
+    return [p for p in SLO_CHAIN if p in policies] + [p for p in policies if runner.fixed(p) and p not in SLO_CHAIN]
+
+
+def _slo_start(runner: Runner, name: str, policies: Sequence[str], bound: Bound) -> int | None:
+    """Where ``name``'s SLO search starts: the answer of the search before it in
+    :func:`_slo_chain` (the pools meeting one SLO are near each other, whatever the
+    placement), the first where the guide aims (None)."""
+    chain = _slo_chain(runner, policies)
+    i = chain.index(name)
+    return runner.slo_pool(chain[i - 1], bound, _slo_start(runner, chain[i - 1], policies, bound)) if i > 0 else None
+
+
+def _slo(runner: Runner, policies: Sequence[str], slo: Slo, searches: bool = True) -> dict[str, Any]:
+    """Each policy's cost at the SLO: fixed pools sized with hindsight (``searches`` False:
+    left out, their searches made elsewhere), elastic ones as run."""
     bound = Bound(slo.worst_s, slo.miss_rate)
     ok = bound.ok
-    found: dict[str, int | None] = {}
     met: dict[str, bool] = {}
     cost: dict[str, float | None] = {}
     pool_size: dict[str, int | None] = {}
@@ -445,9 +561,9 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo) -> dict[str, Any]:
         if name == "oracle-autoscale":
             continue  # reported at the subject's latency, not at the SLO
         if runner.fixed(name) or name == "turboserve-no-autoscale":
-            pool = runner.smallest_pool(name, bound, _hint(name, found))
-            if runner.fixed(name):
-                found[name] = pool
+            if not searches:
+                continue  # searched in a task of their own (_groups)
+            pool = runner.slo_pool(name, bound, _slo_start(runner, name, policies, bound))
             if pool is None:  # no pool up to the search's cap meets it: no cost at the SLO
                 label = runner.label(name)
                 pool_size[label], met[label], cost[label] = None, False, None

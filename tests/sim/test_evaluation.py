@@ -239,9 +239,43 @@ def test_a_passing_pool_past_the_search_cap_is_no_answer():
     real = runner.run("rr", 1)
     for first_ok in (cap + 4, cap):  # pools from first_ok on meet the bound, each "already run"
         runner.cache = {("rr", p, ()): replace(real, worst_chunk_latency_s=1.0 if p >= first_ok else 5.0) for p in range(1, 300)}
+        runner.found.clear()  # the answers are remembered: these runs are not the last case's
         assert runner.smallest_pool("rr", Bound(1.0)) == (None if first_ok > cap else cap)
         assert runner.latency_matched_pool("rr", 1.0, hint=cap + 2) == (None if first_ok > cap else cap)
     assert runner.search_cap("rr") == cap
+
+
+def test_the_miss_guide_falls_with_the_pool_and_aims_where_it_says():
+    from infra.sim.guide import miss_guide
+
+    events = tuple(generate(GenConfig(level=5, duration_s=300.0, sessions=400, seed=2)))
+    guide = miss_guide(events, MODEL["b300"], 1.0)
+    rates = [guide.rate(p) for p in range(1, 40)]
+    assert rates[0] > 0 and all(a >= b for a, b in zip(rates, rates[1:])) and rates[-1] < rates[0]
+    for target in (0.05, 0.01, 0.001):
+        p = guide.pool_for(target, 60)
+        assert guide.rate(p) <= target and (p == 1 or guide.rate(p - 1) > target)
+        assert guide.pool_for(target, 60, scale=0.5) <= p  # a guide that overestimates by 2x aims lower
+    assert guide.pool_for(0.0, 7) == 7  # none within the cap: the cap
+
+
+def test_an_slo_search_finds_the_smallest_passing_pool_whatever_runs_came_before():
+    """The SLO search's probes depend on nothing but its own outcomes: a runner that made
+    other runs first (other searches, stopped at other bounds) gives the same answer from
+    the same probes, and that answer is the smallest pool that passes."""
+    from infra.sim.report import Bound
+
+    events = tuple(generate(GenConfig(level=5, duration_s=300.0, sessions=300, seed=5)))
+    bound = Bound(3.0, 0.001)
+    fresh, used = (Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True)) for _ in (1, 2))
+    for p in (2, 3, 5):
+        used.run("mag-offload", p)
+    used.smallest_pool("mag-offload", Bound(fresh.run("turboserve").worst_chunk_latency_s))
+    pool = fresh.slo_pool("mag-offload", bound)
+    assert pool is not None and used.slo_pool("mag-offload", bound) == pool
+    probed = {k for k in (*fresh.cache, *fresh.partial) if k[0] == "mag-offload"}
+    assert probed <= {k for k in (*used.cache, *used.partial) if k[0] == "mag-offload"}
+    assert bound.ok(fresh.run("mag-offload", pool)) and (pool == 1 or not bound.ok(Runner(fresh.trace, MODEL, fresh.config).run("mag-offload", pool - 1)))
 
 
 def test_parallel_comparison_makes_the_same_figures_from_the_same_runs():
