@@ -332,8 +332,8 @@ class Runner:
         """The pool a latency search aims at: a fixed pool's worst chunk is a first chunk
         waiting out a running chunk and then running its own at the most sessions per GPU
         it meets, l(n - 1) + l(n), and that most n falls about as 1 / pool (measured:
-        n x pool within 2% over pools 21-45 for the offload references on a one-hour
-        trace, within 15% for the others); so the full run nearest the answer (the
+        n x pool within 2% over pools 21-45 for least-loaded-offload on a one-hour
+        trace, within 13-18% for rr and mag-offload); so the full run nearest the answer (the
         smallest passing one, else the largest run) gives n x pool, and the aim is the pool
         where n is the bound's. None when no full run of ``spec`` is known."""
         full = {k[1]: r for k, r in self.cache.items() if k[0] == spec and not k[2] and k[1] is not None}
@@ -466,18 +466,18 @@ _SHARED: Runner | None = None  # the runner forked workers inherit
 
 
 def _groups(runner: Runner, policies: Sequence[str], subject: str) -> list[tuple[str, list[str]]]:
-    """Tasks whose runs do not depend on each other's, biggest first: the offload fixed
-    pools with the no-autoscale ablation (its latency search starts from their answers)
-    and the pinned ones (their searches share hints), each group's runs but the SLO
-    searches (``compare``); the SLO searches, one chain (``slo``: each starts from the
-    answer before it); each other policy; and last ``[]``: the subject's run at the SLO."""
+    """Tasks whose runs do not depend on each other's, biggest first: the SLO searches,
+    one chain (``slo``: each starts from the answer before it); the offload fixed pools
+    with the no-autoscale ablation (its latency search starts from their answers) and the
+    pinned ones (their searches share hints), each group's runs but the SLO searches
+    (``compare``); each other policy; and last ``[]``: the subject's run at the SLO."""
     fixed = [p for p in policies if (runner.fixed(p) or p == "turboserve-no-autoscale") and p != subject]
     pinned = [p for p in fixed if p in PAPER_BASELINES]
     offload = [p for p in fixed if p not in PAPER_BASELINES]
     rest = sorted((p for p in policies if p not in fixed and p != subject),
                   key=lambda p: (p != "oracle-autoscale", p != "oracle", p != "turboserve-no-migration"))
     at_slo = subject in SLO_CONFIGURED or subject not in BUILTIN_POLICIES
-    return ([("compare", g) for g in (offload, pinned) if g] + ([("slo", chain)] if (chain := _slo_chain(runner, policies)) else [])
+    return (([("slo", chain)] if (chain := _slo_chain(runner, policies)) else []) + [("compare", g) for g in (offload, pinned) if g]
             + [("compare", [p]) for p in rest]
             + ([("compare", [])] if at_slo else []))
 
