@@ -596,19 +596,15 @@ def _matched_oracle(runner: Runner, ts: SimResult) -> tuple[float, SimResult]:
     """The offline oracle at the subject's latency: (u_target, run).
 
     ``oracle-autoscale`` knows the future executing count and boots ahead of it; its
-    worst latency falls (and cost rises) as u_target falls. The highest u_target of the
-    grid whose worst chunk is no worse than the subject's is found by bisection; when none
-    matches, the one with the lowest worst latency tried is returned (marked unmatched).
+    worst latency falls (and cost rises) as u_target falls. It runs at falling u_target
+    until its worst chunk is no worse than the subject's (the highest such u_target of the
+    grid; a run too slow stops at its first chunk over, so those above cost little); when
+    none matches, the one with the lowest worst latency run to the end is returned (marked
+    unmatched).
     """
     bound = Bound(ts.worst_chunk_latency_s)
     ok = lambda u: runner.check("oracle-autoscale", None, bound, u_target=u)  # noqa: E731
-    lo, hi = 0, len(ORACLE_TARGETS) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(ORACLE_TARGETS[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
+    lo = next((i for i, u in enumerate(ORACLE_TARGETS) if ok(u)), len(ORACLE_TARGETS) - 1)
     if not ok(ORACLE_TARGETS[lo]):  # even the lowest target does not match: the best run tried
         runner.run("oracle-autoscale", None, u_target=ORACLE_TARGETS[-1])
         tried = [(k, r) for k, r in runner.cache.items() if k[0] == "oracle-autoscale"]
