@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from typer.testing import CliRunner
@@ -257,6 +258,28 @@ def test_the_miss_guide_falls_with_the_pool_and_aims_where_it_says():
         assert guide.rate(p) <= target and (p == 1 or guide.rate(p - 1) > target)
         assert guide.pool_for(target, 60, scale=0.5) <= p  # a guide that overestimates by 2x aims lower
     assert guide.pool_for(0.0, 7) == 7  # none within the cap: the cap
+
+
+def test_a_latency_search_aims_by_the_load_its_worst_chunk_implies():
+    """l(n - 1) + l(n) inverted on the GPU type's curve; a run at one pool aims at the pool
+    that brings n to the bound's (n x pool kept); the answer still passes where the pool
+    below it does not."""
+    from infra.sim.report import Bound
+
+    events = tuple(generate(GenConfig(level=5, duration_s=300.0, sessions=300, seed=6)))
+    runner = Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True))
+    p = MODEL["b300"]
+    for n in (1, 2, 7, p.capacity, 2 * p.capacity):
+        assert runner._load_at(p.latency(n - 1) + p.latency(n)) == pytest.approx(n)
+    assert runner._load_at(0.0) == 1.0
+    ref = runner.run("least-loaded-offload", 4)
+    have = runner._load_at(ref.worst_chunk_latency_s)
+    bound = Bound(p.latency(9) + p.latency(10))
+    assert runner._aim("least-loaded-offload", bound, None) == math.ceil(have * 4 / 10 - 1e-9)
+    assert runner._aim("rr", bound, None) is None  # no full run of rr to aim by
+    pool = runner.smallest_pool("least-loaded-offload", bound)
+    assert pool is not None and bound.ok(runner.run("least-loaded-offload", pool))
+    assert pool == 1 or not bound.ok(Runner(runner.trace, MODEL, runner.config).run("least-loaded-offload", pool - 1))
 
 
 def test_an_slo_search_finds_the_smallest_passing_pool_whatever_runs_came_before():
