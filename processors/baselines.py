@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, ClassVar, Sequence
 
 from processors.decisions import Admit, Command, Decision, Place, Restore
@@ -169,9 +170,16 @@ def fill_order(snapshot: Snapshot, model: LatencyModel, score: Score, placed: tu
     return free_positions(snapshot.gpus, n, _score_keys(snapshot.gpus, model, score), limit)
 
 
-def _score_keys(gpus: tuple[Gpu, ...], model: LatencyModel, score: Score) -> dict[str, list[float]]:
+def _score_keys(gpus: tuple[Gpu, ...], model: LatencyModel, score: Score) -> dict[str, tuple[float, ...]]:
     """Each GPU type's score at every count below its capacity (the next session's key)."""
-    return {t: [score(model[t], k, 0, 0) for k in range(model[t].capacity)] for t in {g.type for g in gpus}}
+    return {t: _type_keys(score, model[t]) for t in {g.type for g in gpus}}
+
+
+@lru_cache(maxsize=256)
+def _type_keys(score: Score, profile: GpuProfile) -> tuple[float, ...]:
+    """``score`` at every count below ``profile``'s capacity (made once per type: profiles
+    are frozen, and these scores read only the count)."""
+    return tuple(score(profile, k, 0, 0) for k in range(profile.capacity))
 
 
 @dataclass(frozen=True)

@@ -17,16 +17,19 @@ search then runs on what it leaves.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+from itertools import repeat
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from processors._levels import search
 from processors.decisions import Command, Migrate, Place, Restore
-from processors.latency import LatencyModel
+from processors.latency import GpuProfile, LatencyModel
 from processors.lifecycle import SessionState
 from processors.snapshot import Gpu, GpuState, Snapshot
 from schemas.errors import ConfigError
@@ -255,9 +258,14 @@ def admission_order(snapshot: Snapshot, model: LatencyModel, loads: dict[str, in
     """Where the next ``limit`` sessions go after this round's placement (``loads``): the free
     positions of the ready GPUs, least l(n) first (then fewest sessions, then GPU id), as
     (gpu_id, n) entries -- the rule the placement gives arrivals, applied ahead of them."""
-    keys = {t: [(model[t].curve[k + 1], k + 1) for k in range(model[t].capacity)]
-            for t in {g.type for g in snapshot.gpus}}
+    keys = {t: _latency_keys(model[t]) for t in {g.type for g in snapshot.gpus}}
     return free_positions(snapshot.gpus, loads, keys, limit)
+
+
+@lru_cache(maxsize=256)
+def _latency_keys(profile: GpuProfile) -> tuple[tuple[float, int], ...]:
+    """The admission order's key of each position n = 1..K of a GPU type: (l(n), n)."""
+    return tuple((profile.curve[k + 1], k + 1) for k in range(profile.capacity))
 
 
 def free_positions(gpus: Iterable[Gpu], loads: Mapping[str, int], keys: Mapping[str, Sequence[Any]],
@@ -267,6 +275,11 @@ def free_positions(gpus: Iterable[Gpu], loads: Mapping[str, int], keys: Mapping[
     (as many keys as the type's capacity), on top of the ``loads`` it holds. Every admission
     order (turboserve's, the greedy baselines') is this walk with its own keys."""
     table = {g.id: keys[g.type] for g in gpus if g.state is GpuState.READY}
+    shared = {id(t) for t in table.values()}
+    if len(shared) == 1:  # one type (the common case): the same walk, level by level
+        t = next(iter(table.values()))
+        if all(a <= b for a, b in zip(t, t[1:])):
+            return _by_level(table, loads, t, limit)
     heap = [(t[n], gid, n + 1) for gid, t in table.items() if (n := loads.get(gid, 0)) < len(t)]
     heapq.heapify(heap)
     out: list[tuple[str, int]] = []
@@ -278,6 +291,33 @@ def free_positions(gpus: Iterable[Gpu], loads: Mapping[str, int], keys: Mapping[
         else:
             heapq.heappop(heap)
     return tuple(out)
+
+
+def _by_level(table: Mapping[str, Sequence[Any]], loads: Mapping[str, int], t: Sequence[Any],
+              limit: int) -> tuple[tuple[str, int], ...]:
+    """:func:`free_positions` where every GPU has the same nondecreasing keys ``t``: the
+    positions in order of (key, GPU id, n), emitted a run of equal keys at a time (each run
+    of positions n, GPU by GPU in id order) without a heap."""
+    by_load = sorted((min(loads.get(gid, 0), len(t)), gid) for gid in table)
+    open_: list[str] = []  # GPUs with a free position at the current level, by id
+    out: list[tuple[str, int]] = []
+    k, lo = 0, 0
+    while lo < len(t) and len(out) < limit:
+        hi = lo + 1  # positions lo + 1 .. hi share one key
+        while hi < len(t) and t[hi] == t[lo]:
+            hi += 1
+        while k < len(by_load) and by_load[k][0] < hi:
+            bisect.insort(open_, by_load[k][1])
+            k += 1
+        if hi == lo + 1:  # one position per open GPU (keys that rise at every n)
+            out.extend(zip(open_, repeat(hi)))
+        else:
+            for gid in open_:
+                out.extend((gid, n) for n in range(max(lo, loads.get(gid, 0)) + 1, hi + 1))
+                if len(out) >= limit:
+                    break
+        lo = hi
+    return tuple(out[:limit])
 
 
 def worst_latency(snapshot: Snapshot, model: LatencyModel) -> float:

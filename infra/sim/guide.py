@@ -8,8 +8,10 @@ it waits out the running chunk (uniform in ``[0, l(n - 1)]``) and then runs its 
 (``l(n)``), so it misses its deadline ``D`` with probability
 ``(l(n - 1) + l(n) - D) / l(n - 1)`` (clipped to [0, 1]); the GPUs record ``E / l(E /
 pool)`` chunk latencies a second. Real placement is uneven and resumes pay their restore,
-so the estimate is off by a factor; a search calibrates it on its own full runs
-(:meth:`MissGuide.pool_for`'s ``scale``). It only aims probes: every answer is a run.
+so a policy's measured rate at ``p`` GPUs is the estimate's at about ``c * p`` (uneven
+placement wastes a share of the pool): a search calibrates ``c`` on each of its runs
+(:meth:`MissGuide.pool_at`) and aims where ``c`` says. It only aims probes: every answer
+is a run.
 """
 
 from __future__ import annotations
@@ -50,13 +52,28 @@ class MissGuide:
         chunks = float((self.load / self._l(np.maximum(self.load / pool, 1.0)) * self.dt).sum())
         return float(late.sum()) / chunks if chunks > 0 else 0.0
 
-    def pool_for(self, miss_rate: float, cap: int, scale: float = 1.0) -> int:
-        """Smallest pool up to ``cap`` whose estimate times ``scale`` is within ``miss_rate``
+    def pool_at(self, miss_rate: float, cap: int) -> float:
+        """The pool (a real number in [1, ``cap``]) where the estimate is ``miss_rate``."""
+        lo, hi = 1.0, float(max(1, cap))
+        if self.rate(lo) <= miss_rate:
+            return lo
+        if self.rate(hi) >= miss_rate:
+            return hi
+        while hi - lo > 1e-3:
+            mid = (lo + hi) / 2
+            if self.rate(mid) > miss_rate:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    def pool_for(self, miss_rate: float, cap: int) -> int:
+        """Smallest pool up to ``cap`` whose estimate is within ``miss_rate``
         (``cap`` when none is); the estimate falls as the pool grows."""
         lo, hi = 1, max(1, cap)
         while lo < hi:
             mid = (lo + hi) // 2
-            if scale * self.rate(mid) <= miss_rate:
+            if self.rate(mid) <= miss_rate:
                 hi = mid
             else:
                 lo = mid + 1

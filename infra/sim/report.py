@@ -353,12 +353,14 @@ class Runner:
 
     def slo_pool(self, spec: str, bound: Bound, start: int | None = None) -> int | None:
         """Smallest fixed pool whose run meets ``bound`` (an SLO: a miss rate), searched
-        from ``start`` (else where :class:`MissGuide` aims) with each full run calibrating
-        the guide; None when no pool up to :meth:`search_cap` does. The probes depend only
-        on ``spec``, ``bound``, ``start`` and their own outcomes, never on which runs other
-        searches made (those only make probes free), so the answer is the same in whatever
-        process or order the searches run; as :meth:`smallest_pool`, it assumes the
-        outcome monotone in the pool size. The answer is remembered."""
+        from ``start`` (else where :class:`MissGuide` aims), each probe aiming where the
+        guide calibrated on the run before it says (:meth:`_slo_aim`); None when no pool up
+        to :meth:`search_cap` does. The probes depend only on ``spec``, ``bound``,
+        ``start`` and their own runs, never on which runs other searches made (those only
+        make probes free: a failing run is read where the bound's stop would have ended it),
+        so the answer is the same in whatever process or order the searches run; as
+        :meth:`smallest_pool`, it assumes the outcome monotone in the pool size. The answer
+        is remembered."""
         key = ("slo", spec, bound, start)
         if key in self.found:
             return self.found[key]
@@ -369,29 +371,50 @@ class Runner:
             p = max(lo + 1, min(p, cap if hi is None else hi - 1))
             if hi is not None and p >= hi:
                 break
-            if self.check(spec, p, bound):
+            ok = self.check(spec, p, bound)
+            aim = self._slo_aim(spec, p, bound, target, cap)
+            if ok:
                 hi, failed = p, 0
                 if p - 1 <= lo:
                     break
-                res, est = self.run(spec, p), self.guide.rate(p)
-                # calibrated on this run, the guide aims below it; else step down, or halve what is left
-                aim = self.guide.pool_for(target, cap, max(res.missed_chunks, 1) / max(res.chunks, 1) / est) if est > 0 else p
-                if lo < aim < p:
+                if aim is not None and lo < aim < p:  # below it, where the guide says
                     p = aim
-                elif lo == 0:
+                else:  # else step down: 1, 2, 4 ...
                     p, down = p - down, down * 2
-                else:
-                    p = (lo + hi) // 2
             else:
                 lo, failed = p, failed + 1
                 if p >= cap:
                     break
-                if hi is None:  # gallop up: 1, 2, 4 ... past the last failure
+                if aim is not None and aim > p and failed <= 2:  # above it, where the guide says
+                    p = aim
+                elif hi is None:  # gallop up: 1, 2, 4 ... past the last failure
                     p, up = p + up, up * 2
-                else:  # the aim fell short: the next pool, then halve what is left
+                else:  # the aims fell short: the next pool, then halve what is left
                     p = p + 1 if failed == 1 else (lo + hi) // 2
         self.found[key] = hi
         return hi
+
+    def _slo_aim(self, spec: str, pool: int, bound: Bound, target: float, cap: int) -> int | None:
+        """The pool the guide aims at after ``spec``'s run at ``pool``: calibrated on that
+        run's miss rate (a passing run's, or a failing one's at its last window start before
+        the bound's stop would have ended it), the guide's pool for that rate over ``pool``
+        is the share of the pool the policy puts to use, and the aim is the guide's pool for
+        the target over that share. None when the run missed nothing yet."""
+        key = self._key(spec, pool, {})
+        res = next((r for k in self._alike(spec, key) if (r := self.cache.get(k)) is not None), None)
+        if res is None or not bound.ok(res):
+            res = res or next((r for k in self._alike(spec, key) if (r := self.partial.get(k)) is not None), None)
+            if res is None:
+                return None
+            stop = self._stop(bound)
+            before = next((i for i, x in enumerate(res.samples) if stop.broken(*x[1:], x[0])), len(res.samples)) - 1
+            missed, chunks = res.samples[before][2:] if before >= 0 else (0, 0)
+        else:
+            missed, chunks = res.missed_chunks, res.chunks
+        if missed <= 0 or chunks <= 0:
+            return None
+        share = self.guide.pool_at(missed / chunks, cap) / pool
+        return math.floor(self.guide.pool_at(target, cap) / share + 0.5)
 
     def latency_matched_pool(self, spec: str, worst: float, hint: int | None = None) -> int | None:
         """Smallest fixed pool whose worst chunk latency is no worse than ``worst``; None

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from processors.decisions import Admit, Decision, Vacate, Migrate, Place, Restore, Boot, Retire, Offload, Discard
-from processors.admission import AdmitPlan, WorkerLoad, candidate
+from processors.admission import AdmitPlan, WorkerLoad, admit_in_turn
 from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionEvent, SessionState, on_event
@@ -195,6 +195,9 @@ class SimResult:
     missed_chunks: int = 0
     complete: bool = True  # False: aborted by a Stop (the figures are those up to then)
     stopped_at: float | None = None  # when a Stop aborted it
+    # (t, worst chunk, missed, recorded) so far at each timeline window's start the run
+    # reached: any run of the same policy and pool passes through the same ones
+    samples: tuple[tuple[float, float, int, int], ...] = ()
 
     def metrics(self) -> dict[str, Any]:
         keys = ("worst_chunk_latency_s", "p99_chunk_latency_s", "deadline_miss_rate", "gpu_seconds", "cost", "migrations", "scale_events",
@@ -267,6 +270,8 @@ class _Sim:
         nwin = int(self.end // cfg.window_s) + 1
         self.tl = {k: [0.0] * nwin for k in ("gpus", "active", "migrations", "worst_latency_s")}
         self.tl_worst = self.tl["worst_latency_s"]
+        self.samples: list[tuple[float, float, int, int]] = []
+        self.sampled, self.worst_seen = 0, 0.0  # latencies looked at by the last sample, their worst
         for _ in range(cfg.initial_gpus):
             self.add_gpu(cfg.gpu_type, 0.0, GpuState.READY)
 
@@ -544,8 +549,8 @@ class _Sim:
 
     def admit_waiting(self, now: float) -> bool:
         """Dispatch's part: the sessions that arrived or woke since the last round go where
-        that round's admission plan says (processors.admission.candidate, as live), before
-        the policy decides again; whatever the plan leaves waits for the policy's Place."""
+        that round's admission plan says (processors.admission.candidate, as live, asked for
+        each in turn: admit_in_turn), before the policy decides again; whatever the plan leaves waits for the policy's Place."""
         plan = self.plan
         if plan is None or not (plan.order or plan.fallback):
             return False
@@ -556,11 +561,8 @@ class _Sim:
         # sessions whose state is on each GPU (executing or idle-resident), as Snapshot.resident
         held = Counter([s.gpu_id for s in chain(execs, self.idle.values())])
         workers = {g.id: WorkerLoad(held[g.id], g.capacity, g.state is not _READY) for g in self.gpus.values()}
-        for s in waiting:
-            best = candidate(plan, workers, s.id)
+        for s, best in zip(waiting, admit_in_turn(plan, workers, [s.id for s in waiting])):
             if best is not None:
-                w = workers[best]
-                workers[best] = WorkerLoad(w.used + 1, w.capacity, w.draining, w.down)
                 self.apply(Restore(s.id, best) if s.restore else Place(s.id, best), now)
         return True
 
@@ -655,6 +657,7 @@ class _Sim:
             if crossed:
                 w = self.win(now)
                 edge = (w + 1) * self.cfg.window_s if w < last else math.inf
+                self.sample(w * self.cfg.window_s)
                 if progress is not None:
                     progress(now)
             if kind == _CHUNK:
@@ -685,6 +688,13 @@ class _Sim:
                 if len(sessions) > tl_active[w]:
                     tl_active[w] = len(sessions)
 
+    def sample(self, t: float) -> None:
+        """The run so far at ``t`` (a window's start, before its first event)."""
+        if len(self.lat) > self.sampled:
+            self.worst_seen = max(self.worst_seen, max(self.lat[self.sampled:]))
+            self.sampled = len(self.lat)
+        self.samples.append((t, self.worst_seen, self.missed, self.recorded))
+
     def result(self, stopped_at: float | None = None) -> SimResult:
         lat = np.asarray(self.lat) if self.lat else np.zeros(1)
         n = np.asarray(self.lat_n) if self.lat else np.ones(1, dtype=np.int64)
@@ -706,6 +716,7 @@ class _Sim:
             missed_chunks=int(n[lat > self.cfg.deadline_s + 1e-9].sum()),
             complete=stopped_at is None,
             stopped_at=stopped_at,
+            samples=tuple(self.samples),
         )
 
 

@@ -3,9 +3,12 @@ admit by the same rule (``processors.admission.candidate``). Pure: no Kafka, no 
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from processors import decisions as d
 from processors.agents.control import ControlConfig, ControlShell, admission_plan
-from processors.admission import AdmitPlan, WorkerLoad, candidate
+from processors.admission import AdmitPlan, WorkerLoad, admit_in_turn, candidate
 from processors.dispatch import Commit, Committed, DispatchView, Facts, Retry, RetryLater, Seen, decide
 from processors.latency import load_profiles
 from processors.placement import admission_order
@@ -14,6 +17,29 @@ from processors.turboserve import TurboServe
 from schemas import records as r
 
 LOADS = {"a": WorkerLoad(2, 4), "b": WorkerLoad(0, 4), "c": WorkerLoad(1, 4), "d": WorkerLoad(0, 4, draining=True)}
+
+
+_IDS = st.sampled_from("abcde")
+_LOAD = st.builds(WorkerLoad, st.integers(0, 6), st.integers(0, 6), st.booleans(), st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(workers=st.dictionaries(_IDS, _LOAD), order=st.lists(st.tuples(_IDS, st.integers(0, 8)), max_size=12),
+       pinned=st.dictionaries(st.sampled_from(["s0", "s1", "s5"]), _IDS), fallback=st.booleans(), planned=st.booleans(),
+       n=st.integers(0, 10))
+def test_admitting_in_turn_is_candidate_asked_after_each_admission(workers, order, pinned, fallback, planned, n):
+    """The simulator's walk (the order read once) gives what dispatch gives asking
+    ``candidate`` for one session after another, each counted where it went."""
+    plan = AdmitPlan(tuple(order), pinned, fallback) if planned else None
+    sessions = [f"s{k}" for k in range(n)]
+    load, want = dict(workers), []
+    for sid in sessions:
+        best = candidate(plan, load, sid)
+        if best is not None:
+            w = load[best]
+            load[best] = WorkerLoad(w.used + 1, w.capacity, w.draining, w.down)
+        want.append(best)
+    assert admit_in_turn(plan, workers, sessions) == want
 
 
 def test_no_plan_means_least_loaded():

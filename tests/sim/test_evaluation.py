@@ -256,8 +256,31 @@ def test_the_miss_guide_falls_with_the_pool_and_aims_where_it_says():
     for target in (0.05, 0.01, 0.001):
         p = guide.pool_for(target, 60)
         assert guide.rate(p) <= target and (p == 1 or guide.rate(p - 1) > target)
-        assert guide.pool_for(target, 60, scale=0.5) <= p  # a guide that overestimates by 2x aims lower
-    assert guide.pool_for(0.0, 7) == 7  # none within the cap: the cap
+        x = guide.pool_at(target, 60)  # the same place as a real number
+        assert p - 1 <= x <= p and guide.rate(x) == pytest.approx(target, rel=0.02)
+    assert guide.pool_for(0.0, 7) == 7 and guide.pool_at(0.0, 7) == 7.0  # none within the cap: the cap
+    assert guide.pool_at(1.0, 7) == 1.0
+
+
+def test_an_slo_search_reads_a_failing_run_where_the_bounds_stop_would_end_it():
+    """The aim after a failing probe is the same whether that pool was stopped at the SLO's
+    breach, run to the end, or stopped later at another bound: each is read at its last
+    window start before the breach."""
+    from infra.sim.report import Bound
+
+    events = tuple(generate(GenConfig(level=5, duration_s=300.0, sessions=300, seed=5)))
+    bound = Bound(3.0, 0.002)
+    full, stopped, later = (Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True, window_s=10.0)) for _ in (1, 2, 3))
+    # the smallest pool that fails after a window with misses (smaller ones break at once)
+    pool = next(p for p in range(1, 20) if not stopped.check("least-loaded-offload", p, bound)
+                and stopped.partial[("least-loaded-offload", p, ())].samples[-1][2] > 0)
+    res = full.run("least-loaded-offload", pool)
+    part = stopped.partial[("least-loaded-offload", pool, ())]
+    assert not part.complete and part.samples == res.samples[: len(part.samples)] and 0 < len(part.samples) < len(res.samples)
+    later.run("least-loaded-offload", pool, stop=later._stop(Bound(3.0, 1.5 * bound.miss_rate)))  # a looser bound's stop
+    assert not later.check("least-loaded-offload", pool, bound)
+    aims = {r._slo_aim("least-loaded-offload", pool, bound, bound.miss_rate, 50) for r in (full, stopped, later)}
+    assert len(aims) == 1 and None not in aims
 
 
 def test_a_latency_search_aims_by_the_load_its_worst_chunk_implies():

@@ -1,5 +1,6 @@
 """The simulator's hot decision helpers give what their plain definitions give: the
-admission order is the heap walk over free positions it replaced, and the snapshot's
+admission order is the heap walk over free positions it replaced (and one type's keys
+walked level by level are that walk), and the snapshot's
 per-GPU counts are the per-session loops."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 
 from processors.latency import load_profiles
 from processors.lifecycle import SessionState
-from processors.placement import admission_order
+from processors.placement import admission_order, free_positions
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
 
 MODEL = load_profiles("paper")
@@ -52,6 +53,24 @@ def test_admission_order_is_the_heap_walk(seed):
         snap = Snapshot(0.0, gpus, ())
         for limit in (0, 1, 7, 128, 2000):
             assert admission_order(snap, MODEL, loads, limit) == _heap_order(snap, loads, limit)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_keys_shared_by_every_gpu_walk_as_the_heap_does_flat_steps_included(seed):
+    """One type's keys go level by level; the same keys under two types take the heap:
+    both give the same order, with runs of equal keys (flat steps) and keys that fall."""
+    rng = random.Random(seed)
+    for _ in range(400):
+        k = rng.randint(1, 12)
+        keys = [rng.choice((rng.randint(0, 4), rng.random())) for _ in range(k)]
+        if rng.random() < 0.8:
+            keys.sort()
+        gpus = tuple(Gpu(g.id, "a", g.state) for g in _pool(rng, mixed=False))
+        loads = {g.id: rng.randint(0, k + 2) for g in gpus if rng.random() < 0.9}
+        split = tuple(Gpu(g.id, rng.choice("ab"), g.state) for g in gpus)
+        for limit in (0, 1, 5, 40, 500):
+            heap = free_positions(split, loads, {"a": keys, "b": list(keys)}, limit)
+            assert free_positions(gpus, loads, {"a": keys}, limit) == heap
 
 
 @pytest.mark.parametrize("seed", range(4))
