@@ -22,7 +22,7 @@ from rich.table import Table
 
 from infra.outputs import folder_option, folder_problem, json_option, write_output
 from schemas.errors import ChunkserveError, ConfigError
-from schemas.records import Record, WorkerProvisioned
+from schemas.records import ID_MAX_LEN, Record, WorkerProvisioned
 from streams.config import PROVISIONER_ENV, Settings
 
 app = typer.Typer(help="chunkserve: serve long-lived, stateful, GPU-backed streaming sessions.",
@@ -235,6 +235,8 @@ def _check_worker_options(worker_id: str, device: str) -> None:
 
     if not worker_id.strip():
         raise ConfigError("--worker-id", "must be a non-empty id", "command line")
+    if len(worker_id) > ID_MAX_LEN:  # every record naming the worker would be refused
+        raise ConfigError("--worker-id", f"{len(worker_id)} characters: at most {ID_MAX_LEN}", "command line")
     try:
         kind = torch.device(device).type
     except RuntimeError:

@@ -102,7 +102,9 @@ def simulate_cmd(
         names = _expand(policy)
         check_policies(names)
         model = load_profiles(profile)
-        model[gpu_type]
+        if gpu_type not in model:
+            raise ConfigError("--gpu-type", f"{gpu_type!r}: the profile {profile!r} has no such GPU type "
+                                            f"(it has {', '.join(sorted(model))[:200]})", "command line")
         vt = load_volatility_table(table)
         slo = Slo(slo_miss, slo_worst)
         tr = load_trace(trace)

@@ -25,8 +25,6 @@ class InputGate:
     def refuse(self, sid: str, seq: int, size: int, timestamp_s: float) -> str | None:
         """None if the input (with this Kafka timestamp) may be routed; else why not (and the
         seq is kept as refused)."""
-        if seq < 1:
-            return f"seq {seq}: a session's inputs are numbered from 1, one by one"
         why = None
         if size > self.max_bytes:
             why = f"input payload is {size} bytes, over the {self.max_bytes}-byte limit"

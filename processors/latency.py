@@ -106,7 +106,8 @@ class LatencyModel(Mapping[str, GpuProfile]):
         try:
             return self.profiles[gpu_type]
         except KeyError:
-            raise ConfigError("gpu_type", f"no latency profile for {gpu_type!r}", self.name) from None
+            have = ", ".join(sorted(self.profiles))[:200]
+            raise ConfigError("gpu_type", f"no latency profile for {gpu_type!r} (it has {have})", self.name) from None
 
     def __contains__(self, gpu_type: object) -> bool:  # the Mapping default would raise ConfigError
         return gpu_type in self.profiles
@@ -129,6 +130,9 @@ def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyMo
         raise ConfigError("format", f"expected {PROFILE_FORMAT!r}", source)
     if doc.get("version") != 1:
         raise ConfigError("version", "only version 1 is understood", source)
+    extra = sorted(set(doc) - _DOC_KEYS)
+    if extra:  # a misspelt key would leave its setting at a default without a word
+        raise ConfigError(str(extra[0])[:60], f"not a key of a profile (have {sorted(_DOC_KEYS)})", source)
     types = doc.get("gpu_types")
     if not isinstance(types, Mapping) or not types:
         raise ConfigError("gpu_types", "must be a non-empty object", source)
@@ -136,21 +140,48 @@ def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyMo
         raise ConfigError("gpu_types", f"at most {MAX_TYPES} GPU types", source)
     profiles = {}
     for name, spec in types.items():
+        where = f"gpu_types.{name}"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(where, "must be an object", source)
+        extra = sorted(set(spec) - _TYPE_KEYS)
+        if extra:
+            raise ConfigError(f"{where}.{str(extra[0])[:60]}", f"not a key of a GPU type (have {sorted(_TYPE_KEYS)})", source)
+        table = spec.get("latency_s")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}.latency_s", "must be an object of batch size -> seconds", source)
         try:
-            table = spec["latency_s"]
-            points = tuple(sorted((int(k), float(v)) for k, v in table.items()))
+            points = tuple(sorted((int(k), _number(v, f"{where}.latency_s.{k}", source)) for k, v in table.items()))
             profiles[name] = GpuProfile(
                 name=name,
-                capacity=int(spec["capacity"]),
-                cost_per_hour=float(spec["cost_per_hour"]),
-                memory_bytes=_memory_bytes(spec.get("memory_gib", 80)),
+                capacity=_whole(spec.get("capacity"), f"{where}.capacity", source),
+                cost_per_hour=_number(spec.get("cost_per_hour"), f"{where}.cost_per_hour", source),
+                memory_bytes=_memory_bytes(_number(spec.get("memory_gib", 80), f"{where}.memory_gib", source)),
                 points=points,
             )
         except ConfigError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise ConfigError(f"gpu_types.{name}", f"malformed entry ({exc!r})", source) from None
+            raise ConfigError(where, f"malformed entry ({exc!r})", source) from None
     return LatencyModel(profiles, str(doc.get("name", source)))
+
+
+_DOC_KEYS = frozenset({"format", "version", "name", "source", "gpu_types"})
+_TYPE_KEYS = frozenset({"capacity", "cost_per_hour", "latency_s", "memory_gib"})
+
+
+def _number(value: Any, key: str, source: str) -> float:
+    """A JSON number (not a string, not true/false)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(key, f"must be a number, got {value!r}"[:200], source)
+    return float(value)
+
+
+def _whole(value: Any, key: str, source: str) -> int:
+    """A JSON number with no fraction (``16`` or ``16.0``; not ``16.5`` nor ``"16"``)."""
+    x = _number(value, key, source)
+    if not (math.isfinite(x) and x == int(x)):
+        raise ConfigError(key, f"must be a whole number, got {value!r}", source)
+    return int(x)
 
 
 def load_profiles(spec: str | Path) -> LatencyModel:

@@ -16,17 +16,18 @@ from typing import Annotated, Any, Callable, Literal, Union
 
 from .errors import SchemaError
 
-__all__ = ["Id", "Count", "Seq", "Seconds", "Fraction", "Validator", "compile_validator", "json_schema"]
+__all__ = ["Id", "Count", "Seq", "Seconds", "Fraction", "Validator", "compile_validator", "json_schema", "ID_MAX_LEN"]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_COLLECTION = 4096
+ID_MAX_LEN = 256  # the most characters of an id (session, worker, command)
 
 
 @dataclass(frozen=True, slots=True)
 class NonEmpty:
     """The string may not be empty (ids)."""
 
-    max_len: int = 256
+    max_len: int = ID_MAX_LEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +46,8 @@ class Max:
 
 Id = Annotated[str, NonEmpty()]
 Count = Annotated[int, Min(0)]
-# a producer's per-session input number: exact in every JSON number and in the store's Lua
-Seq = Annotated[int, Min(0), Max(2**53 - 1)]
+# a producer's per-session input number, from 1: exact in every JSON number and in the store's Lua
+Seq = Annotated[int, Min(1), Max(2**53 - 1)]
 Seconds = Annotated[float, Min(0.0)]
 Fraction = Annotated[float, Min(0.0), Max(1.0)]
 

@@ -5,7 +5,7 @@ replay and a close's sweep when they read a session's inputs back).
 Time is cut into windows of ``burst / rate`` seconds of the records' Kafka timestamps
 (:func:`rate_window`); the first ``burst`` inputs of a session in a window pass, the rest are
 refused. Counted, in log order: the session's inputs that pass the other bounds
-(:func:`rate_counted`: seq from 1, payload size, key), whether the rate refused them or not;
+(:func:`rate_counted`: payload size, key; a seq below 1 is no record at all), whether the rate refused them or not;
 a seq repeated within the window is counted once and gets its first copy's verdict.
 A token bucket on the reader's clock let a replay apply an input dispatch had refused for the
 rate, and a restarted dispatch decide otherwise than before."""
@@ -24,7 +24,7 @@ MAX_SESSIONS = 100_000  # past this many, the oldest sessions' counts (and refus
 
 def rate_counted(rec: InputPushed, key: bytes | None, max_bytes: int) -> bool:
     """Whether the rate rule counts this input: within the other bounds dispatch checks first."""
-    return rec.seq >= 1 and misfiled(rec, key) is None and len(rec.payload.encode()) <= max_bytes
+    return misfiled(rec, key) is None and len(rec.payload.encode()) <= max_bytes
 
 
 def rate_window(timestamp_s: float, rate: float, burst: float) -> int:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from ._fields import Count, Fraction, Id, Seconds, Seq, validate_instance
+from ._fields import ID_MAX_LEN, Count, Fraction, Id, Seconds, Seq, validate_instance
 
 __all__ = [
-    "Record", "Generation", "record_types", "ReleaseReason", "RejectReason",
+    "Record", "Generation", "record_types", "ReleaseReason", "RejectReason", "ID_MAX_LEN",
     # session-events
     "SessionOpened", "SessionActive", "SessionIdle", "SessionClosed",
     # session-inputs
@@ -108,7 +108,8 @@ class SessionOpened(Record):
 
 @record("session.active")
 class SessionActive(Record):
-    """The user came back: the session needs a GPU again."""
+    """The user came back: the session needs a GPU again. For a session no open was seen
+    for (the open lost, or behind it in the log), it opens the session, with no prompt."""
 
     session_id: Id
     ts: Seconds

@@ -206,6 +206,8 @@ class Settings:
         problem = topic_prefix_problem(self.topic_prefix)
         if problem:
             raise ConfigError("topic_prefix", problem)
+        if not self.namespace or any(c in self.namespace for c in "{}"):  # the Redis keys' one hash tag
+            raise ConfigError("namespace", f"{self.namespace[:60]!r}: must be non-empty, without braces")
         for topic, n in self.partitions.items():
             if topic not in TOPICS:
                 raise ConfigError(f"partitions.{topic}", "unknown topic")

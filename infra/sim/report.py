@@ -371,12 +371,11 @@ class Runner:
             p = max(lo + 1, min(p, cap if hi is None else hi - 1))
             if hi is not None and p >= hi:
                 break
-            ok = self.check(spec, p, bound)
-            aim = self._slo_aim(spec, p, bound, target, cap)
-            if ok:
+            if self.check(spec, p, bound):
                 hi, failed = p, 0
                 if p - 1 <= lo:
                     break
+                aim = self._slo_aim(spec, p, bound, target, cap)
                 if aim is not None and lo < aim < p:  # below it, where the guide says
                     p = aim
                 else:  # else step down: 1, 2, 4 ...
@@ -385,7 +384,8 @@ class Runner:
                 lo, failed = p, failed + 1
                 if p >= cap:
                     break
-                if aim is not None and aim > p and failed <= 2:  # above it, where the guide says
+                aim = self._slo_aim(spec, p, bound, target, cap) if failed <= 2 else None
+                if aim is not None and aim > p:  # above it, where the guide says
                     p = aim
                 elif hi is None:  # gallop up: 1, 2, 4 ... past the last failure
                     p, up = p + up, up * 2

@@ -117,6 +117,8 @@ def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_boot
              (["processor", "control"], {"CHUNKSERVE_POLICY": "nosuch"}, "policy: unknown policy"),
              (["processor", "detector"], {"CHUNKSERVE_DETECTOR_TICK_S": "x"}, "CHUNKSERVE_DETECTOR_TICK_S: not a number"),
              (["worker", "--worker-id", " "], {}, "--worker-id: must be a non-empty id"),
+             # refused only once its first record was: after it had joined the broker, exit code 1
+             (["worker", "--worker-id", "w" * 257], {}, "--worker-id: 257 characters: at most 256"),
              (["worker", "--worker-id", "w", "--device", "tpu"], {}, "--device: not a torch device: 'tpu'")]
     for args, env, said in cases:
         rc, out = _run(args, {**endpoints, **env})
@@ -125,13 +127,21 @@ def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_boot
 
 
 def test_a_topic_prefix_kafka_refuses_is_named_at_once_by_every_command(kafka_bootstrap, redis_url, tmp_path):
-    """It used to reach the broker, which refused each topic: a traceback after 30 s."""
+    """It used to reach the broker, which refused each topic: a traceback after 30 s. And a
+    namespace Redis Cluster cannot hash-tag."""
     env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url,
            "CHUNKSERVE_TOPIC_PREFIX": "bad prefix/!"}
     for command in (["topics"], ["up"], ["watch", "--duration", "2"], ["processor", "control"]):
         rc, out = _run(command, env)
         assert rc == 2, (command, out)
         assert "env CHUNKSERVE_TOPIC_PREFIX: topic_prefix: 'bad prefix/!': a Kafka topic name" in _one_line(out)
+    # the Redis keys' hash tag: the processors looped on tracebacks, `up` started its children
+    env = {**env, "CHUNKSERVE_TOPIC_PREFIX": "ok.", "CHUNKSERVE_NAMESPACE": "a}b"}
+    for command in (["topics"], ["up"], ["processor", "dispatch"]):
+        rc, out = _run(command, env)
+        assert rc == 2, (command, out)
+        assert "env CHUNKSERVE_NAMESPACE: namespace: 'a}b': must be non-empty, without braces" in _one_line(out)
+    env = {k: v for k, v in env.items() if k != "CHUNKSERVE_NAMESPACE"}
     conf = tmp_path / "chunkserve.toml"
     conf.write_text('topic_prefix = "' + 'x' * 240 + '"\n')
     rc, out = _run(["--config", str(conf), "topics"], env={k: v for k, v in env.items() if "PREFIX" not in k})

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from processors.agents.dispatch import DispatchShell
 from processors.input_gate import MAX_REFUSED, InputGate
+from schemas.errors import SchemaError
 from schemas.input_rate import RateCount, rate_counted, rate_window
 from schemas.records import InputPushed
 from tests.processors.test_recovery import Sent  # the publisher that keeps what dispatch sends
@@ -40,7 +43,6 @@ def test_the_rate_rule_counts_only_inputs_within_the_other_bounds() -> None:
         return InputPushed(session_id="s", seq=seq, kind="text", payload=payload, ts=0.0)
 
     assert rate_counted(rec(1), b"s", 10)
-    assert not rate_counted(rec(0), b"s", 10)  # seq below 1
     assert not rate_counted(rec(1, "x" * 11), b"s", 10)  # over the size bound
     assert not rate_counted(rec(1), b"other", 10)  # keyed by another id
 
@@ -88,10 +90,11 @@ def test_router_refuses_oversized_and_too_frequent_inputs_with_a_reason() -> Non
     assert shell.gate.refused_before("other") == (2,)  # named on the session's next routed input
 
 
-def test_router_refuses_a_seq_below_one() -> None:
-    shell = DispatchShell(store=None, publisher=None)
-    why = shell.admit_input(InputPushed(session_id="s", seq=0, kind="text", payload="hi", ts=0.0), b"s", 0.0)
-    assert why is not None and "numbered from 1" in why
+def test_a_seq_below_one_is_no_input() -> None:
+    """Refused by the schema (the AsyncAPI document's minimum), so dispatch dead-letters it
+    as undecodable; it said minimum 0 while dispatch refused 0."""
+    with pytest.raises(SchemaError, match="seq: must be >= 1, got 0"):
+        InputPushed(session_id="s", seq=0, kind="text", payload="hi", ts=0.0)
 
 
 def test_the_gate_hands_its_refused_seqs_to_the_next_routed_input_once() -> None:

@@ -43,3 +43,27 @@ def test_loads_a_file_and_rejects_bad_ones(tmp_path):
             load_profiles(path)
     with pytest.raises(ConfigError):
         load_profiles("paper")["no-such-type"]
+
+
+@pytest.mark.parametrize("change,key,said", [
+    (lambda d, t: t.update(capacity=16.5), "gpu_types.cpu.capacity", "must be a whole number, got 16.5"),
+    (lambda d, t: t.update(capacity="16"), "gpu_types.cpu.capacity", "must be a number, got '16'"),
+    (lambda d, t: t.update(capacity=True), "gpu_types.cpu.capacity", "must be a number, got True"),
+    (lambda d, t: t["latency_s"].update({"2": "0.15"}), "gpu_types.cpu.latency_s.2", "must be a number"),
+    (lambda d, t: t.update(memory_gib="8"), "gpu_types.cpu.memory_gib", "must be a number"),
+    (lambda d, t: t.update(capcity=2), "gpu_types.cpu.capcity", "not a key of a GPU type"),
+    (lambda d, t: d.update(gpu_typez={}), "gpu_typez", "not a key of a profile"),
+    (lambda d, t: d["gpu_types"].update(cpu2=[1]), "gpu_types.cpu2", "must be an object"),
+])
+def test_a_profile_is_read_as_strictly_as_a_placement_document(change, key, said):
+    """A capacity of 16.5 or "16", a string for a number or a misspelt key were taken (16,
+    the string's value, the key ignored): each is named instead, as `place` names them."""
+    doc = {"format": "chunkserve.latency-profile", "version": 1, "name": "m",
+           "gpu_types": {"cpu": {"capacity": 2, "cost_per_hour": 0, "latency_s": {"1": 0.1, "2": 0.15}}}}
+    assert parse_profiles(json.loads(json.dumps(doc)))["cpu"].capacity == 2
+    doc["gpu_types"]["cpu"]["capacity"] = 2.0  # a whole number written as a float is a whole number
+    assert parse_profiles(doc)["cpu"].capacity == 2
+    change(doc, doc["gpu_types"]["cpu"])
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(doc, "m.json")
+    assert info.value.key == key and info.value.source == "m.json" and said in str(info.value)

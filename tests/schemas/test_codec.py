@@ -82,11 +82,12 @@ def test_schema_error_names_field(change, field: str, needle: str) -> None:
 
 
 def test_negative_seq_and_wrong_topic() -> None:
-    good = InputPushed(session_id="s", seq=0, kind="text", payload="hi", ts=0.0)
+    good = InputPushed(session_id="s", seq=1, kind="text", payload="hi", ts=0.0)
     wire = msgpack.unpackb(encode(good))
-    wire["seq"] = -3
-    with pytest.raises(SchemaError, match="seq"):
-        decode("session-inputs", msgpack.packb(wire))
+    for bad in (-3, 0):  # a session's inputs are numbered from 1 (the contract's minimum)
+        wire["seq"] = bad
+        with pytest.raises(SchemaError, match=f"seq: must be >= 1, got {bad}"):
+            decode("session-inputs", msgpack.packb(wire))
     with pytest.raises(SchemaError, match="unknown type tag"):
         decode("session-events", encode(good))
 
