@@ -535,7 +535,7 @@ def up(
     from prometheus_client import Counter, Gauge
 
     from workers.supervision import port_free, prometheus_targets
-    from infra.local import LocalFleet, after_exit, last_words
+    from infra.local import FleetLease, LocalFleet, after_exit, last_words
     from streams.topics import ensure_topics
 
     _check_children_env(_settings(require_endpoints=False))  # what only a child reads is refused here, before any starts
@@ -543,6 +543,8 @@ def up(
     _logging(log_format)  # and its children's, through CHUNKSERVE_LOG_FORMAT
     _warn_unsigned(settings)
     asyncio.run(ensure_topics(settings))
+    lease = FleetLease(settings)
+    lease.take()  # one fleet per topic prefix: a second is refused before it starts anything
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-up-"))
     fleet = LocalFleet(settings, logs)
     _metrics_server(metrics_port, metrics_host)
@@ -577,6 +579,9 @@ def up(
         console.print(f"up: {', '.join(fleet.procs)}; logs in {logs}; Ctrl-C or SIGTERM stops them")
         restarts: dict[str, list[float]] = {}
         while True:
+            if lease.lost is not None:
+                console.print(f"[red]up: {lease.lost}: stopping the fleet[/red]", soft_wrap=True)
+                raise typer.Exit(2)
             for name, ok in fleet.alive().items():
                 running.labels(name).set(ok)
                 if ok:
@@ -599,6 +604,7 @@ def up(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         # no new scaling decision, then the provisioner drains and stops its workers, then the rest
         fleet.stop_all(first=("control-0", "provisioner"), grace_s=UP_STOP_GRACE_S)
+        lease.release()
         console.print("up: stopped")
 
 

@@ -7,17 +7,21 @@ this process dies (``workers.supervision``).
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from schemas.errors import ChunkserveError, LeaseHeldError
 from streams.config import PROVISIONER_ENV, Settings
+from streams.lease import PROCESSOR_LEASE_S, Lease, holder_of
 from streams.config_file import child_env
 from workers.supervision import spawn, stop_in_order
 
-__all__ = ["LocalFleet", "child_env", "after_exit", "RESTARTS", "RESTART_WINDOW_S"]
+__all__ = ["LocalFleet", "FleetLease", "child_env", "after_exit", "RESTARTS", "RESTART_WINDOW_S"]
 
 RESTARTS, RESTART_WINDOW_S = 5, 300.0  # a child that exits this often this fast is not restarted again
 
@@ -31,6 +35,64 @@ def after_exit(code: int | None, restarts: Sequence[float], now: float) -> str |
     if sum(t > now - RESTART_WINDOW_S for t in restarts) >= RESTARTS:
         return f"it exited {RESTARTS + 1} times within {RESTART_WINDOW_S:g} s"
     return None
+
+
+class FleetLease:
+    """`up`'s hold on its topic prefix, so that one fleet runs per prefix: a second `up` is
+    refused in one line before it starts anything (its provisioner had joined the group and
+    started a worker under an id the running fleet then used again). The lease (in Redis,
+    as the processors') is taken and kept by a thread of its own, as `up` supervises in a
+    plain loop; ``lost`` is set when another process took it while this one could not
+    refresh it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.lost: ChunkserveError | None = None
+        self._ready = threading.Event()
+        self._refused: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._hold()), name="up-lease", daemon=True)
+
+    def take(self) -> None:
+        """Take the lease (waiting out one that a killed `up` left), or raise why not."""
+        self._thread.start()
+        self._ready.wait()
+        if self._refused is not None:
+            raise self._refused
+
+    def release(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=PROCESSOR_LEASE_S)
+
+    async def _hold(self) -> None:
+        from streams.generations import GenerationStore
+
+        store = GenerationStore.from_settings(self.settings)
+        prefix = self.settings.topic_prefix
+        try:
+            lease = Lease(store, f"up:{prefix}", PROCESSOR_LEASE_S)
+            answer = await lease.take()
+            if not answer.ours:
+                self._refused = LeaseHeldError(lease.name, holder_of(answer.holder), (
+                    f"a fleet (chunkserve up) of topic prefix {prefix!r} is running already ({holder_of(answer.holder)}); run "
+                    f"one per topic prefix (one that stopped without a clean shutdown frees its place within "
+                    f"{PROCESSOR_LEASE_S:g} s)"))
+                return
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            self._ready.set()
+            taken = await lease.keep(self._stop, PROCESSOR_LEASE_S / 5)
+            if taken is None:
+                await lease.release()
+            else:
+                self.lost = ChunkserveError(f"the fleet's lease on topic prefix {prefix!r} was taken by another "
+                                            f"`up` ({holder_of(taken.holder)}) while this one could not refresh it")
+        except Exception as exc:  # noqa: BLE001 - Redis out of reach at start: `up` says so in one line
+            self._refused = exc if isinstance(exc, ChunkserveError) else ChunkserveError(f"the fleet's lease: {exc}")
+        finally:
+            self._ready.set()
+            await store.aclose()
 
 
 @dataclass

@@ -27,7 +27,7 @@ from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
 
 from .config import Settings
 from .kafka import count_sent, dead_letter_record, refusal
-from .lease import Lease, holder_of
+from .lease import PROCESSOR_LEASE_S, Lease, holder_of
 from .store_records import LeaseAnswer
 from .prom import metrics
 from .topics import TopicCatalogue
@@ -184,7 +184,6 @@ async def group_refusal(settings: Settings, group: str) -> AccessDeniedError | N
     return None
 
 
-PROCESSOR_LEASE_S = 5.0  # a processor run alone (``lease``) frees its place this long after a kill
 
 
 def processor_held(processor: str, prefix: str, lease: Lease, answer: LeaseAnswer,

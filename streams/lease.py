@@ -19,12 +19,13 @@ from typing import Any, Awaitable, Callable
 
 from .store_records import LeaseAnswer, LeaseState
 
-__all__ = ["Lease", "LEASE_MARGIN_S", "RETRY_S", "holder_token", "holder_of"]
+__all__ = ["Lease", "LEASE_MARGIN_S", "RETRY_S", "PROCESSOR_LEASE_S", "holder_token", "holder_of"]
 
 log = logging.getLogger(__name__)
 
 LEASE_MARGIN_S = 1.0  # waited past a holder's time before its lease counts as live
 RETRY_S = 0.25  # between tries of a lease another holds
+PROCESSOR_LEASE_S = 5.0  # a processor (or `up`) run alone per topic prefix frees its place this long after a kill
 
 
 def holder_token() -> str:

@@ -1,6 +1,6 @@
 """`chunkserve up` owns its process tree and only it: a child that dies is started again,
-SIGTERM stops all of it, SIGKILL leaves no orphan, and a worker started beside it by hand is
-never shut down by it."""
+SIGTERM stops all of it, SIGKILL leaves no orphan, a worker started beside it by hand is
+never shut down by it, and a second `up` on its topic prefix starts nothing."""
 
 from __future__ import annotations
 
@@ -149,6 +149,15 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path):
     (again,) = [p for p in tree if "detector" in _cmdline(p)]
     assert again.pid != detector.pid
     _scrape(by_process["detector-0"], "chunkserve_records_consumed_total")
+    # a second `up` on the same topic prefix starts nothing: its provisioner had started a
+    # worker under an id the running fleet then used again
+    second = subprocess.run([sys.executable, "-m", "infra", "up", "--log-dir", str(tmp_path / "logs2")],
+                            env={**child_env(settings), "CHUNKSERVE_MIN_WORKERS": "0"}, capture_output=True, text=True,
+                            timeout=120)
+    said = " ".join((second.stdout + second.stderr).split())
+    assert second.returncode == 2 and f"a fleet (chunkserve up) of topic prefix {settings.topic_prefix!r} is running already" in said
+    assert "up: dispatch-0" not in said
+    assert len(psutil.Process(up.pid).children(recursive=True)) == len(tree)
     up.send_signal(signal.SIGTERM)
     elapsed, alive = _gone_within([psutil.Process(up.pid), *tree], 10.0)
     for p in alive:
