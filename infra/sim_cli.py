@@ -79,12 +79,12 @@ def simulate_cmd(
     table: str = typer.Option("default", "--table", help="Volatility table JSON (from `chunkserve tune`) or 'default'."),
     gpu_type: str = typer.Option("b300", "--gpu-type", help="GPU type of fixed pools and of scale-out."),
     pool: Optional[int] = typer.Option(None, "--pool", min=1, max=4096, help="Pool size for fixed-pool policies when no subject runs (default: peak-provisioned), and the starting pool of module:Name policies (default: elastic, like turboserve)."),
-    deadline: float = typer.Option(1.0, "--deadline", min=0.001, help="Chunk deadline = media duration of a chunk, s."),
+    deadline: float = typer.Option(1.0, "--deadline", min=0.001, max=3600.0, help="Chunk deadline = media duration of a chunk, s."),
     boot: float = typer.Option(60.0, "--boot", min=0.0, max=86400.0, help="GPU boot time, s."),
     round_s: float = typer.Option(0.5, "--round", min=0.0, max=60.0, help="Decision round grid, s (events are quantized up to it; 0: exact)."),
-    burst_memory: float = typer.Option(900.0, "--burst-memory", min=0.0, help="How long the autoscaler's burst reserve remembers a rise of executing sessions, s (0: no reserve)."),
+    burst_memory: float = typer.Option(900.0, "--burst-memory", min=0.0, max=1e6, help="How long the autoscaler's burst reserve remembers a rise of executing sessions, s (0: no reserve)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
-    slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, help="SLO: slowest chunk allowed, s."),
+    slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream)."),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes the comparisons' runs use (0: one per CPU core; same figures for any number)."),
 ) -> None:
@@ -263,7 +263,7 @@ def evaluate_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every comparison and its bars as JSON here."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated trace names of the split (e.g. flash/s0)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
-    slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, help="SLO: slowest chunk allowed, s."),
+    slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes each comparison's runs use (0: one per CPU core)."),
 ) -> None:
     """Compare the policies on a split of trace families; print the quality bars per trace."""

@@ -205,6 +205,9 @@ class SimResult:
         return {k: getattr(self, k) for k in keys}
 
 
+_NO_TRANSFER = (0.0, 0.0)
+
+
 class _Gpu:
     __slots__ = ("id", "type", "state", "since", "roster", "batch", "busy", "leaving", "closing", "start", "latency", "capacity")
 
@@ -251,7 +254,7 @@ class _Sim:
         self.lat_n: list[int] = []
         self.resume_lat: list[float] = []  # activation (idle -> active) to first chunk end
         self.waking: set[str] = set()  # activated, first chunk not done yet
-        self.transfer: dict[str, float] = {}  # sid -> restore transfer of its activation
+        self.transfer: dict[str, tuple[float, float]] = {}  # sid -> (restore transfer of its activation, when it began)
         try:
             self.state = policy.initial_state()
         except Exception as exc:  # a plug-in's own code
@@ -370,7 +373,7 @@ class _Sim:
                 self.waking.discard(sid)
                 self.resume_lat.append(x)
             if self.transfer:
-                x -= self.transfer.pop(sid, 0.0)
+                x -= self.transfer.pop(sid, _NO_TRANSFER)[0]
             lat.append(x)
             lat_n.append(1)
             if x > worst:
@@ -400,14 +403,21 @@ class _Sim:
     def leave(self, sid: str, now: float) -> None:
         """A session stops running (suspend, close): its chunk in flight is dropped."""
         gid = self.where.pop(sid, None)
+        home = self.gpus.get(gid) if gid is not None else None
+        arrived = home is not None and sid in home.roster  # else waiting for a GPU, or its state on the way to one
         for x in (gid, *self.sources) if self.sources else (gid,):  # it may still sit on a migration's source
             g = self.gpus.get(x)  # type: ignore[arg-type]
             if g is not None:
                 g.roster.discard(sid)
                 g.leaving.pop(sid, None)
-        waited = now - self.req[sid] - self.transfer.get(sid, 0.0) if sid in self.req else 0.0
-        if (gid is None or gid not in self.gpus) and waited > self.cfg.deadline_s:
-            self.lat.append(waited)  # waited past its deadline without a GPU
+        if sid in self.waking and sid in self.req:  # a return never served: its resume took all its spell
+            self.resume_lat.append(now - self.req[sid])
+        pause, began = self.transfer.get(sid, _NO_TRANSFER)
+        # its wait less its restore: on the way to its GPU, what passed before the restore began
+        on_the_way = home is not None and not arrived and pause > 0
+        waited = (began if on_the_way else now - pause) - self.req[sid] if sid in self.req else 0.0
+        if not arrived and waited > self.cfg.deadline_s:
+            self.lat.append(waited)  # waited past its deadline without a GPU to run on
             self.lat_n.append(1)
             self.missed += waited > self.cfg.deadline_s + 1e-9
             self.recorded += 1
@@ -432,7 +442,7 @@ class _Sim:
             if s.restore:  # its state is elsewhere: restored, whichever command placed it
                 pause = self.cfg.restore_alpha_s + self.cfg.restore_beta_s_per_byte * s.state_bytes
                 if s.id in self.waking:  # the activation's own restore (once), not a policy's
-                    self.transfer.setdefault(s.id, pause)
+                    self.transfer.setdefault(s.id, (pause, now))
             self.push(now + pause, _ARRIVE, (s.id, g.id))
         elif isinstance(cmd, Migrate) and s is None and sid in self.idle:
             i, dst = self.idle[sid], self.gpus.get(cmd.dst)

@@ -2,7 +2,9 @@
 
 A bad file raises :class:`TraceError` naming the file, the 1-based line and the reason.
 ``state_mb`` is megabytes (10**6 bytes); a blank or absent value keeps the session's size.
-A session still open when the trace ends is closed at the last timestamp.
+A session still open when the trace ends is closed at the last timestamp. Time counts from
+0, not from the first row (a launch's first session may come seconds after the service goes
+live); a session id is not used again after its close.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def parse_trace(rows: Iterable[list[str]], path: str = "trace") -> Trace:
     missing = [c for c in _REQUIRED if c not in header]
     if missing:
         raise TraceError(path, 1, f"header lacks column(s) {', '.join(missing)} (need t_s,session_id,event[,state_mb])")
+    unknown = [c for c in header if c not in (*_REQUIRED, "state_mb")]
+    if unknown:  # a misspelt state_mb would leave every size at 0 without a word
+        raise TraceError(path, 1, f"header names unknown column(s) {', '.join(repr(c[:40]) for c in unknown[:3])} "
+                                  "(a trace has t_s,session_id,event[,state_mb])")
     cols = {name: header.index(name) for name in (*_REQUIRED, "state_mb") if name in header}
     need = max(cols[c] for c in _REQUIRED) + 1
     state: dict[str, str] = {}  # session -> "open" | "closed"
@@ -90,6 +96,9 @@ def parse_trace(rows: Iterable[list[str]], path: str = "trace") -> Trace:
         last_t = t
         seen = state.get(sid)
         if kind is EventKind.OPEN:
+            if seen == "closed":
+                raise TraceError(path, line, f"open of session {sid!r} after its close: a session id is not used "
+                                             "again (give the new session an id of its own)")
             if seen is not None:
                 raise TraceError(path, line, f"duplicate open of session {sid!r}")
             state[sid] = "open"

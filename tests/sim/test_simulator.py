@@ -150,3 +150,23 @@ def test_cli_burst_memory_zero_turns_the_reserve_off(tmp_path):
         docs[memory] = json.loads(out.read_text())["policies"]["turboserve"]
     # the reserve holds capacity for the largest recent rise: without it the pool is smaller
     assert docs["0"]["gpu_seconds"] < docs["900"]["gpu_seconds"]
+
+
+def test_a_return_whose_restore_outlasts_its_spell_is_counted():
+    """A restore that cannot land within the spell was counted nowhere (a policy too slow
+    to restore looked perfect): the return's resume latency is its whole spell, and a wait
+    for room before the restore began counts as a chunk that long."""
+    I, A = EventKind.IDLE, EventKind.ACTIVE
+    big = 250 * 10**9  # restored in 0.05 + 250e9 / 12e9 = 20.88 s
+    ev = _ev((0, "a", O, big), (0, "b", O, 10**7), (5, "a", I, big), (10, "a", A, big), (20, "a", C, 0), (20, "b", C, 0))
+    r = simulate(load_policy("least-loaded-offload", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
+    assert r.worst_resume_latency_s == pytest.approx(10.0)  # never served: the whole spell, 10 s
+    assert r.worst_chunk_latency_s < 1.0  # the restore itself is left out of chunk latency
+    # one GPU of K = 40, full when `a` comes back at 2: it waits for room until 5, then its
+    # restore begins and it goes idle at 8, still on the way
+    full = [(1, f"s{k}", O, 0) for k in range(40)]
+    ev = _ev((0, "a", O, big), (0.5, "a", I, big), *full, (2, "a", A, big), (5, "s0", C, 0), (8, "a", I, big),
+             *[(30, f"s{k}", C, 0) for k in range(1, 40)], (30, "a", C, 0))
+    r = simulate(load_policy("least-loaded-offload", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
+    assert r.worst_chunk_latency_s == pytest.approx(3.0) and r.missed_chunks >= 1
+    assert r.worst_resume_latency_s == pytest.approx(6.0)

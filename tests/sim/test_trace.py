@@ -26,6 +26,7 @@ def _load(tmp_path, body: str, head: str = HEAD):
         ("0,a,active,\n", 2, "before open"),
         ("0,a,open,1\n1,a,close,\n2,a,idle,\n", 4, "after close"),
         ("0,a,open,1\n1,a,open,1\n", 3, "duplicate open"),
+        ("0,a,open,1\n1,a,close,\n2,a,open,1\n", 4, "after its close: a session id is not used again"),
         ("zero,a,open,1\n", 2, "not a number"),
         ("-1,a,open,1\n", 2, ">= 0"),
         ("0,a,open,-5\n", 2, ">= 0"),
@@ -56,6 +57,14 @@ def test_trailing_empty_cells_are_accepted(tmp_path):
 def test_missing_header_column(tmp_path):
     with pytest.raises(TraceError, match="lacks column"):
         _load(tmp_path, "0,a\n", head="t_s,session_id\n")
+
+
+@pytest.mark.parametrize("head", ["t_s,session_id,event,state_MB\n", "t_s,session_id,event,state_mb,note\n"])
+def test_an_unknown_header_column_is_named_not_ignored(tmp_path, head):
+    """`state_MB` left every session's size at 0 without a word."""
+    with pytest.raises(TraceError) as err:
+        _load(tmp_path, "0,a,open,500000\n", head=head)
+    assert err.value.line == 1 and "unknown column(s)" in err.value.reason
 
 
 def test_open_sessions_close_at_end(tmp_path):
