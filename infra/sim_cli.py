@@ -278,8 +278,10 @@ def evaluate_cmd(
         if split not in splits:
             raise ConfigError("split", "heldout, launch, outside or tune", split)
         specs = splits[split]
-        if only:
-            want = {x.strip() for x in only.split(",")}
+        if only is not None:
+            want = {x.strip() for x in only.split(",")} - {""}
+            if not want:  # an empty --only ran the whole split
+                raise ConfigError("--only", "names no trace", "command line")
             unknown = sorted(want - {s.name for s in specs})
             if unknown:
                 raise ConfigError("--only", f"not traces of the {split} split: {', '.join(unknown)} "

@@ -79,3 +79,5 @@ def test_trace_gen_and_evaluate_name_the_launch_families(tmp_path):
     assert split.exit_code == 2 and "launch" in split.output
     only = CliRunner().invoke(app, ["evaluate", "--split", "launch", "--only", "ramp/s0,nosuch"])
     assert only.exit_code == 2 and "nosuch" in only.output and "ramp/s0" in only.output  # runs nothing, says why
+    empty = CliRunner().invoke(app, ["evaluate", "--split", "launch", "--only", " , "])  # ran the whole split
+    assert empty.exit_code == 2 and "--only: names no trace" in empty.output
