@@ -504,6 +504,8 @@ class _Sim:
             self.gpu_view = None
         elif isinstance(cmd, Admit):
             self.plan = AdmitPlan(cmd.order, {}, cmd.fallback, now)
+            # an entry for a GPU it does not have, or for no session, admits nobody: said, not carried
+            self.invalid += sum(1 for gid, n in cmd.order if gid not in self.gpus or not n >= 1)
         elif isinstance(cmd, Retire):
             g = self.gpus.get(cmd.gpu_id)
             if g is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from processors.decisions import Decision, Migrate, Place, Boot
+from processors.decisions import Admit, Decision, Migrate, Place, Boot
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState
 
@@ -161,3 +161,19 @@ class BadBoots:
     def decide(self, snapshot, signal, state):
         bad = (Boot(10**9, "b300"), Boot(2.5, "b300"), Boot(1, "a100"))  # type: ignore[arg-type]
         return Decision(bad + (Boot(1, "b300"),) if state == 0 else (), state + 1)
+
+
+@dataclass(frozen=True)
+class BadAdmit:
+    """One admission order with an entry for a GPU the pool does not have and one for no
+    session, beside a good one: each bad entry counts as an invalid command."""
+
+    name: str = "bad-admit"
+
+    def initial_state(self) -> int:
+        return 0
+
+    def decide(self, snapshot, signal, state):
+        g = snapshot.gpus[0].id
+        order = ((g, 3), ("nosuch", 5), (g, 0)) if state == 0 else ((g, 3),)
+        return Decision((Admit(order, fallback=False),), state + 1)

@@ -170,3 +170,9 @@ def test_a_return_whose_restore_outlasts_its_spell_is_counted():
     r = simulate(load_policy("least-loaded-offload", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
     assert r.worst_chunk_latency_s == pytest.approx(3.0) and r.missed_chunks >= 1
     assert r.worst_resume_latency_s == pytest.approx(6.0)
+
+
+def test_admission_entries_for_no_gpu_or_no_session_are_invalid_commands():
+    ev = _ev((0, "a", O, 0), (1, "b", O, 0), (10, "a", C, 0), (10, "b", C, 0))
+    r = simulate(load_policy("tests.sim.plugin:BadAdmit"), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
+    assert r.invalid_commands == 2 and r.chunks > 0  # the good entry still admits
