@@ -20,9 +20,9 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from itertools import repeat
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from itertools import repeat
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np

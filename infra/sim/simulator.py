@@ -562,7 +562,8 @@ class _Sim:
     def admit_waiting(self, now: float) -> bool:
         """Dispatch's part: the sessions that arrived or woke since the last round go where
         that round's admission plan says (processors.admission.candidate, as live, asked for
-        each in turn: admit_in_turn), before the policy decides again; whatever the plan leaves waits for the policy's Place."""
+        each in turn: admit_in_turn), before the policy decides again; whatever the plan
+        leaves waits for the policy's Place."""
         plan = self.plan
         if plan is None or not (plan.order or plan.fallback):
             return False
