@@ -5,6 +5,7 @@ never shut down by it, and a second `up` on its topic prefix starts nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -107,7 +108,20 @@ def _scrape(port: int, wanted: str, timeout_s: float = 120.0) -> str:
     raise AssertionError(f"{wanted!r} not on :{port} within {timeout_s} s:\n{body[-2000:]}")
 
 
-def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path):
+@pytest.fixture
+def reaped():
+    """The `up`s a test starts: killed with their trees at its end, passed or failed (a
+    failed assertion left one running, its children retrying a broker that was gone)."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+
+
+def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path, reaped):
     from infra.embedded import free_port
 
     port = free_port()
@@ -119,6 +133,7 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path):
         pass  # taken already: skipped all the same
     try:
         up, tree = _start_up(settings, tmp_path, "--metrics-port", str(port))
+        reaped.append(up)
     finally:
         blocker.close()
     names = {" ".join(_cmdline(p)[3:5]) for p in tree}
