@@ -16,6 +16,8 @@ from schemas.errors import ConfigError
 from schemas.topics import (DEAD_LETTERS, METRICS, SCALING_COMMANDS, SESSION_EVENTS,
                             SESSION_INPUTS, TOPICS, WORKER_COMMANDS, WORKER_EVENTS)
 
+from .store_records import Keys
+
 __all__ = ["KafkaSettings", "RedisSettings", "Settings", "DEFAULT_PARTITIONS", "ENV_PREFIX",
            "TANSU_FETCH_WAIT_MS", "PARENT_PID_ENV", "PROVISIONER_ENV"]
 
@@ -206,8 +208,7 @@ class Settings:
         problem = topic_prefix_problem(self.topic_prefix)
         if problem:
             raise ConfigError("topic_prefix", problem)
-        if not self.namespace or any(c in self.namespace for c in "{}"):  # the Redis keys' one hash tag
-            raise ConfigError("namespace", f"{self.namespace[:60]!r}: must be non-empty, without braces")
+        Keys(self.namespace)  # the Redis keys' one hash tag: refused here, before any process starts
         for topic, n in self.partitions.items():
             if topic not in TOPICS:
                 raise ConfigError(f"partitions.{topic}", "unknown topic")
