@@ -511,6 +511,8 @@ class _Sim:
             if g is None:
                 self.invalid += 1
                 return
+            if g.state is not GpuState.DRAINING:  # shut down without a drain first: a scale-in too
+                self.scale_events += 1
             if g.leaving:  # like the live shell: release after the outgoing transfers
                 g.closing = True
                 return
@@ -526,9 +528,10 @@ class _Sim:
             if i.gpu_id == g.id:
                 self.idle[sid] = _with(i, None, i.restore, i.since)
                 self.where.pop(sid, None)
+        lost = g.batch if g.busy else ()  # their chunk in flight is lost: they wait since it began
         for sid in list(g.roster):  # the policy shut it down under these: restore elsewhere
             self.orphan(sid, now)
-            self.req[sid] = now
+            self.req[sid] = min(self.req.get(sid, now), g.start if sid in lost else now)
             self.transfer.pop(sid, None)
 
     # -- rounds ------------------------------------------------------------------------

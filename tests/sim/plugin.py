@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from processors.decisions import Admit, Decision, Migrate, Place, Boot
+from processors.decisions import Admit, Decision, Migrate, Place, Boot, Retire
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState
 
@@ -177,3 +177,22 @@ class BadAdmit:
         g = snapshot.gpus[0].id
         order = ((g, 3), ("nosuch", 5), (g, 0)) if state == 0 else ((g, 3),)
         return Decision((Admit(order, fallback=False),), state + 1)
+
+
+@dataclass(frozen=True)
+class RetireBusy:
+    """Places every session on the first GPU, then at ``at`` shuts that GPU down without a
+    drain (under a running chunk) and places its sessions on the second."""
+
+    at: float = 5.0
+    name: str = "retire-busy"
+
+    def initial_state(self) -> bool:
+        return False
+
+    def decide(self, snapshot, signal, done):
+        gpus = sorted(g.id for g in snapshot.gpus)
+        if not done and snapshot.now >= self.at:
+            return Decision((Retire(gpus[0]), *(Place(s.id, gpus[1]) for s in snapshot.sessions)), True)
+        cmds = [Place(s.id, gpus[0]) for s in snapshot.sessions if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION]
+        return Decision(tuple(cmds), done)

@@ -40,6 +40,15 @@ def test_forced_migration_pauses_for_its_cost():
     assert r.worst_chunk_latency_s == pytest.approx(5.12 + 0.06 + 0.30 - 5.12)
 
 
+def test_a_gpu_retired_under_a_chunk_is_a_scale_in_and_costs_the_chunk():
+    ev = _ev((0, "a", O, 10**9), (10, "a", C, 0))
+    r = simulate(load_policy("tests.sim.plugin:RetireBusy"), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
+    # shut down at 5.0 under the chunk begun at 4.8: a waits from 4.8, is restored elsewhere
+    # in 0.05 + 1e9 / 12e9 s and runs alone 0.30 s
+    assert r.scale_events == 1 and r.invalid_commands == 0
+    assert r.worst_chunk_latency_s == pytest.approx(5.0 - 4.8 + 0.05 + 1e9 / 12e9 + 0.30)
+
+
 def test_scale_out_waits_for_boot():
     ev = _ev((0, "a", O, 0), (100, "a", C, 0))
     r = simulate(load_policy("tests.sim.plugin:BootOne"), ev, MODEL, SimConfig(initial_gpus=0, boot_s=60, round_s=0))
