@@ -23,6 +23,7 @@ from processors.placement import RebalanceConfig, plan_placement
 from processors.snapshot import Gpu, Session, Snapshot
 from processors.turboserve import TURBOSERVE_REBALANCE
 from schemas.errors import ChunkserveError, ConfigError
+from schemas.json_values import number, whole
 
 __all__ = ["register", "parse_instance", "decide"]
 
@@ -35,22 +36,15 @@ _KEYS = {"": {"eta", "alpha_s", "beta_s_per_byte", "gpu_types", "gpus", "session
 
 
 def _number(doc: dict, key: str, where: str, src: str) -> float:
-    v = doc.get(key)
     if key not in doc:
         raise ConfigError(f"{where}{key}", "is required", src)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= _MAX_NUMBER:
-        raise ConfigError(f"{where}{key}", f"must be a number from 0 to {_MAX_NUMBER:g}", src)
-    return float(v)
+    return number(doc[key], f"{where}{key}", src, 0, _MAX_NUMBER)
 
 
 def _count(v: Any, key: str, src: str, least: int, most: int = _MAX_COUNT) -> int:
     if v is None:
         raise ConfigError(key, "is required", src)
-    if isinstance(v, float) and v.is_integer():  # 1e9 as JSON writers often spell it
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or not least <= v <= most:
-        raise ConfigError(key, f"must be an integer from {least} to {most}", src)
-    return v
+    return whole(v, key, src, least, most)
 
 
 def _known(doc: dict, kind: str, at: str, src: str) -> None:
@@ -90,9 +84,7 @@ def _profile(name: str, spec: Any, at: str, src: str) -> GpuProfile:
     for k, v in table.items():
         if not (k.isascii() and k.isdigit()) or not 1 <= int(k) <= MAX_BATCH:
             raise ConfigError(f"{at}.latency", f"key {k[:20]!r} is not a batch size from 1 to {MAX_BATCH}", src)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= _MAX_NUMBER:
-            raise ConfigError(f"{at}.latency.{k}", f"must be a number of seconds above 0, at most {_MAX_NUMBER:g}", src)
-        points.append((int(k), float(v)))
+        points.append((int(k), number(v, f"{at}.latency.{k}", src, 0, _MAX_NUMBER, above=True)))
     try:
         return GpuProfile(name, cap, 0.0, tuple(sorted(points)))
     except ConfigError as exc:

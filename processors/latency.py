@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from schemas.errors import ConfigError
+from schemas.json_values import number, whole
 
 __all__ = [
     "GpuProfile",
@@ -150,12 +151,12 @@ def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyMo
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}.latency_s", "must be an object of batch size -> seconds", source)
         try:
-            points = tuple(sorted((int(k), _number(v, f"{where}.latency_s.{k}", source)) for k, v in table.items()))
+            points = tuple(sorted((int(k), number(v, f"{where}.latency_s.{k}", source)) for k, v in table.items()))
             profiles[name] = GpuProfile(
                 name=name,
-                capacity=_whole(spec.get("capacity"), f"{where}.capacity", source),
-                cost_per_hour=_number(spec.get("cost_per_hour"), f"{where}.cost_per_hour", source),
-                memory_bytes=_memory_bytes(_number(spec.get("memory_gib", 80), f"{where}.memory_gib", source)),
+                capacity=whole(spec.get("capacity"), f"{where}.capacity", source),
+                cost_per_hour=number(spec.get("cost_per_hour"), f"{where}.cost_per_hour", source),
+                memory_bytes=_memory_bytes(number(spec.get("memory_gib", 80), f"{where}.memory_gib", source)),
                 points=points,
             )
         except ConfigError:
@@ -167,21 +168,6 @@ def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyMo
 
 _DOC_KEYS = frozenset({"format", "version", "name", "source", "gpu_types"})
 _TYPE_KEYS = frozenset({"capacity", "cost_per_hour", "latency_s", "memory_gib"})
-
-
-def _number(value: Any, key: str, source: str) -> float:
-    """A JSON number (not a string, not true/false)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(key, f"must be a number, got {value!r}"[:200], source)
-    return float(value)
-
-
-def _whole(value: Any, key: str, source: str) -> int:
-    """A JSON number with no fraction (``16`` or ``16.0``; not ``16.5`` nor ``"16"``)."""
-    x = _number(value, key, source)
-    if not (math.isfinite(x) and x == int(x)):
-        raise ConfigError(key, f"must be a whole number, got {value!r}", source)
-    return int(x)
 
 
 def load_profiles(spec: str | Path) -> LatencyModel:

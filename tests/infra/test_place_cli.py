@@ -103,7 +103,7 @@ def _bad(**change):
         (_bad(max_move=1), None, "max_move: not a key of this format"),  # a typo of max_moves
         (_bad(sessions__0__bytes=1), None, "sessions[0].bytes: not a key"),
         (_bad(sessions__0__state_bytes=KeyError), None, "sessions[0].state_bytes: is required"),
-        (_bad(sessions__0__state_bytes=2**63), None, "sessions[0].state_bytes: must be an integer from 0"),
+        (_bad(sessions__0__state_bytes=2**63), None, "sessions[0].state_bytes: must be a whole number from 0"),
         (_bad(beta_s_per_byte=1e308), None, "beta_s_per_byte: must be a number from 0 to 1e+09"),
         (_bad(gpu_types__h20__latency={"1": 1e308}), None, "gpu_types.h20.latency.1: must be"),
         ({"instances": [GOOD], "eta": 1}, None, "eta: a batch holds only"),

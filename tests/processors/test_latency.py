@@ -47,8 +47,8 @@ def test_loads_a_file_and_rejects_bad_ones(tmp_path):
 
 @pytest.mark.parametrize("change,key,said", [
     (lambda d, t: t.update(capacity=16.5), "gpu_types.cpu.capacity", "must be a whole number, got 16.5"),
-    (lambda d, t: t.update(capacity="16"), "gpu_types.cpu.capacity", "must be a number, got '16'"),
-    (lambda d, t: t.update(capacity=True), "gpu_types.cpu.capacity", "must be a number, got True"),
+    (lambda d, t: t.update(capacity="16"), "gpu_types.cpu.capacity", "must be a whole number, got '16'"),
+    (lambda d, t: t.update(capacity=True), "gpu_types.cpu.capacity", "must be a whole number, got True"),
     (lambda d, t: t["latency_s"].update({"2": "0.15"}), "gpu_types.cpu.latency_s.2", "must be a number"),
     (lambda d, t: t.update(memory_gib="8"), "gpu_types.cpu.memory_gib", "must be a number"),
     (lambda d, t: t.update(capcity=2), "gpu_types.cpu.capcity", "not a key of a GPU type"),

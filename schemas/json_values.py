@@ -1,0 +1,47 @@
+"""Numbers read from a decoded JSON document (a profile, a placement snapshot), checked.
+
+JSON writers spell numbers loosely: ``16.0`` for a count, ``true`` where a number belongs,
+``"16"`` in quotes. Each check takes the value, the key it sits under and the document it
+came from, and returns the number or raises ``ConfigError`` naming all three, in one line.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["number", "whole"]
+
+
+def _span(lo: float | None, hi: float | None, above: bool = False) -> str:
+    """`` from 0 to 10``, `` above 0, at most 10``, `` at most 10``, or nothing."""
+    show = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # noqa: E731
+    parts = [] if lo is None else [f"above {show(lo)}" if above else f"from {show(lo)}"]
+    if hi is not None:
+        parts.append(f"to {show(hi)}" if parts and not above else f"at most {show(hi)}")
+    return " " + (", " if above else " ").join(parts) if parts else ""
+
+
+def number(value: Any, key: str, source: str, lo: float | None = None, hi: float | None = None, *, above: bool = False) -> float:
+    """A finite JSON number (not a string, not true/false) from ``lo`` (exclusive when
+    ``above``) to ``hi``."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if ok and lo is not None:
+        ok = value > lo if above else value >= lo
+    if ok and hi is not None:
+        ok = value <= hi
+    if not ok:
+        raise ConfigError(key, f"must be a number{_span(lo, hi, above)}, got {value!r}"[:200], source)
+    return float(value)
+
+
+def whole(value: Any, key: str, source: str, lo: int | None = None, hi: int | None = None) -> int:
+    """A JSON number with no fraction (``16`` or ``16.0``, as writers often spell it; not
+    ``16.5`` nor ``"16"``) from ``lo`` to ``hi``."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and (isinstance(value, int) or value.is_integer())
+    n = int(value) if ok else 0
+    if not ok or (lo is not None and n < lo) or (hi is not None and n > hi):
+        raise ConfigError(key, f"must be a whole number{_span(lo, hi)}, got {value!r}"[:200], source)
+    return n
