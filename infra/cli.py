@@ -32,6 +32,7 @@ app.add_typer(schemas_app, name="schemas")
 bench_app = typer.Typer(help="Benchmarks; each writes JSON.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 console = Console(emoji=False, soft_wrap=True)  # piped output keeps paths whole; ":x:" stays text
+_stderr = Console(stderr=True, emoji=False, soft_wrap=True)
 
 
 def _register_extensions() -> None:
@@ -853,20 +854,38 @@ def _print_summary(summary: object, wall_s: float) -> None:
 
 def main() -> None:
     try:
-        app()
+        code = app(standalone_mode=False, prog_name="chunkserve")  # click's own errors below, in one line
     except ConfigError as exc:  # the operator's to fix: exit code 2, as for bad options
         console.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
         sys.exit(2)
     except ChunkserveError as exc:
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         sys.exit(1)
-    except Exception as exc:  # a broker that answers with an error or not in time: one line too
-        from aiokafka.errors import KafkaError
-
-        if not isinstance(exc, KafkaError):
-            raise
-        console.print(f"[red]error:[/red] the broker: {type(exc).__name__} ({exc})", soft_wrap=True)
+    except typer.Abort:  # end of input at a prompt
         sys.exit(1)
+    except Exception as exc:
+        sys.exit(_one_line(exc))
+    if isinstance(code, int) and not isinstance(code, bool) and code:  # typer.Exit(code), or 130 for Ctrl-C
+        sys.exit(code)
+
+
+def _one_line(exc: Exception) -> int:
+    """Print a command-line error or a broker's in one line; its exit code. Anything else
+    is a bug and raises on."""
+    if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click's (typer's own copy of it)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # the help is printed already
+            return exc.exit_code
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "chunkserve"
+        kind = "usage error" if exc.exit_code == 2 else "error"
+        _stderr.print(f"[red]{kind}:[/red] {where}: {exc.format_message()} (see {where} --help)", highlight=False)
+        return exc.exit_code
+    from aiokafka.errors import KafkaError  # a broker that answers with an error or not in time
+
+    if not isinstance(exc, KafkaError):
+        raise exc
+    console.print(f"[red]error:[/red] the broker: {type(exc).__name__} ({exc})", soft_wrap=True)
+    return 1
 
 
 if __name__ == "__main__":

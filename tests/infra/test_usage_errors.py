@@ -1,0 +1,35 @@
+"""A bad option or argument on the command line fails in one line naming the command and
+the option, exit code 2, no traceback; the help and a typer.Exit keep their exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-m", "infra", *args], capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("args,said", [
+    (("simulate", "t.csv", "--deadline", "5000"), "chunkserve simulate: Invalid value for '--deadline'"),
+    (("simulate", "--bogus"), "chunkserve simulate: No such option: --bogus"),
+    (("trace", "gen", "--level", "99"), "chunkserve trace gen: Invalid value for '--level'"),
+    (("nosuchcommand",), "chunkserve: No such command 'nosuchcommand'"),
+    (("place",), "chunkserve place: Missing argument"),
+])
+def test_a_bad_option_is_one_line(args, said):
+    rc, out, err = _run(*args)
+    assert rc == 2 and "Traceback" not in out + err
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    assert line.startswith("usage error: ") and said in line and "--help" in line
+
+
+def test_help_and_no_arguments_keep_their_exit_codes():
+    rc, out, _ = _run("--help")
+    assert rc == 0 and "Usage" in out
+    rc, out, err = _run()  # no command: the help, and click's exit code for it
+    assert rc == 2 and "Usage" in out + err and "usage error" not in err
