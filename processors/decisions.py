@@ -21,6 +21,7 @@ __all__ = [
     "Admit",
     "Command",
     "Decision",
+    "well_formed",
 ]
 
 
@@ -125,3 +126,41 @@ class Decision:
 
     commands: tuple[Command, ...]
     state: Any = None
+
+
+def _name(x: object) -> bool:
+    return isinstance(x, str)
+
+
+def _name_or_none(x: object) -> bool:
+    return x is None or isinstance(x, str)
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _order(order: object) -> bool:
+    return isinstance(order, (tuple, list)) and all(
+        isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str) and _number(e[1]) for e in order)
+
+
+_FIELDS: dict[type, tuple[tuple[str, Any], ...]] = {
+    Place: (("session_id", _name), ("gpu_id", _name)),
+    Restore: (("session_id", _name), ("gpu_id", _name)),
+    Migrate: (("session_id", _name), ("src", _name), ("dst", _name), ("gamma", _number), ("cost_s", _number), ("reason", _name)),
+    Offload: (("session_id", _name), ("gpu_id", _name_or_none)),
+    Discard: (("session_id", _name), ("gpu_id", _name_or_none)),
+    Boot: (("count", _number), ("gpu_type", _name)),  # a fraction or a huge count: the shell's to refuse
+    Vacate: (("gpu_id", _name),),
+    Retire: (("gpu_id", _name),),
+    Admit: (("order", _order), ("fallback", lambda x: isinstance(x, bool))),
+}
+
+
+def well_formed(cmd: object) -> bool:
+    """Whether ``cmd`` is a command whose fields hold what they are declared to (the
+    dataclasses do not check: a plug-in's ``Place(5, None)`` builds). A shell counts one
+    that is not as an invalid command instead of carrying it out."""
+    fields = _FIELDS.get(type(cmd))
+    return fields is not None and all(ok(getattr(cmd, f)) for f, ok in fields)

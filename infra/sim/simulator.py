@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from processors.decisions import Admit, Decision, Vacate, Migrate, Place, Restore, Boot, Retire, Offload, Discard
+from processors.decisions import Admit, Decision, Vacate, Migrate, Place, Restore, Boot, Retire, Offload, Discard, well_formed
 from processors.admission import AdmitPlan, WorkerLoad, admit_in_turn
 from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
 from processors.latency import LatencyModel
@@ -455,7 +455,7 @@ class _Sim:
             self.tl["migrations"][self.win(now)] += 1
         elif isinstance(cmd, Offload):
             i = self.idle.get(sid)
-            if i is None or i.gpu_id is None:
+            if i is None or i.gpu_id is None or cmd.gpu_id not in (None, i.gpu_id):  # not resident where it says
                 self.invalid += 1
                 return
             self.idle[sid] = _with(i, None, i.restore, i.since)  # offloaded: a later activation restores
@@ -508,7 +508,7 @@ class _Sim:
             self.invalid += sum(1 for gid, n in cmd.order if gid not in self.gpus or not n >= 1)
         elif isinstance(cmd, Retire):
             g = self.gpus.get(cmd.gpu_id)
-            if g is None:
+            if g is None or g.id in self.where.values():  # a session runs, rests or lands there: not released
                 self.invalid += 1
                 return
             if g.state is not GpuState.DRAINING:  # shut down without a drain first: a scale-in too
@@ -528,10 +528,9 @@ class _Sim:
             if i.gpu_id == g.id:
                 self.idle[sid] = _with(i, None, i.restore, i.since)
                 self.where.pop(sid, None)
-        lost = g.batch if g.busy else ()  # their chunk in flight is lost: they wait since it began
-        for sid in list(g.roster):  # the policy shut it down under these: restore elsewhere
+        for sid in list(g.roster):  # none but those that left by migration (Retire waits for them)
             self.orphan(sid, now)
-            self.req[sid] = min(self.req.get(sid, now), g.start if sid in lost else now)
+            self.req[sid] = now
             self.transfer.pop(sid, None)
 
     # -- rounds ------------------------------------------------------------------------
@@ -557,10 +556,16 @@ class _Sim:
                               f"{type(exc).__name__}: {exc}"[:500]) from exc
         if not isinstance(d, Decision):
             raise PolicyError(f"policy {self.policy.name!r}: decide returned {type(d).__name__}, not a Decision")
+        if not isinstance(d.commands, (tuple, list)):
+            raise PolicyError(f"policy {self.policy.name!r}: decide returned commands as {type(d.commands).__name__}, "
+                              "not a tuple of commands")
         self.state = d.state
         self.plan = AdmitPlan(fallback=False, ts=now)  # a policy that issues no Admit: its Place
         for cmd in d.commands:
-            self.apply(cmd, now)
+            if well_formed(cmd):
+                self.apply(cmd, now)
+            else:  # a field of the wrong type (a plug-in's): said, not carried out
+                self.invalid += 1
 
     def admit_waiting(self, now: float) -> bool:
         """Dispatch's part: the sessions that arrived or woke since the last round go where

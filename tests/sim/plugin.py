@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from processors.decisions import Admit, Decision, Migrate, Place, Boot, Retire
+from processors.decisions import Admit, Decision, Migrate, Offload, Place, Boot, Retire, Vacate
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState
 
@@ -181,10 +181,11 @@ class BadAdmit:
 
 @dataclass(frozen=True)
 class RetireBusy:
-    """Places every session on the first GPU, then at ``at`` shuts that GPU down without a
-    drain (under a running chunk) and places its sessions on the second."""
+    """Places every session on the first GPU, then at ``at`` retires that GPU (holding them,
+    never drained) and places them on the second; ``empty``: retires the second instead."""
 
     at: float = 5.0
+    empty: bool = False
     name: str = "retire-busy"
 
     def initial_state(self) -> bool:
@@ -193,6 +194,54 @@ class RetireBusy:
     def decide(self, snapshot, signal, done):
         gpus = sorted(g.id for g in snapshot.gpus)
         if not done and snapshot.now >= self.at:
+            if self.empty:
+                return Decision((Retire(gpus[1]),), True)
             return Decision((Retire(gpus[0]), *(Place(s.id, gpus[1]) for s in snapshot.sessions)), True)
         cmds = [Place(s.id, gpus[0]) for s in snapshot.sessions if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION]
         return Decision(tuple(cmds), done)
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """Places waiting sessions, beside commands whose fields hold the wrong types (each an
+    invalid command, never a crash)."""
+
+    name: str = "malformed"
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):
+        g = sorted(x.id for x in snapshot.gpus)[0]
+        bad = (Place(5, None), Vacate([g]), Retire({}), Admit(None), Admit(((1, 2, 3),)), Boot(1, ["b300"]),
+               Offload(["a"], None), Migrate("a", g, None, 0.0, 0.0), object())  # type: ignore[arg-type]
+        return Decision(bad + tuple(Place(s.id, g) for s in snapshot.sessions if s.gpu_id is None
+                                    and s.lifecycle is SessionState.EXECUTION), state)
+
+
+@dataclass(frozen=True)
+class OffloadElsewhere:
+    """Keeps idle sessions resident, then offloads each naming a GPU it is not on."""
+
+    name: str = "offload-elsewhere"
+    keep_idle_resident: bool = True
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):
+        g = sorted(x.id for x in snapshot.gpus)[0]
+        cmds = [Place(s.id, g) for s in snapshot.sessions if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION]
+        cmds += [Offload(s.id, "no-such-gpu") for s in snapshot.sessions if s.lifecycle is SessionState.SUSPENDED and s.gpu_id]
+        return Decision(tuple(cmds), state)
+
+
+@dataclass(frozen=True)
+class NotATuple:
+    name: str = "not-a-tuple"
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):
+        return Decision("Place", state)  # type: ignore[arg-type]

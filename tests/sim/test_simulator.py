@@ -14,6 +14,7 @@ from infra.sim_cli import register
 from processors.latency import load_profiles
 from processors.lifecycle import EventKind, SessionEvent
 from processors.policy import load_policy
+from schemas.errors import PolicyError
 
 MODEL = load_profiles("paper")  # b300: l(1) = 0.30 s, l(2) = 0.32 s, 6.50 per hour
 O, C = EventKind.OPEN, EventKind.CLOSE
@@ -40,13 +41,30 @@ def test_forced_migration_pauses_for_its_cost():
     assert r.worst_chunk_latency_s == pytest.approx(5.12 + 0.06 + 0.30 - 5.12)
 
 
-def test_a_gpu_retired_under_a_chunk_is_a_scale_in_and_costs_the_chunk():
+def test_a_gpu_that_holds_a_session_is_not_retired():
     ev = _ev((0, "a", O, 10**9), (10, "a", C, 0))
     r = simulate(load_policy("tests.sim.plugin:RetireBusy"), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
-    # shut down at 5.0 under the chunk begun at 4.8: a waits from 4.8, is restored elsewhere
-    # in 0.05 + 1e9 / 12e9 s and runs alone 0.30 s
-    assert r.scale_events == 1 and r.invalid_commands == 0
-    assert r.worst_chunk_latency_s == pytest.approx(5.0 - 4.8 + 0.05 + 1e9 / 12e9 + 0.30)
+    # the Retire at 5.0 is refused (a holds the GPU); its Place of a, placed already, too
+    assert r.invalid_commands == 2 and r.scale_events == 0
+    assert r.worst_chunk_latency_s == pytest.approx(0.30) and r.gpu_seconds == pytest.approx(20)
+    ev = _ev((0, "a", O, 10**9), (10, "a", C, 0))
+    r = simulate(load_policy("tests.sim.plugin:RetireBusy", empty=True), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
+    # the empty GPU is: a scale-in without a drain, billed until then
+    assert r.invalid_commands == 0 and r.scale_events == 1 and r.gpu_seconds == pytest.approx(15)
+
+
+@pytest.mark.parametrize("plugin", ["Malformed", "OffloadElsewhere"])
+def test_a_malformed_or_misdirected_command_is_counted_not_carried_out(plugin):
+    I, A = EventKind.IDLE, EventKind.ACTIVE
+    ev = _ev((0, "a", O, 10**9), (0, "b", O, 0), (3, "a", I, 10**9), (6, "a", A, 10**9), (10, "a", C, 0), (10, "b", C, 0))
+    r = simulate(load_policy(f"tests.sim.plugin:{plugin}"), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
+    assert r.invalid_commands >= (9 if plugin == "Malformed" else 1) and r.chunks > 0
+
+
+def test_commands_that_are_not_a_tuple_are_named_in_one_line():
+    with pytest.raises(PolicyError, match="'not-a-tuple': decide returned commands as str"):
+        simulate(load_policy("tests.sim.plugin:NotATuple"), _ev((0, "a", O, 0), (10, "a", C, 0)), MODEL,
+                 SimConfig(initial_gpus=1, round_s=0))
 
 
 def test_scale_out_waits_for_boot():
