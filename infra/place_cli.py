@@ -23,7 +23,7 @@ from processors.placement import RebalanceConfig, plan_placement
 from processors.snapshot import Gpu, Session, Snapshot
 from processors.turboserve import TURBOSERVE_REBALANCE
 from schemas.errors import ChunkserveError, ConfigError
-from schemas.json_values import number, whole
+from schemas.json_values import document, number, whole
 
 __all__ = ["register", "parse_instance", "decide"]
 
@@ -201,10 +201,7 @@ def place_cmd(
             raise ConfigError("file", f"cannot read ({exc.strerror})", src) from None
         except UnicodeDecodeError:
             raise ConfigError("file", "not a UTF-8 text file", src) from None
-        try:
-            doc = json.loads(text)
-        except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer past Python's digit limit
-            raise ConfigError("file", f"not JSON ({str(exc) or 'nested too deep'})"[:300], src) from None
+        doc = document(text, "file", src)
         out = decide(doc, src)
         body = json.dumps(out, indent=2) + "\n"
         for note in no_room_notes(out):

@@ -12,7 +12,6 @@ Built-in profiles live in ``processors/profiles/<name>.json``.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from importlib import resources
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from schemas.errors import ConfigError
-from schemas.json_values import number, whole
+from schemas.json_values import document, number, whole
 
 __all__ = [
     "GpuProfile",
@@ -185,11 +184,7 @@ def load_profiles(spec: str | Path) -> LatencyModel:
             raise ConfigError("profile", f"cannot read ({exc.strerror})", str(path)) from None
         except UnicodeDecodeError as exc:
             raise ConfigError("profile", f"not UTF-8 (byte {exc.start})", str(path)) from None
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer past Python's digit limit
-        raise ConfigError("profile", f"not JSON ({str(exc) or 'nested too deep'})"[:300], source) from None
-    return parse_profiles(doc, source)
+    return parse_profiles(document(text, "profile", source), source)
 
 
 def builtin_profiles() -> list[str]:

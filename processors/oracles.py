@@ -51,7 +51,7 @@ def _lands(moved: list[float], slots: list[tuple[float, float]], config: Rebalan
         return True
     slots = sorted(slots, key=lambda ab: ab[0] + ab[1])
     moved = sorted(moved, reverse=True)
-    return all(config.transient(k, a, b) <= config.max_transient_s for k, (a, b) in zip(moved, slots))
+    return all(config.within(config.transient(k, a, b)) for k, (a, b) in zip(moved, slots))
 
 
 def _kappas(snapshot: Snapshot, gpus: list[Any], config: RebalanceConfig) -> tuple[list[list[float]], int]:

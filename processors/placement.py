@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from processors._levels import search
+from processors._levels import TRANSIENT_SLACK_S, search
 from processors.decisions import Command, Migrate, Place, Restore
 from processors.latency import GpuProfile, LatencyModel
 from processors.lifecycle import SessionState
@@ -76,6 +76,10 @@ class RebalanceConfig:
         """The moved session's next chunk at worst: its transfer, then the target's running
         chunk (``target_now_s`` = l_t(n_t)) to wait out, then its own (l_t(n_t + 1))."""
         return kappa_s + target_now_s + target_after_s
+
+    def within(self, transient_s: float) -> bool:
+        """Whether a move's :meth:`transient` keeps the limit (up to a float rounding)."""
+        return transient_s <= self.max_transient_s + TRANSIENT_SLACK_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +151,7 @@ def _assign(pz: _Parsed, receive: np.ndarray, shed: np.ndarray, limit: float) ->
         pick = pick[np.lexsort((pick, -pz.kappa[pick]))]  # largest kappa first
         key = lat if limit == math.inf else pz.lat[pz.tidx[gpu], n - 1] + lat
         slots = np.lexsort((n, gpu, key))[: pick.size]
-        fits = key[slots] <= limit - pz.kappa[pick] if limit != math.inf else np.ones(pick.size, dtype=bool)
+        fits = key[slots] <= limit + TRANSIENT_SLACK_S - pz.kappa[pick] if limit != math.inf else np.ones(pick.size, dtype=bool)
         taken[slots[fits]] = True  # every one fits once the level passed the transient check
         np.add.at(loads, owner[pick[~fits]], 1)
         moves = list(zip(pz.order[pick[fits]].tolist(), owner[pick[fits]].tolist(), gpu[slots[fits]].tolist()))
@@ -200,7 +204,7 @@ def _drain(snapshot: Snapshot, pz: _Parsed, cfg: RebalanceConfig) -> tuple[Snaps
                 break  # the rest are dearer still: they leave when idle
             after = np.where(pz.usable & (n < caps), pz.lat[pz.tidx, np.minimum(n + 1, pz.lat.shape[1] - 1)], np.inf)
             dst = int(np.argmin(after))
-            if after[dst] == np.inf or cfg.transient(kappa, float(pz.lat[pz.tidx[dst], n[dst]]), float(after[dst])) > cfg.max_transient_s:
+            if after[dst] == np.inf or not cfg.within(cfg.transient(kappa, float(pz.lat[pz.tidx[dst], n[dst]]), float(after[dst]))):
                 return _moved(snapshot, where), moved  # the best target now: none better for the rest
             before = float(pz.lat[pz.tidx, n].max())
             n[src] -= 1

@@ -1,4 +1,4 @@
-"""Numbers read from a decoded JSON document (a profile, a placement snapshot), checked.
+"""JSON documents users write (a profile, a placement snapshot) and the numbers in them, checked.
 
 JSON writers spell numbers loosely: ``16.0`` for a count, ``true`` where a number belongs,
 ``"16"`` in quotes. Each check takes the value, the key it sits under and the document it
@@ -7,12 +7,13 @@ came from, and returns the number or raises ``ConfigError`` naming all three, in
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["number", "whole"]
+__all__ = ["number", "whole", "document"]
 
 
 def _span(lo: float | None, hi: float | None, above: bool = False) -> str:
@@ -45,3 +46,27 @@ def whole(value: Any, key: str, source: str, lo: int | None = None, hi: int | No
     if not ok or (lo is not None and n < lo) or (hi is not None and n > hi):
         raise ConfigError(key, f"must be a whole number{_span(lo, hi)}, got {value!r}"[:200], source)
     return n
+
+
+class _Twice(ValueError):
+    pass
+
+
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:  # given twice: the last would win without a word
+            raise _Twice(k)
+        out[k] = v
+    return out
+
+
+def document(text: str, key: str, source: str) -> Any:
+    """``text`` decoded as JSON; a key given twice in one object is refused like bad JSON
+    (the last would silently win), in one line naming ``source``."""
+    try:
+        return json.loads(text, object_pairs_hook=_once)
+    except _Twice as exc:
+        raise ConfigError(key, f"key {str(exc)[:60]!r} given twice in one object", source) from None
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer past Python's digit limit
+        raise ConfigError(key, f"not JSON ({str(exc) or 'nested too deep'})"[:300], source) from None

@@ -87,6 +87,7 @@ def _bad(**change):
     "doc, text, where",
     [
         (None, "{not json", "not JSON"),
+        (None, '{"eta": 0.1, "eta": 100}', "file: key 'eta' given twice in one object"),
         (_bad(eta=KeyError), None, "eta: is required"),
         (_bad(alpha_s=-1), None, "alpha_s: must be"),
         (_bad(gpus__0__type="a100"), None, "gpus[0].type: no GPU type 'a100'"),
@@ -154,3 +155,14 @@ def test_moved_is_in_the_plans_order_largest_kappa_first(tmp_path):
     result, out = _run(tmp_path, doc)
     assert result.exit_code == 0, result.output
     assert out["moved"] == ["s2", "s1"] and out["worst_latency_s"] == pytest.approx(1.0)
+
+
+def test_a_move_exactly_at_the_transient_limit_lands(tmp_path):
+    """0.5 + 0.0 + 0.1 == 0.6 in floats while 0.6 - 0.1 < 0.5: the limit holds as written,
+    however the sum is grouped."""
+    doc = {"max_transient_s": 0.6, "eta": 0.0, "alpha_s": 0.5, "beta_s_per_byte": 0,
+           "gpu_types": {"t0": {"capacity": 3, "latency": {"1": 0.1, "3": 0.15}}, "t1": {"capacity": 2, "latency": {"1": 0.2, "2": 0.4}}},
+           "gpus": [{"id": "g0", "type": "t1"}, {"id": "g1", "type": "t0"}, {"id": "g2", "type": "t1"}],
+           "sessions": [{"id": "s0", "gpu": "g2", "state_bytes": 0}, {"id": "s1", "gpu": None, "state_bytes": 1}]}
+    result, out = _run(tmp_path, doc)
+    assert result.exit_code == 0 and out["moved"] == ["s0"] and out["objective"] == pytest.approx(0.125), result.output
