@@ -158,7 +158,9 @@ def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyMo
                 memory_bytes=_memory_bytes(number(spec.get("memory_gib", 80), f"{where}.memory_gib", source)),
                 points=points,
             )
-        except ConfigError:
+        except ConfigError as exc:
+            if exc.source == f"profile {name}":  # the type's own check: named in the file
+                raise ConfigError(f"{where}.{exc.key}", exc.reason, source) from None
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ConfigError(where, f"malformed entry ({exc!r})", source) from None

@@ -64,8 +64,7 @@ class ConfigError(ChunkserveError):
     """A configuration value is missing or invalid; names the key and where it came from."""
 
     def __init__(self, key: str, reason: str, source: str = "config") -> None:
-        self.key = key
-        self.source = source
+        self.key, self.reason, self.source = key, reason, source
         super().__init__(f"{source}: {key}: {reason}")
 
 
@@ -74,7 +73,7 @@ class LeaseHeldError(ConfigError):
     ``worker:<id>``); the message says what to change. A restart cannot mend it."""
 
     def __init__(self, key: str, holder: str, message: str) -> None:
-        self.key, self.source, self.holder = key, "lease", holder
+        self.key, self.reason, self.source, self.holder = key, message, "lease", holder
         ChunkserveError.__init__(self, message)
 
 

@@ -54,6 +54,8 @@ def test_loads_a_file_and_rejects_bad_ones(tmp_path):
     (lambda d, t: t.update(capcity=2), "gpu_types.cpu.capcity", "not a key of a GPU type"),
     (lambda d, t: d.update(gpu_typez={}), "gpu_typez", "not a key of a profile"),
     (lambda d, t: d["gpu_types"].update(cpu2=[1]), "gpu_types.cpu2", "must be an object"),
+    (lambda d, t: t.update(capacity=0), "gpu_types.cpu.capacity", "must be 1 to"),  # the type's own checks name the file too
+    (lambda d, t: t["latency_s"].update({"2": 0.05}), "gpu_types.cpu.latency_s", "non-decreasing"),
 ])
 def test_a_profile_is_read_as_strictly_as_a_placement_document(change, key, said):
     """A capacity of 16.5 or "16", a string for a number or a misspelt key were taken (16,
