@@ -31,11 +31,12 @@ def _fail(exc: Exception) -> None:
 
 
 def trace_gen(
+    ctx: typer.Context,
     output: Path = typer.Option(..., "-o", "--output", help="Trace CSV to write."),
     level: int = typer.Option(5, "--level", min=1, max=10, help="Volatility 1..10: share and size of arrival bursts and of synchronized idle->active wake-ups (1 calm, 10 bursty)."),
     duration: float = typer.Option(3600.0, "--duration", min=1.0, max=1e6, help="Trace length in seconds (at most 1,000,000, what a trace may give)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Random seed; same seed, same trace."),
-    sessions: int = typer.Option(5000, "--sessions", min=1, max=1_000_000, help="Expected sessions over the trace (sets the mean arrival rate)."),
+    sessions: int = typer.Option(5000, "--sessions", min=1, max=1_000_000, help="Expected arrivals over the trace (sets the mean arrival rate); a trace that starts mid-stream (this generator, the second and fourth models' mid-stream families) adds the sessions alive at its start."),
     swing: float = typer.Option(0.5, "--swing", min=0.0, max=0.99, help="Relative amplitude of the slow daily-like swing of the arrival rate."),
     period: float = typer.Option(0.0, "--period", min=0.0, help="Swing period in seconds (0: one period over the trace)."),
     life_median: float = typer.Option(120.0, "--life-median", min=1.0, help="Median session lifetime, s (log-normal; clipped to 2 s .. 40 min)."),
@@ -58,6 +59,10 @@ def trace_gen(
         _writable(output=output)
         if family is not None and family not in FAMILIES + LAUNCHES + OUTSIDE:
             raise ConfigError("family", f"one of {', '.join(FAMILIES + LAUNCHES + OUTSIDE)}", "trace gen")
+        own = [f"--{n.replace('_', '-')}" for n in _GENERATOR_ONLY if ctx.get_parameter_source(n).name == "COMMANDLINE"]
+        if family is not None and own:  # a family has its own shape: said, not silently ignored
+            raise ConfigError(own[0], f"shapes the project's generator only, not --family {family} "
+                              "(a family takes --duration, --sessions and --seed)", "trace gen")
         if family is not None:  # the same generation evaluate runs, by the family's model
             events = list(make_trace(TraceSpec(family, seed, duration, sessions)).events)
         else:
@@ -69,9 +74,12 @@ def trace_gen(
     _console.print(f"wrote {output}: {len(events)} events, {sum(e.kind.value == 'open' for e in events)} sessions")
 
 
+_GENERATOR_ONLY = ("level", "swing", "period", "life_median", "life_sigma", "active_mean", "idle_scale", "idle_shape", "state_mb")
+
+
 def simulate_cmd(
     trace: Path = typer.Argument(..., help="Trace CSV (t_s,session_id,event[,state_mb])."),
-    policy: list[str] = typer.Option(["all"], "--policy", "-p", help="rr, lag, mag, least-loaded-offload, lag-offload, mag-offload, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle, oracle-autoscale, module:Name, or all (repeatable or comma-separated; all plus module:Name runs both)."),
+    policy: list[str] = typer.Option(["all"], "--policy", "-p", help="rr, lag, mag, least-loaded-offload, lag-offload, mag-offload, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle, oracle-autoscale, telefuser (the peer, infra.sim.peers:TeleFuser), module:Name, or all (repeatable or comma-separated; all plus module:Name runs both)."),
     subject: Optional[str] = typer.Option(None, "--subject", help="The policy the comparisons are about (a --policy spec or a policy's name; default: turboserve when it runs)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the timeline plot (PNG) here."),
@@ -154,12 +162,12 @@ def _jobs(jobs: int) -> int:
 
 
 def _expand(policy: list[str]) -> list[str]:
-    from infra.sim.report import ALL_POLICIES
+    from infra.sim.report import ALL_POLICIES, PEER_NAMES
 
     out: list[str] = []
     for p in (q.strip() for spec in policy for q in spec.split(",")):  # repeated or comma-separated
         if p:
-            out.extend(ALL_POLICIES if p == "all" else [p])
+            out.extend(ALL_POLICIES if p == "all" else [PEER_NAMES.get(p, p)])
     return list(dict.fromkeys(out))
 
 
@@ -182,8 +190,8 @@ def _check_names(runner: object, names: list[str]) -> None:
             name = runner.name_of(spec)  # type: ignore[attr-defined]
             if not isinstance(name, str) or not name:
                 raise ConfigError("policy", f"its name is {name!r}: results are keyed by name, give it a string", spec)
-            if name in BUILTIN_POLICIES or name in seen:
-                owner = "a built-in policy's" if name in BUILTIN_POLICIES else f"{seen[name]}'s"
+            if name in BUILTIN_POLICIES or name == "all" or name in seen:
+                owner = "a built-in policy's" if name in BUILTIN_POLICIES else "the word for every policy's" if name == "all" else f"{seen[name]}'s"
                 raise ConfigError("policy", f"its name {name!r} is {owner} too (results are keyed by name): "
                                   "give it a name of its own", spec)
             seen[name] = spec

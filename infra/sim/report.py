@@ -43,6 +43,7 @@ PAPER_BASELINES = ("rr", "lag", "mag")
 OFFLOAD_BASELINES = ("least-loaded-offload", "lag-offload", "mag-offload")
 ABLATIONS = ("turboserve-no-migration", "turboserve-no-autoscale")
 PEERS = ("infra.sim.peers:TeleFuser",)
+PEER_NAMES = {"telefuser": "infra.sim.peers:TeleFuser"}  # a peer asked for by the name its row has
 ALL_POLICIES = (*PAPER_BASELINES, *OFFLOAD_BASELINES, "turboserve", *ABLATIONS, "oracle", "oracle-autoscale", *PEERS)
 ORACLE_WINDOW_S = 30.0
 SLO_CONFIGURED = ("turboserve", "turboserve-no-migration", "oracle")  # take the SLO as configuration

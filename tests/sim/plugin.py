@@ -149,6 +149,13 @@ class NamedRr(BootOne):
 
 
 @dataclass(frozen=True)
+class NamedAll(BootOne):
+    """A plug-in named as the word for every policy: refused."""
+
+    name: str = "all"
+
+
+@dataclass(frozen=True)
 class BadBoots:
     """Boots the simulator cannot carry out (a billion GPUs, a fraction of one, a type the
     profile lacks), then one it can: each bad one counts as an invalid command."""

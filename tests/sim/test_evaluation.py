@@ -346,7 +346,8 @@ def test_a_plugins_bug_or_clashing_name_is_one_line_naming_it(tmp_path, monkeypa
     trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
     for plugin, said in (("Raises", "policy 'raises': decide at t=0.0 s raised ValueError: a bug in the plug-in"),
                          ("ListNotDecision", "decide returned list, not a Decision"),
-                         ("NamedRr", "its name 'rr' is a built-in policy's too"), ("Nowhere", "has no 'Nowhere'")):
+                         ("NamedRr", "its name 'rr' is a built-in policy's too"), ("Nowhere", "has no 'Nowhere'"),
+                         ("NamedAll", "its name 'all' is the word for every policy's too")):
         res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "rr", "-p", f"tests.sim.plugin:{plugin}", "-j", "1"])
         assert res.exit_code != 0 and said in res.output and "Traceback" not in res.output, (plugin, res.output)
         if plugin == "Raises":  # the run's progress bar leaves no blank line before it
@@ -358,6 +359,9 @@ def test_a_plugins_bug_or_clashing_name_is_one_line_naming_it(tmp_path, monkeypa
     res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "tests.sim.plugin:BadBoots", "-j", "1", "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["policies"]["bad-boots"]["invalid_commands"] == 3
+    out = tmp_path / "peer.json"  # the peer by the name its row has
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "telefuser", "-j", "1", "--json", str(out)])
+    assert res.exit_code == 0 and set(json.loads(out.read_text())["policies"]) == {"telefuser"}, res.output
     out = tmp_path / "o.json"
     res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "turboserve-no-autoscale", "--json", str(out)])
     assert res.exit_code == 0, res.output

@@ -155,6 +155,9 @@ def test_cli_user_errors_are_one_line(tmp_path):
         assert res.exit_code == 2 and why in res.output and len(res.output.strip().splitlines()) == 1, res.output
     res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "--json", str(tmp_path / "new" / "o.json")])
     assert res.exit_code == 0 and json.loads((tmp_path / "new" / "o.json").read_text())["policies"]["rr"]
+    # a family has its own shape: the generator's options beside it are refused, not ignored
+    res = CliRunner().invoke(app, ["trace", "gen", "--family", "flash", "--state-mb", "50", "-o", str(tmp_path / "f.csv")])
+    assert res.exit_code == 2 and "--state-mb: shapes the project's generator only" in res.output and not (tmp_path / "f.csv").exists()
 
 
 def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
