@@ -86,7 +86,7 @@ def simulate_cmd(
     profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
     table: str = typer.Option("default", "--table", help="Volatility table JSON (from `chunkserve tune`) or 'default'."),
     gpu_type: str = typer.Option("b300", "--gpu-type", help="GPU type of fixed pools and of scale-out."),
-    pool: Optional[int] = typer.Option(None, "--pool", min=1, max=4096, help="Pool size for fixed-pool policies when no subject runs (default: peak-provisioned), and the starting pool of module:Name policies (default: elastic, like turboserve)."),
+    pool: Optional[int] = typer.Option(None, "--pool", min=1, max=4096, help="Pool size for fixed-pool policies when no subject runs (default: peak-provisioned; with a subject their rows are at the pool matching its cost), and the starting pool of module:Name policies (default: elastic, like turboserve)."),
     deadline: float = typer.Option(1.0, "--deadline", min=0.001, max=3600.0, help="Chunk deadline = media duration of a chunk, s."),
     boot: float = typer.Option(60.0, "--boot", min=0.0, max=86400.0, help="GPU boot time, s."),
     round_s: float = typer.Option(0.5, "--round", min=0.0, max=60.0, help="Decision round grid, s (events are quantized up to it; 0: exact)."),
@@ -273,15 +273,23 @@ def evaluate_cmd(
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes each comparison's runs use (0: one per CPU core)."),
+    policy: list[str] = typer.Option([], "--policy", "-p", help="A plug-in (module:Name) to compare beside the split's policies, as TeleFuser is (repeatable or comma-separated)."),
 ) -> None:
     """Compare the policies on a split of trace families; print the quality bars per trace."""
     from processors.autoscaler import AutoscalerConfig, Slo, load_volatility_table
     from processors.latency import load_profiles
-    from infra.sim.evaluate import HELDOUT, LAUNCH, OUTSIDE_SPLIT, TUNE, evaluate
+    from infra.sim.evaluate import EVAL_POLICIES, HELDOUT, LAUNCH, OUTSIDE_SPLIT, TUNE, evaluate
+    from infra.sim.report import check_policies
     from infra.sim.simulator import SimConfig
 
     try:
         _writable(json=json_out)
+        extra = [p for p in _expand(policy) if p not in EVAL_POLICIES]
+        if extra:
+            check_policies(extra)
+            if any(":" not in p for p in extra):
+                raise ConfigError("--policy", f"{next(p for p in extra if ':' not in p)}: the split runs every built-in already; "
+                                  "give a plug-in as module:Name", "command line")
         splits = {"heldout": HELDOUT, "launch": LAUNCH, "outside": OUTSIDE_SPLIT, "tune": TUNE}
         if split not in splits:
             raise ConfigError("split", "heldout, launch, outside or tune", split)
@@ -299,18 +307,20 @@ def evaluate_cmd(
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("evaluating", total=None)
             out = evaluate(specs, load_profiles("paper"), SimConfig(warm_start=True), _builtin_options(vt, auto),
-                           {"table": vt, "autoscaler": auto}, slo, on_trace=lambda s: bar.update(task, description=s),
-                           jobs=_jobs(jobs))
+                           {"table": vt, "autoscaler": auto}, slo, policies=(*EVAL_POLICIES, *extra),
+                           on_trace=lambda s: bar.update(task, description=s), jobs=_jobs(jobs),
+                           on_runner=lambda r: _check_names(r, [*EVAL_POLICIES, *extra]))
     except ChunkserveError as exc:
         _fail(exc)
     t = Table(title=f"{split} traces")
-    for col in ("trace", "beats rr/lag/mag", "ablations cost more", "oracle gap %", "SLO saving %", "telefuser cost / worst s"):
+    peers = list(dict.fromkeys(n for r in out.values() for n in r["bars"].get("peers", {})))
+    for col in ("trace", "beats rr/lag/mag", "ablations cost more", "oracle gap %", "SLO saving %", *(f"{n} cost / worst s" for n in peers)):
         t.add_column(col)
     for name, r in out.items():
         b, p = r["bars"], r["comparison"]["paper"]
-        tf = b.get("telefuser")
         t.add_row(name, str(b["beats_paper_baselines"]), str(b["ablations_cost_more"]), f"{p['oracle_gap_pct']:.1f}",
-                  "misses SLO" if not b["slo_met"] else f"{b['slo_saving_pct']:.1f}", f"{tf['cost']:.1f} / {tf['worst_s']:.2f}" if tf else "-")
+                  "misses SLO" if not b["slo_met"] else f"{b['slo_saving_pct']:.1f}",
+                  *(f"{x['cost']:.1f} / {x['worst_s']:.2f}" if (x := b.get("peers", {}).get(n)) else "-" for n in peers))
     _console.print(t)
     try:
         if json_out is not None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 from processors.autoscaler import Slo
 from processors.latency import LatencyModel
+from processors.policy import BUILTIN_POLICIES
 
 from infra.sim.families import FamilyConfig, generate_family
 from infra.sim.launches import LAUNCHES, LaunchConfig, generate_launch
@@ -84,22 +85,28 @@ def bars(doc: dict[str, Any]) -> dict[str, Any]:
         "slo_20pct_cheaper": bool(slo["met"].get("turboserve")) and saving is not None and saving >= 20.0,
         "slo_saving_pct": saving,
     }
-    peer = doc["policies"].get("telefuser")
-    if peer is not None:
-        out["telefuser"] = {"cost": peer["cost"], "worst_s": peer["worst_chunk_latency_s"], "miss": peer["deadline_miss_rate"],
-                            "slo_met": slo["met"].get("telefuser", False)}
+    peers = {name: {"cost": m["cost"], "worst_s": m["worst_chunk_latency_s"], "miss": m["deadline_miss_rate"],
+                    "slo_met": slo["met"].get(name, False), "slo_cost": slo["cost"].get(name)}
+             for name, m in doc["policies"].items() if name not in BUILTIN_POLICIES}  # TeleFuser and any plug-in run
+    if peers:
+        out["peers"] = peers
+    if "telefuser" in peers:
+        out["telefuser"] = {k: v for k, v in peers["telefuser"].items() if k != "slo_cost"}
     return out
 
 
 def evaluate(specs: Sequence[TraceSpec], model: LatencyModel, config: SimConfig, options: dict[str, Any], offer: dict[str, Any],
              slo: Slo = Slo(), policies: Sequence[str] = EVAL_POLICIES, on_trace: Callable[[str], None] | None = None,
-             jobs: int = 1) -> dict[str, Any]:
-    """Compare ``policies`` on every trace of ``specs``; per trace the comparison and its bars."""
+             jobs: int = 1, on_runner: Callable[[Runner], None] | None = None) -> dict[str, Any]:
+    """Compare ``policies`` on every trace of ``specs``; per trace the comparison and its
+    bars. ``on_runner`` sees each trace's runner before its runs (to check plug-ins' names)."""
     out: dict[str, Any] = {}
     for spec in specs:
         if on_trace is not None:
             on_trace(spec.name)
         runner = Runner(make_trace(spec), model, replace(config), options, offer=dict(offer))
+        if on_runner is not None:
+            on_runner(runner)
         doc = compare(runner, policies, "turboserve", slo, jobs=jobs)
         out[spec.name] = {"comparison": doc, "bars": bars(doc)}
     return out

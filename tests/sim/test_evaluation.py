@@ -386,3 +386,20 @@ def test_no_fixed_pool_as_fast_as_the_subject_is_null_not_the_search_cap(tmp_pat
     won = json.loads(out.read_text())
     won["paper"]["matched_latency"]["cost_reduction_pct"]["mag"] = 1.0  # null reads as no fixed pool this fast: a win
     assert bars(doc)["beats_paper_baselines"] == bars(won)["beats_paper_baselines"]
+
+
+def test_evaluate_compares_a_plugin_beside_the_split():
+    """A plug-in given to evaluate runs on every trace and has its own entry in the bars."""
+    from infra.sim.evaluate import TraceSpec, evaluate
+    from processors.autoscaler import AutoscalerConfig
+
+    vt, auto = load_volatility_table(), AutoscalerConfig()
+    seen = []
+    out = evaluate([TraceSpec("calm", 0, 60.0, 30)], load_profiles("paper"), SimConfig(warm_start=True),
+                   {"turboserve": {"table": vt, "autoscaler": auto}}, {"table": vt, "autoscaler": auto},
+                   policies=("rr", "lag", "mag", "turboserve", "tests.sim.plugin:Optioned"), jobs=1, on_runner=seen.append)
+    (doc,) = out.values()
+    mine = doc["bars"]["peers"]["optioned"]
+    run = doc["comparison"]["policies"]["optioned"]
+    assert len(seen) == 1 and mine["cost"] == run["cost"] > 0 and mine["worst_s"] == run["worst_chunk_latency_s"]
+    assert "telefuser" not in doc["bars"] and set(doc["bars"]["peers"]) == {"optioned"}
