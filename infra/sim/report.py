@@ -659,8 +659,11 @@ def plot_timeline(series: dict[str, dict[str, list[float]]], window_s: float, pa
     colours = plt.get_cmap("tab20").colors  # one colour per policy (the default cycle has ten)
     for ax, (key, label) in zip(axes, panels):
         for k, (name, tl) in enumerate(series.items()):
-            xs = [i * window_s / 60.0 for i in range(len(tl[key]))]
-            ax.step(xs, tl[key], where="post", label=name, linewidth=1, color=colours[k % len(colours)])
+            ys = list(tl[key])
+            if not ys:
+                continue
+            xs = [i * window_s / 60.0 for i in range(len(ys) + 1)]  # the last window drawn to its end too
+            ax.step(xs, ys + ys[-1:], where="post", label=name, linewidth=1, color=colours[k % len(colours)])
         ax.set_ylabel(label)
     axes[-1].set_xlabel("time (min)")
     axes[0].legend(fontsize=7, ncol=4)
