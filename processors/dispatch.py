@@ -262,8 +262,8 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
         return view, [ReadAgain(Seen(replace(inp, rereads_left=inp.rereads_left - 1), facts), REREAD_S)]
     resting = sv is not None and sv.state in (StoreState.CLOSED, StoreState.SUSPENDED)
     if resting and inp.seq <= (sv.input_seq or 0):  # at or below the last applied: nothing to wake it for
-        if inp.seq not in sv.skipped:  # a copy of one settled: applied (a redelivery, a recovery's
-            # replay) or refused at dispatch (its owner skipped it as withdrawn, never as a gap)
+        if inp.seq not in sv.skipped:  # a copy of one applied (a redelivery, a recovery's replay);
+            # one refused at dispatch and passed over is among the skipped, as a gap given up on is
             return view, [Note(f"{inp.session_id}: input {inp.seq} came again after the session "
                                f"{'closed' if sv.state == StoreState.CLOSED else 'was offloaded'}; it was settled before")]
         late = f"input {inp.seq} came after its session gave up waiting for it and applied later ones (late)"

@@ -12,7 +12,7 @@ it what happened. Its rules:
   are refused, so dispatch routes them to the new owner) or thawed;
 - a missing ``seq`` is waited on for ``gap_wait_s`` (not at all when a later input names it
   as refused by dispatch); then the later ones are applied without it and it is refused as
-  ``late`` if it comes; nothing waits past a close (refused ``closed``)
+  ``late`` if it comes (a copy sent again after dispatch refused it too); nothing waits past a close (refused ``closed``)
   or an offload (applied first).
 
 Session lifecycle transitions are not encoded here: the store and ``processors/lifecycle.py``
@@ -97,8 +97,8 @@ class Held:
         if rec.generation != self.generation:
             return Refusal("stale_epoch", f"held: {self.generation}")
         if rec.seq in self.skipped:
-            return Refusal("late", f"input {rec.seq} arrived after the session gave up waiting "
-                           f"for it (after {gap_wait_s:g} s, or at an offload) and applied later inputs")
+            return Refusal("late", f"input {rec.seq} arrived after the session applied later inputs without it "
+                           f"(refused before, or given up on after {gap_wait_s:g} s or at an offload)")
         if rec.seq <= self.applied_seq:
             return None  # already applied (a duplicate delivery)
         if len(self.pending) >= MAX_PENDING_INPUTS:
@@ -154,11 +154,13 @@ class Held:
             first = min(self.pending)
             # only the latest seqs given up on are kept, so only they are listed: a seq far
             # ahead (a producer's bug, or a hostile one) must not make the owner count up to it
-            self.skipped.update(range(max(nxt, first - MAX_PENDING_INPUTS), first))
-            if len(self.skipped) > MAX_PENDING_INPUTS:
-                self.skipped = set(sorted(self.skipped)[-MAX_PENDING_INPUTS:])
+            self._give_up(range(max(nxt, first - MAX_PENDING_INPUTS), first))
             nxt = first
         self.gap_since = None  # progress: a gap met after this one is waited for from when it blocks
+        # the seqs refused upstream it passes over are given up on too: a copy sent again (a
+        # producer's retry after the refusal) is refused as late, not taken for a duplicate
+        # of an input applied and dropped without a word
+        self._give_up([seq for seq in self.withdrawn if seq < nxt])
         return self.pending.pop(nxt)
 
     def applied(self, rec: RoutedInput) -> None:
@@ -167,6 +169,11 @@ class Held:
             self.withdrawn = {seq for seq in self.withdrawn if seq > rec.seq}
         if rec.source_offset >= 0:
             self.input_pos = (rec.source_partition, rec.source_offset)
+
+    def _give_up(self, seqs: Iterable[int]) -> None:
+        self.skipped.update(seqs)
+        if len(self.skipped) > MAX_PENDING_INPUTS:
+            self.skipped = set(sorted(self.skipped)[-MAX_PENDING_INPUTS:])
 
     def skipped_news(self) -> list[int] | None:
         """The seqs given up on, when some are new since the last call (else None): the store

@@ -88,7 +88,7 @@ def test_an_input_dispatch_refused_is_not_waited_for() -> None:
     """Dispatch refused seqs 2 and 3 (over a bound) and names them on seq 4: the owner applies
     4 at once, and 6 (naming 5) too; 8 names nothing and waits out the gap for 7."""
     async def run() -> None:
-        worker, out, mono, gen, _store = await _worker()
+        worker, out, mono, gen, store = await _worker()
         await worker.handle(_input(gen, 1))
         await worker.handle(_input(gen, 4, refused_before=(2, 3)))
         assert out.accepted() == [1, 4]
@@ -97,6 +97,23 @@ def test_an_input_dispatch_refused_is_not_waited_for() -> None:
         assert out.accepted() == [1, 4, 6]
         mono.now += 5.1
         assert await worker.expire_gaps() == 1 and out.accepted() == [1, 4, 6, 8]
+        # a valid copy of 3, sent again after dispatch refused it: refused as late, not
+        # taken for a duplicate of an applied input and dropped without a word
+        await worker.handle(_input(gen, 3))
+        assert out.refused() == {3: "late"} and out.accepted() == [1, 4, 6, 8]
+        assert set((await store.session("s")).skipped) >= {2, 3, 5, 7}  # the store knows, for the next owner
+
+    asyncio.run(run())
+
+
+def test_an_input_dispatch_refused_is_still_applied_when_its_copy_comes_in_time() -> None:
+    async def run() -> None:
+        worker, out, _mono, gen, _store = await _worker()
+        await worker.handle(_input(gen, 1))
+        await worker.handle(_input(gen, 4, refused_before=(2,)))  # waits for 3
+        await worker.handle(_input(gen, 2))  # the retry of 2, before anything passed it over
+        await worker.handle(_input(gen, 3))
+        assert out.accepted() == [1, 2, 3, 4] and out.refused() == {}
 
     asyncio.run(run())
 
