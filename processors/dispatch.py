@@ -201,8 +201,11 @@ def on_session_event(view: DispatchView, rec: Record, facts: Facts,
         return next_candidate(view, _admission(view, sid, prompt=getattr(rec, "prompt", ""), for_event=True), now)
     if state is SessionState.TERMINATED and kind in (EventKind.OPEN, EventKind.ACTIVE):
         return view, [RefuseEvent(_CLOSED_ID.format(sid=sid))]
-    if sv is None or state is SessionState.TERMINATED:
-        return view, [Note(f"{rec.TAG} for session {sid} without generation")]
+    if sv is None:  # an idle or a close of a session never opened (or closed and forgotten): said
+        return view, [RefuseEvent(f"{rec.TAG} for session {sid}, which the store does not know "
+                                  "(never opened, or closed past its retention)")]
+    if state is SessionState.TERMINATED:  # a close again, or an idle after it: settled already
+        return view, [Note(f"{rec.TAG} for session {sid}, closed already")]
     gen = sv.generation
     if action is Action.RESUME:
         return next_candidate(view, _restore(view, sid, sv, for_event=True), now)

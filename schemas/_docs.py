@@ -205,7 +205,11 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
                                      "was read from; also this record's key.", None),
     ("DeadLetter", "partition"): ("Its partition.", None),
     ("DeadLetter", "offset"): ("Its offset.", None),
-    ("DeadLetter", "reason"): ("Why it was refused (`schema: ...`, `refused: ...`).", None),
+    ("DeadLetter", "reason"): ("Why it was refused, always beginning `schema: ` (it does not decode "
+                                "as its topic's records) or `refused: ` (it decodes, and was refused: a "
+                                "bound, an unknown or closed session, its owner's refusal such as "
+                                "`late`), then prose. A refused input's `key` is its session id when "
+                                "it came keyed by it; `raw` holds its `session_id` and `seq`.", None),
     ("DeadLetter", "consumer"): ("The process that refused it (`dispatch`, `metrics`...).", None),
     ("DeadLetter", "raw"): ("The refused bytes, cut to fit the dead-letters bound (at most "
                             "256 KiB).", "By"),

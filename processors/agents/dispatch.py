@@ -176,6 +176,7 @@ class DispatchShell:
 
     async def refuse(self, inp: Input, why: str) -> None:
         self.gate.note_refused(inp.session_id, inp.seq)  # named on the next routed input: not waited for
+        why = f"refused: {why}"  # every dead letter's reason says schema: or refused: first
         if inp.origin is not None:  # the record as it came: dead-lettered with its own bytes
             await self.publisher.dead_letter(inp.origin, why, self.name)
             return

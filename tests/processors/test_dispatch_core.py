@@ -60,6 +60,8 @@ def test_session_events_follow_the_lifecycle_table(store_state, kind):
         assert got == ["RequestClose", "Terminate"]
     elif store_state is StoreState.CLOSED and kind in (EventKind.OPEN, EventKind.ACTIVE):
         assert got == ["RefuseEvent"] and "is not used again" in cmds[0].why  # a closed id, reused
+    elif store_state is None:  # an idle or a close of a session never opened: refused, said
+        assert got == ["RefuseEvent"] and "which the store does not know" in cmds[0].why
     else:
         assert set(got) <= {"Note", "Resume", "Assign"}, got
         assert not any(isinstance(c, (Commit, CloseInStore, RequestClose)) for c in cmds)
