@@ -112,6 +112,14 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
         }
     return {
         "asyncapi": "3.0.0",
+        "servers": {"cluster": {
+            "host": "{bootstrap}",
+            "protocol": "kafka",
+            "description": "The Kafka cluster chunkserve is configured with (setting `kafka.bootstrap`, env "
+                           "CHUNKSERVE_KAFKA_BOOTSTRAP; `chunkserve broker start` prints the embedded one's). "
+                           "With TLS or SASL configured (`kafka.security_protocol`), clients need the same.",
+            "variables": {"bootstrap": {"description": "host:port of a broker", "examples": ["127.0.0.1:9092"]}},
+        }},
         "info": {
             "title": "chunkserve topics",
             "version": version,
@@ -123,8 +131,26 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
         },
         "defaultContentType": "application/msgpack",
         "channels": channels,
+        "operations": _operations(channels),
         "components": {"messages": messages, "schemas": _described_components(schemas)},
     }
+
+
+def _operations(channels: dict[str, Any]) -> dict[str, Any]:
+    """What chunkserve (the application this document describes) does on each channel: it
+    receives what producers write (a client sends there) and sends the rest (a client may
+    subscribe; worker-commands and scaling-commands are chunkserve's own, signed)."""
+    ops: dict[str, Any] = {}
+    for spec in TOPICS.values():
+        refs = [{"$ref": f"#/channels/{spec.name}/messages/{name}"} for name in channels[spec.name]["messages"]]
+        own = {"channel": {"$ref": f"#/channels/{spec.name}"}, "messages": refs}
+        if "producers" in spec.writers:
+            ops[f"{spec.name}.receive"] = {"action": "receive", **own,
+                                           "summary": f"chunkserve reads it ({spec.readers}): clients send here."}
+        else:
+            ops[f"{spec.name}.send"] = {"action": "send", **own,
+                                        "summary": f"chunkserve writes it ({spec.writers}); read by {spec.readers}."}
+    return ops
 
 
 def _described_components(schemas: dict[str, Any]) -> dict[str, Any]:

@@ -74,3 +74,18 @@ def test_every_type_tag_the_prose_names_exists():
     assert named and named <= tags, sorted(named - tags)
     summaries = [m["summary"] for m in MESSAGES.values()]
     assert all(s.endswith((".", ")")) for s in summaries), [s for s in summaries if not s.endswith((".", ")"))]
+
+
+def test_operations_say_where_a_client_sends_and_what_it_may_read():
+    """Code generators need operations: chunkserve receives on the producers' channels (a
+    client sends there) and sends on the rest; every message reference resolves."""
+    ops = DOC["operations"]
+    assert {k for k, o in ops.items() if o["action"] == "receive"} == {"session-events.receive", "session-inputs.receive"}
+    assert {"metrics.send", "dead-letters.send", "worker-events.send"} <= set(ops)
+    assert len(ops) == len(DOC["channels"])
+    for op in ops.values():
+        channel = op["channel"]["$ref"].split("/")[-1]
+        for ref in op["messages"]:
+            _, _, ch, _, name = ref["$ref"].split("/")
+            assert ch == channel and name in DOC["channels"][channel]["messages"]
+    assert DOC["servers"]["cluster"]["protocol"] == "kafka" and "{bootstrap}" in DOC["servers"]["cluster"]["host"]
