@@ -28,7 +28,10 @@ ENCODING = ("Encoding: the map's keys and every `type: string` field are msgpack
 TOPIC_CREATION = ("Topics are created by chunkserve (`chunkserve topics`, `chunkserve up`, the "
                   "provisioner) with the partition counts of its settings: producers should "
                   "not create them, since a topic auto-created with the broker's default "
-                  "partition count puts a session's inputs where a recovery does not read them.")
+                  "partition count puts a session's inputs where a recovery does not read them. "
+                  "Beside these channels the faust processors keep one internal topic each, "
+                  "`{prefix}<processor>-__assignor-__leader` (dispatch, detector, control, metrics), "
+                  "which clients never touch but ACLs and prefix rules must allow them.")
 
 
 def _describe(record: str, props: dict[str, Any]) -> None:

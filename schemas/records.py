@@ -342,7 +342,9 @@ class Released(Record):
 
 @record("worker.chunk")
 class ChunkDone(Record):
-    """One chunk released to the user, under a revalidated generation."""
+    """One chunk released to the user, under a revalidated generation. The frames do not
+    travel on Kafka: a media path (WebRTC, a CDN) carries them, and chunkserve ships none,
+    so the worker drops them after this record; `checksum` identifies them."""
 
     worker_id: Id
     session_id: Id
