@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -540,6 +539,11 @@ def up(
     from streams.topics import ensure_topics
 
     _check_children_env(_settings(require_endpoints=False))  # what only a child reads is refused here, before any starts
+    children = dispatchers + 4  # the processors and the provisioner; its workers from ten past its port
+    if metrics_port and metrics_port + children + 10 > 65535:
+        raise ConfigError("--metrics-port", f"{metrics_port} leaves too few ports after it: its {children} children "
+                          f"take the next free ones and the provisioner's workers those from ten past its own "
+                          f"(give one up to {65535 - children - 10})", "command line")
     settings = _settings()
     _logging(log_format)  # and its children's, through CHUNKSERVE_LOG_FORMAT
     _warn_unsigned(settings)
@@ -551,7 +555,7 @@ def up(
     _metrics_server(metrics_port, metrics_host)
     running = Gauge("chunkserve_up_process_running", "1 while the child of `up` runs", ["process"])
     restarted = Counter("chunkserve_up_restarts_total", "Times `up` started an exited child again", ["process"])
-    ports = itertools.count(metrics_port + 1) if metrics_port else None
+    ports = iter(range(metrics_port + 1, 65536)) if metrics_port else None
     given: list[int] = []  # in the order the children start (the fleet's order)
 
     def exposed() -> list[str]:  # the next port after the last one given that is free now

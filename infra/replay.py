@@ -8,6 +8,7 @@ pure folds the live processors run (``processors.cluster.apply`` for dispatch/co
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from processors.cluster import ClusterView, apply
@@ -64,14 +65,16 @@ def cluster_view(records: list[Record]) -> ClusterView:
     return view
 
 
-def detector_signal(records: list[Record]) -> dict[str, Any] | None:
+def detector_signal(records: list[Record], config: Any = None) -> dict[str, Any] | None:
     """The detector's last signal over these session events, folded in timestamp order
     (:func:`~processors.detector.rebuild`, the state ``step`` reaches, in O(events); the
-    signal at the last event's time, as its ``step`` gives it)."""
-    from processors.detector import DetectorConfig, observe, rebuild
+    signal at the last event's time, as its ``step`` gives it), under ``config`` (the
+    live detector's window, from the environment, when None)."""
+    from processors.agents.detector import detector_settings
+    from processors.detector import observe, rebuild
     from processors.lifecycle import session_event
 
-    config = DetectorConfig()
+    config = config if config is not None else detector_settings(os.environ)[0]
     ordered = sorted(records, key=lambda r: r.ts)  # type: ignore[attr-defined]
     events = [e for e in map(session_event, ordered) if e is not None]
     if not events:

@@ -141,7 +141,10 @@ class LocalProcessProvisioner:
             return []
         host, first = self.metrics
         taken = set(self.ports.values())  # a worker's port stays its own until it is stopped
-        port = next(p for p in range(first, 65536) if p not in taken and port_free(host, p))
+        port = next((p for p in range(first, 65536) if p not in taken and port_free(host, p)), None)
+        if port is None:  # every port from the first is taken: the worker runs without an endpoint
+            log.warning("provisioner: no free metrics port from %d for worker %s", first, wid)
+            return []
         self.ports[wid] = port
         return ["--metrics-port", str(port), "--metrics-host", host]
 

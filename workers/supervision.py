@@ -41,8 +41,12 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether ``port`` on ``host`` can be bound right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """Whether ``port`` on ``host`` (IPv4 or IPv6) can be bound right now by a server, which
+    may take a port still in TIME_WAIT (a scrape's, just closed) as prometheus_client's does."""
+    if not 0 < port < 65536:
+        return False
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -377,6 +377,28 @@ def test_a_port_in_use_is_not_free_for_up_to_hand_out():
         port = taken.getsockname()[1]
         assert not port_free("127.0.0.1", port)
     assert port_free("127.0.0.1", port)
+    assert not port_free("127.0.0.1", 65536) and not port_free("127.0.0.1", 0)  # past the range: never free
+    if socket.has_ipv6:  # an IPv6 host is probed as IPv6 (every port looked taken, and `up` hung)
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as taken:
+            try:
+                taken.bind(("::1", 0))
+            except OSError:
+                return  # no IPv6 loopback on this machine
+            taken.listen()
+            port = taken.getsockname()[1]
+            assert not port_free("::1", port)
+        assert port_free("::1", port)
+
+
+def test_up_refuses_a_metrics_port_that_leaves_too_few_after_it():
+    """Past 65,520 the children's ports ran out of range: a traceback, or a fleet that stopped."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "infra", "up", "--metrics-port", "65530"], capture_output=True,
+                          text=True, timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("CHUNKSERVE_")})
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert "--metrics-port: 65530 leaves too few ports after it" in proc.stdout
 
 
 def test_up_starts_an_exited_child_again_unless_it_refused_a_setting_or_loops() -> None:

@@ -110,3 +110,21 @@ def test_replay_detector_gives_the_signal_step_by_step_gives():
         for rec in sorted(recs, key=lambda x: x.ts):
             state, signal = step(state, session_event(rec), config)
         assert detector_signal(recs) == (None if signal is None else dataclasses.asdict(signal)), seed
+
+
+def test_replay_detector_reads_the_window_the_live_detector_reads(monkeypatch):
+    """The replay folded with the default window whatever CHUNKSERVE_DETECTOR_WINDOW_S said."""
+    import dataclasses
+
+    from infra.replay import detector_signal
+    from processors.lifecycle import session_event
+    from schemas import records as rr
+
+    recs = [rr.SessionOpened(session_id=f"s{i}", ts=float(i)) for i in range(40)]
+    monkeypatch.setenv("CHUNKSERVE_DETECTOR_WINDOW_S", "5")
+    monkeypatch.setenv("CHUNKSERVE_DETECTOR_SLOT_S", "0.5")
+    config = DetectorConfig(window_s=5.0, slot_s=0.5)
+    state, signal = DetectorState(), None
+    for rec in recs:
+        state, signal = step(state, session_event(rec), config)
+    assert detector_signal(recs) == dataclasses.asdict(signal) != detector_signal(recs, DetectorConfig())
