@@ -79,7 +79,16 @@ def _metrics_server(port: Optional[int], host: str) -> None:
 MetricsPort = typer.Option(None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port.")
 MetricsHost = typer.Option("127.0.0.1", "--metrics-host",
                            help="Address the metrics endpoint listens on (0.0.0.0: every interface).")
-LogFormat = typer.Option("text", "--log-format", envvar="CHUNKSERVE_LOG_FORMAT",
+def _log_format_given(value: str) -> str:
+    """Checked as the command line is read: before anything connects or starts."""
+    from infra.logs import FORMATS
+
+    if value not in FORMATS:
+        raise typer.BadParameter(f"{value!r}: choose from {', '.join(FORMATS)}")
+    return value
+
+
+LogFormat = typer.Option("text", "--log-format", envvar="CHUNKSERVE_LOG_FORMAT", callback=_log_format_given,
                          help="Log lines as text or json (one object a line); children inherit it.")
 log = logging.getLogger("chunkserve")
 
@@ -176,7 +185,11 @@ def worker(
 
     try:
         _check_worker_options(worker_id, device)  # before the endpoints are asked: no broker needed to say it
-        (settings := _settings()).check_capacity(capacity)
+        try:
+            _settings(require_endpoints=False).check_capacity(capacity)
+        except ConfigError as exc:  # the flag's, named as the flag
+            raise ConfigError("--capacity", str(exc).split(": ", 2)[-1], "command line") from None
+        settings = _settings()
     except ConfigError as exc:
         console.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2)

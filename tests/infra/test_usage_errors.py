@@ -20,6 +20,7 @@ def _run(*args: str) -> tuple[int, str, str]:
     (("trace", "gen", "--level", "99"), "chunkserve trace gen: Invalid value for '--level'"),
     (("nosuchcommand",), "chunkserve: No such command 'nosuchcommand'"),
     (("place",), "chunkserve place: Missing argument"),
+    (("up", "--log-format", "xml"), "chunkserve up: Invalid value for '--log-format' (env var: 'CHUNKSERVE_LOG_FORMAT')"),
 ])
 def test_a_bad_option_is_one_line(args, said):
     rc, out, err = _run(*args)
@@ -33,3 +34,10 @@ def test_help_and_no_arguments_keep_their_exit_codes():
     assert rc == 0 and "Usage" in out
     rc, out, err = _run()  # no command: the help, and click's exit code for it
     assert rc == 2 and "Usage" in out + err and "usage error" not in err
+
+
+def test_a_worker_capacity_over_the_bound_names_the_flag():
+    """It said `config: worker.capacity`, a key no file has, and only once a broker answered."""
+    rc, out, err = _run("worker", "--worker-id", "w", "--capacity", "100")
+    assert rc == 2 and "Traceback" not in out + err
+    assert "command line: --capacity: 100 sessions: must be from 1 to max_sessions_per_worker" in out + err
