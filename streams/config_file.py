@@ -175,7 +175,7 @@ def _parsed(key: str, raw: str, source: str) -> Any:
     return _ranged(key, value, source)
 
 
-_RANGES = {"redis.replica_acks": (0, 16)}  # keys whose range is not 1.._MAX_INT
+_RANGES = {"redis.replica_acks": (0, 16), "fetch_wait_ms": (1, 60_000)}  # keys whose range is not 1.._MAX_INT
 
 
 def _ranged(key: str, value: Any, source: str) -> Any:
@@ -186,7 +186,8 @@ def _ranged(key: str, value: Any, source: str) -> Any:
         return value
     top = _MAX_PARTITIONS if key.startswith("partitions.") else _MAX_INT
     if isinstance(value, (int, float)) and not (0 < value <= top):
-        raise ConfigError(key, f"must be from 1 to {top}, got {value!r}"[:200], source)
+        span = f"from 1 to {top}" if isinstance(value, int) else f"above 0, at most {top}"
+        raise ConfigError(key, f"must be {span}, got {value!r}"[:200], source)
     return value
 
 
