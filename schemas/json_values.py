@@ -28,13 +28,15 @@ def _span(lo: float | None, hi: float | None, above: bool = False) -> str:
 def number(value: Any, key: str, source: str, lo: float | None = None, hi: float | None = None, *, above: bool = False) -> float:
     """A finite JSON number (not a string, not true/false) from ``lo`` (exclusive when
     ``above``) to ``hi``."""
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    numeric = not isinstance(value, bool) and isinstance(value, (int, float))
+    ok = numeric and math.isfinite(value)
     if ok and lo is not None:
         ok = value > lo if above else value >= lo
     if ok and hi is not None:
         ok = value <= hi
     if not ok:
-        raise ConfigError(key, f"must be a number{_span(lo, hi, above)}, got {value!r}"[:200], source)
+        what = "a finite number" if numeric and not math.isfinite(value) else "a number"
+        raise ConfigError(key, f"must be {what}{_span(lo, hi, above)}, got {value!r}"[:200], source)
     return float(value)
 
 

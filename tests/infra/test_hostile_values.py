@@ -26,7 +26,7 @@ def _profile(**spec: object) -> dict:
     ({"capacity": 10**8}, f"capacity: must be 1 to {MAX_CAPACITY}"),
     ({"latency_s": {str(k): 0.1 * k for k in range(1, MAX_POINTS + 2)}}, f"needs 1 to {MAX_POINTS}"),
     ({"latency_s": {"1": 0.3, "100000000": 9.0}}, "batch sizes up to"),
-    ({"memory_gib": float("inf")}, "memory_gib inf"),
+    ({"memory_gib": float("inf")}, "memory_gib: must be a finite number, got inf"),
     ({"cost_per_hour": float("inf")}, "must be a finite number"),
 ])
 def test_a_profile_past_its_bounds_is_refused_at_once(spec: dict, said: str) -> None:
