@@ -63,6 +63,8 @@ class KafkaSettings:
     def __post_init__(self) -> None:
         for server in filter(None, (x.strip() for x in self.bootstrap.split(","))):
             host, colon, port = server.rpartition(":")
+            if "/" in host:  # a URL: Kafka clients take bare host:port
+                raise ConfigError("kafka.bootstrap", f"{server[:80]!r} is a URL: give host:port, without a scheme or path")
             if not (colon and host.strip("[]") and port.isdigit() and 1 <= int(port) <= 65535):
                 raise ConfigError("kafka.bootstrap", f"{server[:80]!r} is not host:port with a port from 1 to 65535")
         if self.idempotence not in ("on", "off"):

@@ -77,6 +77,7 @@ class Worker:
             flush=self._flush))
         self.sessions, self.schedule = self.commands.sessions, self.commands.schedule
         self.chunks_released = 0
+        metrics().chunks_released.labels(config.worker_id)  # its series at 0 from the start, not from the first chunk
         self.last_latency_s = 0.0
         self._producer: RecordProducer | None = None
         self._consumer: RecordConsumer | None = None

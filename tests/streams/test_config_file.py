@@ -185,6 +185,7 @@ def test_bounds_from_file_and_environment(tmp_path):
     ({"CHUNKSERVE_KAFKA_BOOTSTRAP": "host:abc"}, "kafka.bootstrap"),  # an aiokafka traceback before
     ({"CHUNKSERVE_KAFKA_BOOTSTRAP": "127.0.0.1:99999"}, "kafka.bootstrap"),
     ({"CHUNKSERVE_KAFKA_BOOTSTRAP": "a:9092,garbage::"}, "kafka.bootstrap"),
+    ({"CHUNKSERVE_KAFKA_BOOTSTRAP": "http://127.0.0.1:9092"}, "kafka.bootstrap"),  # was "no broker answers"
     ({"CHUNKSERVE_INPUT_BURST": "2.5"}, "input_burst"),  # a count of inputs
     ({"CHUNKSERVE_INPUT_BURST": "0.5"}, "input_burst"),  # was "config: inputs", naming no variable
 ])

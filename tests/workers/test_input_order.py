@@ -203,3 +203,12 @@ def test_each_gap_is_waited_for_from_when_it_blocks() -> None:
         assert await worker.expire_gaps() == 1 and out.accepted() == [1, 2, 3, 5]
 
     asyncio.run(run())
+
+
+def test_a_workers_released_chunks_series_is_there_at_zero_from_its_start() -> None:
+    """It appeared only with the first chunk: a scrape of an idle worker lacked it."""
+    from prometheus_client import REGISTRY
+
+    Worker(Settings(), WorkerConfig(worker_id="w-idle", capacity=2), ReferenceModel(ModelConfig(), seed=1),
+           MemoryGenerationStore("w-idle"))
+    assert REGISTRY.get_sample_value("chunkserve_chunks_released_total", {"worker": "w-idle"}) == 0.0
