@@ -604,7 +604,10 @@ def up(
                 running.labels(name).set(ok)
                 if ok:
                     continue
-                code, said = fleet.procs[name].returncode, last_words(logs / f"{name}.log")
+                code = fleet.procs[name].returncode
+                # killed by a signal, it said nothing: its log's last line is older news
+                said = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+                    else last_words(logs / f"{name}.log")
                 stop = after_exit(code, restarts.setdefault(name, []), time.monotonic())
                 if stop is not None:
                     console.print(f"[red]up: {name} exited with code {code} ({said}); {stop}: "

@@ -41,8 +41,9 @@ async def _scale_out(settings: Settings, count: int = 1) -> None:
 def _start_up(settings: Settings, tmp_path, *options: str, **env: str) -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
     """`up` with every processor, the provisioner and one provisioned worker running."""
     env = {**child_env(settings), "CHUNKSERVE_MIN_WORKERS": "0", **env}
-    up = subprocess.Popen([sys.executable, "-m", "infra", "up", "--log-dir", str(tmp_path / "logs"), *options],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    with open(tmp_path / "up.out", "wb") as out:  # what `up` says, read by the tests after it stops
+        up = subprocess.Popen([sys.executable, "-m", "infra", "up", "--log-dir", str(tmp_path / "logs"), *options],
+                              env=env, stdout=out, stderr=subprocess.STDOUT)
     asyncio.run(_scale_out(settings))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -179,6 +180,8 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path, reap
         p.kill()
     assert alive == [], f"still running {elapsed:.1f} s after SIGTERM: {[p.cmdline() for p in alive]}"
     assert up.wait(timeout=1) == 0
+    # the killed child said nothing: `up` names the signal, not its log's last (older) line
+    assert "up: detector-0 exited with code -9 (killed by SIGKILL); starting it again" in (tmp_path / "up.out").read_text()
     print(f"SIGTERM to up: {len(tree)} children gone in {elapsed:.1f} s")
 
 
