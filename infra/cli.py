@@ -99,10 +99,7 @@ def _logging(log_format: str, level: str = "INFO") -> dict:
 
     from infra.logs import logging_config
 
-    try:
-        config = logging_config(log_format, level)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--log-format")
+    config = logging_config(log_format, level)  # the format was checked as the command line was read (LogFormat)
     logging.config.dictConfig(config)
     os.environ["CHUNKSERVE_LOG_FORMAT"] = log_format
     return config
