@@ -120,7 +120,9 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
             "protocol": "kafka",
             "description": "The Kafka cluster chunkserve is configured with (setting `kafka.bootstrap`, env "
                            "CHUNKSERVE_KAFKA_BOOTSTRAP; `chunkserve broker start` prints the embedded one's). "
-                           "With TLS or SASL configured (`kafka.security_protocol`), clients need the same.",
+                           "With TLS or SASL configured (`kafka.security_protocol`), clients need the same. "
+                           "Producers may compress batches with any codec Kafka offers (gzip, snappy, lz4, "
+                           "zstd).",
             "variables": {"bootstrap": {"description": "host:port of a broker", "examples": ["127.0.0.1:9092"]}},
         }},
         "info": {

@@ -7,13 +7,16 @@ workers; chunkserve's own reader and Redis then show each session placed and eac
 accepted by its owner. Debian's kcat (librdkafka 2.0, whose ApiVersion handshake Tansu
 fails) lists chunkserve's topics and reads the placement reports on ``metrics``.
 
-What the document does not say is not filled in here: the producer keeps librdkafka's
-default partitioner, and the expected failure below records where that goes wrong.
+What the document does not say is not filled in here: the producer uses the partitioner the
+channels name (not librdkafka's default), and each session's records come from a producer
+compressing batches with another codec (gzip, snappy, lz4, zstd), as the server's description
+allows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -39,6 +42,8 @@ pytestmark = pytest.mark.integration
 
 CONTRACT = json.loads((Path(__file__).resolve().parents[2] / "docs" / "asyncapi.json").read_text())
 SESSIONS, INPUTS, WORKERS = 4, 2, 2
+# each session's records come from a producer compressing with one of the codecs Kafka offers
+CODECS = ("gzip", "snappy", "lz4", "zstd")
 
 
 def _check(schema: dict[str, Any], value: Any, path: str) -> None:
@@ -87,7 +92,8 @@ class ContractProducer:
     header the message documents.
     """
 
-    def __init__(self, bootstrap: str, prefix: str, contract: dict[str, Any] = CONTRACT) -> None:
+    def __init__(self, bootstrap: str, prefix: str, contract: dict[str, Any] = CONTRACT,
+                 compression: str = "none") -> None:
         from confluent_kafka import Producer
 
         self.contract = contract
@@ -96,7 +102,8 @@ class ContractProducer:
         assert all("murmur2_random" in c["description"] for c in contract["channels"].values())
         self.producer: Any = Producer({"bootstrap.servers": bootstrap, "acks": "all",
                                        "enable.idempotence": True, "client.id": "stranger",
-                                       "linger.ms": 1, "partitioner": "murmur2_random"})
+                                       "linger.ms": 1, "partitioner": "murmur2_random",
+                                       "compression.type": compression})
         self.delivered: list[tuple[str, int, bytes]] = []  # (topic, partition, key)
         self.failed: list[str] = []
         self._channels = {ref["$ref"].rsplit("/", 1)[1]: channel
@@ -187,18 +194,19 @@ def test_librdkafka_producer_and_kcat_against_a_running_fleet(kafka_bootstrap, r
     store = SyncGenerationStore.from_url(redis_url, namespace)
     placed: dict[str, Any] = {}
 
-    async def serve(log: EventLog, stranger: ContractProducer) -> None:
+    async def serve(log: EventLog, strangers: dict[str, ContractProducer]) -> None:
         """Open the sessions, push their inputs, wait until accepted; then close them."""
         for sid in ids:
-            stranger.send("SessionOpened", session_id=sid, ts=time.time(),
+            strangers[sid].send("SessionOpened", session_id=sid, ts=time.time(),
                           prompt=f"a lighthouse at dusk, {sid}")
         # seq from 1 with no gaps: the document allows 0 and says neither (a worker waits
         # for input_seq + 1, so a seq 0 is dropped as a duplicate and a gap holds the rest)
         for seq in range(1, INPUTS + 1):
             for sid in ids:
-                stranger.send("InputPushed", session_id=sid, seq=seq, kind="text",
-                              payload=f"pan left #{seq}", ts=time.time())
-        stranger.flush()
+                strangers[sid].send("InputPushed", session_id=sid, seq=seq, kind="text",
+                                    payload=f"pan left #{seq}", ts=time.time())
+        for stranger in strangers.values():
+            stranger.flush()
 
         def accepted(rs: list[Any]) -> bool:
             return all(sum(isinstance(r, InputAccepted) and r.session_id == s for r in rs)
@@ -207,8 +215,9 @@ def test_librdkafka_producer_and_kcat_against_a_running_fleet(kafka_bootstrap, r
         await log.until(accepted, 30, "every input accepted")
         placed.update({sid: store.session(sid) for sid in ids})  # in Redis, while open
         for sid in ids:
-            stranger.send("SessionClosed", session_id=sid, ts=time.time())
-        stranger.flush()
+            strangers[sid].send("SessionClosed", session_id=sid, ts=time.time())
+        for stranger in strangers.values():
+            stranger.flush()
         await log.until(lambda rs: all(any(isinstance(r, Released) and r.session_id == s
                                            and r.reason == "closed" for r in rs) for s in ids),
                         30, "sessions released on close")
@@ -224,8 +233,10 @@ def test_librdkafka_producer_and_kcat_against_a_running_fleet(kafka_bootstrap, r
             try:
                 await log.until(lambda rs: len({r.worker_id for r in rs if isinstance(r, WorkerUp)})
                                 >= WORKERS, 60, "workers to come up")
-                with ContractProducer(kafka_bootstrap, prefix) as stranger:
-                    await serve(log, stranger)
+                with contextlib.ExitStack() as stack:
+                    await serve(log, {sid: stack.enter_context(
+                        ContractProducer(kafka_bootstrap, prefix, compression=codec))
+                        for sid, codec in zip(ids, CODECS)})
                 await log.pump(timeout_ms=200)
             finally:
                 await log.stop()
