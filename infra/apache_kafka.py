@@ -222,6 +222,11 @@ class EmbeddedKafka:
     def __post_init__(self) -> None:
         if self.nodes:
             return
+        for outer in self.root.parents:  # a folder inside a running broker's is that broker's
+            holder = _lock_holder(outer / "broker.lock")
+            if holder is not None:
+                raise InfraError(f"{self.root} is inside {outer}, the data folder of a running broker "
+                                 f"(pid {holder}): give a data folder outside it")
         # a folder that held a cluster before keeps its ports, so clients find it again
         saved = self.root / "cluster.json"
         if saved.exists():
@@ -462,6 +467,23 @@ class EmbeddedKafka:
         with open(node.folder / "stdout.log", "ab") as out:
             # a supervised child: it dies with this process, even when that is killed outright
             node.proc = spawn(cmd, os.environ, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _lock_holder(lock: Path) -> str | None:
+    """The pid a running broker wrote in its folder's ``lock`` while it holds it, else None."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return os.read(fd, 32).decode(errors="replace").strip() or "?"
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _cluster_id() -> str:

@@ -230,6 +230,17 @@ def _check_children_env(settings: Settings) -> None:
         raise ConfigError(exc.key, str(exc).split(": ", 2)[-1], "env CHUNKSERVE_WORKER_CAPACITY") from None
 
 
+def _logs_at(log_dir: Optional[Path], prefix: str) -> Path:
+    """``--log-dir``, made now that nothing was refused (the command line only checked that it
+    could be), or a new temporary folder."""
+    if log_dir is None:
+        return Path(tempfile.mkdtemp(prefix=prefix))
+    problem = folder_problem(log_dir)
+    if problem:
+        raise ConfigError("--log-dir", problem, str(log_dir))
+    return log_dir
+
+
 def _check_log_dir(env: Mapping[str, str]) -> None:
     """``CHUNKSERVE_LOG_DIR`` (where the provisioner logs its workers) a folder there or one
     that can be made (it is made now), or ConfigError naming the variable."""
@@ -366,7 +377,7 @@ def demo(
     if os.environ.get("CHUNKSERVE_PROFILE") not in (None, "reference-cpu"):
         console.print("demo: CHUNKSERVE_PROFILE is not used: the workers run the reference model, "
                       "whose measured profile is reference-cpu")
-    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-demo-logs-"))  # once nothing was refused
+    logs = _logs_at(log_dir, "chunkserve-demo-logs-")  # once nothing was refused
     cfg = DemoConfig(duration_s=duration, sessions=sessions, level=level, speed=speed,
                      max_workers=max_workers, seed=seed, trace=str(trace) if trace else None, policy=policy,
                      fall_at=DemoConfig.fall_at if fall else None)
@@ -428,7 +439,7 @@ def smoke(
     from infra.flow import run_flow
 
     base = _settings(require_endpoints=False)
-    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-smoke-"))
+    logs = _logs_at(log_dir, "chunkserve-smoke-")
     run_id = uuid.uuid4().hex[:6]
     started = time.monotonic()
     with console.status("starting the broker and Redis") as status:
@@ -560,7 +571,7 @@ def up(
     asyncio.run(ensure_topics(settings))
     lease = FleetLease(settings)
     lease.take()  # one fleet per topic prefix: a second is refused before it starts anything
-    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-up-"))
+    logs = _logs_at(log_dir, "chunkserve-up-")
     fleet = LocalFleet(settings, logs)
     _metrics_server(metrics_port, metrics_host)
     running = Gauge("chunkserve_up_process_running", "1 while the child of `up` runs", ["process"])
@@ -721,7 +732,7 @@ def chaos(
                       broker_faults=KINDS if broker_faults else (), outage_s=outage,
                       process_faults=process_faults, migrate_every_s=migrate_every,
                       redis_faults=(1 if redis_faults is None else redis_faults) if redis_cluster else 0)
-    logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-chaos-"))  # once the settings were taken
+    logs = _logs_at(log_dir, "chunkserve-chaos-")  # once the settings were taken
     own_broker = "kafka" if broker_faults or brokers > 1 else None  # faults need a cluster of our own
     if broker_faults:  # the run's own clients: connection errors are what it asked for
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)

@@ -16,16 +16,30 @@ from schemas.errors import ConfigError
 __all__ = ["folder_problem", "writable", "write_output", "json_option", "folder_option"]
 
 
-def folder_problem(folder: Path) -> str | None:
-    """Why no folder can be at ``folder`` (made, with its parents, when missing), or None."""
+def folder_problem(folder: Path, make: bool = True) -> str | None:
+    """Why no folder can be at ``folder``, or None. ``make``: it is made now, with its
+    parents, when missing; else it is only checked that it is there or could be made (the
+    nearest part of its path that is there is a folder this process can write in), and
+    whoever writes in it makes it."""
+    if make:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            return f"{folder} is a file, not a folder"
+        except OSError as exc:
+            return f"cannot make the folder {folder} ({exc.strerror or exc})"
+    at = folder
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        return f"{folder} is a file, not a folder"
+        while not at.exists() and at.parent != at:
+            at = at.parent
     except OSError as exc:
         return f"cannot make the folder {folder} ({exc.strerror or exc})"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"cannot write in the folder {folder}"
+    if not at.is_dir():
+        return f"{folder} is a file, not a folder" if at == folder else \
+            f"cannot make the folder {folder} ({at} is a file)"
+    if not os.access(at, os.W_OK | os.X_OK):
+        return f"cannot write in the folder {folder}" if at == folder else \
+            f"cannot make the folder {folder} (cannot write in {at})"
     return None
 
 
@@ -62,11 +76,12 @@ def json_option(help: str) -> Any:
 
 
 def folder_option(option: str, help: str) -> Any:
-    """A ``--option FOLDER`` option (logs, reports) whose folder is made, or refused in one line
-    naming the option, as the command line is read: before any broker starts, not as a
-    traceback after the run."""
+    """A ``--option FOLDER`` option (logs, reports) whose folder is checked, and refused in
+    one line naming the option, as the command line is read: before any broker starts, not as
+    a traceback after the run. It is made by whatever writes there first, so a command refused
+    later (a second `up` on the same topics) leaves none behind."""
     def check(value: Optional[Path]) -> Optional[Path]:
-        problem = folder_problem(value) if value is not None else None
+        problem = folder_problem(value, make=False) if value is not None else None
         if problem:
             raise ConfigError(f"--{option}", problem, str(value))
         return value

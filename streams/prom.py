@@ -59,7 +59,8 @@ class Metrics:
                              ["reason"], registry=r),
             chunks_released=Counter("chunkserve_chunks_released", "Chunks released under a "
                                     "revalidated generation", ["worker"], registry=r),
-            sessions_held=Gauge("chunkserve_sessions_held", "Sessions this process holds", registry=r),
+            sessions_held=Gauge("chunkserve_sessions_held", "Sessions this worker holds", ["worker"],
+                                registry=r),
             worker_sessions=Gauge("chunkserve_worker_sessions", "Sessions per worker (heartbeat)",
                                   ["worker"], registry=r),
             worker_chunk_latency=Gauge("chunkserve_worker_chunk_latency_seconds",

@@ -77,7 +77,9 @@ class Worker:
             flush=self._flush))
         self.sessions, self.schedule = self.commands.sessions, self.commands.schedule
         self.chunks_released = 0
-        metrics().chunks_released.labels(config.worker_id)  # its series at 0 from the start, not from the first chunk
+        # its series at 0 from the start, not from the first chunk (and only a worker's)
+        metrics().chunks_released.labels(config.worker_id)
+        metrics().sessions_held.labels(config.worker_id)
         self.last_latency_s = 0.0
         self._producer: RecordProducer | None = None
         self._consumer: RecordConsumer | None = None
@@ -288,7 +290,7 @@ class Worker:
 
     async def heartbeat(self) -> None:
         sample = self._telemetry.sample() if self._telemetry is not None else None
-        metrics().sessions_held.set(len(self.sessions))
+        metrics().sessions_held.labels(self.config.worker_id).set(len(self.sessions))
         await self._send(beat := Heartbeat(
             worker_id=self.config.worker_id, ts=self.clock(), sessions=len(self.sessions),
             executing=sum(1 for s in self.sessions.values() if s.executing),

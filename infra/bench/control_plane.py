@@ -79,6 +79,7 @@ def run(settings: Settings, sessions: int, workers: int = 4, inputs_per_session:
     from ..redis_cluster import EmbeddedRedisCluster
 
     logs = log_dir or Path(tempfile.mkdtemp(prefix="chunkserve-bench-"))
+    logs.mkdir(parents=True, exist_ok=True)  # --log-dir was only checked as the command line was read
     run_id = uuid.uuid4().hex[:6]
     with ExitStack() as stack:
         broker: dict[str, Any] = {"kind": "configured", "version": None,

@@ -86,12 +86,15 @@ def test_a_file_that_is_no_certificate(kafka_bootstrap, redis_url, tmp_path):
     assert f"{conf}: kafka.ssl_cafile:" in _one_line(out)
 
 
-def test_the_demo_refuses_an_unknown_policy_from_the_environment_before_starting():
+def test_the_demo_refuses_an_unknown_policy_from_the_environment_before_starting(tmp_path):
     """The demo runs the policy CHUNKSERVE_POLICY names (it used to run turboserve whatever
-    was set); an unknown one is named in one line before any broker starts."""
-    rc, out = _run(["demo"], {"CHUNKSERVE_POLICY": "nope"})
+    was set); an unknown one is named in one line before any broker starts, and the log and
+    report folders it was given are not made (they were, as the command line was read)."""
+    logs, report = tmp_path / "a" / "logs", tmp_path / "report"
+    rc, out = _run(["demo", "--log-dir", str(logs), "--report-dir", str(report)], {"CHUNKSERVE_POLICY": "nope"})
     assert rc == 2
     assert "nope: policy: unknown policy" in _one_line(out)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_bootstrap, redis_url, tmp_path):

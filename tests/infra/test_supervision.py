@@ -150,12 +150,14 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path, reap
                for t in json.loads((tmp_path / "logs" / "prometheus-workers.json").read_text())}
     assert len(workers) == 1 and min(workers.values()) >= by_process["provisioner"] + 10, workers
     assert port + 2 not in given and given == (set(by_process.values()) - {port}) | set(workers.values())
-    _scrape(next(iter(workers.values())), "chunkserve_sessions_held")
+    (worker_id,) = workers
+    _scrape(workers[worker_id], f'chunkserve_sessions_held{{worker="{worker_id}"}}')
     up_body = _scrape(port, 'chunkserve_up_process_running{process="control-0"} 1.0')
     assert 'chunkserve_up_restarts_total{process="detector-0"} 0.0' in up_body  # from the start
     # the metrics processor, idle, exposes the fleet figures and every topic's counters
     fleet = _scrape(by_process["metrics-0"], 'chunkserve_fleet_sessions{state="idle"} 0.0')
     assert 'chunkserve_records_dead_lettered_total{topic="session-inputs"} 0.0' in fleet
+    assert "chunkserve_sessions_held{" not in fleet  # a worker's series, not every process's
     # a child that dies is started again, on its own endpoint; the rest (the worker too) run on
     (detector,) = [p for p in tree if "detector" in _cmdline(p)]
     detector.kill()
@@ -172,7 +174,7 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path, reap
                             timeout=120)
     said = " ".join((second.stdout + second.stderr).split())
     assert second.returncode == 2 and f"a fleet (chunkserve up) of topic prefix {settings.topic_prefix!r} is running already" in said
-    assert "up: dispatch-0" not in said
+    assert "up: dispatch-0" not in said and not (tmp_path / "logs2").exists()  # nor its log folder
     assert len(psutil.Process(up.pid).children(recursive=True)) == len(tree)
     up.send_signal(signal.SIGTERM)
     elapsed, alive = _gone_within([psutil.Process(up.pid), *tree], 10.0)
@@ -285,7 +287,8 @@ def test_a_broker_started_by_hand_dies_with_its_killed_parent(tmp_path):
     """`chunkserve broker start` killed outright (SIGKILL) leaves no Java broker behind. While
     it runs, a second start on its folder is refused in one line (it ran a second node in the
     live node's metadata folder, said the broker was up, and left the live one unable to
-    change its metadata); after the kill the folder is free again."""
+    change its metadata), and so is one on a folder inside it; after the kill the folder is
+    free again."""
     env = {k: v for k, v in os.environ.items() if k != "CHUNKSERVE_KAFKA_BOOTSTRAP"}
     second = [sys.executable, "-m", "infra", "broker", "start", "--data", str(tmp_path / "kafka")]
     cli = subprocess.Popen([sys.executable, "-m", "infra", "broker", "start", "--data", str(tmp_path / "kafka")],
@@ -300,6 +303,12 @@ def test_a_broker_started_by_hand_dies_with_its_killed_parent(tmp_path):
         refused = subprocess.run(second, capture_output=True, text=True, env=env, timeout=120)
         assert refused.returncode == 2 and "Traceback" not in refused.stdout + refused.stderr
         assert f"is in use by a running broker (pid {cli.pid})" in " ".join(refused.stdout.split()), refused.stdout
+        # nor one in a folder inside it (it wrote into the live node's log folder)
+        inside = subprocess.run([*second[:-1], str(tmp_path / "kafka" / "node-1" / "x")], capture_output=True,
+                                text=True, env=env, timeout=120)
+        said = " ".join(inside.stdout.split())
+        assert inside.returncode == 2 and f"the data folder of a running broker (pid {cli.pid})" in said, said
+        assert not (tmp_path / "kafka" / "node-1" / "x").exists()
         assert java.is_running() and cli.poll() is None
         cli.kill()
         cli.wait(10)
