@@ -26,7 +26,7 @@ async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0)
     """Every decodable record of ``topics`` from ``offset`` (per partition) up to the end each
     partition had when the read began, and how many records did not decode. Read-only: it
     publishes nothing (the topics' own consumers dead-letter bad records, once)."""
-    consumer = RecordConsumer(settings, list(topics), None, name="replay", isolation_level="read_committed")
+    consumer = RecordConsumer(settings, list(topics), None, name="replay")
     await consumer.start(subscribe=False)
     try:
         ends = await consumer.assign(dict.fromkeys(topics), max(0, offset))

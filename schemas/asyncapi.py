@@ -122,7 +122,9 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
                            "CHUNKSERVE_KAFKA_BOOTSTRAP; `chunkserve broker start` prints the embedded one's). "
                            "With TLS or SASL configured (`kafka.security_protocol`), clients need the same. "
                            "Producers may compress batches with any codec Kafka offers (gzip, snappy, lz4, "
-                           "zstd).",
+                           "zstd) and may write in transactions: chunkserve reads committed records only "
+                           "(an aborted transaction's are never acted on; an open one holds back what "
+                           "follows it on its partitions until it ends).",
             "variables": {"bootstrap": {"description": "host:port of a broker", "examples": ["127.0.0.1:9092"]}},
         }},
         "info": {

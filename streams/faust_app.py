@@ -40,13 +40,15 @@ log = logging.getLogger(__name__)
 # What the patched faust methods read (the latest app's settings): how long its worker
 # consumer's fetch may wait for data (``Settings.fetch_wait_ms``; faust hard-codes 1500 ms,
 # and a broker that holds every fetch to its whole wait, as the embedded Tansu does, adds
-# that to every hop), and whether its producer is idempotent (``kafka.idempotence``).
+# that to every hop), and whether its producer is idempotent (``kafka.idempotence``). Its
+# consumer reads committed records only (faust does outside its exactly-once mode alone): a
+# producer's aborted transaction is never acted on.
 _TUNING: dict[str, Any] = {"fetch_wait_ms": 100, "idempotent": False}
 
 
 def _tune_faust(fetch_wait_ms: int, idempotent: bool) -> None:
-    """faust has no setting for its worker consumer's fetch wait, and makes its producer
-    idempotent only inside transactions: patch both, once per process."""
+    """faust has no setting for its worker consumer's fetch wait or isolation level, and makes
+    its producer idempotent only inside transactions: patch them, once per process."""
     from faust.transport.drivers import aiokafka as driver
 
     _TUNING.update(fetch_wait_ms=fetch_wait_ms, idempotent=idempotent)
@@ -57,7 +59,8 @@ def _tune_faust(fetch_wait_ms: int, idempotent: bool) -> None:
 
     def create(self: Any, *args: Any, **kwargs: Any) -> Any:
         consumer = create_consumer(self, *args, **kwargs)
-        consumer._fetch_max_wait_ms = _TUNING["fetch_wait_ms"]  # read by its fetcher at start()
+        consumer._fetch_max_wait_ms = _TUNING["fetch_wait_ms"]  # both read by its fetcher at start()
+        consumer._isolation_level = "read_committed"
         return consumer
 
     def extra(self: Any) -> Any:

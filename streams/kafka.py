@@ -158,8 +158,10 @@ class RecordConsumer:
         self.dead_lettered = 0
         self._decoders = {self.catalogue.name(t): decoder_for(t, self.catalogue.limit(t))
                           for t in topics}
+        # read_committed: what an aborted transaction of a producer wrote is never acted on
         opts: dict[str, Any] = dict(group_id=group_id, enable_auto_commit=False,
                                     auto_offset_reset="earliest", client_id=name,
+                                    isolation_level="read_committed",
                                     fetch_max_wait_ms=settings.fetch_wait_ms,
                                     fetch_max_bytes=max(settings.max_record_bytes * 4, 1 << 22))
         opts.update(overrides)

@@ -31,8 +31,9 @@ import pytest
 from infra.flow import EventLog
 from infra.local import LocalFleet
 from schemas.codec import TYPE_HEADER, decode
-from schemas.records import Claimed, DeadLetter, InputAccepted, PlacementReport, Released, WorkerUp
-from schemas.topics import DEAD_LETTERS, METRICS, SESSION_INPUTS, TOPICS, WORKER_EVENTS
+from schemas.records import (Assign, Claimed, DeadLetter, InputAccepted, PlacementReport, Released,
+                             RoutedInput, WorkerUp)
+from schemas.topics import DEAD_LETTERS, METRICS, SESSION_INPUTS, TOPICS, WORKER_COMMANDS, WORKER_EVENTS
 from streams.config import Settings
 from streams.generations import SyncGenerationStore
 from streams.kafka import RecordProducer
@@ -93,7 +94,7 @@ class ContractProducer:
     """
 
     def __init__(self, bootstrap: str, prefix: str, contract: dict[str, Any] = CONTRACT,
-                 compression: str = "none") -> None:
+                 compression: str = "none", **config: Any) -> None:
         from confluent_kafka import Producer
 
         self.contract = contract
@@ -103,7 +104,7 @@ class ContractProducer:
         self.producer: Any = Producer({"bootstrap.servers": bootstrap, "acks": "all",
                                        "enable.idempotence": True, "client.id": "stranger",
                                        "linger.ms": 1, "partitioner": "murmur2_random",
-                                       "compression.type": compression})
+                                       "compression.type": compression, **config})
         self.delivered: list[tuple[str, int, bytes]] = []  # (topic, partition, key)
         self.failed: list[str] = []
         self._channels = {ref["$ref"].rsplit("/", 1)[1]: channel
@@ -194,8 +195,21 @@ def test_librdkafka_producer_and_kcat_against_a_running_fleet(kafka_bootstrap, r
     store = SyncGenerationStore.from_url(redis_url, namespace)
     placed: dict[str, Any] = {}
 
+    def aborted() -> None:
+        """A transaction that opens the first session and pushes its first input, aborted
+        (read uncommitted, it was acted on: the real input 1 then passed for a repeat)."""
+        with ContractProducer(kafka_bootstrap, prefix, **{"transactional.id": f"{namespace}-tx"}) as tx:
+            tx.producer.init_transactions(30)
+            tx.producer.begin_transaction()
+            tx.send("SessionOpened", session_id=ids[0], ts=time.time(), prompt="ABORTED open")
+            tx.send("InputPushed", session_id=ids[0], seq=1, kind="text", payload="ABORTED input",
+                    ts=time.time())
+            tx.producer.flush(30)
+            tx.producer.abort_transaction(30)
+
     async def serve(log: EventLog, strangers: dict[str, ContractProducer]) -> None:
         """Open the sessions, push their inputs, wait until accepted; then close them."""
+        aborted()
         for sid in ids:
             strangers[sid].send("SessionOpened", session_id=sid, ts=time.time(),
                           prompt=f"a lighthouse at dusk, {sid}")
@@ -228,7 +242,7 @@ def test_librdkafka_producer_and_kcat_against_a_running_fleet(kafka_bootstrap, r
         for i in range(WORKERS):
             fleet.start_worker(f"worker-{i}", capacity=4, chunk_interval_s=0.05)
         async with RecordProducer(settings, client_id="audit") as audit_producer:
-            log = EventLog(settings, audit_producer, (WORKER_EVENTS, METRICS, DEAD_LETTERS))
+            log = EventLog(settings, audit_producer, (WORKER_EVENTS, METRICS, DEAD_LETTERS, WORKER_COMMANDS))
             await log.start()
             try:
                 await log.until(lambda rs: len({r.worker_id for r in rs if isinstance(r, WorkerUp)})
@@ -261,6 +275,10 @@ def test_librdkafka_producer_and_kcat_against_a_running_fleet(kafka_bootstrap, r
                if isinstance(r, InputAccepted) and r.session_id == sid]
         assert got == [(seq, claims[sid].generation) for seq in range(1, INPUTS + 1)]
     assert not [r for r in records if isinstance(r, DeadLetter)]  # every record decoded
+    # the aborted transaction's records were never acted on: what the owner was told is real
+    told = [r for r in records if isinstance(r, (Assign, RoutedInput)) and r.session_id == ids[0]]
+    assert any(isinstance(r, Assign) for r in told) and any(isinstance(r, RoutedInput) for r in told)
+    assert not [r for r in told if "ABORTED" in (r.prompt if isinstance(r, Assign) else r.payload)]
 
     # kcat: the metadata listing (the ApiVersion handshake Tansu failed) shows every topic
     listing = json.loads(_kcat("-L", "-J", "-b", kafka_bootstrap))
