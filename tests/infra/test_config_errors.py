@@ -175,10 +175,13 @@ def test_a_log_or_report_folder_it_cannot_make_is_named_before_anything_starts(t
     a_file = tmp_path / "x.csv"
     a_file.write_text("")
     for command in (["demo", "--log-dir"], ["demo", "--report-dir"], ["smoke", "--log-dir"],
-                    ["chaos", "--log-dir"], ["up", "--log-dir"]):
+                    ["chaos", "--log-dir"], ["up", "--log-dir"], ["broker", "start", "--data"]):
         rc, out = _run([*command, str(a_file / "d")], {})
         assert rc == 2, (command, out)
         assert f"{a_file / 'd'}: {command[-1]}: cannot make the folder" in _one_line(out), command
+    # a folder no check foresees the system refusing (it was a 51-line traceback, exit 1)
+    rc, out = _run(["broker", "start", "--data", "/proc/chunkserve"], {})
+    assert rc == 2 and "/proc/chunkserve: --data: cannot make the folder" in _one_line(out), out
 
 
 def test_a_json_output_that_fails_at_the_end_still_gives_the_result(tmp_path, capsys):

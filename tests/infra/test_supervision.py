@@ -352,6 +352,31 @@ def test_a_fleet_says_which_child_failed_and_its_last_words(tmp_path):
     assert why is not None and why.startswith("odd-one exited with code 2: ") and "No such command" in why, why
 
 
+def test_redis_start_exits_when_its_server_dies():
+    """`chunkserve redis start` whose redis-server is killed says so and exits 1, as `broker
+    start` does (it went on running: a supervisor saw a live process, and nothing served)."""
+    import redis
+
+    cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, env=os.environ.copy())
+    try:
+        out = b""
+        deadline = time.monotonic() + 60
+        while b"CHUNKSERVE_REDIS_URL=" not in out and time.monotonic() < deadline:
+            out += cli.stdout.readline()  # type: ignore[union-attr]
+        url = out.decode().strip().rsplit("=", 1)[1]
+        client = redis.Redis.from_url(url)
+        server = client.info("server")["process_id"]
+        client.close()
+        os.kill(server, signal.SIGKILL)
+        assert cli.wait(30) == 1
+        said = " ".join(cli.stdout.read().decode().split())  # type: ignore[union-attr]
+        assert f"redis-server (pid {server}) exited" in said and "Traceback" not in said, said
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
 def test_redis_start_serves_until_sigterm_and_leaves_nothing(tmp_path):
     """`chunkserve redis start` prints the URL to export, answers on it, and on SIGTERM stops
     the server and removes its folder."""
