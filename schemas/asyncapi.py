@@ -24,7 +24,8 @@ DELIVERY = ("Delivery is at-least-once: a record may arrive twice (after a retry
 SIGNED = (WORKER_COMMANDS, SCALING_COMMANDS)
 ENCODING = ("Encoding: the map's keys and every `type: string` field are msgpack str (UTF-8); "
             "`format: binary` fields are msgpack bin; `integer` fields are msgpack int and "
-            "`number` fields float or int; JSON is not accepted. Nested objects are maps too.")
+            "`number` fields float or int; JSON is not accepted. Nested objects are maps too. A map "
+            "that gives a key twice is refused, and so is a record with more than one `cs-t` header.")
 TOPIC_CREATION = ("Topics are created by chunkserve (`chunkserve topics`, `chunkserve up`, the "
                   "provisioner) with the partition counts of its settings: producers should "
                   "not create them, since a topic auto-created with the broker's default "

@@ -30,15 +30,37 @@ TAG, VERSION = "t", "v"
 TYPE_HEADER = "cs-t"
 
 
-def header_tag(headers: Any) -> str | None:
-    """The type tag in a message's headers (a list of pairs or a mapping), if any."""
+def _header_tags(headers: Any) -> list[str]:
+    """Every type tag in a message's headers (a list of pairs or a mapping)."""
     if not headers:
-        return None
+        return []
     pairs = headers.items() if hasattr(headers, "items") else headers
-    for name, value in pairs:
-        if name == TYPE_HEADER and isinstance(value, (bytes, bytearray)):
-            return bytes(value).decode("ascii", "replace")
-    return None
+    return [bytes(value).decode("ascii", "replace") for name, value in pairs
+            if name == TYPE_HEADER and isinstance(value, (bytes, bytearray))]
+
+
+def header_tag(headers: Any) -> str | None:
+    """The type tag in a message's headers, if there is one (and only one: a record that
+    gives two is decoded, and refused there)."""
+    tags = _header_tags(headers)
+    return tags[0] if len(tags) == 1 else None
+
+
+def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A msgpack map whose keys are all different (a field given twice is refused, not read
+    as whichever came last: another reader may take the first)."""
+    made = dict(pairs)
+    if len(made) != len(pairs):
+        seen: set[Any] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _TwiceError(f"the map gives the key {str(key)[:64]!r} twice")
+            seen.add(key)
+    return made
+
+
+class _TwiceError(ValueError):
+    pass
 
 
 def encode(rec: Record, max_bytes: int | None = None) -> bytes:
@@ -76,9 +98,11 @@ class Decoder:
         """The record in ``data``; with ``headers``, a ``cs-t`` header that names another type
         than the record's is refused too (``SchemaError``)."""
         rec = self._decode(data)
-        tag = header_tag(headers)
-        if tag is not None and tag != rec.TAG:
-            raise SchemaError(f"the {TYPE_HEADER} header says {tag[:60]!r} but the record is {rec.TAG!r}")
+        tags = _header_tags(headers)
+        if len(tags) > 1:
+            raise SchemaError(f"the {TYPE_HEADER} header is given {len(tags)} times")
+        if tags and tags[0] != rec.TAG:
+            raise SchemaError(f"the {TYPE_HEADER} header says {tags[0][:60]!r} but the record is {rec.TAG!r}")
         return rec
 
     def _decode(self, data: bytes | bytearray | memoryview | None) -> Record:
@@ -89,7 +113,10 @@ class Decoder:
         if len(data) > self.max_bytes:
             raise SchemaError(f"payload is {len(data)} bytes, over the {self.max_bytes}-byte limit")
         try:
-            wire = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, use_list=True)
+            wire = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, use_list=True,
+                                   object_pairs_hook=_unique_keys)
+        except _TwiceError as exc:
+            raise SchemaError(str(exc)) from None
         except Exception as exc:  # msgpack raises several types for malformed input
             raise SchemaError(f"not msgpack: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")) from None
         return self._from_wire(wire)

@@ -194,3 +194,43 @@ def test_a_type_header_naming_another_type_than_the_record_is_refused() -> None:
     assert dec.decode(raw).TAG == dec.decode(raw, [(TYPE_HEADER, SessionOpened.TAG.encode())]).TAG
     with pytest.raises(SchemaError, match="header says 'session.closed' but the record is 'session.opened'"):
         dec.decode(raw, [(TYPE_HEADER, SessionClosed.TAG.encode())])
+
+
+def test_a_type_header_given_twice_is_refused_whichever_comes_first() -> None:
+    """Only the first was checked: [opened, closed] passed and [closed, opened] did not, and a
+    reader taking the last header (Java's lastHeader) would read another type."""
+    from schemas.codec import TYPE_HEADER, decoder_for, header_tag
+    from schemas.records import SessionClosed, SessionOpened
+
+    raw = encode(SessionOpened(session_id="s", ts=1.0))
+    dec = decoder_for("session-events")
+    for first, second in ((SessionOpened, SessionClosed), (SessionClosed, SessionOpened), (SessionOpened, SessionOpened)):
+        headers = [(TYPE_HEADER, first.TAG.encode()), (TYPE_HEADER, second.TAG.encode())]
+        assert header_tag(headers) is None  # a processor passing records over by type decodes it
+        with pytest.raises(SchemaError, match="the cs-t header is given 2 times"):
+            dec.decode(raw, headers)
+
+
+def test_a_field_given_twice_in_a_record_is_refused() -> None:
+    """msgpack maps may repeat a key; the last one won, silently (another reader may take
+    the first). Nested maps (a generation) are held to it too."""
+    import msgpack
+
+    from schemas.codec import decoder_for
+
+    dec = decoder_for("session-events")
+    good = msgpack.packb({"t": "session.opened", "v": 1, "session_id": "a", "ts": 1.0})
+    assert dec.decode(good).session_id == "a"
+    # written by hand: packb cannot give a key twice
+    body = b"".join(msgpack.packb(x) for x in ("t", "session.opened", "v", 1, "session_id", "a",
+                                               "session_id", "b", "ts", 1.0))
+    twice = bytes([0x80 | 5]) + body
+    with pytest.raises(SchemaError, match="the map gives the key 'session_id' twice"):
+        dec.decode(twice)
+    cmds = decoder_for("worker-commands")
+    gen = bytes([0x80 | 3]) + b"".join(msgpack.packb(x) for x in ("worker_id", "w", "epoch", 1, "epoch", 2))
+    assign = bytes([0x80 | 6]) + b"".join(msgpack.packb(x) for x in ("t", "cmd.assign", "v", 1, "worker_id", "w",
+                                                                       "session_id", "s")) \
+        + msgpack.packb("generation") + gen + msgpack.packb("ts") + msgpack.packb(1.0)
+    with pytest.raises(SchemaError, match="the map gives the key 'epoch' twice"):
+        cmds.decode(assign)
