@@ -15,6 +15,7 @@ from typing import Any
 from schemas.records import (AdmissionPlan, Assign, CommandRejected, Frozen, Generation, PlacementReport, Record,
                              Resume, Revoke, RoutedInput, Suspend, Terminate)
 from streams.generations import SessionView, StoreState
+from streams.store_ops import untold_from
 
 from .admission import AdmitPlan, WorkerLoad, candidate
 from .dispatch_types import (MAX_GAVE_UP, Admission, CloseInStore, Command, Commit, Committed, CommitRefused,
@@ -265,6 +266,11 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
         return view, [ReadAgain(Seen(replace(inp, rereads_left=inp.rereads_left - 1), facts), REREAD_S)]
     resting = sv is not None and sv.state in (StoreState.CLOSED, StoreState.SUSPENDED)
     if resting and inp.seq <= (sv.input_seq or 0):  # at or below the last applied: nothing to wake it for
+        if inp.seq < untold_from(sv.skipped):  # the store's list of given-up seqs no longer reaches it
+            return view, [Refuse(inp, _refusal(inp, f"input {inp.seq} came after its session "
+                                                    f"{'closed' if sv.state == StoreState.CLOSED else 'was offloaded'}, "
+                                                    "older than the inputs it still tells apart (late, or a "
+                                                    "copy of one applied, whose InputAccepted stands)"))]
         if inp.seq not in sv.skipped:  # a copy of one applied (a redelivery, a recovery's replay);
             # one refused at dispatch and passed over is among the skipped, as a gap given up on is
             return view, [Note(f"{inp.session_id}: input {inp.seq} came again after the session "

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 from schemas.records import Generation, RejectReason, RoutedInput
 from streams.generations import StoreState
+from streams.store_ops import untold_from
 
 __all__ = ["MAX_PENDING_INPUTS", "Held", "Refusal", "EarlyInputs", "command_refusal",
            "stray_input_refusal"]
@@ -72,10 +73,18 @@ class Held:
     input_pos: tuple[int, int] = (-1, -1)  # session-inputs (partition, offset) of the last applied input
     gap_since: float | None = None  # since when the next seq is missing while later ones wait
     skipped: set[int] = field(default_factory=set)  # seqs given up on after the gap wait
+    # below this seq (at or below the last applied) an input may have been given up on
+    # without ``skipped`` still listing it (only the latest are kept): neither applied for
+    # sure nor a duplicate, so one that comes is refused, never dropped without a word
+    untold_below: int = 0
     skipped_told: int = 0  # the highest seq given up on that the store was told of
     withdrawn: set[int] = field(default_factory=set)  # seqs dispatch refused: never waited for
     frozen_since: float | None = None  # frozen for a handoff: no chunk, no input applied
     released_chunk: int = -1  # the last chunk index released under this generation (-1: none)
+
+    def __post_init__(self) -> None:
+        # a list taken from a snapshot or the store is full when older seqs may have left it
+        self.untold_below = max(self.untold_below, untold_from(sorted(self.skipped)))
 
     def freeze(self, now: float) -> None:
         self.executing, self.frozen_since = False, now
@@ -99,6 +108,10 @@ class Held:
         if rec.seq in self.skipped:
             return Refusal("late", f"input {rec.seq} arrived after the session applied later inputs without it "
                            f"(refused before, or given up on after {gap_wait_s:g} s or at an offload)")
+        if rec.seq < self.untold_below:
+            return Refusal("late", f"input {rec.seq} is older than the inputs this session still tells apart "
+                           f"(from {self.untold_below}: more were given up on than are kept); if it was "
+                           "applied before, its InputAccepted stands")
         if rec.seq <= self.applied_seq:
             return None  # already applied (a duplicate delivery)
         if len(self.pending) >= MAX_PENDING_INPUTS:
@@ -155,6 +168,8 @@ class Held:
             # only the latest seqs given up on are kept, so only they are listed: a seq far
             # ahead (a producer's bug, or a hostile one) must not make the owner count up to it
             self._give_up(range(max(nxt, first - MAX_PENDING_INPUTS), first))
+            if first - MAX_PENDING_INPUTS > nxt:  # the seqs from nxt up to those listed are not
+                self.untold_below = max(self.untold_below, first - MAX_PENDING_INPUTS)
             nxt = first
         self.gap_since = None  # progress: a gap met after this one is waited for from when it blocks
         # the seqs refused upstream it passes over are given up on too: a copy sent again (a
@@ -173,7 +188,9 @@ class Held:
     def _give_up(self, seqs: Iterable[int]) -> None:
         self.skipped.update(seqs)
         if len(self.skipped) > MAX_PENDING_INPUTS:
-            self.skipped = set(sorted(self.skipped)[-MAX_PENDING_INPUTS:])
+            kept = sorted(self.skipped)[-MAX_PENDING_INPUTS:]
+            self.skipped = set(kept)
+            self.untold_below = max(self.untold_below, kept[0])
 
     def skipped_news(self) -> list[int] | None:
         """The seqs given up on, when some are new since the last call (else None): the store

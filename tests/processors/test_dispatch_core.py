@@ -283,3 +283,24 @@ def test_a_copy_of_an_applied_input_does_not_wake_an_offloaded_session():
     assert _kinds(cmds) == ["Commit"]
     _, cmds = decide(VIEW, Seen(replace(bounced, seq=104), offloaded), 2.0)
     assert _kinds(cmds) == ["Refuse"] and "(late)" in cmds[0].why
+
+
+def test_an_input_older_than_the_stores_full_list_of_given_up_seqs_is_refused_not_noted():
+    """The store keeps only the latest given-up seqs: below a full list, an input may have been
+    given up on, and taking it for a copy of one applied dropped it without a word (an
+    outside producer's 2, 3, 2000 after a jump to 5000). It is refused; within the list, a
+    seq not in it is still a copy, and one in it late."""
+    from streams.store_ops import MAX_SKIPPED
+
+    full = tuple(range(5000 - MAX_SKIPPED, 5000))
+    closed = Facts(replace(_sv(StoreState.CLOSED), input_seq=5001, skipped=full))
+    for seq in (2, 3, 2000, full[0] - 1):
+        _, cmds = decide(VIEW, Seen(Input("s", seq, "text", "x"), closed), 2.0)
+        assert _kinds(cmds) == ["Refuse"] and "older than the inputs it still tells apart" in cmds[0].why, seq
+    _, cmds = decide(VIEW, Seen(Input("s", full[0], "text", "x"), closed), 2.0)
+    assert _kinds(cmds) == ["Refuse"] and "(late)" in cmds[0].why
+    _, cmds = decide(VIEW, Seen(Input("s", 5000, "text", "x"), closed), 2.0)
+    assert _kinds(cmds) == ["Note"]  # applied: its verdict stands
+    short = Facts(replace(_sv(StoreState.CLOSED), input_seq=5001, skipped=full[1:]))  # not full: it tells
+    _, cmds = decide(VIEW, Seen(Input("s", 2, "text", "x"), short), 2.0)
+    assert _kinds(cmds) == ["Note"]

@@ -56,3 +56,42 @@ def test_a_text_conditions_on_its_first_4_kib_only():
     assert hash_ngrams([head + "b" * 60_000], 4096, (1, 2, 3)) == hash_ngrams([head + "c"], 4096, (1, 2, 3))
     assert hash_ngrams(["ab"], 4096, (1, 2, 3)) != hash_ngrams(["ac"], 4096, (1, 2, 3))
     assert len(hash_ngrams([head * 16], 4096, (1, 2, 3))) == 3 * (MAX_TEXT_BYTES + 2) - 3
+
+
+def test_an_input_older_than_the_seqs_still_listed_is_refused_not_taken_for_a_duplicate():
+    """After a jump from 1 to 5000 only the latest 1,024 seqs given up on are listed: 2, 3,
+    2000 and 3975 came later and were dropped without a word, taken for copies of inputs
+    applied. They are refused; a copy of 5000 is still a duplicate, 3976 late as before."""
+    held = Held(GEN, _State(input_seq=1))
+    assert held.offer(_input(5000), 5.0) is None
+    got = held.next_input(6.0, skip_gaps=True)
+    assert got is not None and got.seq == 5000
+    held.state.input_seq = 5000
+    for seq in (2, 3, 2000, 5000 - MAX_PENDING_INPUTS - 1):
+        refused = held.offer(_input(seq), 5.0)
+        assert refused is not None and refused.reason == "late" and "still tells apart" in refused.detail, seq
+    assert held.offer(_input(5000 - MAX_PENDING_INPUTS), 5.0).reason == "late"  # listed: given up on
+    assert held.offer(_input(5000), 5.0) is None  # applied: a duplicate, its verdict stands
+
+
+def test_a_gap_given_up_on_with_nothing_dropped_from_the_list_refuses_no_copy_of_an_applied_input():
+    held = Held(GEN, _State(input_seq=10))
+    assert held.offer(_input(13), 5.0) is None
+    assert held.next_input(6.0, skip_gaps=True).seq == 13
+    held.state.input_seq = 13
+    assert held.skipped == {11, 12} and held.untold_below == 0
+    assert held.offer(_input(5), 5.0) is None  # applied before the gap: a duplicate
+    assert held.offer(_input(12), 5.0).reason == "late"
+
+
+def test_a_full_list_from_a_snapshot_refuses_what_is_older_than_it():
+    """A new owner starts from the snapshot's list, which keeps only the latest seqs: below a
+    full one it cannot tell a copy from an input given up on, so it refuses."""
+    from streams.store_ops import MAX_SKIPPED
+
+    listed = set(range(1000, 1000 + MAX_SKIPPED))
+    held = Held(GEN, _State(input_seq=2000), skipped=listed)
+    assert held.untold_below == 1000
+    assert held.offer(_input(999), 5.0).reason == "late"
+    assert held.offer(_input(1500), 5.0) is None  # within the list's reach, not in it: applied
+    assert Held(GEN, _State(input_seq=2000), skipped=set(list(listed)[1:])).untold_below == 0
