@@ -27,7 +27,7 @@ from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Com
                         CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, Note, Publish,
                         ReadAgain, Refuse, RefuseEvent, RequestClose, Retry, RetryLater, Seen, counted, decide)
 from ..input_gate import InputGate
-from .input_budgets import MAX_REREADING, Chains, RateWindows, Rereads
+from .input_budgets import MAX_REREADING, Chains, RateWindows, Remembered, Rereads
 from .recovery import Recovery
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
@@ -76,6 +76,10 @@ class DispatchShell:
         # the session's inputs after a seq, read back from the log (LoggedInput); the topic's full name
         self.read_inputs, self.inputs_topic = read_inputs, inputs_topic
         self.rate_windows = RateWindows(self.gate, count_in_window, name)
+        # (session, seq) -> (partition, offset) of the inputs routed last; and the records
+        # (topic, partition, offset) dead-lettered last: one dead letter each, redelivered or not
+        self.places: Remembered[tuple[str, int], tuple[int, int]] = Remembered()
+        self.dead_lettered: Remembered[tuple[str, int, int], None] = Remembered()
         self.recovery = Recovery(self)
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
@@ -174,13 +178,38 @@ class DispatchShell:
         except OwnershipError as exc:
             return CommitRefused(adm, worker, exc.reason_code, detail=str(exc))
 
+    async def once(self, place: tuple[Any, Any, Any], send: Callable[[], Awaitable[Any]]) -> None:
+        """``send`` the dead letter of the record at ``place`` (topic, partition, offset) unless
+        this process dead-lettered it already: a record redelivered (a rejoin, a consumer put
+        back) and refused again, maybe for another reason, gets no second one. A place not
+        known (None, or below 0) is sent every time."""
+        topic, partition, offset = place
+        if topic is None or not isinstance(partition, int) or not isinstance(offset, int) or min(partition, offset) < 0:
+            await send()
+            return
+        if not self.dead_lettered.first(place, None):
+            log.info("%s: %s[%s]@%s was dead-lettered already", self.name, topic, partition, offset)
+            return
+        try:
+            await send()
+        except BaseException:
+            self.dead_lettered.forget(place)  # not sent: the next refusal sends it
+            raise
+
+    async def dead_letter(self, publisher: Any, msg: Any, why: str) -> None:
+        """Dead-letter a record as it came, once (:meth:`once`)."""
+        await self.once((getattr(msg, "topic", None), getattr(msg, "partition", None), getattr(msg, "offset", None)),
+                        lambda: publisher.dead_letter(msg, why, self.name))
+
     async def refuse(self, inp: Input, why: str) -> None:
         self.gate.note_refused(inp.session_id, inp.seq)  # named on the next routed input: not waited for
         why = f"refused: {why}"  # every dead letter's reason says schema: or refused: first
         if inp.origin is not None:  # the record as it came: dead-lettered with its own bytes
-            await self.publisher.dead_letter(inp.origin, why, self.name)
+            await self.dead_letter(self.publisher, inp.origin, why)
             return
         partition, offset = inp.partition, inp.offset
+        if partition < 0:  # refused after routing (by its owner): where it was when it was routed
+            partition, offset = self.places.get((inp.session_id, inp.seq)) or (-1, -1)
         if partition < 0 and self.read_inputs is not None:
             # refused after routing (by its owner): the dead letter names where the input sits
             found = [g for g in await self.read_inputs(inp.session_id, inp.seq - 1) if g.record.seq == inp.seq]
@@ -188,14 +217,15 @@ class DispatchShell:
                 partition, offset = found[0].partition, found[0].offset
             else:
                 why += " (its place in the log was not found)"
-        await self.refuse_input(inp.session_id, inp.seq, inp.kind, inp.payload, inp.ts, why,
-                                max(partition, 0), max(offset, 0))
+        await self.once((self.inputs_topic, partition, offset),
+                        lambda: self.refuse_input(inp.session_id, inp.seq, inp.kind, inp.payload, inp.ts, why,
+                                                  max(partition, 0), max(offset, 0)))
 
     async def refuse_parked(self, rec: InputPushed, msg: Any, why: str, publisher: Any) -> None:
         """An input refused behind its session's wait for room: dead-lettered as it came, and
         named on the session's next routed input, so its owner does not wait for it."""
         self.gate.note_refused(rec.session_id, rec.seq)
-        await publisher.dead_letter(msg, f"refused: {why}", self.name)
+        await self.dead_letter(publisher, msg, f"refused: {why}")
 
     async def refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
                            why: str, partition: int = 0, offset: int = 0) -> None:
@@ -252,6 +282,8 @@ class DispatchShell:
                           offset: int = -1, ts: float = 0.0, origin: Any = None) -> str | None:
         inp = Input(sid, seq, kind, payload, ts, partition, offset, rereads_left=self.rereads.allowance(),
                     refused_before=self.gate.refused_before(sid), origin=origin)
+        if partition >= 0:
+            self.places.put((sid, seq), (partition, offset))
         with self.rereads.ended((sid, seq, partition, offset)):
             refused = await self.feed(Seen(inp, await self.facts(sid)))
         return refused[0] if refused else None
@@ -297,18 +329,18 @@ async def _session_events(stream: Any, shell: Callable[[], Awaitable[DispatchShe
         msg, sh = event.message, await shell()
         misfiled_why = misfiled(rec, msg.key)
         if misfiled_why is not None:
-            await publisher.dead_letter(msg, f"refused: {misfiled_why}", "dispatch")
+            await sh.dead_letter(publisher, msg, f"refused: {misfiled_why}")
             continue
         async def handle(rec: Record = rec, msg: Any = msg, sh: DispatchShell = sh) -> None:
             why = await sh.on_session_event(rec)
             if why is not None:  # e.g. an open of a session id that was closed
-                await publisher.dead_letter(msg, f"refused: {why}", "dispatch")
+                await sh.dead_letter(publisher, msg, f"refused: {why}")
 
         await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
                         handle,
-                        lambda exc, msg=msg: publisher.dead_letter(msg, f"refused: dispatch could not handle it ({exc})",
-                                                                   "dispatch"),
-                        lambda why, msg=msg: publisher.dead_letter(msg, f"refused: {why}", "dispatch"))
+                        lambda exc, msg=msg, sh=sh: sh.dead_letter(publisher, msg,
+                                                                   f"refused: dispatch could not handle it ({exc})"),
+                        lambda why, msg=msg, sh=sh: sh.dead_letter(publisher, msg, f"refused: {why}"))
 
 
 async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:
@@ -317,20 +349,21 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
 
     async for event in stream.events():
         rec = await decode_event(event, SESSION_INPUTS, publisher, "dispatch")
-        if rec is None:
-            continue
         msg, sh = event.message, await shell()
+        if rec is None:
+            sh.rate_windows.passed_over(msg.partition, msg.offset)
+            continue
         stamp = msg.timestamp or time.time()  # the record's Kafka timestamp (faust: seconds)
         await sh.rate_windows.read(rec, msg.key, msg.partition, msg.offset, stamp)  # type: ignore[arg-type]
         refused = sh.admit_input(rec, msg.key, stamp)  # type: ignore[arg-type]
         if refused is not None:  # over a bound: refused with the reason, never dropped; the
             # session's next routed input names it, so its owner does not wait for it
-            await publisher.dead_letter(msg, f"refused: {refused}", "dispatch")
+            await sh.dead_letter(publisher, msg, f"refused: {refused}")
             continue
         await sh.submit(f"inputs:{rec.session_id}",  # type: ignore[attr-defined]
                         lambda rec=rec, msg=msg, sh=sh: sh.on_input(rec, msg.partition, msg.offset, msg),
-                        lambda exc, msg=msg: publisher.dead_letter(msg, f"refused: dispatch could not route it ({exc})",
-                                                                   "dispatch"),
+                        lambda exc, msg=msg, sh=sh: sh.dead_letter(publisher, msg,
+                                                                   f"refused: dispatch could not route it ({exc})"),
                         lambda why, rec=rec, msg=msg, sh=sh: sh.refuse_parked(rec, msg, why, publisher))
 
 

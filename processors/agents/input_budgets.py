@@ -1,7 +1,8 @@
 """Dispatch's budgets: its in-flight places (each session's work in order, sessions side by
 side), and for inputs before they are routed, the rate rule's count of a window that began
 before this process read the partition (read back from the log) and the re-reads of inputs
-whose session is not (yet) in the store."""
+whose session is not (yet) in the store; and what it remembers, within a bound, of the inputs
+it routed and the records it dead-lettered."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections import Counter
-from typing import Any, Awaitable, Callable, Iterator
+from collections import Counter, OrderedDict
+from typing import Any, Awaitable, Callable, Generic, Iterator, TypeVar
 
 from schemas.errors import InfraError
 from schemas.input_rate import rate_counted
@@ -19,9 +20,13 @@ from schemas.records import InputPushed
 from ..dispatch import Input
 from ..input_gate import InputGate
 
-__all__ = ["MAX_PARKED", "MAX_PARKED_PER_KEY", "MAX_REREADING", "STORE_RETRY_S", "Chains", "RateWindows", "Rereads"]
+__all__ = ["MAX_PARKED", "MAX_PARKED_PER_KEY", "MAX_REREADING", "MAX_REMEMBERED", "STORE_RETRY_S", "Chains",
+           "RateWindows", "Remembered", "Rereads"]
 
 log = logging.getLogger("processors.agents.dispatch")
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 # pauses between tries of an event's handling while the store cannot serve it
 STORE_RETRY_S = (0.2, 0.5, 1.0, 2.0, 4.0)
@@ -34,24 +39,47 @@ MAX_REREADING = 64
 MAX_PARKED_PER_KEY = 16
 MAX_PARKED = 4096
 
+# where the inputs routed last sit in the log, and the records dead-lettered last: this many each
+MAX_REMEMBERED = 65_536
+
 # the key of the chain whose work is running in this task (``Chains.waiting_for_room``)
 _RUNNING: contextvars.ContextVar[str | None] = contextvars.ContextVar("chain_key", default=None)
 
 
 class RateWindows:
     """Before the gate counts an input: when its rate window began before this process read
-    the partition (a start, a restart, a partition taken over from another replica), the
-    window's count starts at the session's inputs read back from the log
-    (``count_in_window(sid, partition, offset, start_s)``: their seqs, in log order), so the
-    rule decides as it did, and as a replay does."""
+    the partition from where it reads now (a start, a restart, a partition taken over from
+    another replica, a consumer put back to an earlier offset), the window's count starts at
+    the session's inputs read back from the log (``count_in_window(sid, partition, offset,
+    start_s)``: their seqs, in log order), so the rule decides as it did, and as a replay does.
+
+    Read on from there, the windows that follow are counted from the records themselves: a
+    read back is needed only in the window where the reading (re)started, once per session,
+    not for every input of a log read again from its beginning."""
 
     def __init__(self, gate: InputGate, count_in_window: Callable[[str, int, int, float], Awaitable[list[int]]] | None,
                  name: str) -> None:
         self.gate, self.count_in_window, self.name = gate, count_in_window, name
-        self._reading_since: dict[int, float] = {}  # partition -> the first timestamp read there
+        # partition -> (the first timestamp read since the reading last (re)started there, the
+        # offset read last)
+        self._reading: dict[int, tuple[float, int]] = {}
+
+    def _since(self, partition: int, offset: int, timestamp_s: float) -> float:
+        """The first timestamp read in ``partition`` since its reading last went back (or
+        skipped) to another offset than the next one."""
+        since, last = self._reading.get(partition, (timestamp_s, -2))
+        if offset >= 0 and offset != last + 1 and last != -2:  # read again, or from elsewhere
+            since = timestamp_s
+        self._reading[partition] = (since, offset if offset >= 0 else last)
+        return since
+
+    def passed_over(self, partition: int, offset: int) -> None:
+        """A record of the partition that is no input (it did not decode): the reading goes on."""
+        if partition in self._reading:
+            self._reading[partition] = (self._reading[partition][0], offset)
 
     async def read(self, rec: InputPushed, key: bytes | None, partition: int, offset: int, timestamp_s: float) -> None:
-        since = self._reading_since.setdefault(partition, timestamp_s)
+        since = self._since(partition, offset, timestamp_s)
         counts, sid = self.gate.counts, rec.session_id
         window = counts.window(timestamp_s)
         start_s = counts.start_s(window)
@@ -65,6 +93,38 @@ class RateWindows:
             log.warning("%s: could not read back the rate window of %s (%s); counting from here", self.name, sid, exc)
             earlier = []
         counts.seed(sid, window, earlier)
+
+
+class Remembered(Generic[K, V]):
+    """The latest ``bound`` entries put (the oldest forgotten first): what dispatch keeps of the
+    inputs it routed (their place in the log, so a refusal after routing does not read the
+    partition to find it) and of the records it dead-lettered (once each, redelivered or not)."""
+
+    def __init__(self, bound: int = MAX_REMEMBERED) -> None:
+        self.bound = bound
+        self._entries: OrderedDict[K, V] = OrderedDict()
+
+    def put(self, key: K, value: V) -> None:
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.bound:
+            self._entries.popitem(last=False)
+
+    def get(self, key: K) -> V | None:
+        return self._entries.get(key)
+
+    def first(self, key: K, value: V) -> bool:
+        """Put ``key`` unless it is here already; whether it was not."""
+        if key in self._entries:
+            return False
+        self.put(key, value)
+        return True
+
+    def forget(self, key: K) -> None:
+        self._entries.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class Rereads:
