@@ -195,6 +195,10 @@ class ControlConfig:
                               else env_number(env, v, getattr(base, k), positive=k in _POSITIVE)
                               for k, v in names.items() if env.get(v)}
         cfg = replace(base, **kw)
+        if cfg.heartbeat_timeout_s < MIN_HEARTBEAT_TIMEOUT_S:
+            raise ConfigError("CHUNKSERVE_HEARTBEAT_TIMEOUT_S", f"must be at least {MIN_HEARTBEAT_TIMEOUT_S:g} s "
+                              "(a worker beats every second: a shorter wait declares live workers down), got "
+                              f"{env['CHUNKSERVE_HEARTBEAT_TIMEOUT_S'][:40]!r}", "environment")
         if cfg.slo_miss_rate is not None and cfg.slo_miss_rate >= 1:
             raise ConfigError("CHUNKSERVE_SLO_MISS_RATE", f"must be below 1 (a share of chunks), got "
                               f"{env['CHUNKSERVE_SLO_MISS_RATE'][:40]!r}", "environment")
@@ -234,6 +238,7 @@ def measured(stats: ChunkStats, latency_s: float, deadline_s: float) -> ChunkSta
                       max(stats.worst_s, latency_s))
 
 
+MIN_HEARTBEAT_TIMEOUT_S = 2.0  # two of a worker's heartbeats (one a second)
 _POSITIVE = {"tick_s", "period_s", "heartbeat_timeout_s", "boot_timeout_s", "max_gpus", "slo_worst_s"}  # 0 would never act
 
 

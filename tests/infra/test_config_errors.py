@@ -106,6 +106,7 @@ def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_boot
     cases = [(["up"], {"CHUNKSERVE_POLICY": "nosuch"}, "policy: unknown policy"),
              (["up"], {"CHUNKSERVE_MAX_WORKERS": "abc"}, "CHUNKSERVE_MAX_WORKERS: not an integer: 'abc'"),
              (["up"], {"CHUNKSERVE_HEARTBEAT_TIMEOUT_S": "-1"}, "CHUNKSERVE_HEARTBEAT_TIMEOUT_S: must be above 0"),
+             (["up"], {"CHUNKSERVE_HEARTBEAT_TIMEOUT_S": "0.001"}, "CHUNKSERVE_HEARTBEAT_TIMEOUT_S: must be at least 2 s"),
              (["up"], {"CHUNKSERVE_COST_INTERVAL_S": "nan"}, "CHUNKSERVE_COST_INTERVAL_S: must be above 0"),
              # each worker would refuse it: `up` ran on with none
              (["up"], {"CHUNKSERVE_WORKER_CAPACITY": "1000"},
