@@ -912,8 +912,9 @@ def _one_line(exc: Exception) -> int:
 
     if not isinstance(exc, KafkaError):
         raise exc
-    said = " ".join(str(exc).split())  # aiokafka's texts may span lines
-    console.print(f"[red]error:[/red] the broker: {type(exc).__name__} ({said})", soft_wrap=True)
+    from streams.kafka import broker_error_line
+
+    console.print(f"[red]error:[/red] the broker: {type(exc).__name__} ({broker_error_line(exc)})", soft_wrap=True)
     return 1
 
 

@@ -26,13 +26,13 @@ from schemas.records import Record
 from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
 
 from .config import Settings
-from .kafka import count_sent, dead_letter_record, refusal
+from .kafka import count_sent, dead_letter_record, guard_offset_fetch, refusal
 from .lease import PROCESSOR_LEASE_S, Lease, holder_of
 from .store_records import LeaseAnswer
 from .prom import metrics
 from .topics import TopicCatalogue
 
-__all__ = ["make_app", "cluster_replication", "guard_offset_fetch", "FaustPublisher", "decode_event", "shorten_gil_switch",
+__all__ = ["make_app", "cluster_replication", "FaustPublisher", "decode_event", "shorten_gil_switch",
            "ProcessorWorker", "PROCESSOR_LEASE_S", "start_refusal", "processor_held"]
 
 log = logging.getLogger(__name__)
@@ -72,41 +72,6 @@ def _tune_faust(fetch_wait_ms: int, idempotent: bool) -> None:
     thread._create_worker_consumer = create
     producer._settings_extra = extra
     driver._chunkserve_tuned = True
-
-
-def guard_offset_fetch() -> None:
-    """Make aiokafka's group consumers retry an OffsetFetch the group coordinator answered with
-    an error for the whole request (once per process).
-
-    From v2 on, an OffsetFetch response carries a top-level error; Kafka answers one with
-    NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS and no partitions while the coordinator
-    moves or reloads (a broker paused past its session and fenced, a leader change of
-    ``__consumer_offsets``). aiokafka reads only the per-partition errors, takes the empty
-    answer for "nothing committed", and resets every partition to ``auto_offset_reset``:
-    faust's consumers started again from the beginning of their topics. Raised here as the
-    error it names, its callers try again (after rediscovering the coordinator)."""
-    from aiokafka import errors
-    from aiokafka.consumer.group_coordinator import GroupCoordinator
-    from aiokafka.protocol.commit import OffsetFetchResponse_v2, OffsetFetchResponse_v3
-
-    if getattr(GroupCoordinator, "_chunkserve_guarded", False):
-        return
-    send_req = GroupCoordinator._send_req
-
-    async def guarded(self: Any, request: Any) -> Any:
-        resp = await send_req(self, request)
-        code = resp.error_code if isinstance(resp, (OffsetFetchResponse_v2, OffsetFetchResponse_v3)) else 0
-        if code:
-            error = errors.for_code(code)
-            if error in (errors.NotCoordinatorForGroupError, errors.GroupCoordinatorNotAvailableError):
-                self.coordinator_dead()
-            log.warning("group %s: the coordinator could not give the committed offsets (%s); asking again "
-                        "(no offset reset)", self.group_id, error.__name__)
-            raise error(self.group_id) if error is errors.GroupAuthorizationFailedError else error()
-        return resp
-
-    GroupCoordinator._send_req = guarded
-    GroupCoordinator._chunkserve_guarded = True
 
 
 def shorten_gil_switch(interval_s: float = 0.0005) -> None:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
+from aiokafka.errors import (CommitFailedError, GroupAuthorizationFailedError, IllegalGenerationError,
+                             IllegalStateError, RebalanceInProgressError, TopicAuthorizationFailedError,
+                             UnknownMemberIdError)
 
 from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, key_for
 from schemas.errors import AccessDeniedError, InfraError, SchemaError
@@ -27,11 +29,60 @@ from .prom import metrics
 from .topics import TopicCatalogue, logical_or_physical
 
 __all__ = ["RecordProducer", "Delivered", "RecordConsumer", "dead_letter_record", "MAX_DEAD_RAW",
-           "refusal", "REFUSALS"]
+           "refusal", "REFUSALS", "REJOINS", "broker_error_line", "guard_offset_fetch"]
 
 log = logging.getLogger(__name__)
 MAX_DEAD_RAW = 256 * 1024
 REFUSALS = (TopicAuthorizationFailedError, GroupAuthorizationFailedError)  # what the broker's ACLs raise
+# a commit the group refused because it moved on without this member (it rebalanced, or
+# forgot the member while the broker was paused or away): the consumer rejoins at its next
+# poll and the records polled since the last commit come again
+REJOINS = (CommitFailedError, UnknownMemberIdError, IllegalGenerationError, RebalanceInProgressError,
+           IllegalStateError)
+
+
+def broker_error_line(exc: BaseException) -> str:
+    """A broker error's text on one line: aiokafka's may span lines, and one made with more
+    than one argument (CommitFailedError) prints as a tuple, its line breaks as ``\\n``."""
+    said = str(exc)
+    if len(exc.args) > 1:
+        said = f"{type(exc).__name__}: " + "; ".join(str(a).strip() for a in exc.args if str(a).strip())
+    return " ".join(said.split()) or type(exc).__name__
+
+
+def guard_offset_fetch() -> None:
+    """Make aiokafka's group consumers retry an OffsetFetch the group coordinator answered with
+    an error for the whole request (once per process).
+
+    From v2 on, an OffsetFetch response carries a top-level error; Kafka answers one with
+    NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS and no partitions while the coordinator
+    moves or reloads (a broker paused past its session and fenced, a leader change of
+    ``__consumer_offsets``). aiokafka reads only the per-partition errors, takes the empty
+    answer for "nothing committed", and resets every partition to ``auto_offset_reset``:
+    faust's consumers started again from the beginning of their topics. Raised here as the
+    error it names, its callers try again (after rediscovering the coordinator)."""
+    from aiokafka import errors
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+    from aiokafka.protocol.commit import OffsetFetchResponse_v2, OffsetFetchResponse_v3
+
+    if getattr(GroupCoordinator, "_chunkserve_guarded", False):
+        return
+    send_req = GroupCoordinator._send_req
+
+    async def guarded(self: Any, request: Any) -> Any:
+        resp = await send_req(self, request)
+        code = resp.error_code if isinstance(resp, (OffsetFetchResponse_v2, OffsetFetchResponse_v3)) else 0
+        if code:
+            error = errors.for_code(code)
+            if error in (errors.NotCoordinatorForGroupError, errors.GroupCoordinatorNotAvailableError):
+                self.coordinator_dead()
+            log.warning("group %s: the coordinator could not give the committed offsets (%s); asking again "
+                        "(no offset reset)", self.group_id, error.__name__)
+            raise error(self.group_id) if error is errors.GroupAuthorizationFailedError else error()
+        return resp
+
+    GroupCoordinator._send_req = guarded
+    GroupCoordinator._chunkserve_guarded = True
 
 
 def refusal(username: str | None, operation: str, what: str, exc: Exception) -> AccessDeniedError:
@@ -156,6 +207,7 @@ class RecordConsumer:
         self.producer = producer
         self.group_id = group_id
         self.dead_lettered = 0
+        self._commit_failing = False
         self._decoders = {self.catalogue.name(t): decoder_for(t, self.catalogue.limit(t))
                           for t in topics}
         # read_committed: what an aborted transaction of a producer wrote is never acted on
@@ -165,6 +217,8 @@ class RecordConsumer:
                                     fetch_max_wait_ms=settings.fetch_wait_ms,
                                     fetch_max_bytes=max(settings.max_record_bytes * 4, 1 << 22))
         opts.update(overrides)
+        if group_id is not None:
+            guard_offset_fetch()
         self._consumer = AIOKafkaConsumer(**settings.kafka.client_kwargs(), **opts)
 
     @property
@@ -312,7 +366,23 @@ class RecordConsumer:
         await self.producer.send(dead_letter_record(topic, partition, offset, raw, key, reason,
                                                     self.name, self.catalogue.limit(DEAD_LETTERS)))
 
-    async def commit(self) -> None:
-        """Commit the positions of everything polled (group consumers only)."""
-        if self.group_id is not None:
+    async def commit(self) -> bool:
+        """Commit the positions of everything polled (group consumers only). False when the
+        group moved on without this member (``REJOINS``): the consumer rejoins at its next
+        poll and what was polled since the last commit is delivered again, so what the
+        caller did with it must be safe to repeat. One warning when commits start failing,
+        one when they succeed again."""
+        if self.group_id is None:
+            return True
+        try:
             await self._consumer.commit()
+        except REJOINS as exc:
+            if not self._commit_failing:
+                log.warning("%s: commit refused, the group moved on (%s); rejoining, the records since the last "
+                            "commit come again", self.name, broker_error_line(exc)[:300])
+            self._commit_failing = True
+            return False
+        if self._commit_failing:
+            log.warning("%s: commits again", self.name)
+            self._commit_failing = False
+        return True

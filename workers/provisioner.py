@@ -6,6 +6,12 @@ is admitted there; ``Shutdown`` drains too and stops the worker only once the st
 holds no session, retrying until then. How workers run is behind the small
 :class:`Provisioner` protocol: :class:`LocalProcessProvisioner` runs child processes; a
 Kubernetes one can follow. Bad records go to ``dead-letters``.
+
+Every command is safe to carry out twice (a commit the group refused, after the broker was
+paused or the group rebalanced, delivers it again): a scale-out's decision id is refused as
+replayed, a drain sets the flag again, a shutdown of a worker already stopped here is done.
+A store outage is waited out (``workers.runtime.PatientStore``), its workers, its children,
+left running.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from schemas import records as r
 from schemas.codec import encode
-from schemas.errors import ConfigError
+from schemas.errors import ConfigError, OwnershipError
 from schemas.topics import SCALING_COMMANDS
 from streams.config import PROVISIONER_ENV, Settings
 from streams.config_file import child_env, env_number, env_var
@@ -207,6 +213,7 @@ class ProvisionerService:
         self.pending: set[str] = set()
         self.seen: set[str] = set()  # decision ids of scale-outs carried out
         self.refused: set[str] = set()  # workers asked to stop that this provisioner did not start
+        self.stopped: set[str] = set()  # workers this provisioner stopped (a Shutdown again is done)
 
     async def reject(self, rec: r.Record, reason: r.RejectReason, detail: str) -> None:
         """Refuse a command without acting on it: counted and reported as CommandRejected."""
@@ -229,7 +236,12 @@ class ProvisionerService:
             self.seen.add(rec.decision_id)
             await self.provisioner.start(rec.count, rec.gpu_type)
         elif isinstance(rec, (r.Drain, r.Shutdown)):
-            await self.store.set_draining(rec.worker_id, True)
+            if rec.worker_id in self.stopped:
+                return  # delivered again: stopped (and deregistered) already
+            try:
+                await self.store.set_draining(rec.worker_id, True)
+            except OwnershipError as exc:  # not registered (yet, or any more): nothing to close in the store
+                log.info("provisioner: %s not marked draining: %s", rec.worker_id, exc)
             await self.provisioner.drain(rec.worker_id)
             if isinstance(rec, r.Shutdown):
                 self.pending.add(rec.worker_id)
@@ -246,6 +258,7 @@ class ProvisionerService:
                 continue
             self.pending.discard(wid)
             if await self.provisioner.shutdown(wid):
+                self.stopped.add(wid)
                 if load is not None:
                     await self.store.deregister_worker(wid)
                 await self.publish(r.WorkerDown(worker_id=wid, ts=self.clock(), reason="shutdown by provisioner"))
@@ -270,6 +283,16 @@ def _credentials(settings: Settings) -> tuple[str, str] | None:
                     "ACL table gives no worker topic; set %s / %s to give them the worker's",
                     settings.kafka.sasl_username, *WORKER_SASL_ENV)
     return credentials
+
+
+def _patient(store: Any, pool: str, stop_event: asyncio.Event) -> Any:
+    """The store as the provisioner's loop uses it: a Redis outage is waited out, not the end
+    of the provisioner and of its children (``workers.runtime.PatientStore``)."""
+    from .runtime import PatientStore, StoreOutage
+
+    outage = StoreOutage(f"provisioner {pool}",
+                         meanwhile="scaling commands wait, its workers keep running; trying again until it answers")
+    return PatientStore(store, outage, stop_event)
 
 
 async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
@@ -300,7 +323,7 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
     producer = await RecordProducer(settings, catalogue, client_id="provisioner").start()
     consumer = RecordConsumer(settings, [SCALING_COMMANDS], producer, name="provisioner",
                               group_id=f"{settings.topic_prefix}provisioner", catalogue=catalogue)
-    service = ProvisionerService(provisioner, store, producer.send)
+    service = ProvisionerService(provisioner, _patient(store, provisioner.pool, stop_event), producer.send)
     await consumer.start()
     next_retry = 0.0
     try:
@@ -314,7 +337,7 @@ async def run_provisioner(settings: Settings, stop_event: asyncio.Event,
                 except ValueError as exc:
                     await consumer.dead_letter(d.topic, d.partition, d.offset, encode(d.record), d.key,
                                                f"refused: {exc}")
-            await consumer.commit()
+            await consumer.commit()  # refused when the group moved on: they come again (all safe to repeat)
             if time.monotonic() >= next_retry:
                 await service.retry()
                 await service.reap()

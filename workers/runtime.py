@@ -8,6 +8,10 @@ in one round trip before any output is released, and inputs are applied once, in
 order. A worker that learns its generation is stale drops the session at once. One process
 holds a worker id at a time: a lease in the store (``streams.lease``), taken at start and
 refreshed on the heartbeat timer, refuses a second process started with a live worker's id.
+Once serving, a worker waits out a store outage of any length (``PatientStore``): the call
+that failed is tried again until Redis answers, its chunks held unreleased meanwhile, while
+heartbeats (on the broker) go on; one warning names the worker when the store stops
+answering and one when it is back.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
-from schemas.errors import LeaseHeldError, LimitError, OwnershipError
+from schemas.errors import InfraError, LeaseHeldError, LimitError, OwnershipError
 from schemas.records import ChunkDone, Heartbeat, Record, WorkerDown, WorkerUp
 from schemas.topics import WORKER_COMMANDS
 from streams.config import Settings
-from streams.generations import GenerationStore, LeaseAnswer
+from streams.generations import GenerationStore, LeaseAnswer, LeaseState
 from streams.input_log import read_session_inputs
 from streams.kafka import RecordConsumer, RecordProducer
 from streams.lease import Lease, holder_of
@@ -32,9 +36,100 @@ from streams.topics import TopicCatalogue, partition_for_key
 from .commands import CommandHandler, Ports, session_seed
 from .outbox import Outbox
 
-__all__ = ["WorkerConfig", "Worker", "id_held", "session_seed", "serve"]
+__all__ = ["WorkerConfig", "Worker", "StoreOutage", "PatientStore", "keep_lease", "id_held", "session_seed",
+           "serve"]
 
 log = logging.getLogger(__name__)
+
+# between tries of a store call that failed with InfraError: doubling up to the last
+PATIENCE_WAITS_S = (0.5, 1.0, 2.0, 5.0)
+
+
+class StoreOutage:
+    """Whether a process's store answers: one warning naming ``who`` when it stops answering
+    and one when it answers again, however many calls fail in between."""
+
+    def __init__(self, who: str, monotonic: Callable[[], float] = time.monotonic,
+                 meanwhile: str = "holding unreleased chunks and trying again until it answers") -> None:
+        self.who, self.monotonic, self.meanwhile = who, monotonic, meanwhile
+        self.since: float | None = None  # when the first call of this outage failed
+        self.outages = 0
+
+    def failed(self, exc: BaseException) -> None:
+        if self.since is None:
+            self.since, self.outages = self.monotonic(), self.outages + 1
+            log.warning("%s: the generation store is unreachable (%s); %s", self.who,
+                        " ".join(str(exc).split())[:300], self.meanwhile)
+
+    def answered(self) -> None:
+        if self.since is not None:
+            log.warning("%s: the generation store answers again after %.1f s; carrying on",
+                        self.who, self.monotonic() - self.since)
+            self.since = None
+
+
+class _Stopped(InfraError):
+    """The process was asked to stop while its store was unreachable."""
+
+
+class PatientStore:
+    """``store`` as a serving process sees it: a call that fails with InfraError (Redis down,
+    paused or failing over; a fenced write no replica acknowledged) is tried again, 0.5 s to
+    5 s apart, until it answers, so nothing is acted on without the store's answer. Every
+    script is safe to repeat (``streams.store_backends.RETRY_WAITS_S``); a call whose first
+    try landed answers its repeat with the same result or a refusal. Once ``stop`` is set a
+    failing call gives up (``_Stopped``, an InfraError naming ``outage.who``). ``rejoin`` runs
+    once after each outage: a worker registers again (an upsert), so a Redis restarted
+    without its data knows it again."""
+
+    def __init__(self, store: Any, outage: StoreOutage, stop: asyncio.Event | None = None,
+                 rejoin: Callable[[], Awaitable[Any]] | None = None) -> None:
+        self.store, self.outage, self.stop, self.rejoin = store, outage, stop, rejoin
+        self._rejoined = 0  # the outages seen over (``rejoin`` runs once after each)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.store, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        async def patient(*args: Any, **kwargs: Any) -> Any:
+            waits = iter(PATIENCE_WAITS_S)
+            wait = next(waits)
+            while True:
+                try:
+                    result = await (attr(*args, **kwargs) if self.outage.since is None
+                                    else self._unless_stopped(attr(*args, **kwargs)))
+                except InfraError as exc:
+                    if isinstance(exc, _Stopped):
+                        raise
+                    self.outage.failed(exc)
+                    await self._unless_stopped(asyncio.sleep(wait))
+                    wait = next(waits, wait)
+                    continue
+                self.outage.answered()
+                if self.rejoin is not None and self._rejoined != self.outage.outages:
+                    try:
+                        await self.rejoin()
+                        self._rejoined = self.outage.outages
+                    except InfraError as exc:  # away again: after the next call it answers
+                        self.outage.failed(exc)
+                return result
+
+        return patient
+
+    async def _unless_stopped(self, call: Any) -> Any:
+        """``call``'s result, or _Stopped as soon as ``stop`` is set (the call cancelled)."""
+        if self.stop is None:
+            return await call
+        task = asyncio.ensure_future(call)
+        if not self.stop.is_set():
+            stopping = asyncio.ensure_future(self.stop.wait())
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise _Stopped(f"{self.outage.who}: stopped while the generation store was unreachable")
 
 
 @dataclass(frozen=True)
@@ -70,8 +165,10 @@ class Worker:
         self.settings, self.config, self.model, self.store = settings, config, model, store
         self.clock, self.monotonic = clock, monotonic
         self.outbox: Outbox | None = None
+        self.patient = PatientStore(store, StoreOutage(f"worker {config.worker_id}", monotonic),
+                                    rejoin=lambda: store.register_worker(config.worker_id, config.capacity))
         self.commands = CommandHandler(Ports(
-            worker_id=config.worker_id, device=config.device, store=store, model=model,
+            worker_id=config.worker_id, device=config.device, store=self.patient, model=model,
             send=self._send, clock=clock, monotonic=monotonic, replay=self._replay,
             gap_wait_s=config.input_gap_wait_s, host_cache_sessions=config.host_cache_sessions,
             flush=self._flush))
@@ -137,11 +234,8 @@ class Worker:
             raise id_held(self.config.worker_id, self.lease, answer)
 
     async def keep_lease(self, stop: asyncio.Event) -> None:
-        """Refresh the id's lease on the heartbeat timer, in a task of its own (a refresh
-        waiting out a Redis failover holds up no heartbeat); stop when another process has
-        taken the id (this one could not refresh it for a whole lease time) rather than
-        serve beside it."""
-        taken = await self.lease.keep(stop, self.config.heartbeat_s)
+        """Refresh the id's lease (``keep_lease``); stop when another process has taken the id."""
+        taken = await keep_lease(self.lease, stop, self.config.heartbeat_s, self.patient.outage)
         if taken is not None:
             self.lease_lost = id_held(self.config.worker_id, self.lease, taken, lost=True)
             log.error("%s", self.lease_lost)
@@ -166,6 +260,7 @@ class Worker:
         """Serve until ``stop`` is set; LeaseHeldError (after a clean stop) when another
         process took the id meanwhile."""
         await self.start()
+        self.patient.stop = stop  # a stop asked during a store outage is not held up by it
         beats = asyncio.get_running_loop().create_task(self.beat(stop))
         lease = asyncio.get_running_loop().create_task(self.keep_lease(stop))
         next_check = 0.0
@@ -180,6 +275,8 @@ class Worker:
                     await self.expire_gaps()
                     await self.thaw_stuck()
                     next_check = self.monotonic() + self.config.heartbeat_s
+        except _Stopped as exc:  # asked to stop while the store was away: what waited is dropped
+            log.warning("%s", exc)
         finally:
             beats.cancel()
             lease.cancel()
@@ -188,9 +285,8 @@ class Worker:
             raise self.lease_lost
 
     async def beat(self, stop: asyncio.Event) -> None:
-        """Heartbeats on their own timer: a loop waiting on the store (a Redis failover, a
-        fenced write retried) is still a live worker, and must not be declared dead for it;
-        a stopped process (paused, hung in a kernel) sends none."""
+        """Heartbeats on their own timer, needing no Redis: a loop waiting out a store outage is
+        still a live worker, not to be declared dead for it; a stopped process sends none."""
         while not stop.is_set():
             await self.heartbeat()
             try:
@@ -250,7 +346,7 @@ class Worker:
         latency = time.perf_counter() - started
         self.last_latency_s = latency
         # one round trip: revalidate every generation and advance the released chunk indices
-        verdicts = await self.store.release_chunks(
+        verdicts = await self.patient.release_chunks(
             [(sid, s.generation, out.chunk_index) for (sid, s), out in zip(due, outputs)])
         released = []
         for (sid, sess), out, (ok, why) in zip(due, outputs, verdicts):
@@ -311,6 +407,32 @@ class Worker:
         await self.outbox.send(rec)
 
 
+async def keep_lease(lease: Lease, stop: asyncio.Event, every_s: float, outage: StoreOutage) -> LeaseAnswer | None:
+    """``Lease.keep`` for a serving process: refresh every ``every_s`` until ``stop`` (None) or
+    another holder has the lease (its answer); a refresh the store does not answer counts in
+    ``outage`` (one warning for the whole outage, not one a beat) and is tried at the next."""
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+            return None
+        except asyncio.TimeoutError:
+            pass
+        try:
+            answer = await lease.refresh()
+        except InfraError as exc:
+            outage.failed(exc)
+            continue
+        except Exception as exc:  # noqa: BLE001 - refused (an ACL): tried again at the next one
+            log.warning("lease %s: refresh failed, trying again in %.1f s: %s", lease.name, every_s, exc)
+            continue
+        outage.answered()
+        if answer.state is LeaseState.HELD:
+            return answer
+        if answer.state is LeaseState.ACQUIRED:
+            log.warning("lease %s had expired (Redis restarted, or out of reach for %.1f s): taken again",
+                        lease.name, lease.ttl_s)
+
+
 def id_held(worker_id: str, lease: Lease, answer: LeaseAnswer, lost: bool = False) -> LeaseHeldError:
     """Why a worker does not serve under ``worker_id``: another live process holds its lease
     (at start), or took it while this one could not refresh it (``lost``)."""
@@ -336,6 +458,8 @@ def serve(settings: Settings, config: WorkerConfig, model: Any, worker_cls: type
             loop.add_signal_handler(sig, stop.set)
         try:
             await worker_cls(settings, config, model, store).run(stop)
+        except InfraError as exc:  # Redis or the broker away at the start: one line naming the worker
+            raise InfraError(f"worker {config.worker_id}: {exc}") from exc
         finally:
             await store.aclose()
 

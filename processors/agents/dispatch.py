@@ -27,7 +27,7 @@ from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Com
                         CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, Note, Publish,
                         ReadAgain, Refuse, RefuseEvent, RequestClose, Retry, RetryLater, Seen, counted, decide)
 from ..input_gate import InputGate
-from .input_budgets import MAX_REREADING, Chains, RateWindows, Remembered, Rereads
+from .input_budgets import MAX_REREADING, Chains, DeadLetterOnce, RateWindows, Remembered, Rereads
 from .recovery import Recovery
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
@@ -79,7 +79,7 @@ class DispatchShell:
         # (session, seq) -> (partition, offset) of the inputs routed last; and the records
         # (topic, partition, offset) dead-lettered last: one dead letter each, redelivered or not
         self.places: Remembered[tuple[str, int], tuple[int, int]] = Remembered()
-        self.dead_lettered: Remembered[tuple[str, int, int], None] = Remembered()
+        self.dead_letters = DeadLetterOnce(name)
         self.recovery = Recovery(self)
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
@@ -178,28 +178,10 @@ class DispatchShell:
         except OwnershipError as exc:
             return CommitRefused(adm, worker, exc.reason_code, detail=str(exc))
 
-    async def once(self, place: tuple[Any, Any, Any], send: Callable[[], Awaitable[Any]]) -> None:
-        """``send`` the dead letter of the record at ``place`` (topic, partition, offset) unless
-        this process dead-lettered it already: a record redelivered (a rejoin, a consumer put
-        back) and refused again, maybe for another reason, gets no second one. A place not
-        known (None, or below 0) is sent every time."""
-        topic, partition, offset = place
-        if topic is None or not isinstance(partition, int) or not isinstance(offset, int) or min(partition, offset) < 0:
-            await send()
-            return
-        if not self.dead_lettered.first(place, None):
-            log.info("%s: %s[%s]@%s was dead-lettered already", self.name, topic, partition, offset)
-            return
-        try:
-            await send()
-        except BaseException:
-            self.dead_lettered.forget(place)  # not sent: the next refusal sends it
-            raise
-
     async def dead_letter(self, publisher: Any, msg: Any, why: str) -> None:
         """Dead-letter a record as it came, once (:meth:`once`)."""
-        await self.once((getattr(msg, "topic", None), getattr(msg, "partition", None), getattr(msg, "offset", None)),
-                        lambda: publisher.dead_letter(msg, why, self.name))
+        await self.dead_letters.send((getattr(msg, "topic", None), getattr(msg, "partition", None),
+                                      getattr(msg, "offset", None)), lambda: publisher.dead_letter(msg, why, self.name))
 
     async def refuse(self, inp: Input, why: str) -> None:
         self.gate.note_refused(inp.session_id, inp.seq)  # named on the next routed input: not waited for
@@ -217,7 +199,7 @@ class DispatchShell:
                 partition, offset = found[0].partition, found[0].offset
             else:
                 why += " (its place in the log was not found)"
-        await self.once((self.inputs_topic, partition, offset),
+        await self.dead_letters.send((self.inputs_topic, partition, offset),
                         lambda: self.refuse_input(inp.session_id, inp.seq, inp.kind, inp.payload, inp.ts, why,
                                                   max(partition, 0), max(offset, 0)))
 

@@ -21,7 +21,7 @@ from ..dispatch import Input
 from ..input_gate import InputGate
 
 __all__ = ["MAX_PARKED", "MAX_PARKED_PER_KEY", "MAX_REREADING", "MAX_REMEMBERED", "STORE_RETRY_S", "Chains",
-           "RateWindows", "Remembered", "Rereads"]
+           "DeadLetterOnce", "RateWindows", "Remembered", "Rereads"]
 
 log = logging.getLogger("processors.agents.dispatch")
 
@@ -125,6 +125,30 @@ class Remembered(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class DeadLetterOnce:
+    """What dispatch dead-lettered, by the record's place (topic, partition, offset): a record
+    redelivered (a rejoin, a consumer put back) and refused again, maybe for another reason,
+    gets no second dead letter. A place not known (None, or below 0) is sent every time."""
+
+    def __init__(self, name: str, bound: int = MAX_REMEMBERED) -> None:
+        self.name = name
+        self.sent: Remembered[tuple[Any, Any, Any], None] = Remembered(bound)
+
+    async def send(self, place: tuple[Any, Any, Any], send: Callable[[], Awaitable[Any]]) -> None:
+        topic, partition, offset = place
+        if topic is None or not isinstance(partition, int) or not isinstance(offset, int) or min(partition, offset) < 0:
+            await send()
+            return
+        if not self.sent.first(place, None):
+            log.info("%s: %s[%s]@%s was dead-lettered already", self.name, topic, partition, offset)
+            return
+        try:
+            await send()
+        except BaseException:
+            self.sent.forget(place)  # not sent: the next refusal sends it
+            raise
 
 
 class Rereads:

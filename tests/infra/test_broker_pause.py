@@ -2,7 +2,7 @@
 coordinator unloads and reloads: meanwhile it answers OffsetFetch (v2+) with an error for the
 whole request (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) and no partitions, as seen on the
 embedded Apache Kafka 4.1.1. Consumers must ask again, not take it for "nothing committed" and
-start over from the earliest offset (``streams.faust_app.guard_offset_fetch``)."""
+start over from the earliest offset (``streams.kafka.guard_offset_fetch``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.protocol.commit import OffsetFetchResponse_v3
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from streams.faust_app import guard_offset_fetch
+from streams.kafka import guard_offset_fetch
 
 TP = TopicPartition("t", 0)
 
