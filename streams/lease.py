@@ -17,6 +17,8 @@ import time
 import uuid
 from typing import Any, Awaitable, Callable
 
+from schemas.errors import InfraError
+
 from .store_records import LeaseAnswer, LeaseState
 
 __all__ = ["Lease", "LEASE_MARGIN_S", "RETRY_S", "PROCESSOR_LEASE_S", "holder_token", "holder_of"]
@@ -72,11 +74,13 @@ class Lease:
             answer = await self.refresh()
         return answer
 
-    async def keep(self, stop: asyncio.Event, every_s: float) -> LeaseAnswer | None:
+    async def keep(self, stop: asyncio.Event, every_s: float, outage: Any = None) -> LeaseAnswer | None:
         """Refresh every ``every_s`` until ``stop`` is set (None) or another holder has the
         lease (its answer: this process could not refresh for a whole lease time). A lease
         found gone (expired, Redis restarted) is taken again; a failed refresh is tried again
-        at the next one."""
+        at the next one. With ``outage`` (``failed(exc)``, ``answered()``: a serving process's
+        ``workers.runtime.StoreOutage``), a store that does not answer is told there, one
+        warning for a whole outage rather than one a beat."""
         while True:
             try:
                 await asyncio.wait_for(stop.wait(), every_s)
@@ -86,8 +90,13 @@ class Lease:
             try:
                 answer = await self.refresh()
             except Exception as exc:  # noqa: BLE001 - Redis away or refusing: tried again at the next one
-                log.warning("lease %s: refresh failed, trying again in %.1f s: %s", self.name, every_s, exc)
+                if outage is not None and isinstance(exc, InfraError):
+                    outage.failed(exc)
+                else:
+                    log.warning("lease %s: refresh failed, trying again in %.1f s: %s", self.name, every_s, exc)
                 continue
+            if outage is not None:
+                outage.answered()
             if answer.state is LeaseState.HELD:
                 return answer
             if answer.state is LeaseState.ACQUIRED:

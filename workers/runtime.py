@@ -26,7 +26,7 @@ from schemas.errors import InfraError, LeaseHeldError, LimitError, OwnershipErro
 from schemas.records import ChunkDone, Heartbeat, Record, WorkerDown, WorkerUp
 from schemas.topics import WORKER_COMMANDS
 from streams.config import Settings
-from streams.generations import GenerationStore, LeaseAnswer, LeaseState
+from streams.generations import GenerationStore, LeaseAnswer
 from streams.input_log import read_session_inputs
 from streams.kafka import RecordConsumer, RecordProducer
 from streams.lease import Lease, holder_of
@@ -36,8 +36,7 @@ from streams.topics import TopicCatalogue, partition_for_key
 from .commands import CommandHandler, Ports, session_seed
 from .outbox import Outbox
 
-__all__ = ["WorkerConfig", "Worker", "StoreOutage", "PatientStore", "keep_lease", "id_held", "session_seed",
-           "serve"]
+__all__ = ["WorkerConfig", "Worker", "StoreOutage", "PatientStore", "id_held", "session_seed", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +233,8 @@ class Worker:
             raise id_held(self.config.worker_id, self.lease, answer)
 
     async def keep_lease(self, stop: asyncio.Event) -> None:
-        """Refresh the id's lease (``keep_lease``); stop when another process has taken the id."""
-        taken = await keep_lease(self.lease, stop, self.config.heartbeat_s, self.patient.outage)
+        """Refresh the id's lease (a task of its own); stop when another process took the id."""
+        taken = await self.lease.keep(stop, self.config.heartbeat_s, self.patient.outage)
         if taken is not None:
             self.lease_lost = id_held(self.config.worker_id, self.lease, taken, lost=True)
             log.error("%s", self.lease_lost)
@@ -405,32 +404,6 @@ class Worker:
     async def _send(self, rec: Record) -> None:
         assert self.outbox is not None, "the worker has not started"
         await self.outbox.send(rec)
-
-
-async def keep_lease(lease: Lease, stop: asyncio.Event, every_s: float, outage: StoreOutage) -> LeaseAnswer | None:
-    """``Lease.keep`` for a serving process: refresh every ``every_s`` until ``stop`` (None) or
-    another holder has the lease (its answer); a refresh the store does not answer counts in
-    ``outage`` (one warning for the whole outage, not one a beat) and is tried at the next."""
-    while True:
-        try:
-            await asyncio.wait_for(stop.wait(), every_s)
-            return None
-        except asyncio.TimeoutError:
-            pass
-        try:
-            answer = await lease.refresh()
-        except InfraError as exc:
-            outage.failed(exc)
-            continue
-        except Exception as exc:  # noqa: BLE001 - refused (an ACL): tried again at the next one
-            log.warning("lease %s: refresh failed, trying again in %.1f s: %s", lease.name, every_s, exc)
-            continue
-        outage.answered()
-        if answer.state is LeaseState.HELD:
-            return answer
-        if answer.state is LeaseState.ACQUIRED:
-            log.warning("lease %s had expired (Redis restarted, or out of reach for %.1f s): taken again",
-                        lease.name, lease.ttl_s)
 
 
 def id_held(worker_id: str, lease: Lease, answer: LeaseAnswer, lost: bool = False) -> LeaseHeldError:
