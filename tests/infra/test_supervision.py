@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from typing import Iterator
 
 import psutil
 import pytest
@@ -352,36 +353,9 @@ def test_a_fleet_says_which_child_failed_and_its_last_words(tmp_path):
     assert why is not None and why.startswith("odd-one exited with code 2: ") and "No such command" in why, why
 
 
-def test_redis_start_exits_when_its_server_dies():
-    """`chunkserve redis start` whose redis-server is killed says so and exits 1, as `broker
-    start` does (it went on running: a supervisor saw a live process, and nothing served)."""
-    import redis
-
-    cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start"], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, env=os.environ.copy())
-    try:
-        out = b""
-        deadline = time.monotonic() + 60
-        while b"CHUNKSERVE_REDIS_URL=" not in out and time.monotonic() < deadline:
-            out += cli.stdout.readline()  # type: ignore[union-attr]
-        url = out.decode().strip().rsplit("=", 1)[1]
-        client = redis.Redis.from_url(url)
-        server = client.info("server")["process_id"]
-        client.close()
-        os.kill(server, signal.SIGKILL)
-        assert cli.wait(30) == 1
-        said = " ".join(cli.stdout.read().decode().split())  # type: ignore[union-attr]
-        assert f"redis-server (pid {server}) exited" in said and "Traceback" not in said, said
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-
-
-def test_redis_start_serves_until_sigterm_and_leaves_nothing(tmp_path):
-    """`chunkserve redis start` prints the URL to export, answers on it, and on SIGTERM stops
-    the server and removes its folder."""
-    import redis
-
+@contextlib.contextmanager
+def _redis_started() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`chunkserve redis start` running, and the URL it said to export; killed at the end."""
     cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start"], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, env=os.environ.copy())
     try:
@@ -389,16 +363,39 @@ def test_redis_start_serves_until_sigterm_and_leaves_nothing(tmp_path):
         deadline = time.monotonic() + 60
         while b"CHUNKSERVE_REDIS_URL=" not in line and time.monotonic() < deadline:
             line = cli.stdout.readline()  # type: ignore[union-attr]
-        url = line.decode().strip().split("=", 1)[1]
+        yield cli, line.decode().strip().split("=", 1)[1]
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
+def test_redis_start_exits_when_its_server_dies():
+    """`chunkserve redis start` whose redis-server is killed says so and exits 1, as `broker
+    start` does (it went on running: a supervisor saw a live process, and nothing served)."""
+    import redis
+
+    with _redis_started() as (cli, url):
+        client = redis.Redis.from_url(url)
+        server = client.info("server")["process_id"]
+        client.close()
+        os.kill(server, signal.SIGKILL)
+        assert cli.wait(30) == 1
+        said = " ".join(cli.stdout.read().decode().split())  # type: ignore[union-attr]
+        assert f"redis-server (pid {server}) exited" in said and "Traceback" not in said, said
+
+
+def test_redis_start_serves_until_sigterm_and_leaves_nothing(tmp_path):
+    """`chunkserve redis start` prints the URL to export, answers on it, and on SIGTERM stops
+    the server and removes its folder."""
+    import redis
+
+    with _redis_started() as (cli, url):
         client = redis.Redis.from_url(url)
         assert client.ping()
         client.close()
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(30) == 0
         assert not os.path.exists(url.removeprefix("unix://"))  # the socket's folder is gone
-    finally:
-        if cli.poll() is None:
-            cli.kill()
 
 
 def test_a_port_in_use_is_not_free_for_up_to_hand_out():
