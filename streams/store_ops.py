@@ -30,16 +30,16 @@ MAX_SKIPPED = 256  # the latest seqs given up on that the store (and a snapshot)
 __all__ = ["DEFAULT_MAX_SNAPSHOT_BYTES", "DEFAULT_PART_SIZE", "DEFAULT_RETENTION_S", "MAX_SKIPPED", "closed_error",
            "untold_from"]
 
+DEFAULT_PART_SIZE = 8 * 1024 * 1024
+DEFAULT_MAX_SNAPSHOT_BYTES = Settings.max_snapshot_bytes
+DEFAULT_RETENTION_S = Settings.store_retention_s
+
 
 def untold_from(skipped: Sequence[int]) -> int:
     """Below which seq a list of seqs given up on, as the store or a snapshot keeps it, no
     longer tells an input given up on from one applied: the list is full (it keeps only the
     latest ``MAX_SKIPPED``), so older ones may have dropped out of it; 0 when it is not."""
     return min(skipped) if len(skipped) >= MAX_SKIPPED else 0
-
-DEFAULT_PART_SIZE = 8 * 1024 * 1024
-DEFAULT_MAX_SNAPSHOT_BYTES = Settings.max_snapshot_bytes
-DEFAULT_RETENTION_S = Settings.store_retention_s
 
 
 def _opt_int(v: Any) -> int | None:
