@@ -46,9 +46,37 @@ log = logging.getLogger(__name__)
 _TUNING: dict[str, Any] = {"fetch_wait_ms": 100, "idempotent": False}
 
 
+class _ReadZero(int):
+    """Offset 0 as faust's read offset, true as every other offset is."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+class _ReadOffsets(dict):  # type: ignore[type-arg]
+    """faust's read offsets per partition (None: nothing read), where offset 0 tests true.
+
+    faust records a gap in a partition's offsets (a transaction's commit or abort marker, an
+    aborted record read_committed skips) only after a read offset that tests true, so after
+    offset 0 it recorded none: the offsets past the gap were acked but never committable, and
+    the group's commit on that partition stayed at 1 for good (its lag grew, and every restart
+    read it again from there; faust-streaming issue 606)."""
+
+    def __missing__(self, key: Any) -> None:
+        return None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, _ReadZero(0) if value == 0 and value is not None else value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+
 def _tune_faust(fetch_wait_ms: int, idempotent: bool) -> None:
-    """faust has no setting for its worker consumer's fetch wait or isolation level, and makes
-    its producer idempotent only inside transactions: patch them, once per process."""
+    """faust has no setting for its worker consumer's fetch wait or isolation level, makes
+    its producer idempotent only inside transactions, and stops committing a partition whose
+    offset 0 is followed by a gap (``_ReadOffsets``): patch them, once per process."""
     from faust.transport.drivers import aiokafka as driver
 
     _TUNING.update(fetch_wait_ms=fetch_wait_ms, idempotent=idempotent)
@@ -71,6 +99,13 @@ def _tune_faust(fetch_wait_ms: int, idempotent: bool) -> None:
 
     thread._create_worker_consumer = create
     producer._settings_extra = extra
+    base, start = driver.Consumer, driver.Consumer.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        start(self, *args, **kwargs)
+        self._read_offset = _ReadOffsets(self._read_offset)
+
+    base.__init__ = init
     driver._chunkserve_tuned = True
 
 
