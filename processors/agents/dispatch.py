@@ -179,7 +179,7 @@ class DispatchShell:
             return CommitRefused(adm, worker, exc.reason_code, detail=str(exc))
 
     async def dead_letter(self, publisher: Any, msg: Any, why: str) -> None:
-        """Dead-letter a record as it came, once (:meth:`once`)."""
+        """Dead-letter a record as it came, once per place in the log (``DeadLetterOnce``)."""
         await self.dead_letters.send((getattr(msg, "topic", None), getattr(msg, "partition", None),
                                       getattr(msg, "offset", None)), lambda: publisher.dead_letter(msg, why, self.name))
 
@@ -200,8 +200,8 @@ class DispatchShell:
             else:
                 why += " (its place in the log was not found)"
         await self.dead_letters.send((self.inputs_topic, partition, offset),
-                        lambda: self.refuse_input(inp.session_id, inp.seq, inp.kind, inp.payload, inp.ts, why,
-                                                  max(partition, 0), max(offset, 0)))
+                                     lambda: self.refuse_input(inp.session_id, inp.seq, inp.kind, inp.payload,
+                                                               inp.ts, why, max(partition, 0), max(offset, 0)))
 
     async def refuse_parked(self, rec: InputPushed, msg: Any, why: str, publisher: Any) -> None:
         """An input refused behind its session's wait for room: dead-lettered as it came, and
