@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import signal
 import time
@@ -159,6 +160,28 @@ def unserved_until(chunks: list[ChunkDone], start: float, end: float, ids: Itera
         if end - max(ts, default=start) > settle_s:
             never.append(sid)
     return worst, never
+
+
+def session_story(records: list[Record], sid: str, t0: float, last: int = 12) -> list[str]:
+    """What the log says happened to one session, for a run that audits unclean: each claim,
+    freeze, release, refusal and dead letter (``+t worker#epoch Tag reason``), the last
+    ``last`` of them, then when its last chunk was released."""
+    told, chunk_at = [], None
+    for rec in records:
+        if isinstance(rec, DeadLetter):
+            if rec.key == sid.encode():
+                told.append(f"+{rec.ts - t0:.1f} DeadLetter {rec.reason[:80]}")
+            continue
+        if getattr(rec, "session_id", None) != sid or isinstance(rec, InputAccepted):
+            continue
+        if isinstance(rec, ChunkDone):
+            chunk_at = rec.ts
+            continue
+        gen = getattr(rec, "generation", None)
+        who = f"{gen.worker_id}#{gen.epoch}" if gen is not None else getattr(rec, "worker_id", "-")
+        why = getattr(rec, "reason", "") or getattr(rec, "target_worker", "")
+        told.append(f"+{getattr(rec, 'ts', t0) - t0:.1f} {who} {rec.TAG} {why}".rstrip())
+    return [*told[-last:], "no chunk" if chunk_at is None else f"last chunk +{chunk_at - t0:.1f}"]
 
 
 async def _duplicator(settings: Settings, producer: RecordProducer, fraction: float,
@@ -451,6 +474,7 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
             "inputs_unaccounted_sample": [f"{sid}#{seq}" for sid, seq in sorted(unaccounted)[:20]],
             "never_recovered": len(never),
             "never_recovered_sessions": never[:20],
+            "never_recovered_story": {sid: session_story(log.records, sid, t0) for sid in never[:3]},
             "closed_but_active": len(closed_but_active),
             "replay_mismatches": len(views),
             "replay_mismatch_sample": views[:10],
@@ -474,6 +498,14 @@ async def run_chaos(settings: Settings, config: ChaosConfig, log_dir: Path,
 AUDIT_KEYS = ("dual_owner", "stale_releases", "overshoots", "inputs_lost", "inputs_duplicated",
               "inputs_out_of_order", "acked_inputs_lost", "inputs_unaccounted", "never_recovered",
               "closed_but_active", "replay_mismatches")
+
+
+def unclean(result: dict[str, Any]) -> str:
+    """A run's failed audits with their samples and stories, and its faults, as one JSON line
+    (whole: a test's assertion shows it, where pytest cuts a long repr short)."""
+    told = {k: v for k, v in result.items()
+            if (k in AUDIT_KEYS and v) or k.endswith(("_sample", "_sessions", "_story")) or k == "faults"}
+    return json.dumps(told, default=str)
 
 
 def _unresolved(acked: set[tuple[str, int]], records: list[Record]) -> int:

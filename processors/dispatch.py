@@ -65,14 +65,7 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
         case CommitRefused(reason=reason) if reason != "no_capacity":
             return commit_refused(view, event, now)
         case Moved(session_id=sid, source=src, successor=succ):
-            # the target also replays the inputs after the frozen snapshot from the log: one
-            # routed to the source that dies before refusing it back is not lost (duplicates
-            # of the rest are applied once, by seq)
-            return counted(view, succ.worker_id, now)[0], [
-                Publish(Assign(worker_id=succ.worker_id, session_id=sid, generation=succ, ts=now, restore=True,
-                               recover=True)),
-                Publish(Revoke(worker_id=src.worker_id, session_id=sid, generation=src, ts=now,
-                               reason="migrated", successor=succ))]
+            return counted(view, succ.worker_id, now)[0], _handed_over(sid, src, succ, now)
         case MoveRefused(session_id=sid, source=src, reason=reason) if reason in ("stale_epoch", "not_owner",
                                                                                     "unknown_session"):
             # the source's generation has passed (recovered elsewhere, or a duplicate
@@ -245,6 +238,10 @@ def on_worker_event(view: DispatchView, rec: Record, facts: Facts,
     sv = facts.session
     match rec:
         case Frozen(session_id=sid, generation=src, target_worker=target):
+            if sv is not None and _moved_unclaimed(sv, src, target):
+                # read again: the move was committed, but the replica that committed it died
+                # before its Assign went out (sent when the Frozen's offset is committed)
+                return view, _handed_over(sid, src, sv.generation, now)
             return view, [Move(sid, src, target)]
         case CommandRejected(command=Resume.TAG, generation=Generation() as gen):
             # the Resume overtook a pending Suspend: the session is offloaded now
@@ -254,6 +251,24 @@ def on_worker_event(view: DispatchView, rec: Record, facts: Facts,
             return route(view, Input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts, refused=rec,
                                      rereads_left=0), facts, now)
     return view, []
+
+
+def _moved_unclaimed(sv: SessionView, src: Generation, target: str) -> bool:
+    """The session's current generation is a successor of ``src`` on ``target`` that nobody
+    claimed yet: a handoff from ``src`` to ``target`` was committed already."""
+    gen = sv.generation
+    return (sv.state == StoreState.ACTIVE and not sv.claimed and not sv.stranded and not sv.close_requested
+            and gen.worker_id == target and gen.epoch > src.epoch)
+
+
+def _handed_over(sid: str, src: Generation, succ: Generation, now: float) -> list[Command]:
+    """A committed handoff's commands: the target restores the frozen snapshot and replays
+    the inputs after it from the log (one routed to the source that dies before refusing it
+    back is not lost; duplicates of the rest are applied once, by seq), the source lets go."""
+    return [Publish(Assign(worker_id=succ.worker_id, session_id=sid, generation=succ, ts=now, restore=True,
+                           recover=True)),
+            Publish(Revoke(worker_id=src.worker_id, session_id=sid, generation=src, ts=now,
+                           reason="migrated", successor=succ))]
 
 
 def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[DispatchView, list[Command]]:

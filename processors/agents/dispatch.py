@@ -238,8 +238,8 @@ class DispatchShell:
                 if (why := self.gate.other_rule(rec.input_rate_per_s, rec.input_burst)) is not None:
                     log.error("%s: worker %s %s", self.name, rec.worker_id, why)
             await self.recovery.worker_alive(rec.worker_id, rec.ts)
-        elif isinstance(rec, Frozen):
-            await self.feed(Seen(rec, Facts(None)))
+        elif isinstance(rec, Frozen):  # read with the store's view: a move committed before is sent again
+            await self.feed(Seen(rec, await self.facts(rec.session_id)))
         elif isinstance(rec, CommandRejected) and rec.generation is not None:
             await self.feed(Seen(rec, await self.facts(rec.session_id)))
 

@@ -215,6 +215,25 @@ def test_dispatch_commits_a_handoff_then_assigns_the_target_and_revokes_the_sour
     assert _kinds(cmds) == ["Note"]
 
 
+def test_a_frozen_read_again_after_its_move_was_committed_sends_the_move_again():
+    """faust publishes what a replica sends for an event when it commits the event's offset:
+    a replica killed between the store's commit and that left the successor unclaimed, and
+    the Frozen is read again by another replica. It sends the Assign and Revoke again."""
+    frozen = Frozen(worker_id="w1", session_id="s", generation=GEN, target_worker="w2", ts=1.0)
+    succ = Generation("w2", 4)
+    moved = SessionView(succ, StoreState.ACTIVE, False, 0, 0, None)
+    _, cmds = decide(VIEW, Seen(frozen, Facts(moved)), 2.0)
+    assert [c.record for c in cmds] == [
+        Assign(worker_id="w2", session_id="s", generation=succ, ts=2.0, restore=True, recover=True),
+        Revoke(worker_id="w1", session_id="s", generation=GEN, ts=2.0, reason="migrated", successor=succ)]
+    for done in (replace(moved, claimed=True),  # the target has it: the move's refusal says so
+                 replace(moved, generation=Generation("w3", 4)),  # moved elsewhere (recovered)
+                 replace(moved, close_requested=True),
+                 replace(moved, stranded_epoch=4)):  # the target died: the recovery's
+        _, cmds = decide(VIEW, Seen(frozen, Facts(done)), 2.0)
+        assert cmds == [Move("s", GEN, "w2")], done
+
+
 def test_worker_events_reroute_refused_inputs():
     stale = CommandRejected(worker_id="w0", session_id="s", command=RoutedInput.TAG, reason="stale_epoch",
                             ts=1.0, generation=Generation("w0", 2), seq=5, kind="text", payload="x")

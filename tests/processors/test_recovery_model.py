@@ -130,18 +130,24 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.run(self.replicas[r].on_session_event(rec))
 
     @precondition(lambda self: bool(self.opened - self.closed))
-    @rule(data=st.data(), r=st.integers(0, 1))
-    def migrate(self, data: st.DataObject, r: int) -> None:
+    @rule(data=st.data(), r=st.integers(0, 1), lost=st.booleans())
+    def migrate(self, data: st.DataObject, r: int, lost: bool) -> None:
         """Control asked for a handoff and the source froze at a chunk boundary: it reports
-        Frozen, and dispatch commits the move (or resumes the source when the store refuses)."""
+        Frozen, and dispatch commits the move (or resumes the source when the store refuses).
+        ``lost``: the replica dies after the commit, before its Assign is published, so the
+        Frozen (its offset not committed) is read again by the other replica."""
         sid = data.draw(st.sampled_from(sorted(self.opened - self.closed)))
         view = self.run(self.store.session(sid))
         if view is None or view.state != "active" or not view.claimed or not self.alive[view.generation.worker_id]:
             return
         target = data.draw(st.sampled_from([w for w in WORKERS if w != view.generation.worker_id]))
-        self.run(self.replicas[r].on_worker_event(Frozen(worker_id=view.generation.worker_id, session_id=sid,
-                                                         generation=view.generation, target_worker=target,
-                                                         ts=self.now)))
+        frozen = Frozen(worker_id=view.generation.worker_id, session_id=sid, generation=view.generation,
+                        target_worker=target, ts=self.now)
+        self.bus.lose = lost
+        self.run(self.replicas[r].on_worker_event(frozen))
+        self.bus.lose = False
+        if lost:
+            self.run(self.replicas[1 - r].on_worker_event(frozen))
 
     @precondition(lambda self: any(self.alive.values()))
     @rule(data=st.data(), r=st.integers(0, 1))
@@ -296,6 +302,36 @@ def test_an_input_routed_to_a_migration_source_that_dies_is_not_lost() -> None:
         m.run(m.replicas[0].on_worker_event(WorkerDown(worker_id=src.worker_id, ts=m.now, reason="missed heartbeats")))
         m.deliver()  # the dead source's commands are gone
         m.settle()
+        assert ("s0", 1) in m.accepted
+    finally:
+        m.teardown()
+
+
+def test_a_move_whose_assign_was_lost_with_its_replica_is_sent_again() -> None:
+    """The replica commits a handoff and dies before its Assign goes out; the other replica
+    reads the Frozen again and sends it, so the target claims the session and serves its
+    input (before, the read-again move was refused as stale and the session stayed unclaimed
+    on the target, its inputs refused, until its close)."""
+    m = RecoveryMachine()
+    m.start()
+    try:
+        m.open("s0", 0)
+        m.deliver()
+        src = m.run(m.store.session("s0")).generation
+        target = next(w for w in WORKERS if w != src.worker_id)
+        frozen = Frozen(worker_id=src.worker_id, session_id="s0", generation=src, target_worker=target, ts=m.now)
+        m.bus.lose = True
+        m.run(m.replicas[0].on_worker_event(frozen))
+        m.deliver()
+        assert not m.run(m.store.session("s0")).claimed
+        m.run(m.replicas[1].on_worker_event(frozen))
+        m.deliver()
+        view = m.run(m.store.session("s0"))
+        assert view.generation.worker_id == target and view.claimed
+        m.seq["s0"] = 1
+        m.pushed.add(("s0", 1))
+        assert m.run(m.replicas[0].route_input("s0", 1, "text", "x", ts=m.now)) is None
+        m.deliver()
         assert ("s0", 1) in m.accepted
     finally:
         m.teardown()
