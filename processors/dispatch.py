@@ -219,15 +219,21 @@ def on_session_event(view: DispatchView, rec: Record, facts: Facts,
 
 def _reassert(sid: str, rec: Record, sv: SessionView, kind: EventKind, now: float) -> list[Command]:
     """A duplicate event changes no state, but the command the state owes is sent again: an
-    unclaimed generation's Assign (dispatch may have died between its commit and its send),
-    and the owner's Resume when the user is back (it cancels a Suspend still on its way)."""
+    unclaimed generation's Assign (dispatch may have died between its commit and its send:
+    faust sends what an event caused when it commits the event's offset), and the owner's
+    Resume when the user is back (it cancels a Suspend still on its way)."""
     gen = sv.generation
     if sv.state != StoreState.ACTIVE or sv.stranded:
         return []
     if kind is EventKind.OPEN and not sv.claimed:
         return [_assign(Admission(sid, prompt=getattr(rec, "prompt", "")), gen, now)]
     if kind is EventKind.ACTIVE:
-        return [Publish(Resume(worker_id=gen.worker_id, session_id=sid, generation=gen, ts=now))]
+        resume = Publish(Resume(worker_id=gen.worker_id, session_id=sid, generation=gen, ts=now))
+        if not sv.claimed:  # a return's restore read again (or a return that placed an unknown id,
+            # as an open with no prompt; an open before it, read again first, sent its own)
+            again = gen.epoch > 1
+            return [_assign(Admission(sid, restore=again, recover=again), gen, now), resume]
+        return [resume]
     return []
 
 
@@ -303,7 +309,19 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
         return next_candidate(view, _restore(view, inp.session_id, sv, then_route=inp), now)
     if sv.stranded or facts.owner_down:
         return view, []  # held in the log
+    if refused is not None and refused.generation == sv.generation and _unassigned(sv):
+        # its owner-to-be kept it and no Assign came: the one committed was lost with the
+        # replica that committed it (sent at its event's offset commit); send it again
+        return view, [_assign(Admission(inp.session_id, restore=True, recover=True), sv.generation, now),
+                      _routed(inp, sv.generation, now)]
     return view, [_routed(inp, sv.generation, now)]
+
+
+def _unassigned(sv: SessionView) -> bool:
+    """Placed again (a restore, a move, a recovery: any generation after the first) and not
+    claimed yet: its Assign can be sent again from what the store holds (a first one, an
+    open's, needs its prompt: the open read again sends it)."""
+    return sv.state == StoreState.ACTIVE and not sv.claimed and sv.generation.epoch > 1
 
 
 def _admission(view: DispatchView, sid: str, **how: Any) -> Admission:
@@ -312,9 +330,12 @@ def _admission(view: DispatchView, sid: str, **how: Any) -> Admission:
 
 def _restore(view: DispatchView, sid: str, sv: Any, **how: Any) -> Admission:
     """Restore an offloaded session; when the generation it was offloaded under was never
-    claimed (its Suspend overtook the Assign: a recovery whose Assign was lost, say), nobody
-    applied the inputs routed to it, so the restore replays the log after the snapshot too."""
-    return _admission(view, sid, expected_epoch=sv.generation.epoch, restore=True, recover=not sv.claimed, **how)
+    claimed (its Suspend overtook the Assign: a recovery whose Assign was lost, say) or its
+    owner was declared lost before the offload (a restarted worker ends a Suspend of what it
+    no longer holds), inputs routed to it may never have been applied, so the restore
+    replays the log after the snapshot too (one applied already is applied once, by seq)."""
+    lost = not sv.claimed or sv.stranded_epoch == sv.generation.epoch
+    return _admission(view, sid, expected_epoch=sv.generation.epoch, restore=True, recover=lost, **how)
 
 
 def _refusal(inp: Input, why: str) -> str:

@@ -18,7 +18,7 @@ from processors.lifecycle import STORE_STATE, Action, EventKind, transition
 from schemas.records import (Assign, CommandRejected, Frozen, Generation, PlacementReport, Resume, Revoke,
                              RoutedInput, SessionActive, SessionClosed, SessionIdle, SessionOpened,
                              Suspend)
-from streams.generations import SessionView, StoreState
+from streams.generations import SessionView, SnapshotManifest, StoreState
 
 GEN = Generation("w1", 3)
 VIEW = DispatchView({"w1": WorkerLoad(1, 2), "w2": WorkerLoad(0, 2), "w3": WorkerLoad(2, 2)},
@@ -232,6 +232,46 @@ def test_a_frozen_read_again_after_its_move_was_committed_sends_the_move_again()
                  replace(moved, stranded_epoch=4)):  # the target died: the recovery's
         _, cmds = decide(VIEW, Seen(frozen, Facts(done)), 2.0)
         assert cmds == [Move("s", GEN, "w2")], done
+
+
+def test_a_restore_whose_assign_was_lost_is_assigned_again_when_its_event_or_its_input_says_so():
+    """A return (or an input) committed a restore and its replica died before the Assign went
+    out. The return read again sends the Assign (and the Resume it sent before); an input the
+    owner-to-be refused for want of an Assign sends it too, then the input. An open's
+    generation (the first) is left to the open read again, which has the prompt."""
+    snap = SnapshotManifest("snap", 1, 10, "0" * 64, GEN.epoch - 1)
+    restored = SessionView(GEN, StoreState.ACTIVE, False, 0, 0, snap)
+    _, cmds = decide(VIEW, Seen(EVENTS[EventKind.ACTIVE], Facts(restored)), 2.0)
+    assert _kinds(cmds) == ["Assign", "Resume"]
+    assert cmds[0].record.generation == GEN and cmds[0].record.restore and cmds[0].record.recover
+    _, cmds = decide(VIEW, Seen(EVENTS[EventKind.ACTIVE], Facts(replace(restored, claimed=True))), 2.0)
+    assert _kinds(cmds) == ["Resume"]
+    first = replace(restored, generation=Generation("w1", 1), snapshot=None)  # a return placed an unknown id
+    _, cmds = decide(VIEW, Seen(EVENTS[EventKind.ACTIVE], Facts(first)), 2.0)
+    assert _kinds(cmds) == ["Assign", "Resume"] and not cmds[0].record.restore and cmds[0].record.prompt == ""
+    kept = CommandRejected(worker_id="w1", session_id="s", command=RoutedInput.TAG, reason="not_owner", ts=1.0,
+                           generation=GEN, seq=2, kind="text", payload="x",
+                           detail="no Assign of its generation came in time")
+    refused = Input("s", 2, "text", "x", refused=kept, rereads_left=0)
+    _, cmds = decide(VIEW, Seen(refused, Facts(restored)), 2.0)
+    assert _kinds(cmds) == ["Assign", "RoutedInput"] and cmds[0].record.restore and cmds[1].record.seq == 2
+    kept_first = replace(kept, generation=first.generation)
+    _, cmds = decide(VIEW, Seen(replace(refused, refused=kept_first), Facts(first)), 2.0)
+    assert _kinds(cmds) == ["RoutedInput"]
+    for other in (replace(restored, claimed=True), replace(restored, generation=Generation("w2", 4))):
+        _, cmds = decide(VIEW, Seen(refused, Facts(other)), 2.0)
+        assert _kinds(cmds) == ["RoutedInput"], other
+
+
+def test_a_return_replays_the_log_when_the_offloaded_generation_was_lost_or_never_claimed():
+    """Its owner declared lost before the offload (a restarted worker ends a Suspend of what
+    it no longer holds) or never claimed: inputs routed to it may not have been applied."""
+    for sv, replay in ((_sv(StoreState.SUSPENDED), False), (_sv(StoreState.SUSPENDED, claimed=False), True),
+                       (replace(_sv(StoreState.SUSPENDED), stranded_epoch=GEN.epoch), True),
+                       (replace(_sv(StoreState.SUSPENDED), stranded_epoch=GEN.epoch - 1), False)):
+        _, cmds = decide(VIEW, Seen(EVENTS[EventKind.ACTIVE], Facts(sv)), 2.0)
+        assert _kinds(cmds) == ["Commit"] and cmds[0].admission.restore
+        assert cmds[0].admission.recover is replay, sv
 
 
 def test_worker_events_reroute_refused_inputs():

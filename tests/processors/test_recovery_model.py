@@ -80,7 +80,9 @@ class RecoveryMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     async def read_inputs(self, sid: str, after_seq: int) -> list[LoggedInput]:
-        return [LoggedInput(0, q, InputPushed(session_id=s, seq=q, kind="text", payload="x", ts=0.0))
+        # one partition, each input at its own offset (a dead letter is sent once per place)
+        return [LoggedInput(0, SESSIONS.index(s) * 1000 + q,
+                            InputPushed(session_id=s, seq=q, kind="text", payload="x", ts=0.0))
                 for s, q in sorted(self.pushed) if s == sid and q > after_seq]
 
     def on_sent(self, rec: Record) -> None:
@@ -122,12 +124,18 @@ class RecoveryMachine(RuleBasedStateMachine):
             self.refused.add((sid, self.seq[sid]))
 
     @precondition(lambda self: bool(self.opened - self.closed))
-    @rule(data=st.data(), r=st.integers(0, 1), active=st.booleans())
-    def flip(self, data: st.DataObject, r: int, active: bool) -> None:
-        """The user goes idle (offload) or comes back (restore), duplicates included."""
+    @rule(data=st.data(), r=st.integers(0, 1), active=st.booleans(), lost=st.booleans())
+    def flip(self, data: st.DataObject, r: int, active: bool, lost: bool) -> None:
+        """The user goes idle (offload) or comes back (restore), duplicates included.
+        ``lost``: the replica dies after a restore's commit, before its Assign is published,
+        and the other replica reads the return again."""
         sid = data.draw(st.sampled_from(sorted(self.opened - self.closed)))
         rec = SessionActive(session_id=sid, ts=self.now) if active else SessionIdle(session_id=sid, ts=self.now)
+        self.bus.lose = lost and active
         self.run(self.replicas[r].on_session_event(rec))
+        self.bus.lose = False
+        if lost and active:
+            self.run(self.replicas[1 - r].on_session_event(rec))
 
     @precondition(lambda self: bool(self.opened - self.closed))
     @rule(data=st.data(), r=st.integers(0, 1), lost=st.booleans())
