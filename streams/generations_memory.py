@@ -238,10 +238,11 @@ class MemoryScripts(Keyspace):
                 out.append(bad[1])
                 continue
             ci, stored = int(a[4 * i + 3]), int(self._h(skey).get("ci", "-1"))
-            if ci <= stored:
+            epoch = str(a[4 * i + 2])
+            if ci < stored or (ci == stored and self._h(skey).get("ce") != epoch):
                 out.append("released")
             else:
-                self._hset(skey, ci=str(ci))
+                self._hset(skey, ci=str(ci), ce=epoch)
                 out.append("ok")
         return out
 
@@ -269,7 +270,7 @@ class MemoryScripts(Keyspace):
         if bad:
             return bad
         if a[3] != "":
-            self._hset(k[0], ci=a[3])
+            self._hset(k[0], ci=a[3], ce=str(a[2]))
         if a[4] != "":
             self._hset(k[0], sq=a[4])
         if a[5] != "":

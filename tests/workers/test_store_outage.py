@@ -279,6 +279,43 @@ def test_many_failed_calls_make_one_warning_and_one_when_back(
     assert outage.outages == 1 and outage.since is None
 
 
+class _ReplyLost:
+    """The in-memory store's scripts, whose first ``release_chunks`` lands and then loses its
+    reply (the connection dropped after Redis ran it)."""
+
+    def __init__(self) -> None:
+        from streams.generations_memory import MemoryGenerationStore
+
+        self.inner, self.lost = MemoryGenerationStore("lost"), False
+
+    async def release_chunks(self, items: Any) -> Any:
+        answer = await self.inner.release_chunks(items)
+        if not self.lost:
+            self.lost = True
+            raise InfraError("generation store: Redis unreachable: Connection reset by peer")
+        return answer
+
+
+def test_a_release_whose_reply_was_lost_is_answered_ok_when_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The patient store asks again; the script sees its own epoch stored that index and says
+    ok, so the worker publishes the chunk (it was told 'released' and dropped it)."""
+    import workers.runtime as runtime
+
+    monkeypatch.setattr(runtime, "PATIENCE_WAITS_S", (0.001,))
+    lossy = _ReplyLost()
+
+    async def run() -> Any:
+        await lossy.inner.register_worker("w", 2)
+        gen = await lossy.inner.commit("s", 0, "w")
+        await lossy.inner.claim("s", gen)
+        store: Any = PatientStore(lossy, StoreOutage("worker w"))
+        return await store.release_chunks([("s", gen, 0)]), await store.release_chunks([("s", gen, 0)])
+
+    again, later = asyncio.run(run())
+    assert lossy.lost and again == [(True, "ok")]
+    assert later == [(True, "ok")]  # the same owner's same index: a repeat, never another's
+
+
 @pytest.mark.integration
 def test_a_worker_that_cannot_reach_redis_at_its_start_says_which_worker(tmp_path: Path) -> None:
     from workers.runtime import serve
