@@ -9,7 +9,7 @@ from schemas.topics import SESSION_INPUTS, TOPICS
 
 from .config import Settings
 
-__all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "replication_for", "broker_count",
+__all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "misplaced", "replication_for", "broker_count",
            "until_led", "logical_or_physical",
            "TOPIC_FRAMING_BYTES"]
 
@@ -54,6 +54,19 @@ def partition_for_key(key: bytes, partitions: int) -> int:
     from aiokafka.partitioner import murmur2
 
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def misplaced(key: bytes | None, partition: int, partitions: int | None) -> str | None:
+    """Why a keyed record on ``partition`` of a topic of ``partitions`` is not where the
+    contract's partitioner puts it, or None (unkeyed, one partition, or count unknown)."""
+    if key is None or partition < 0 or not partitions or partitions < 2:
+        return None
+    want = partition_for_key(key, partitions)
+    if partition == want:
+        return None
+    return (f"on partition {partition}, but its key hashes to partition {want} of {partitions} (murmur2, "
+            "Kafka's default partitioner; librdkafka producers need partitioner=murmur2_random): "
+            "a recovery reads a session's inputs from its key's partition only")
 
 
 def replication_for(brokers: int) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, Inp
 from schemas.codec import encode
 from schemas.topics import SESSION_INPUTS, misfiled
 from streams.kafka import dead_letter_record
+from streams.topics import misplaced
 
 from ..admission import WorkerLoad, candidate
 from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Commit, Committed,
@@ -243,11 +244,12 @@ class DispatchShell:
         elif isinstance(rec, CommandRejected) and rec.generation is not None:
             await self.feed(Seen(rec, await self.facts(rec.session_id)))
 
-    def admit_input(self, rec: InputPushed, key: bytes | None, timestamp_s: float) -> str | None:
-        """None if the input (read under ``key``, with this Kafka timestamp) may be routed;
-        else why not: its key, or a bound of the ``InputGate``, which keeps every refused seq
-        for the next routed input."""
-        why = misfiled(rec, key)
+    def admit_input(self, rec: InputPushed, key: bytes | None, timestamp_s: float,
+                    partition: int = -1, partitions: int | None = None) -> str | None:
+        """None if the input (read under ``key``, with this Kafka timestamp, on ``partition``
+        of the topic's ``partitions``) may be routed; else why not: its key or its partition,
+        or a bound of the ``InputGate``, which keeps every refused seq for the next routed input."""
+        why = misfiled(rec, key) or misplaced(key, partition, partitions)
         if why is not None:
             self.gate.note_refused(rec.session_id, rec.seq)
             return why
@@ -336,8 +338,10 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
             sh.rate_windows.passed_over(msg.partition, msg.offset)
             continue
         stamp = msg.timestamp or time.time()  # the record's Kafka timestamp (faust: seconds)
-        await sh.rate_windows.read(rec, msg.key, msg.partition, msg.offset, stamp)  # type: ignore[arg-type]
-        refused = sh.admit_input(rec, msg.key, stamp)  # type: ignore[arg-type]
+        count = _partitions(stream, msg.topic)
+        if misplaced(msg.key, msg.partition, count) is None:  # a window is read back on the key's partition
+            await sh.rate_windows.read(rec, msg.key, msg.partition, msg.offset, stamp)  # type: ignore[arg-type]
+        refused = sh.admit_input(rec, msg.key, stamp, msg.partition, count)  # type: ignore[arg-type]
         if refused is not None:  # over a bound: refused with the reason, never dropped; the
             # session's next routed input names it, so its owner does not wait for it
             await sh.dead_letter(publisher, msg, f"refused: {refused}")
@@ -347,6 +351,19 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
                         lambda exc, msg=msg, sh=sh: sh.dead_letter(publisher, msg,
                                                                    f"refused: dispatch could not route it ({exc})"),
                         lambda why, rec=rec, msg=msg, sh=sh: sh.refuse_parked(rec, msg, why, publisher))
+
+
+def _partitions(stream: Any, topic: str) -> int | None:
+    """The topic's partition count as the consumer's metadata has it (the group's snapshot,
+    else the cluster's; None: not known yet, and the input's partition goes unchecked)."""
+    consumer = stream.app.consumer
+    try:
+        count = consumer.topic_partitions(topic)
+        if not count:  # a member that does not lead the group may keep no snapshot
+            count = len(consumer._thread._ensure_consumer().partitions_for_topic(topic) or ())
+        return count or None
+    except Exception:  # noqa: BLE001 - a consumer not started yet
+        return None
 
 
 async def _worker_events(stream: Any, shell: Callable[[], Awaitable[DispatchShell]], publisher: Any) -> None:

@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +219,9 @@ def test_librdkafka_producer_and_kcat_against_a_running_fleet(kafka_bootstrap, r
     settings = Settings(topic_prefix=prefix, namespace=namespace).with_endpoints(
         kafka_bootstrap, redis_url)
     ids = [f"stranger-{i}" for i in range(SESSIONS)]
+    count = settings.partitions[SESSION_INPUTS]
+    stray = next(sid for sid in (f"stray-{i}" for i in range(64))
+                 if zlib.crc32(sid.encode()) % count != partition_for_key(sid.encode(), count))
     fleet = LocalFleet(settings, tmp_path / "logs")
     store = SyncGenerationStore.from_url(redis_url, namespace)
     placed: dict[str, Any] = {}
@@ -239,9 +243,20 @@ def test_librdkafka_producer_and_kcat_against_a_running_fleet(kafka_bootstrap, r
             tx.producer.flush(30)
             tx.producer.abort_transaction(30)
 
+    def misplaced() -> None:
+        """An input from a producer left on librdkafka's default partitioner (CRC32 of the
+        key), for a key it puts elsewhere than murmur2 does: refused at once, with the
+        partitioner to use (accepted before, where a recovery's replay would not find it)."""
+        count = settings.partitions[SESSION_INPUTS]
+        with ContractProducer(kafka_bootstrap, prefix, partitioner="consistent_random") as crc:
+            crc.send("InputPushed", session_id=stray, seq=1, kind="text", payload="hi", ts=time.time())
+            crc.flush()
+        assert [part for _t, part, _k in crc.delivered] == [zlib.crc32(stray.encode()) % count]
+
     async def serve(log: EventLog, strangers: dict[str, ContractProducer]) -> None:
         """Open the sessions, push their inputs, wait until accepted; then close them."""
         transactions()
+        misplaced()
         for sid in ids[1:]:
             strangers[sid].send("SessionOpened", session_id=sid, ts=time.time(),
                                 prompt=f"a lighthouse at dusk, {sid}")
@@ -308,7 +323,9 @@ def test_librdkafka_producer_and_kcat_against_a_running_fleet(kafka_bootstrap, r
         got = [(r.seq, r.generation) for r in records
                if isinstance(r, InputAccepted) and r.session_id == sid]
         assert got == [(seq, claims[sid].generation) for seq in range(1, INPUTS + 1)]
-    assert not [r for r in records if isinstance(r, DeadLetter)]  # every record decoded
+    dead = [r for r in records if isinstance(r, DeadLetter)]  # every record decoded, one refused
+    assert [(r.key, r.source_topic) for r in dead] == [(stray.encode(), prefix + SESSION_INPUTS)], dead
+    assert "partitioner=murmur2_random" in dead[0].reason and "refused: on partition" in dead[0].reason
     # the aborted transaction's records were never acted on: what the owner was told is real
     told = [r for r in records if isinstance(r, (Assign, RoutedInput)) and r.session_id == ids[0]]
     assert any(isinstance(r, Assign) for r in told) and any(isinstance(r, RoutedInput) for r in told)

@@ -90,6 +90,41 @@ def test_router_refuses_oversized_and_too_frequent_inputs_with_a_reason() -> Non
     assert shell.gate.refused_before("other") == (2,)  # named on the session's next routed input
 
 
+def test_an_input_off_its_keys_partition_is_refused_with_the_partitioner_to_use() -> None:
+    """librdkafka's default partitioner (CRC32) puts a key elsewhere than murmur2 does, where
+    a recovery's replay of the session's inputs would not find it: refused at once, named."""
+    from streams.topics import partition_for_key
+
+    shell = DispatchShell(store=None, publisher=None)
+    rec = InputPushed(session_id="s", seq=1, kind="text", payload="ok", ts=0.0)
+    home = partition_for_key(b"s", 8)
+    assert shell.admit_input(rec, b"s", 5.0, home, 8) is None
+    why = shell.admit_input(rec, b"s", 5.0, (home + 1) % 8, 8)
+    assert f"hashes to partition {home} of 8" in why and "partitioner=murmur2_random" in why
+    assert shell.gate.refused_before("s") == (1,)  # named on the session's next routed input
+    assert shell.admit_input(InputPushed(session_id="t", seq=1, kind="text", payload="ok", ts=0.0),
+                             b"t", 5.0, 5, None) is None  # the count not known yet: unchecked
+
+
+def test_the_partition_count_comes_from_the_groups_snapshot_else_the_clusters_metadata() -> None:
+    """Only the group's leader keeps aiokafka's snapshot of partition counts; another replica
+    reads the cluster metadata (a stand-in for faust's consumer: its two lookups only)."""
+    from types import SimpleNamespace
+
+    from processors.agents.dispatch import _partitions
+
+    def stream(snapshot: int | None, cluster: set[int] | None) -> object:
+        aio = SimpleNamespace(partitions_for_topic=lambda topic: cluster)
+        consumer = SimpleNamespace(topic_partitions=lambda topic: snapshot,
+                                   _thread=SimpleNamespace(_ensure_consumer=lambda: aio))
+        return SimpleNamespace(app=SimpleNamespace(consumer=consumer))
+
+    assert _partitions(stream(8, None), "t") == 8
+    assert _partitions(stream(None, {0, 1, 2}), "t") == 3
+    assert _partitions(stream(None, None), "t") is None
+    assert _partitions(SimpleNamespace(app=SimpleNamespace(consumer=None)), "t") is None
+
+
 def test_a_seq_below_one_is_no_input() -> None:
     """Refused by the schema (the AsyncAPI document's minimum), so dispatch dead-letters it
     as undecodable; it said minimum 0 while dispatch refused 0."""

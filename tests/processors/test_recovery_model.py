@@ -288,6 +288,16 @@ class RecoveryMachine(RuleBasedStateMachine):
         assert not unaccounted, sorted(unaccounted)
 
 
+def _claimed_then_frozen(m: RecoveryMachine) -> tuple[Any, str, Frozen]:
+    """Session s0 opened and claimed; its owner froze it for a handoff to another worker."""
+    m.open("s0", 0)
+    m.deliver()
+    src = m.run(m.store.session("s0")).generation
+    target = next(w for w in WORKERS if w != src.worker_id)
+    return src, target, Frozen(worker_id=src.worker_id, session_id="s0", generation=src, target_worker=target,
+                               ts=m.now)
+
+
 def test_an_input_routed_to_a_migration_source_that_dies_is_not_lost() -> None:
     """Input 1 goes to the owner; the owner freezes for a handoff and dispatch moves the
     session; the source dies with the input unread. The target replays the log after the
@@ -295,15 +305,11 @@ def test_an_input_routed_to_a_migration_source_that_dies_is_not_lost() -> None:
     m = RecoveryMachine()
     m.start()
     try:
-        m.open("s0", 0)
-        m.deliver()
-        src = m.run(m.store.session("s0")).generation
+        src, target, frozen = _claimed_then_frozen(m)
         m.seq["s0"] = 1
         m.pushed.add(("s0", 1))
         assert m.run(m.replicas[0].route_input("s0", 1, "text", "x", ts=m.now)) is None
-        target = next(w for w in WORKERS if w != src.worker_id)
-        m.run(m.replicas[1].on_worker_event(Frozen(worker_id=src.worker_id, session_id="s0", generation=src,
-                                                   target_worker=target, ts=m.now)))
+        m.run(m.replicas[1].on_worker_event(frozen))
         assert m.run(m.store.session("s0")).generation.worker_id == target
         m.alive[src.worker_id] = False
         m.now += 1
@@ -323,11 +329,7 @@ def test_a_move_whose_assign_was_lost_with_its_replica_is_sent_again() -> None:
     m = RecoveryMachine()
     m.start()
     try:
-        m.open("s0", 0)
-        m.deliver()
-        src = m.run(m.store.session("s0")).generation
-        target = next(w for w in WORKERS if w != src.worker_id)
-        frozen = Frozen(worker_id=src.worker_id, session_id="s0", generation=src, target_worker=target, ts=m.now)
+        _src, target, frozen = _claimed_then_frozen(m)
         m.bus.lose = True
         m.run(m.replicas[0].on_worker_event(frozen))
         m.deliver()
