@@ -146,7 +146,9 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("ChunkDone", "batch_size"): ("Sessions coalesced in that batch.", None),
     ("ChunkDone", "input_seq"): ("The highest input seq applied before this chunk; 0: none.", None),
     ("ChunkDone", "checksum"): ("SHA-256 (hex) of the chunk's frame bytes.", None),
-    ("InputAccepted", "seq"): ("The input applied, exactly once and in order.", None),
+    ("InputAccepted", "seq"): ("The input applied: once and in order per generation (a recovering owner "
+                               "reports the inputs it replays after its snapshot again, under its own "
+                               "generation: count by session and seq).", None),
     ("CommandRejected", "session_id"): ("The session the refused command named; empty for a "
                                         "pool's command.", None),
     ("CommandRejected", "command"): ("Type tag of the refused command (`cmd.assign`, "
