@@ -691,6 +691,27 @@ def replay_cmd(
     _write_json(result, json_out)
 
 
+@app.command("handoff")
+def handoff_cmd(
+    session_id: str = typer.Argument(..., help="The session to move."),
+    target: str = typer.Argument(..., help="The worker to move it to."),
+    wait: float = typer.Option(30.0, min=0.0, help="Seconds to wait until the target holds it (0: send and return)."),
+    json_out: Optional[Path] = json_option("Write the outcome here."),
+) -> None:
+    """Move a live session to another worker at its next chunk boundary (a Handoff to its
+    owner, as a rebalance sends); exit 1 when refused or not moved within --wait."""
+    from infra.handoff import hand_off
+
+    settings = _settings()
+    result = asyncio.run(hand_off(settings, session_id, target, wait))
+    said = "moved" if result["moved"] else ("sent" if wait == 0 else f"not moved within {wait:g} s")
+    console.print(f"{session_id}: {said} ({result['from']} -> {target}; now {result['now']})", highlight=False)
+    if json_out is not None:
+        _write_json(result, json_out)
+    if wait > 0 and not result["moved"]:
+        raise typer.Exit(1)
+
+
 @app.command("chaos")
 def chaos(
     sessions: int = typer.Option(12, min=1, help="Sessions kept open through the faults."),

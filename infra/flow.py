@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from processors.cluster import latest_claims
-from schemas.records import (ChunkDone, Claimed, CommandRejected, DeadLetter, Drain, Handoff,
+from schemas.records import (ChunkDone, Claimed, CommandRejected, DeadLetter, Drain,
                              Heartbeat, InputAccepted, Record, Released, Shutdown, WorkerUp)
 from schemas.topics import (DEAD_LETTERS, METRICS, SCALING_COMMANDS, SESSION_EVENTS, SESSION_INPUTS,
                             WORKER_EVENTS)
@@ -178,14 +178,15 @@ def _owners(rs: list[Record], ids: list[str]) -> dict[str, Claimed]:
     return {sid: c for sid, c in latest_claims(rs).items() if sid in ids}
 
 
-async def _move(producer: RecordProducer, log: EventLog, claim: Claimed, workers: int,
-                timeout_s: float) -> None:
-    """An operator's Handoff of ``claim``'s session to another of the ``workers`` workers;
-    returns once it is claimed there."""
+async def _move(settings: Settings, log: EventLog, claim: Claimed, workers: int, timeout_s: float) -> None:
+    """An operator's handoff (``chunkserve handoff``) of ``claim``'s session to another of the
+    ``workers`` workers; returns once it is claimed there."""
+    from .handoff import hand_off
+
     target = next(f"worker-{i}" for i in range(workers) if f"worker-{i}" != claim.worker_id)
-    await producer.send(Handoff(worker_id=claim.worker_id, session_id=claim.session_id,
-                                generation=claim.generation, target_worker=target,
-                                ts=time.time(), reason="operator"))
+    moved = await hand_off(settings, claim.session_id, target, wait_s=timeout_s)
+    if not moved["moved"]:
+        raise InfraError(f"the operator's handoff of {claim.session_id} to {target} did not move it: {moved}")
     await log.until(lambda rs: any(
         isinstance(r, Claimed) and r.session_id == claim.session_id and r.worker_id == target
         and r.generation.epoch > claim.generation.epoch for r in rs), timeout_s,
@@ -270,11 +271,11 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                                                        for s in ids), timeout_s, "sessions to be restored")
                     if handoff and workers > 1:  # an operator migrates session 0 at a chunk boundary
                         progress("migrating a session to another worker")
-                        await _move(producer, log, _owners(log.records, ids)[ids[0]], workers, timeout_s)
+                        await _move(settings, log, _owners(log.records, ids)[ids[0]], workers, timeout_s)
                     if scale_in and workers > 1:  # the load is low: control drains a worker and empties it
                         owners = _owners(log.records, ids)
                         if len({c.worker_id for c in owners.values()}) < 2:  # give each worker a session
-                            await _move(producer, log, owners[ids[-1]], workers, timeout_s)
+                            await _move(settings, log, owners[ids[-1]], workers, timeout_s)
                         progress("the control processor scales in: drain, move the sessions off, shut down")
                         fleet.extra_env = {"CHUNKSERVE_POLICY": "turboserve", "CHUNKSERVE_BOOT_S": "2",
                                            "CHUNKSERVE_SCALE_DWELL_S": "1", "CHUNKSERVE_BURST_MEMORY_S": "0",
