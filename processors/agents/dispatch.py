@@ -245,11 +245,11 @@ class DispatchShell:
             await self.feed(Seen(rec, await self.facts(rec.session_id)))
 
     def admit_input(self, rec: InputPushed, key: bytes | None, timestamp_s: float,
-                    partition: int = -1, partitions: int | None = None) -> str | None:
-        """None if the input (read under ``key``, with this Kafka timestamp, on ``partition``
-        of the topic's ``partitions``) may be routed; else why not: its key or its partition,
+                    misplaced_why: str | None = None) -> str | None:
+        """None if the input (read under ``key``, with this Kafka timestamp) may be routed;
+        else why not: its key, its partition (``misplaced_why``, from ``streams.topics.misplaced``),
         or a bound of the ``InputGate``, which keeps every refused seq for the next routed input."""
-        why = misfiled(rec, key) or misplaced(key, partition, partitions)
+        why = misfiled(rec, key) or misplaced_why
         if why is not None:
             self.gate.note_refused(rec.session_id, rec.seq)
             return why
@@ -338,10 +338,10 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
             sh.rate_windows.passed_over(msg.partition, msg.offset)
             continue
         stamp = msg.timestamp or time.time()  # the record's Kafka timestamp (faust: seconds)
-        count = _partitions(stream, msg.topic)
-        if misplaced(msg.key, msg.partition, count) is None:  # a window is read back on the key's partition
+        off = misplaced(msg.key, msg.partition, _partitions(stream, msg.topic))
+        if off is None:  # a rate window is read back on the key's partition only
             await sh.rate_windows.read(rec, msg.key, msg.partition, msg.offset, stamp)  # type: ignore[arg-type]
-        refused = sh.admit_input(rec, msg.key, stamp, msg.partition, count)  # type: ignore[arg-type]
+        refused = sh.admit_input(rec, msg.key, stamp, off)  # type: ignore[arg-type]
         if refused is not None:  # over a bound: refused with the reason, never dropped; the
             # session's next routed input names it, so its owner does not wait for it
             await sh.dead_letter(publisher, msg, f"refused: {refused}")

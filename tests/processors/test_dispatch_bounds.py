@@ -93,17 +93,17 @@ def test_router_refuses_oversized_and_too_frequent_inputs_with_a_reason() -> Non
 def test_an_input_off_its_keys_partition_is_refused_with_the_partitioner_to_use() -> None:
     """librdkafka's default partitioner (CRC32) puts a key elsewhere than murmur2 does, where
     a recovery's replay of the session's inputs would not find it: refused at once, named."""
-    from streams.topics import partition_for_key
+    from streams.topics import misplaced, partition_for_key
 
     shell = DispatchShell(store=None, publisher=None)
     rec = InputPushed(session_id="s", seq=1, kind="text", payload="ok", ts=0.0)
     home = partition_for_key(b"s", 8)
-    assert shell.admit_input(rec, b"s", 5.0, home, 8) is None
-    why = shell.admit_input(rec, b"s", 5.0, (home + 1) % 8, 8)
+    assert misplaced(b"s", home, 8) is None and shell.admit_input(rec, b"s", 5.0, None) is None
+    why = shell.admit_input(rec, b"s", 5.0, misplaced(b"s", (home + 1) % 8, 8))
     assert f"hashes to partition {home} of 8" in why and "partitioner=murmur2_random" in why
     assert shell.gate.refused_before("s") == (1,)  # named on the session's next routed input
-    assert shell.admit_input(InputPushed(session_id="t", seq=1, kind="text", payload="ok", ts=0.0),
-                             b"t", 5.0, 5, None) is None  # the count not known yet: unchecked
+    assert misplaced(b"t", 5, None) is None  # the count not known yet: unchecked
+    assert misplaced(b"t", 0, 1) is None and misplaced(None, 3, 8) is None  # one partition; no key
 
 
 def test_the_partition_count_comes_from_the_groups_snapshot_else_the_clusters_metadata() -> None:
