@@ -113,11 +113,19 @@ def simulate_cmd(
         if gpu_type not in model:
             raise ConfigError("--gpu-type", f"{gpu_type!r}: the profile {profile!r} has no such GPU type "
                                             f"(it has {', '.join(sorted(model))[:200]})", "command line")
+        if model[gpu_type].cost_per_hour <= 0:  # every cost, saving and matched pool would read 0
+            raise ConfigError(f"gpu_types.{gpu_type}.cost_per_hour", "is 0: the comparisons are of cost, give the "
+                              "GPU type a price above 0", profile)
         vt = load_volatility_table(table)
         slo = Slo(slo_miss, slo_worst)
         tr = load_trace(trace)
         if not tr.events:
             raise ChunkserveError(f"{trace}: the trace has no events")
+        if tr.events[0].t > 0:
+            _err.print(f"note: {trace}: the first row is at {tr.events[0].t:g} s; the trace is replayed, and fixed "
+                       "pools billed, from 0, and a launch's opening pool is sized on its first two boot times "
+                       "(shift the trace to start at 0 if the service goes live with its first session)",
+                       soft_wrap=True, highlight=False, markup=False)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, round_s=round_s, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory)
         options = _builtin_options(vt, auto)

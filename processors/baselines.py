@@ -67,7 +67,10 @@ def _place(snapshot: Snapshot, model: LatencyModel, score: Score, pinned: bool,
     execution = SessionState.EXECUTION
     execs = [s for s in sessions if s.lifecycle is execution]
     on = Counter([s.gpu_id for s in execs])  # None: waiting for a GPU
-    if all(g in gpus for g in on):
+    # pinned: a session is placed at its open and holds its slot to its close, so one that
+    # opened idle (never placed, no state anywhere) is placed too, after those executing
+    unplaced = [s for s in sessions if s.gpu_id is None and s.lifecycle is SessionState.SUSPENDED] if pinned else []
+    if all(g in gpus for g in on) and not unplaced:
         return (), start, {g: on[g] for g in gpus}  # nobody waits
     n = {g: on[g] for g in gpus}
     if pinned:
@@ -79,7 +82,7 @@ def _place(snapshot: Snapshot, model: LatencyModel, score: Score, pinned: bool,
         mem = _resident_bytes(sessions if pinned else execs, list(gpus))
     else:
         mem = dict.fromkeys(gpus, 0)
-    waiting = [s for s in execs if s.gpu_id not in gpus]
+    waiting = [s for s in execs if s.gpu_id not in gpus] + unplaced
     ready = sorted(g for g, x in gpus.items() if x.state is GpuState.READY)
     profile = {g: model[gpus[g].type] for g in ready}
     room = [g for g in ready if held[g] < profile[g].capacity]  # by id; shrinks as GPUs fill
@@ -100,7 +103,7 @@ def _place(snapshot: Snapshot, model: LatencyModel, score: Score, pinned: bool,
             g = heapq.heappop(heap)[1]
         else:
             g = min((score(profile[x], n[x], mem[x], s.state_bytes), x) for x in room)[1]
-        n[g] += 1
+        n[g] += s.lifecycle is execution
         held[g] += 1
         mem[g] += s.state_bytes
         if held[g] >= profile[g].capacity:

@@ -41,13 +41,13 @@ MAX_CAPACITY = 4096
 MAX_BATCH = 2 * MAX_CAPACITY
 MAX_POINTS = 64
 MAX_TYPES = 64
+MAX_SECONDS = 1e9  # a chunk's latency at most (as ``chunkserve place`` reads seconds)
 
 
-def _memory_bytes(gib: object) -> int:
-    value = float(gib)  # type: ignore[arg-type]
-    if not (0 < value <= 1 << 20):
-        raise ValueError(f"memory_gib {gib!r}: must be above 0, at most {1 << 20}")
-    return int(value * _GIB)
+def _memory_bytes(gib: float, key: str = "memory_gib", source: str = "profile") -> int:
+    if not (0 < gib <= 1 << 20):
+        raise ConfigError(key, f"must be above 0 and at most {1 << 20} (GiB), got {gib:g}", source)
+    return int(gib * _GIB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +75,8 @@ class GpuProfile:
         for n, lat in self.points:
             if n <= prev_n:
                 raise ConfigError("latency_s", "batch sizes must be distinct integers >= 1", src)
-            if not (math.isfinite(lat) and lat >= prev_l and lat > 0):
-                raise ConfigError("latency_s", "latencies must be positive and non-decreasing", src)
+            if not (math.isfinite(lat) and lat >= prev_l and 0 < lat <= MAX_SECONDS):
+                raise ConfigError("latency_s", f"latencies must be positive, at most {MAX_SECONDS:g} s, and non-decreasing", src)
             prev_n, prev_l = n, lat
         top = max(2 * self.capacity, self.points[-1][0]) + 1
         object.__setattr__(self, "curve", tuple(self._interp(n) for n in range(top)))
@@ -155,7 +155,8 @@ def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyMo
                 name=name,
                 capacity=whole(spec.get("capacity"), f"{where}.capacity", source),
                 cost_per_hour=number(spec.get("cost_per_hour"), f"{where}.cost_per_hour", source),
-                memory_bytes=_memory_bytes(number(spec.get("memory_gib", 80), f"{where}.memory_gib", source)),
+                memory_bytes=_memory_bytes(number(spec.get("memory_gib", 80), f"{where}.memory_gib", source),
+                                           f"{where}.memory_gib", source),
                 points=points,
             )
         except ConfigError as exc:

@@ -434,7 +434,7 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
     load = {"active_peak": max(fut, default=0), "active_mean": sum(fut) / len(fut) if fut else 0.0}  # per 30 s window
     out: dict[str, Any] = {"trace": {"sessions": tr.sessions, "events": len(tr.events), "duration_s": tr.duration_s, **load,
                                      "opening_gpus": runner.elastic_start}, "policies": {}}
-    fixed = [p for p in policies if runner.fixed(p)]
+    fixed = [p for p in policies if runner.fixed(p) and p != subject]  # a fixed-pool subject is not its own baseline
     pools: dict[str, int] = {}
     sub = runner.run(subject) if subject in policies else None
     if sub is not None:
@@ -678,4 +678,5 @@ def check_policies(specs: Sequence[str]) -> None:
         raise ConfigError("policy", "no policy given", "command line")
     for s in specs:
         if s not in BUILTIN_POLICIES and ":" not in s:
-            raise ConfigError("policy", f"unknown policy (built-ins: {', '.join(BUILTIN_POLICIES)}, all, or module:Name)", s)
+            raise ConfigError("policy", f"unknown policy (built-ins: {', '.join(BUILTIN_POLICIES)}, "
+                              f"{', '.join(PEER_NAMES)} (a peer), all, or module:Name)", s)

@@ -433,6 +433,14 @@ class _Sim:
         s = self.sessions.get(sid, None)
         if isinstance(cmd, (Place, Restore)):
             g = self.gpus.get(cmd.gpu_id)
+            i = self.idle.get(sid) if s is None and self.resident else None
+            if i is not None and i.gpu_id is None and g is not None and g.state is _READY:
+                # an idle session placed by a policy that keeps idle sessions resident (one
+                # that opened idle, pinned at its open): its state rests there, holding a
+                # slot; nobody waits for it
+                self.idle[sid] = _with(i, g.id, False, i.since)
+                self.where[sid] = g.id
+                return
             if s is None or s.gpu_id is not None or g is None or g.state is not _READY:
                 self.invalid += 1
                 return

@@ -35,6 +35,11 @@ def test_loads_a_file_and_rejects_bad_ones(tmp_path):
         parse_profiles(bad)
     with pytest.raises(ConfigError):
         parse_profiles(dict(doc, format="nope"))
+    # a memory of 0 and a latency past 1e9 s are named with their key, not a ValueError's repr
+    for spec, why in (({"memory_gib": 0}, "gpu_types.cpu.memory_gib: must be above 0"),
+                      ({"latency_s": {"1": 1e12}}, "gpu_types.cpu.latency_s: latencies must be positive, at most 1e+09 s")):
+        with pytest.raises(ConfigError, match=why.replace("+", r"\+")):
+            parse_profiles(dict(doc, gpu_types={"cpu": {**doc["gpu_types"]["cpu"], **spec}}))
     with pytest.raises(ConfigError):
         load_profiles("no-such-profile")
     for other in ("[]", "null", "3"):  # a document that is not an object: named, not a traceback

@@ -116,11 +116,13 @@ def test_greedy_placement_picks_the_lowest_score_then_id_for_every_waiting_sessi
             held = {g: len(ss) if pinned else n[g] for g, ss in mine.items()}
             mem = {g: sum(s.state_bytes for s in ss if pinned or s.lifecycle is SessionState.EXECUTION) for g, ss in mine.items()}
             waiting = [s for s in sessions if s.lifecycle is SessionState.EXECUTION and s.gpu_id not in n]
+            if pinned:  # a session that opened idle is pinned at its open too, after those executing
+                waiting += [s for s in sessions if s.lifecycle is SessionState.SUSPENDED and s.gpu_id is None]
             for s, c in zip(waiting, cmds):
                 room = [g for g in gpus if g.state is GpuState.READY and held[g.id] < PAPER[g.type].capacity]
                 want = min((score(PAPER[g.type], n[g.id], mem[g.id], s.state_bytes), g.id) for g in room)[1]
                 assert (c.session_id, c.gpu_id) == (s.id, want)
-                n[want] += 1
+                n[want] += s.lifecycle is SessionState.EXECUTION
                 held[want] += 1
                 mem[want] += s.state_bytes
             room = [g for g in gpus if g.state is GpuState.READY and held[g.id] < PAPER[g.type].capacity]

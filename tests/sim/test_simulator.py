@@ -155,6 +155,20 @@ def test_cli_user_errors_are_one_line(tmp_path):
         assert res.exit_code == 2 and why in res.output and len(res.output.strip().splitlines()) == 1, res.output
     res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "--json", str(tmp_path / "new" / "o.json")])
     assert res.exit_code == 0 and json.loads((tmp_path / "new" / "o.json").read_text())["policies"]["rr"]
+    assert "note:" not in res.output  # it starts at 0
+    # a trace that starts later is replayed from 0: said, since a launch's opening pool is sized from 0
+    late = tmp_path / "late.csv"
+    late.write_text("t_s,session_id,event\n200,a,open\n201,a,close\n")
+    res = CliRunner().invoke(app, ["simulate", str(late), "-p", "rr"])
+    assert res.exit_code == 0 and "the first row is at 200 s" in res.output, res.output
+    # a GPU type without a price: every comparison would read 0, so it is refused in one line
+    free = tmp_path / "free.json"
+    free.write_text(json.dumps({"format": "chunkserve.latency-profile", "version": 1, "gpu_types": {
+        "x": {"capacity": 4, "cost_per_hour": 0, "latency_s": {"1": 0.1}}}}))
+    res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "--profile", str(free), "--gpu-type", "x"])
+    assert res.exit_code == 2 and "gpu_types.x.cost_per_hour: is 0" in res.output and len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "telefu"])  # the peer is among the names offered
+    assert res.exit_code == 2 and "telefuser (a peer)" in res.output
     # a family has its own shape: the generator's options beside it are refused, not ignored
     res = CliRunner().invoke(app, ["trace", "gen", "--family", "flash", "--state-mb", "50", "-o", str(tmp_path / "f.csv")])
     assert res.exit_code == 2 and "--state-mb: shapes the project's generator only" in res.output and not (tmp_path / "f.csv").exists()
@@ -206,3 +220,18 @@ def test_admission_entries_for_no_gpu_or_no_session_are_invalid_commands():
     ev = _ev((0, "a", O, 0), (1, "b", O, 0), (10, "a", C, 0), (10, "b", C, 0))
     r = simulate(load_policy("tests.sim.plugin:BadAdmit"), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
     assert r.invalid_commands == 2 and r.chunks > 0  # the good entry still admits
+
+
+@pytest.mark.parametrize("policy", ["rr", "lag", "mag"])
+def test_a_pinned_baseline_holds_a_slot_for_a_session_that_opens_idle(policy):
+    """The paper's baselines place a session at its open and keep it there to its close, so
+    one that opens idle holds one of its GPU's K slots too (before, only sessions seen
+    executing were placed, and a pool full of idle-opened sessions looked empty)."""
+    I = EventKind.IDLE
+    idle = [row for k in range(40) for row in ((0, f"s{k}", O, 10**9), (0, f"s{k}", I, 10**9))]
+    ev = _ev(*idle, (1, "late", O, 10**9), (20, "late", C, 0), *[(20, f"s{k}", C, 0) for k in range(40)])
+    pinned = simulate(load_policy(policy, model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
+    # K = 40 slots, all held by the sessions that opened idle: `late` waits its whole spell
+    assert pinned.invalid_commands == 0 and pinned.worst_chunk_latency_s == pytest.approx(19.0)
+    offload = simulate(load_policy("least-loaded-offload", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
+    assert offload.worst_chunk_latency_s == pytest.approx(0.30)  # idle sessions hold nothing there
