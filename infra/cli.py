@@ -305,8 +305,16 @@ def provisioner(metrics_port: Optional[int] = MetricsPort, metrics_host: str = M
     asyncio.run(main())
 
 
+def _processor_name(value: str) -> str:
+    """A processor's name, checked as the command line is read (before any setting is)."""
+    if value not in PROCESSORS:
+        raise typer.BadParameter(f"unknown processor {value!r}; choose from {', '.join(sorted(PROCESSORS))}")
+    return value
+
+
 @app.command("processor")
-def processor(name: str = typer.Argument(..., help="Which processor: dispatch, detector, control, metrics."),
+def processor(name: str = typer.Argument(..., help="Which processor: dispatch, detector, control, metrics.",
+                                         callback=_processor_name),
               metrics_port: Optional[int] = MetricsPort, metrics_host: str = MetricsHost,
               log_format: str = LogFormat) -> None:
     """Run one control-plane processor (a faust worker) against the configured cluster."""
@@ -315,9 +323,6 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
     _warn_unsigned(settings)
     _metrics_server(metrics_port, metrics_host)
     builders = {name: f"processors.agents.{name}" for name in PROCESSORS}
-    if name not in builders:
-        console.print(f"[red]unknown processor {name!r}[/red]; choose from {sorted(builders)}")
-        raise typer.Exit(2)
     from streams.faust_app import ProcessorWorker, shorten_gil_switch
 
     shorten_gil_switch()
@@ -686,8 +691,10 @@ def replay_cmd(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="processor")
     if json_out is None and "session_states" in result:
-        console.print(f"{result['records']} records; sessions by state {result['session_states']}; "
-                      f"workers {len(result['workers'])}")
+        states = ", ".join(f"{k} {v}" for k, v in sorted(result["session_states"].items())) or "none"
+        past = f" at or after offset {offset}" if offset else ""
+        console.print(f"{result['records']} records{past}; sessions by state: {states}; "
+                      f"workers {len(result['workers'])}", highlight=False)
     _write_json(result, json_out)
 
 

@@ -39,8 +39,8 @@ async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0)
 
 def cluster_summary(view: ClusterView) -> dict[str, Any]:
     """The rebuilt view as plain data: sessions (state, owner, epoch) and workers."""
-    sessions = {
-        sid: {"state": s.lifecycle.value if s.lifecycle is not None else None,
+    sessions = {  # "unseen": known from owner records only (its session events lie before the offset)
+        sid: {"state": s.lifecycle.value if s.lifecycle is not None else "unseen",
               "owner": s.placed_on, "epoch": s.owner[0]}
         for sid, s in sorted(view.sessions.items())
     }
@@ -51,7 +51,7 @@ def cluster_summary(view: ClusterView) -> dict[str, Any]:
     }
     states: dict[str, int] = {}
     for s in sessions.values():
-        states[str(s["state"])] = states.get(str(s["state"]), 0) + 1
+        states[s["state"]] = states.get(s["state"], 0) + 1
     return {"sessions": sessions, "workers": workers, "session_states": states}
 
 

@@ -155,7 +155,7 @@ def apply(view: ClusterView, rec: r.Record) -> ClusterView:
         case r.Claimed() | r.Released() | r.Handoff():
             return _on_owner(view, rec)
         case r.ScaleOut(decision_id=did, pool=pool, ts=ts):
-            key = did or f"{pool}@{ts!r}"
+            key = f"{did}/{rec.gpu_type}" if did else f"{pool}@{ts!r}"
             entry = max(view.scale_outs.get(key, (_NEVER, "", "", 0)), (ts, pool, rec.gpu_type, rec.count))
             return replace(view, scale_outs={**view.scale_outs, key: entry},
                            last_scale_ts=max(view.last_scale_ts, ts))

@@ -185,18 +185,38 @@ def _move(where: _Place, kind: EventKind) -> tuple[_Place, _Counts]:
     return where, NO_COUNTS
 
 
+CLOSED_KEPT = 100_000  # closed session ids remembered, the latest kept (as the metrics processor's)
+
+
+def remember_closed(closed: dict[str, None], sid: str) -> None:
+    """Keep ``sid`` among the closed ids (bounded: the oldest is forgotten): a session id is
+    not used again, so dispatch refuses any later event of it, and the detector passes over
+    it too (an open of a closed id counted an arrival and an active session for good)."""
+    closed[sid] = None
+    if len(closed) > CLOSED_KEPT:
+        del closed[next(iter(closed))]
+
+
 def _where(active: frozenset[str] | set[str], idle: frozenset[str] | set[str], sid: str) -> _Place:
     return ACTIVE if sid in active else IDLE if sid in idle else GONE
 
 
-def step(state: DetectorState, event: SessionEvent, config: DetectorConfig) -> tuple[DetectorState, Signal]:
-    """Fold one session event into the window; returns the new state and the signal."""
+def step(state: DetectorState, event: SessionEvent, config: DetectorConfig,
+         closed: dict[str, None] | None = None) -> tuple[DetectorState, Signal]:
+    """Fold one session event into the window; returns the new state and the signal.
+    ``closed`` (the caller's memory of closed ids, kept up to date here, as :func:`rebuild`
+    keeps it): an event of a session in it moves nothing (dispatch refuses it)."""
     slot = math.floor(event.t / config.slot_s)
     cur = slot if state.last_slot is None else max(state.last_slot, slot)
     first = slot if state.first_slot is None else min(state.first_slot, slot)
     sid = event.session_id
     where = _where(state.active, state.idle, sid)
-    to, counts = _move(where, EventKind(event.kind))
+    if closed is not None and sid in closed:
+        to, counts = where, NO_COUNTS
+    else:
+        to, counts = _move(where, EventKind(event.kind))
+        if closed is not None and to is GONE and where is not GONE:
+            remember_closed(closed, sid)
     active = state.active - {sid} if where is ACTIVE and to is not ACTIVE else state.active
     idle = state.idle - {sid} if where is IDLE and to is not IDLE else state.idle
     active = active | {sid} if to is ACTIVE and where is not ACTIVE else active
@@ -212,11 +232,13 @@ def step(state: DetectorState, event: SessionEvent, config: DetectorConfig) -> t
 
 
 def rebuild(events: Iterable[SessionEvent], config: DetectorConfig,
-            state: DetectorState = DetectorState()) -> DetectorState:
+            state: DetectorState = DetectorState(), closed: dict[str, None] | None = None) -> DetectorState:
     """The state folding ``events`` into ``state`` one by one with :func:`step` ends in, in
     O(events + sessions + slots) rather than :func:`step`'s O(sessions) copy per event: a
     restarted detector folds its whole log with it. The window keeps the counts of the
-    slots within ``config.slots`` of the latest slot seen, as :func:`step`'s pruning does."""
+    slots within ``config.slots`` of the latest slot seen, as :func:`step`'s pruning does.
+    ``closed`` (kept up to date here) holds the ids closed so far: their events move nothing."""
+    closed = {} if closed is None else closed
     active, idle = set(state.active), set(state.idle)
     counts: dict[int, list[int]] = {s[0]: list(s[1:]) for s in state.window}
     first, last = state.first_slot, state.last_slot
@@ -225,8 +247,12 @@ def rebuild(events: Iterable[SessionEvent], config: DetectorConfig,
         first = slot if first is None else min(first, slot)
         last = slot if last is None else max(last, slot)
         sid = event.session_id
+        if sid in closed:
+            continue
         where = _where(active, idle, sid)
         to, moved = _move(where, EventKind(event.kind))
+        if to is GONE and where is not GONE:
+            remember_closed(closed, sid)
         (active if where is ACTIVE else idle).discard(sid)
         if to is not GONE:
             (active if to is ACTIVE else idle).add(sid)

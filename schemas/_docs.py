@@ -56,8 +56,9 @@ FIELDS: dict[str, Doc] = {
     "pool": ("The worker pool: workers of one pool are started and stopped by that pool's "
              "provisioner.", None),
     "gpu_type": ("The device type's name in the latency profile (`cpu`, `h20`, `b300`...).", None),
-    "decision_id": ("Id of the control decision that issued the command; a provisioner carries "
-                    "out a scale-out once per id and refuses a replay.", None),
+    "decision_id": ("Id of the control decision that issued the command; a decision sends one "
+                    "ScaleOut per GPU type, and a provisioner carries out a scale-out once per id "
+                    "and GPU type and refuses a replay.", None),
     "level": ("Workload volatility level, 1 (steady) .. 10 (bursty), from the detector.", None),
     "sessions": ("Sessions counted (see the record).", None),
     "chunk_index": ("0-based index of the session's chunk; consecutive over the session's "
@@ -167,7 +168,7 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("CommandRejected", "kind"): ("For a refused input: its kind, so it can be re-routed; "
                                   "empty otherwise.", None),
     ("CommandRejected", "payload"): ("For a refused input: its payload; empty otherwise.", "By"),
-    ("ScaleOut", "count"): ("Workers to start, 1..32.", None),
+    ("ScaleOut", "count"): ("Workers to start; a provisioner dead-letters a count outside 1..32.", None),
     ("Drain", "worker_id"): ("The worker that gets no new session; its sessions migrate away.", None),
     ("Shutdown", "worker_id"): ("The worker to stop once it holds no session (never one no "
                                 "provisioner announced).", None),

@@ -8,7 +8,7 @@ from typing import Any
 from ._docs import EXAMPLE_VALUES, HEADERS, TOPIC_NOTES, field_doc
 from ._fields import object_schema, to_fields
 from .codec import DEFAULT_MAX_BYTES, TAG, TYPE_HEADER, VERSION
-from .topics import SCALING_COMMANDS, TOPICS, WORKER_COMMANDS
+from .topics import SCALING_COMMANDS, TOPIC_FRAMING_BYTES, TOPICS, WORKER_COMMANDS
 
 __all__ = ["asyncapi_document", "asyncapi_json"]
 
@@ -107,8 +107,11 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
             "description": f"{spec.summary} Written by {spec.writers}; read by {spec.readers}. "
                            f"Keyed by {spec.key_name} (UTF-8) and partitioned by {PARTITIONER}. "
                            f"{TOPIC_NOTES[spec.name]} {DELIVERY} Records over {spec.max_bytes} bytes are refused "
-                           f"by default (setting `record_bytes.{spec.name}`).",
-            "bindings": {"kafka": {"topicConfiguration": {"max.message.bytes": spec.max_bytes}}},
+                           f"by default (setting `record_bytes.{spec.name}`) by chunkserve's writers and "
+                           f"readers; the topic's `max.message.bytes` is that bound plus {TOPIC_FRAMING_BYTES} "
+                           "(a record batch's framing), so the broker refuses a client that skips the check "
+                           "only past it.",
+            "bindings": {"kafka": {"topicConfiguration": {"max.message.bytes": spec.max_bytes + TOPIC_FRAMING_BYTES}}},
             "parameters": {"prefix": {"description": "the configurable topic prefix (setting "
                                                      "`topic_prefix`, default `chunkserve.`)",
                                       "default": "chunkserve."}},

@@ -8,7 +8,11 @@ from typing import Callable, get_args
 from . import records as r
 
 __all__ = ["TopicSpec", "TOPICS", "SESSION_EVENTS", "SESSION_INPUTS", "WORKER_COMMANDS",
-           "WORKER_EVENTS", "SCALING_COMMANDS", "METRICS", "DEAD_LETTERS", "topic_of", "misfiled"]
+           "WORKER_EVENTS", "SCALING_COMMANDS", "METRICS", "DEAD_LETTERS", "topic_of", "misfiled", "TOPIC_FRAMING_BYTES"]
+
+# a topic's max.message.bytes is its record bound plus this: the broker counts a record
+# batch's framing (headers, offsets, CRC) in the size it checks
+TOPIC_FRAMING_BYTES = 4096
 
 SESSION_EVENTS = "session-events"
 SESSION_INPUTS = "session-inputs"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.topics import SESSION_INPUTS, TOPICS
+from schemas.topics import SESSION_INPUTS, TOPIC_FRAMING_BYTES, TOPICS
 
 from .config import Settings
 
@@ -13,7 +13,6 @@ __all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "misplaced", 
            "until_led", "logical_or_physical",
            "TOPIC_FRAMING_BYTES"]
 
-TOPIC_FRAMING_BYTES = 4096
 _TOPIC_AUTHORIZATION_FAILED = 29
 
 

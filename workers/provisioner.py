@@ -211,7 +211,7 @@ class ProvisionerService:
         self.clock = clock
         self.max_start = max_start
         self.pending: set[str] = set()
-        self.seen: set[str] = set()  # decision ids of scale-outs carried out
+        self.seen: set[str] = set()  # decision id / GPU type of the scale-outs carried out
         self.refused: set[str] = set()  # workers asked to stop that this provisioner did not start
         self.stopped: set[str] = set()  # workers this provisioner stopped (a Shutdown again is done)
 
@@ -230,10 +230,11 @@ class ProvisionerService:
         if isinstance(rec, r.ScaleOut):
             if not 0 < rec.count <= self.max_start:
                 raise ValueError(f"scale-out of {rec.count} workers: must be 1..{self.max_start}")
-            if rec.decision_id and rec.decision_id in self.seen:  # a replay: refused, reported
-                await self.reject(rec, "replayed", f"scale-out decision {rec.decision_id} was already carried out")
+            key = f"{rec.decision_id}/{rec.gpu_type}"  # a decision boots each GPU type once
+            if rec.decision_id and key in self.seen:  # a replay: refused, reported
+                await self.reject(rec, "replayed", f"scale-out decision {rec.decision_id} ({rec.gpu_type}) was already carried out")
                 return
-            self.seen.add(rec.decision_id)
+            self.seen.add(key)
             await self.provisioner.start(rec.count, rec.gpu_type)
         elif isinstance(rec, (r.Drain, r.Shutdown)):
             if rec.worker_id in self.stopped:

@@ -59,7 +59,7 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
 
     ``Migrate`` -> ``Handoff`` stamped with the view's current generation of the session
     (dropped when the view has none on the source, or the target is a booting placeholder);
-    ``Boot`` -> a ``ScaleOut`` of ``pool``; ``Vacate`` / ``Retire`` -> ``Drain`` / ``Shutdown``
+    ``Boot`` -> a ``ScaleOut`` of ``pool`` (one per GPU type, the Boots' counts summed); ``Vacate`` / ``Retire`` -> ``Drain`` / ``Shutdown``
     for the worker's pool (a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not
     repeated, and none goes to a worker no provisioner announced: it was started outside
     chunkserve). ``Admit``, ``Place`` and ``Restore`` go to dispatch as one plan
@@ -68,6 +68,7 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
     """
     out: list[r.Record] = []
     pools = {w.id: w.pool for w in view.workers.values()}
+    boots: dict[str, int] = {}  # GPU type -> where its ScaleOut sits in ``out``
     for cmd in commands:
         match cmd:
             case d.Migrate(session_id=sid, src=src, dst=dst) if not dst.startswith(BOOTING_PREFIX):
@@ -75,7 +76,13 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
                 if gen is not None and gen.worker_id == src:
                     out.append(r.Handoff(worker_id=src, session_id=sid, generation=gen, target_worker=dst,
                                          ts=now, reason=cmd.reason))
+            case d.Boot(count=count, gpu_type=gpu_type) if gpu_type in boots:
+                # one ScaleOut per decision and GPU type (a provisioner carries out a decision
+                # id once: the floor's Boot beside the autoscaler's was refused as a replay)
+                at = boots[gpu_type]
+                out[at] = replace(out[at], count=out[at].count + count)  # type: ignore[union-attr]
             case d.Boot(count=count, gpu_type=gpu_type):
+                boots[gpu_type] = len(out)
                 out.append(r.ScaleOut(pool=pool, count=count, ts=now, gpu_type=gpu_type, decision_id=decision_id))
             case d.Vacate(gpu_id=gid) if not gid.startswith(BOOTING_PREFIX):
                 out.append(r.Drain(pool=pools.get(gid, pool), worker_id=gid, ts=now, decision_id=decision_id))

@@ -50,6 +50,7 @@ class DetectorShell:
     state: DetectorState = field(default_factory=DetectorState)
     last_published: float = -math.inf
     held: bool = False
+    closed: dict[str, None] = field(default_factory=dict)  # ids closed (bounded): dispatch refuses their events
 
     def on_event(self, rec: r.Record) -> r.WorkloadSignal | None:
         """Fold a session event; the signal to publish now, if any."""
@@ -57,7 +58,7 @@ class DetectorShell:
         if event is None:
             return None
         now = self.clock()
-        self.state, signal = step(self.state, not_ahead(event, now), self.config)
+        self.state, signal = step(self.state, not_ahead(event, now), self.config, self.closed)
         if now - self.last_published < self.min_interval_s:
             self.held = True
             return None
@@ -69,7 +70,7 @@ class DetectorShell:
         nothing; the caller adopts it once the whole log is read."""
         now = self.clock()
         events = (not_ahead(e, now) for e in map(session_event, records) if e is not None)
-        return rebuild(events, self.config, state)
+        return rebuild(events, self.config, state, self.closed)
 
     def tick(self) -> r.WorkloadSignal:
         """Roll the window to now; the signal, whether or not any event was seen."""

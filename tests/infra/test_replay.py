@@ -75,3 +75,17 @@ def test_replay_reads_to_the_true_end_of_multi_record_batches_and_publishes_noth
         detector = asyncio.run(replay(settings, "detector"))
         assert detector["records"] == 40 and detector["signal"]["active"] == 0
     assert asyncio.run(dead_letters_end()) == before  # replay published nothing
+
+
+def test_a_session_known_only_from_owner_records_reads_unseen():
+    """`replay --offset N` past a session's events knows it from its claims only: its state
+    reads "unseen", not null, and the summary counts it under that name (it printed a
+    Python dict with a 'None' key; found by an outside run)."""
+    from infra.replay import cluster_summary, cluster_view
+    from schemas import records as r
+
+    gen = r.Generation(worker_id="w-0", epoch=1)
+    view = cluster_view([r.SessionOpened(session_id="a", ts=1.0),
+                         r.Claimed(worker_id="w-0", session_id="b", generation=gen, ts=2.0)])
+    summary = cluster_summary(view)
+    assert summary["sessions"]["b"]["state"] == "unseen" and summary["session_states"] == {"execution": 1, "unseen": 1}

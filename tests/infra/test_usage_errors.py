@@ -21,6 +21,8 @@ def _run(*args: str) -> tuple[int, str, str]:
     (("nosuchcommand",), "chunkserve: No such command 'nosuchcommand'"),
     (("place",), "chunkserve place: Missing argument"),
     (("up", "--log-format", "xml"), "chunkserve up: Invalid value for '--log-format' (env var: 'CHUNKSERVE_LOG_FORMAT')"),
+    # before any setting is read (it printed to stdout after a warning, or asked for Redis first)
+    (("processor", "bogus"), "chunkserve processor: Invalid value for 'name': unknown processor 'bogus'"),
 ])
 def test_a_bad_option_is_one_line(args, said):
     rc, out, err = _run(*args)

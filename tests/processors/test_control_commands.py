@@ -49,6 +49,19 @@ def test_scale_commands_go_to_the_pool_and_session_commands_are_the_dispatchs():
     assert not any(isinstance(x, r.Assign) for x in recs)
 
 
+def test_a_decisions_boots_are_one_scale_out_per_gpu_type():
+    """The autoscaler's Boot and the pool floor's Boot in one decision: one ScaleOut of their
+    sum (the provisioner carries out a decision id once per GPU type: two records of one id
+    had the second refused as a replay, found by an outside run after `up` restarted)."""
+    cmds = [d.Boot(1, "cpu"), d.Vacate("p-1"), d.Boot(1, "cpu"), d.Boot(2, "gpu")]
+    recs = command_records(cmds, _view(), 10.0, pool="p", decision_id="x")
+    assert recs == (
+        r.ScaleOut(pool="p", count=2, ts=10.0, gpu_type="cpu", decision_id="x"),
+        r.Drain(pool="p", worker_id="p-1", ts=10.0, decision_id="x"),
+        r.ScaleOut(pool="p", count=2, ts=10.0, gpu_type="gpu", decision_id="x"),
+    )
+
+
 def test_a_shutdown_is_not_repeated_within_the_resend_interval():
     view = apply_all(_view(), [r.Shutdown(pool="p", worker_id="p-1", ts=9.0)])
     assert command_records([d.Retire("p-1")], view, 12.0, shutdown_resend_s=10) == ()

@@ -81,14 +81,36 @@ def test_rebuild_ends_where_stepping_each_event_ends(events, cut, window):
     """A restarted detector folds its log with ``rebuild``: the state must be the one the
     live detector reached stepping through the same events, from any state on."""
     config = DetectorConfig(window_s=window[0], slot_s=window[1])
-    stepped = DetectorState()
+    stepped, closed = DetectorState(), {}
     for event in events:
-        stepped, _ = step(stepped, event, config)
+        stepped, _ = step(stepped, event, config, closed)
     assert rebuild(events, config) == stepped
-    head = DetectorState()
+    head, head_closed = DetectorState(), {}
     for event in events[:cut]:
-        head, _ = step(head, event, config)
-    assert rebuild(events[cut:], config, head) == stepped
+        head, _ = step(head, event, config, head_closed)
+    assert rebuild(events[cut:], config, head, head_closed) == stepped and head_closed == closed
+
+
+def test_a_closed_session_opened_again_is_not_counted():
+    """A session id is not used again: dispatch refuses an open of a closed one, and the
+    detector passes over it (it counted an arrival and an active session for good, in the
+    live detector and in `replay detector` alike; found by an outside run)."""
+    config = DetectorConfig()
+    events = [SessionEvent(0, "a", EventKind.OPEN), SessionEvent(5, "a", EventKind.CLOSE),
+              SessionEvent(6, "a", EventKind.OPEN), SessionEvent(7, "a", EventKind.IDLE), SessionEvent(8, "a", EventKind.ACTIVE)]
+    state, closed = DetectorState(), {}
+    for event in events:
+        state, signal = step(state, event, config, closed)
+    assert signal.active == 0 and signal.arrivals == 1 and closed == {"a": None}
+    assert rebuild(events, config) == state
+    from processors.agents.detector import DetectorShell
+    from schemas import records as r
+
+    shell = DetectorShell(config, clock=lambda: 10.0)
+    for rec in (r.SessionOpened(session_id="b", ts=1.0), r.SessionClosed(session_id="b", ts=2.0),
+                r.SessionOpened(session_id="b", ts=3.0)):
+        shell.on_event(rec)
+    assert shell.state.active == frozenset() and "b" in shell.closed
 
 
 def test_replay_detector_gives_the_signal_step_by_step_gives():
@@ -106,9 +128,9 @@ def test_replay_detector_gives_the_signal_step_by_step_gives():
         rng = random.Random(seed)
         recs = [k(session_id=f"s{rng.randint(0, 30)}", ts=round(rng.uniform(0, 400), 1))
                 for k in (rng.choice(kinds) for _ in range(rng.randint(0, 200)))]
-        state, signal, config = DetectorState(), None, DetectorConfig()
+        state, signal, config, closed = DetectorState(), None, DetectorConfig(), {}
         for rec in sorted(recs, key=lambda x: x.ts):
-            state, signal = step(state, session_event(rec), config)
+            state, signal = step(state, session_event(rec), config, closed)
         assert detector_signal(recs) == (None if signal is None else dataclasses.asdict(signal)), seed
 
 

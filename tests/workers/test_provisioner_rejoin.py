@@ -192,6 +192,7 @@ def test_commands_delivered_again_after_a_refused_commit_are_not_carried_out_twi
         service = ProvisionerService(platform, store, publish, clock=lambda: 1.0)
         scale = r.ScaleOut(pool=POOL, count=1, ts=1.0, decision_id="d1")
         await service.handle(scale)
+        await service.handle(r.ScaleOut(pool=POOL, count=1, ts=1.0, decision_id="d1", gpu_type="other"))  # its own type
         await service.handle(r.Drain(pool=POOL, worker_id="p-0", ts=1.0))  # booting: not registered yet
         await store.register_worker("p-0", 2)
         shutdown = r.Shutdown(pool=POOL, worker_id="p-0", ts=1.0)
@@ -202,6 +203,6 @@ def test_commands_delivered_again_after_a_refused_commit_are_not_carried_out_twi
         return platform, sent
 
     platform, sent = asyncio.run(run())
-    assert platform.started == ["p-0"] and platform.running == set()
+    assert platform.started == ["p-0", "p-1"] and platform.running == {"p-1"}
     assert [(type(x).__name__, getattr(x, "reason", "")) for x in sent] == [
         ("WorkerDown", "shutdown by provisioner"), ("CommandRejected", "replayed")]
