@@ -40,7 +40,7 @@ from streams.topics import ensure_topics
 from .broker_faults import BrokerFault, run_broker_faults, unserved_s
 from .flow import EventLog
 from .local import LocalFleet
-from .replay import cluster_summary, cluster_view, detector_signal, replay
+from .replay import cluster_summary, cluster_view, detector_signal, replay, session_story
 
 __all__ = ["AUDIT_KEYS", "ChaosConfig", "audit_chunks", "audit_inputs", "refused_inputs", "run_chaos"]
 
@@ -160,28 +160,6 @@ def unserved_until(chunks: list[ChunkDone], start: float, end: float, ids: Itera
         if end - max(ts, default=start) > settle_s:
             never.append(sid)
     return worst, never
-
-
-def session_story(records: list[Record], sid: str, t0: float, last: int = 12) -> list[str]:
-    """What the log says happened to one session, for a run that audits unclean: each claim,
-    freeze, release, refusal and dead letter (``+t worker#epoch Tag reason``), the last
-    ``last`` of them, then when its last chunk was released."""
-    told, chunk_at = [], None
-    for rec in records:
-        if isinstance(rec, DeadLetter):
-            if rec.key == sid.encode():
-                told.append(f"+{rec.ts - t0:.1f} DeadLetter {rec.reason[:80]}")
-            continue
-        if getattr(rec, "session_id", None) != sid or isinstance(rec, InputAccepted):
-            continue
-        if isinstance(rec, ChunkDone):
-            chunk_at = rec.ts
-            continue
-        gen = getattr(rec, "generation", None)
-        who = f"{gen.worker_id}#{gen.epoch}" if gen is not None else getattr(rec, "worker_id", "-")
-        why = getattr(rec, "reason", "") or getattr(rec, "target_worker", "")
-        told.append(f"+{getattr(rec, 'ts', t0) - t0:.1f} {who} {rec.TAG} {why}".rstrip())
-    return [*told[-last:], "no chunk" if chunk_at is None else f"last chunk +{chunk_at - t0:.1f}"]
 
 
 async def _duplicator(settings: Settings, producer: RecordProducer, fraction: float,

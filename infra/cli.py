@@ -698,6 +698,28 @@ def replay_cmd(
     _write_json(result, json_out)
 
 
+@app.command("story")
+def story_cmd(
+    session_id: str = typer.Argument(..., help="The session whose story to tell."),
+    last: int = typer.Option(50, "--last", min=1, max=100_000, help="Show its last N entries."),
+    json_out: Optional[Path] = json_option("Write the story here."),
+) -> None:
+    """What the topics say happened to one session: its events, the commands and worker reports
+    of it (claims, freezes, handoffs, releases, refusals), its dead letters, its chunks."""
+    from infra.replay import session_log
+
+    settings = _settings()
+    result = asyncio.run(session_log(settings, session_id, last))
+    if not result["records"]:
+        raise ChunkserveError(f"{session_id}: no record of this session in the topics of prefix {settings.topic_prefix!r}")
+    if json_out is None:
+        for line in result["story"]:
+            console.print(f"{session_id} {line}", highlight=False, markup=False)
+        console.print(f"{result['records']} records; {result['chunks']} chunks; {result['inputs_accepted']} inputs "
+                      "accepted", highlight=False)
+    _write_json(result, json_out)
+
+
 @app.command("handoff")
 def handoff_cmd(
     session_id: str = typer.Argument(..., help="The session to move."),

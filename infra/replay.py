@@ -12,14 +12,15 @@ import os
 from typing import Any
 
 from processors.cluster import ClusterView, apply
-from schemas.records import Handoff, Record
-from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WORKER_EVENTS, misfiled
+from schemas.records import ChunkDone, DeadLetter, Handoff, InputAccepted, Record
+from schemas.topics import DEAD_LETTERS, SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WORKER_EVENTS, misfiled
 from streams.config import Settings
 from streams.kafka import RecordConsumer
 
-__all__ = ["read_log", "cluster_summary", "cluster_view", "detector_signal", "replay"]
+__all__ = ["read_log", "cluster_summary", "cluster_view", "detector_signal", "replay", "session_story", "session_log"]
 
 CLUSTER_TOPICS = (SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS, WORKER_COMMANDS)
+STORY_TOPICS = (SESSION_EVENTS, WORKER_EVENTS, WORKER_COMMANDS, DEAD_LETTERS)
 
 
 async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0) -> tuple[list[Record], int]:
@@ -94,3 +95,42 @@ async def replay(settings: Settings, processor: str = "control", offset: int = 0
         return {"processor": processor, "records": len(records), "undecodable": undecodable,
                 "signal": detector_signal(records)}
     raise ValueError(f"unknown processor {processor!r}: choose control, dispatch or detector")
+
+
+def session_story(records: list[Record], sid: str, t0: float, last: int = 12) -> list[str]:
+    """What the log says happened to one session: each event, command, claim, freeze,
+    release, refusal and dead letter (``+t worker#epoch Tag reason``), the last ``last`` of
+    them, then when its last chunk was released."""
+    told, chunk_at = [], None
+    for rec in records:
+        if isinstance(rec, DeadLetter):
+            if rec.key == sid.encode():
+                told.append(f"+{rec.ts - t0:.1f} DeadLetter {rec.reason[:80]}")
+            continue
+        if getattr(rec, "session_id", None) != sid or isinstance(rec, InputAccepted):
+            continue
+        if isinstance(rec, ChunkDone):
+            chunk_at = rec.ts
+            continue
+        gen = getattr(rec, "generation", None)
+        who = f"{gen.worker_id}#{gen.epoch}" if gen is not None else getattr(rec, "worker_id", "-")
+        why = getattr(rec, "reason", "") or getattr(rec, "target_worker", "")
+        told.append(f"+{getattr(rec, 'ts', t0) - t0:.1f} {who} {rec.TAG} {why}".rstrip())
+    return [*told[-last:], "no chunk" if chunk_at is None else f"last chunk +{chunk_at - t0:.1f}"]
+
+
+def _about(rec: Record, sid: str) -> bool:
+    return getattr(rec, "session_id", None) == sid or (isinstance(rec, DeadLetter) and rec.key == sid.encode())
+
+
+async def session_log(settings: Settings, sid: str, last: int = 50) -> dict[str, Any]:
+    """One session's story from the topics (its events, the commands and worker reports of
+    it, its dead letters), in time order, with its chunk and accepted-input counts. Reads
+    every record of those topics: its time grows with the log."""
+    records, undecodable = await read_log(settings, STORY_TOPICS)
+    mine = sorted((r for r in records if _about(r, sid)), key=lambda r: getattr(r, "ts", 0.0))
+    t0 = getattr(mine[0], "ts", 0.0) if mine else 0.0
+    return {"session": sid, "records": len(mine), "undecodable": undecodable, "from_ts": t0,
+            "chunks": sum(1 for r in mine if isinstance(r, ChunkDone)),
+            "inputs_accepted": len({r.seq for r in mine if isinstance(r, InputAccepted)}),
+            "story": session_story(mine, sid, t0, last) if mine else []}

@@ -36,6 +36,16 @@ def test_processor_restart_and_replayed_view(kafka_bootstrap, redis_url, namespa
     again = asyncio.run(replay(settings, "control"))  # replay is deterministic
     assert again["sessions"] == rebuilt["sessions"]
 
+    # an operator's view of one session (`chunkserve story`): opened, claimed, closed, released
+    from infra.replay import session_log
+
+    sid = sorted(summary.chunk_indices)[0]
+    story = asyncio.run(session_log(settings, sid))
+    assert story["chunks"] == len(summary.chunk_indices[sid]) and story["inputs_accepted"] == 2
+    tags = " ".join(story["story"])
+    assert "session.opened" in tags and "worker.claimed" in tags and "session.closed" in tags, story["story"]
+    assert story["story"][-1].startswith("last chunk +")
+
 
 def test_replay_reads_to_the_true_end_of_multi_record_batches_and_publishes_nothing(
         kafka_bootstrap, redis_url, namespace):
