@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -223,7 +224,7 @@ class Worker:
                                   chunk_interval_s=cfg.chunk_interval_s,
                                   input_rate_per_s=self.settings.input_rate_per_s,
                                   input_burst=self.settings.input_burst,
-                                  device=cfg.device, gpu_type=cfg.gpu_type, pool=cfg.pool))
+                                  device=cfg.device, gpu_type=cfg.gpu_type, pool=cfg.pool, pid=os.getpid()))
 
     async def _take_lease(self) -> None:
         """Hold the id alone, or LeaseHeldError: a second process started with a live

@@ -46,6 +46,14 @@ def test_processor_restart_and_replayed_view(kafka_bootstrap, redis_url, namespa
     assert "session.opened" in tags and "worker.claimed" in tags and "session.closed" in tags, story["story"]
     assert story["story"][-1].startswith("last chunk +")
 
+    from infra.replay import read_log
+    from schemas.records import WorkerUp
+    from schemas.topics import WORKER_EVENTS
+
+    records, _ = asyncio.run(read_log(settings, (WORKER_EVENTS,)))
+    ups = [x for x in records if isinstance(x, WorkerUp)]
+    assert ups and all(u.pid > 0 for u in ups)  # each worker says its process id (it said 0)
+
 
 def test_replay_reads_to_the_true_end_of_multi_record_batches_and_publishes_nothing(
         kafka_bootstrap, redis_url, namespace):
