@@ -18,7 +18,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Iterable
 
-from processors.lifecycle import EventKind, SessionEvent, SessionState
+from processors.lifecycle import EventKind, SessionEvent, SessionState, remember_closed
 from schemas.errors import ConfigError
 
 __all__ = [
@@ -183,18 +183,6 @@ def _move(where: _Place, kind: EventKind) -> tuple[_Place, _Counts]:
     if kind is EventKind.CLOSE and where is not GONE:
         return GONE, (0, 1, 0, 0, 0)
     return where, NO_COUNTS
-
-
-CLOSED_KEPT = 100_000  # closed session ids remembered, the latest kept (as the metrics processor's)
-
-
-def remember_closed(closed: dict[str, None], sid: str) -> None:
-    """Keep ``sid`` among the closed ids (bounded: the oldest is forgotten): a session id is
-    not used again, so dispatch refuses any later event of it, and the detector passes over
-    it too (an open of a closed id counted an arrival and an active session for good)."""
-    closed[sid] = None
-    if len(closed) > CLOSED_KEPT:
-        del closed[next(iter(closed))]
 
 
 def _where(active: frozenset[str] | set[str], idle: frozenset[str] | set[str], sid: str) -> _Place:

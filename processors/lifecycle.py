@@ -29,6 +29,8 @@ __all__ = [
     "EVENT_KIND",
     "session_event",
     "STORE_STATE",
+    "CLOSED_KEPT",
+    "remember_closed",
 ]
 
 
@@ -165,3 +167,15 @@ def on_event(session: Session | None, event: SessionEvent) -> tuple[Session, tup
     if action is Action.TERMINATE:
         return Session(sid, size, nxt, gpu_id=None, restore=restore, since=since), (Discard(sid, gpu_id),)
     return Session(sid, size, nxt, gpu_id=gpu_id, restore=restore, since=since), ()
+
+
+CLOSED_KEPT = 100_000  # closed session ids a fold remembers, the latest kept
+
+
+def remember_closed(closed: dict[str, None], sid: str) -> None:
+    """Keep ``sid`` among the closed ids (``closed`` in closing order; bounded, the oldest is
+    forgotten). A session id is not used again, so dispatch refuses any later event of it,
+    and the folds that count sessions (the detector's, the metrics processor's) pass over it."""
+    closed[sid] = None
+    if len(closed) > CLOSED_KEPT:
+        del closed[next(iter(closed))]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from processors.latency import LatencyModel, load_profiles
-from processors.lifecycle import EVENT_KIND, SessionState, transition
+from processors.lifecycle import EVENT_KIND, SessionState, remember_closed, transition
 from schemas import records as r
 from schemas.errors import ConfigError
 from streams.config_file import env_number
@@ -92,13 +92,10 @@ def cost_tick(state: Mapping[str, WorkerSpan], now: float, model: LatencyModel,
     return r.CostTick(ts=max(0.0, now), gpus=gpus, gpu_seconds=seconds, cost=cost)
 
 
-CLOSED_KEPT = 100_000  # closed sessions remembered (an event for one changes nothing), the latest kept
-
-
 @dataclass
 class SessionTally:
     """Open sessions by lifecycle state, folded from session events. Closed ones are
-    remembered (the latest ``CLOSED_KEPT``), so that a late or reused open of one is not
+    remembered (the latest ``processors.lifecycle.CLOSED_KEPT``), so that a late or reused open of one is not
     counted as a new session: dispatch refuses it."""
 
     open: dict[str, SessionState] = field(default_factory=dict)
@@ -115,9 +112,7 @@ class SessionTally:
             self.open[sid] = nxt
         elif current is not SessionState.TERMINATED:
             self.open.pop(sid, None)
-            self.closed[sid] = None
-            if len(self.closed) > CLOSED_KEPT:
-                del self.closed[next(iter(self.closed))]
+            remember_closed(self.closed, sid)
 
     def counts(self) -> dict[str, int]:
         """Open sessions by the state operators see: active (executing) and idle (suspended)."""
