@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 
 from .errors import SchemaError
 
-__all__ = ["Id", "Count", "Seq", "Seconds", "Fraction", "Validator", "compile_validator", "json_schema", "ID_MAX_LEN"]
+__all__ = ["Id", "Count", "Seq", "Seconds", "Fraction", "Level", "Validator", "compile_validator", "json_schema", "ID_MAX_LEN"]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_COLLECTION = 4096
@@ -50,6 +50,7 @@ Count = Annotated[int, Min(0)]
 Seq = Annotated[int, Min(1), Max(2**53 - 1)]
 Seconds = Annotated[float, Min(0.0)]
 Fraction = Annotated[float, Min(0.0), Max(1.0)]
+Level = Annotated[int, Min(1), Max(10)]  # the detector's volatility level
 
 Validator = Callable[[Any, str], Any]
 

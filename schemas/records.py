@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from ._fields import ID_MAX_LEN, Count, Fraction, Id, Seconds, Seq, validate_instance
+from ._fields import ID_MAX_LEN, Count, Fraction, Id, Level, Seconds, Seq, validate_instance
 
 __all__ = [
     "Record", "Generation", "record_types", "ReleaseReason", "RejectReason", "ID_MAX_LEN",
@@ -477,7 +477,7 @@ class WorkloadSignal(Record):
     to_idle: Count
     to_active: Count
     volatility: Seconds
-    level: Count
+    level: Level
 
 
 @record("metric.placement")
@@ -503,7 +503,7 @@ class ScalingDecision(Record):
     u_max: Seconds
     u_target: Fraction
     delta: Fraction
-    level: Count
+    level: Level
     reason: str = ""
 
 

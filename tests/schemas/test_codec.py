@@ -119,6 +119,12 @@ def test_invalid_records_cannot_be_built() -> None:
         Generation("w", -1)
     with pytest.raises(SchemaError, match="worker_id"):
         Assign(worker_id="", session_id="s", generation=Generation("w", 1), ts=0.0)
+    from schemas.records import WorkloadSignal
+
+    for level in (0, 11):  # the detector's levels are 1..10, as the contract now says (it allowed 0 and up)
+        with pytest.raises(SchemaError, match="level"):
+            WorkloadSignal(ts=0.0, window_s=60.0, active=0, arrivals=0, departures=0, to_idle=0, to_active=0,
+                           volatility=0.0, level=level)
 
 
 def _decode_or_schema_error(topic: str, data: bytes) -> None:
