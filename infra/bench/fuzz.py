@@ -12,6 +12,7 @@ import types
 import typing
 from typing import Annotated, Any, Literal, Union
 
+from schemas._fields import Max, Min
 from schemas.codec import Decoder, decoder_for, encode
 from schemas.errors import SchemaError
 from schemas.records import Record, record_types
@@ -25,14 +26,20 @@ HANG_S = 1.0
 
 def _value(tp: Any, rng: random.Random) -> Any:
     origin = typing.get_origin(tp)
-    if origin is Annotated:
+    if origin is Annotated:  # a value within the field's bounds (the record is built valid)
         base, *cons = typing.get_args(tp)
+        lo = next((c.value for c in cons if isinstance(c, Min)), None)
+        hi = next((c.value for c in cons if isinstance(c, Max)), None)
+        if base in (int, float) and lo is not None and hi is not None and hi - lo <= 10**6:
+            return rng.randint(int(lo), int(hi)) if base is int else rng.uniform(lo, hi)
         value = _value(base, rng)
         if base is str and not value:
             value = "x"
-        if base in (int, float) and value < 0:
-            value = -value
-        return min(value, 1.0) if base is float and any(getattr(c, "value", None) == 1.0 for c in cons) else value
+        if base in (int, float):
+            value = abs(value)
+            value = value if lo is None else max(value, base(lo))
+            value = value if hi is None else min(value, base(hi))
+        return value
     if tp is str:
         return "".join(rng.choice("abcdefghij-_é0123456789") for _ in range(rng.randrange(0, 12)))
     if tp is int:
