@@ -52,6 +52,7 @@ def start(
     except InfraError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
+    stop = _stop_on_sigterm()
     try:
         started = time.monotonic()
         cluster.start()
@@ -62,7 +63,7 @@ def start(
                   f"{time.monotonic() - started:.1f} s; data and logs in {data}")
     console.print(f"export CHUNKSERVE_KAFKA_BOOTSTRAP={cluster.bootstrap}")
     try:
-        stopped = _serve(lambda: all(n.running for n in cluster.nodes))
+        stopped = _serve(lambda: all(n.running for n in cluster.nodes), stop)
     finally:
         cluster.stop()
     if not stopped:
@@ -70,10 +71,16 @@ def start(
         raise typer.Exit(1)
 
 
-def _serve(running: Callable[[], bool]) -> bool:
-    """Wait while ``running`` holds, until Ctrl-C or SIGTERM; whether one of those ended it."""
+def _stop_on_sigterm() -> dict[str, bool]:
+    """A flag SIGTERM sets from now on; set before the URL is printed, so a supervisor that
+    stops us as soon as it reads it still gets the cleanup (it killed us outright before)."""
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    return stop
+
+
+def _serve(running: Callable[[], bool], stop: dict[str, bool]) -> bool:
+    """Wait while ``running`` holds, until Ctrl-C or SIGTERM; whether one of those ended it."""
     try:
         while not stop["now"] and running():
             time.sleep(0.5)
@@ -92,6 +99,7 @@ def redis_start() -> None:
     from infra.embedded import EmbeddedRedis
     from workers.supervision import stop_with_me
 
+    stop = _stop_on_sigterm()
     try:
         redis = EmbeddedRedis().start()
     except InfraError as exc:
@@ -112,7 +120,7 @@ def redis_start() -> None:
             return False
 
     try:
-        stopped = _serve(serving)
+        stopped = _serve(serving, stop)
     finally:
         guard.terminate()
         guard.wait(10)
