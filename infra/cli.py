@@ -71,7 +71,7 @@ def _metrics_server(port: Optional[int], host: str) -> None:
         try:
             start_metrics_server(port, addr=host)
         except OSError as exc:
-            console.print(f"[red]--metrics-host {host} --metrics-port {port}:[/red] cannot listen ({exc.strerror})")
+            _stderr.print(f"[red]--metrics-host {host} --metrics-port {port}:[/red] cannot listen ({exc.strerror})")
             raise typer.Exit(2)
         log.info("Prometheus metrics on %s:%d/metrics", host, port)
 
@@ -127,13 +127,13 @@ def _settings(require_endpoints: bool = True) -> Settings:
         if require_endpoints and missing:
             where = " or ".join(([f"{', '.join(missing)} in {path}"] if path else [])
                                 + [", ".join(env_var(k) for k in missing)])
-            console.print(f"[red]set {where}[/red] (or run `chunkserve demo`, which starts embedded ones)",
+            _stderr.print(f"[red]set {where}[/red] (or run `chunkserve demo`, which starts embedded ones)",
                           soft_wrap=True)
             raise typer.Exit(2)
         if require_endpoints and not os.environ.get(PARENT_PID_ENV):
             asyncio.run(check(settings, sources))
     except ConfigError as exc:
-        console.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
+        _stderr.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2)
     return settings
 
@@ -188,7 +188,7 @@ def worker(
             raise ConfigError("--capacity", str(exc).split(": ", 2)[-1], "command line") from None
         settings = _settings()
     except ConfigError as exc:
-        console.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
+        _stderr.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2)
     _logging(log_format)
     _warn_unsigned(settings)
@@ -201,7 +201,7 @@ def worker(
         model = (ReferenceModel.load(checkpoint, device=device) if checkpoint
                  else ReferenceModel(seed=0, device=device))
     except ConfigError as exc:  # a missing or foreign checkpoint: one line, not a traceback
-        console.print(f"[red]configuration error:[/red] command line: --checkpoint: "
+        _stderr.print(f"[red]configuration error:[/red] command line: --checkpoint: "
                       f"{str(exc).split(': ', 2)[-1]}", soft_wrap=True)
         raise typer.Exit(2)
     cfg = WorkerConfig(worker_id=worker_id, capacity=capacity, chunk_interval_s=chunk_interval,
@@ -374,7 +374,7 @@ def demo(
         try:
             load_trace(trace)  # a bad file is named with its line before anything starts
         except ChunkserveError as exc:
-            console.print(f"[red]{exc}[/red]")
+            _stderr.print(f"[red]{exc}[/red]")
             raise typer.Exit(2)
     from processors.policy import load_policy
 
@@ -611,7 +611,7 @@ def up(
         restarts: dict[str, list[float]] = {}
         while True:
             if lease.lost is not None:
-                console.print(f"[red]up: {lease.lost}: stopping the fleet[/red]", soft_wrap=True)
+                _stderr.print(f"[red]up: {lease.lost}: stopping the fleet[/red]", soft_wrap=True)
                 raise typer.Exit(2)
             for name, ok in fleet.alive().items():
                 running.labels(name).set(ok)
@@ -623,7 +623,7 @@ def up(
                     else last_words(logs / f"{name}.log")
                 stop = after_exit(code, restarts.setdefault(name, []), time.monotonic())
                 if stop is not None:
-                    console.print(f"[red]up: {name} exited with code {code} ({said}); {stop}: "
+                    _stderr.print(f"[red]up: {name} exited with code {code} ({said}); {stop}: "
                                   "stopping the fleet[/red]", soft_wrap=True)
                     raise typer.Exit(2 if code == 2 else 1)
                 console.print(f"up: {name} exited with code {code} ({said}); starting it again", soft_wrap=True)
@@ -805,7 +805,7 @@ def chaos(
     _write_json(result, json_out)
     bad = {k: result[k] for k in AUDIT_KEYS if result[k]}
     if bad:
-        console.print(f"[red]audit failed:[/red] {bad}")
+        _stderr.print(f"[red]audit failed:[/red] {bad}")
         raise typer.Exit(1)
     redis = result.get("redis")
     console.print(f"[green]audit clean[/green]: {result['chunks']} chunks, faults {result['faults']}, "
@@ -855,7 +855,7 @@ def bench_broker(
     try:
         result = run(rate, seconds, partitions, window_s=max(1.0, seconds / 6), compare=compare)
     except ValueError as exc:
-        console.print(f"[red]{exc}[/red]")
+        _stderr.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
     _write_json(result, json_out)
 
@@ -934,10 +934,10 @@ def main() -> None:
     try:
         code = app(standalone_mode=False, prog_name="chunkserve")  # click's own errors below, in one line
     except ConfigError as exc:  # the operator's to fix: exit code 2, as for bad options
-        console.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
+        _stderr.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
         sys.exit(2)
     except ChunkserveError as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        _stderr.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         sys.exit(1)
     except typer.Abort:  # end of input at a prompt
         sys.exit(1)
@@ -964,7 +964,7 @@ def _one_line(exc: Exception) -> int:
         raise exc
     from streams.kafka import broker_error_line
 
-    console.print(f"[red]error:[/red] the broker: {type(exc).__name__} ({broker_error_line(exc)})", soft_wrap=True)
+    _stderr.print(f"[red]error:[/red] the broker: {type(exc).__name__} ({broker_error_line(exc)})", soft_wrap=True)
     return 1
 
 

@@ -45,6 +45,7 @@ class WatchState:
     migrations: int = 0
     rejected: int = 0
     gpus: int = 0
+    cost_ts: float = 0.0  # when the metrics processor last counted them (0: never seen)
     gpu_seconds: float = 0.0
     cost: float = 0.0
     volatility_level: int = 0
@@ -77,7 +78,7 @@ def fold(state: WatchState, rec: Record) -> WatchState:
     if isinstance(rec, CommandRejected):
         return replace(s, rejected=s.rejected + 1)
     if isinstance(rec, CostTick) and not rec.pool:  # the all-pools total
-        return replace(s, gpus=rec.gpus, gpu_seconds=rec.gpu_seconds, cost=rec.cost)
+        return replace(s, gpus=rec.gpus, cost_ts=rec.ts, gpu_seconds=rec.gpu_seconds, cost=rec.cost)
     if isinstance(rec, WorkloadSignal):
         return replace(s, volatility_level=rec.level)
     if isinstance(rec, PlacementReport):
@@ -101,9 +102,18 @@ def summary(state: WatchState) -> dict[str, Any]:
         "sessions": sessions(state), "chunks": state.chunks,
         "worst_chunk_latency_ms": round(state.worst_chunk_latency_s * 1e3, 3),
         "migrations": state.migrations, "rejected": state.rejected, "gpus": state.gpus,
-        "gpu_seconds": state.gpu_seconds, "cost": state.cost,
+        "gpus_ts": state.cost_ts or None, "gpu_seconds": state.gpu_seconds, "cost": state.cost,
         "volatility_level": state.volatility_level, "records": state.records,
     }
+
+
+def cost_age(state: WatchState, now: float) -> str:
+    """How old the GPU count and cost are: they come from the metrics processor's CostTick,
+    so after the fleet stops they are its last word (the view showed them as current)."""
+    if not state.cost_ts:
+        return " (no cost tick seen)"
+    age = max(0.0, now - state.cost_ts)
+    return f" ({age:.0f} s ago)" if age >= 10 else ""
 
 
 def table(state: WatchState, now: float) -> Any:
@@ -114,6 +124,7 @@ def table(state: WatchState, now: float) -> Any:
         f"sessions {sessions(state)}  chunks {state.chunks}  worst chunk "
         f"{state.worst_chunk_latency_s * 1e3:.1f} ms  migrations {state.migrations}  rejected "
         f"{state.rejected}  gpus {state.gpus}  cost {state.cost:.2f} ({state.gpu_seconds:.0f} GPU-s)"
+        f"{cost_age(state, now)}"
         f"  volatility {state.volatility_level}"))
     for col in ("worker", "state", "sessions", "chunk ms", "device mem MiB", "util", "seen s ago"):
         t.add_column(col, justify="left" if col in ("worker", "state") else "right")

@@ -150,6 +150,8 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("InputAccepted", "seq"): ("The input applied: once and in order per generation (a recovering owner "
                                "reports the inputs it replays after its snapshot again, under its own "
                                "generation: count by session and seq).", None),
+    ("CommandRejected", "worker_id"): ("Who refused it: the worker, or `provisioner-POOL` for a "
+                                       "pool's command a provisioner refused.", None),
     ("CommandRejected", "session_id"): ("The session the refused command named; empty for a "
                                         "pool's command.", None),
     ("CommandRejected", "command"): ("Type tag of the refused command (`cmd.assign`, "

@@ -22,7 +22,7 @@ from aiokafka.errors import (CommitFailedError, GroupAuthorizationFailedError, I
 from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, key_for
 from schemas.errors import AccessDeniedError, InfraError, SchemaError
 from schemas.records import DeadLetter, Record
-from schemas.topics import DEAD_LETTERS, topic_of
+from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
 
 from .config import DEAD_LETTER_ENVELOPE_BYTES, Settings
 from .prom import metrics
@@ -188,6 +188,21 @@ class Delivered:
     timestamp_ms: int | None = None  # the record's Kafka timestamp
 
 
+NO_PREFIX_GRACE_S = 5.0  # topics are made together: none of the prefix by then, none is coming
+
+
+def _no_topic_of_prefix(prefix: str, topics: Iterable[str]) -> None:
+    """Raise, naming the setting, when the cluster holds no topic of ``prefix`` at all (a
+    reader of a deployment that is not there waited out 30 s and exited 1)."""
+    topics = set(topics)
+    if any(t.startswith(prefix) for t in topics):
+        return
+    others = sorted({t[:-len(logical)] for t in topics for logical in TOPICS if t.endswith(logical)})
+    there = f"; chunkserve topics there have prefix {', '.join(map(repr, others[:5]))}" if others else ""
+    raise InfraError(f"no topic of prefix {prefix!r} in the cluster (CHUNKSERVE_TOPIC_PREFIX or the "
+                     f"config file's topic_prefix; is the deployment up?){there}")
+
+
 class RecordConsumer:
     """Reads records of logical topics; bad bytes go to ``dead-letters`` and are skipped.
 
@@ -250,6 +265,8 @@ class RecordConsumer:
                                   TopicAuthorizationFailedError())
             if time.monotonic() > deadline:
                 raise InfraError(f"topic {topic} is not in the cluster's metadata after {timeout_s:.0f}s")
+            if time.monotonic() > deadline - timeout_s + NO_PREFIX_GRACE_S:
+                _no_topic_of_prefix(self.catalogue.prefix, cluster.topics())
             await asyncio.sleep(0.1)
 
     async def _describe_refused(self, topic: str) -> bool:

@@ -101,7 +101,7 @@ def test_worker_refuses_a_capacity_over_the_bound(kafka_bootstrap, redis_url, na
     done = subprocess.run([sys.executable, "-m", "infra", "worker", "--worker-id", "w-huge", "--capacity", "5"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert "max_sessions_per_worker" in done.stdout and "Traceback" not in done.stdout + done.stderr
+    assert "max_sessions_per_worker" in done.stderr and "Traceback" not in done.stdout + done.stderr
     settings = _settings(kafka_bootstrap, redis_url, namespace)
     with pytest.raises(ConfigError, match="max_sessions_per_worker"):
         from workers.runtime import Worker, WorkerConfig

@@ -152,6 +152,18 @@ def test_a_topic_prefix_kafka_refuses_is_named_at_once_by_every_command(kafka_bo
     assert rc == 2 and f"{conf}: topic_prefix: 240 characters" in _one_line(out)
 
 
+def test_a_topic_prefix_with_no_topics_is_named_by_the_commands_that_read_them(kafka_bootstrap, redis_url):
+    """A reader pointed at a prefix no deployment uses waited out 30 s for the first topic and
+    exited with `topic ... is not in the cluster's metadata`, naming no setting."""
+    env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url,
+           "CHUNKSERVE_TOPIC_PREFIX": "nothere."}
+    for command in (["story", "s-1"], ["replay", "detector"], ["watch", "--duration", "60", "--no-render"]):
+        rc, out = _run(command, env)
+        assert rc == 1 and "Traceback" not in out, (command, out)
+        line = out.strip().splitlines()[-1]  # watch says first what it follows
+        assert "no topic of prefix 'nothere.' in the cluster (CHUNKSERVE_TOPIC_PREFIX" in line, (command, line)
+
+
 def test_a_json_output_it_cannot_write_is_named_before_the_work(kafka_bootstrap, redis_url, tmp_path):
     """A folder, or a path under a file, was a traceback after the work (watch: the summary lost)."""
     env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url}
@@ -218,6 +230,6 @@ def test_a_broker_error_is_one_line_not_a_traceback(monkeypatch, capsys, kafka_b
     monkeypatch.setattr(sys, "argv", ["chunkserve", "topics"])
     with pytest.raises(SystemExit) as ended:
         cli.main()
-    out = capsys.readouterr().out
-    assert ended.value.code == 1 and "Traceback" not in out
-    assert out.strip().splitlines() == ["error: the broker: RequestTimedOutError ([Error 7] RequestTimedOutError)"]
+    said = capsys.readouterr()
+    assert ended.value.code == 1 and "Traceback" not in said.out + said.err and not said.out.strip()
+    assert said.err.strip().splitlines() == ["error: the broker: RequestTimedOutError ([Error 7] RequestTimedOutError)"]

@@ -69,7 +69,8 @@ def test_a_second_metrics_processor_is_refused_and_a_taken_over_one_stops(kafka_
         client.close()
     out = second.stdout + second.stderr
     assert second.returncode == 2 and "Traceback" not in out, out
-    (line,) = second.stdout.strip().splitlines()  # the command's own output: one line
+    assert not second.stdout.strip()
+    line = second.stderr.strip().splitlines()[-1]  # the command's own error: its last line
     assert line.startswith(f"configuration error: a metrics processor of topic prefix '{namespace}.' is running "
                            f"already (") and f":{first.pid})" in line  # the live one, by host and pid
     assert line.endswith("; run one per topic prefix (one that stopped without a clean shutdown frees its "

@@ -303,11 +303,11 @@ def test_a_broker_started_by_hand_dies_with_its_killed_parent(tmp_path):
         (java,) = [p for p in psutil.Process(cli.pid).children(recursive=True) if "kafka.Kafka" in " ".join(p.cmdline())]
         refused = subprocess.run(second, capture_output=True, text=True, env=env, timeout=120)
         assert refused.returncode == 2 and "Traceback" not in refused.stdout + refused.stderr
-        assert f"is in use by a running broker (pid {cli.pid})" in " ".join(refused.stdout.split()), refused.stdout
+        assert f"is in use by a running broker (pid {cli.pid})" in " ".join(refused.stderr.split()), refused.stderr
         # nor one in a folder inside it (it wrote into the live node's log folder)
         inside = subprocess.run([*second[:-1], str(tmp_path / "kafka" / "node-1" / "x")], capture_output=True,
                                 text=True, env=env, timeout=120)
-        said = " ".join(inside.stdout.split())
+        said = " ".join(inside.stderr.split())
         assert inside.returncode == 2 and f"the data folder of a running broker (pid {cli.pid})" in said, said
         assert not (tmp_path / "kafka" / "node-1" / "x").exists()
         assert java.is_running() and cli.poll() is None
@@ -432,7 +432,7 @@ def test_up_refuses_a_metrics_port_that_leaves_too_few_after_it():
     proc = subprocess.run([sys.executable, "-m", "infra", "up", "--metrics-port", "65530"], capture_output=True,
                           text=True, timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("CHUNKSERVE_")})
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
-    assert "--metrics-port: 65530 leaves too few ports after it" in proc.stdout
+    assert "--metrics-port: 65530 leaves too few ports after it" in proc.stderr
 
 
 def test_up_starts_an_exited_child_again_unless_it_refused_a_setting_or_loops() -> None:

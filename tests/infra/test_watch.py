@@ -76,6 +76,17 @@ def test_table_renders():
     assert "w1" in console.export_text()
 
 
+def test_the_cost_line_says_how_old_it_is():
+    """The GPU count and cost are the last CostTick's: a view of a stopped fleet showed its last
+    count as current."""
+    from infra.watch import cost_age
+
+    fresh = run_fold([CostTick(ts=100.0, gpus=3, gpu_seconds=30.0, cost=1.0)])
+    assert cost_age(fresh, now=105.0) == "" and summary(fresh)["gpus_ts"] == 100.0
+    assert cost_age(fresh, now=160.0) == " (60 s ago)"
+    assert cost_age(run_fold([]), now=5.0) == " (no cost tick seen)" and summary(run_fold([]))["gpus_ts"] is None
+
+
 def test_watch_reads_the_real_topics(kafka_bootstrap, redis_url, namespace):
     from infra.watch import watch
     from streams.config import Settings
@@ -174,4 +185,4 @@ def test_watch_whose_json_fails_at_the_end_prints_the_summary(kafka_bootstrap, r
 
     rc, out, err = _watch_until_signalled(tmp_path, settings, json_out, signal.SIGINT, break_the_folder)
     assert rc == 2 and "Traceback" not in out + err, out + err
-    assert '"records":' in out and f"{json_out}: --json: cannot write" in out
+    assert '"records":' in out and f"{json_out}: --json: cannot write" in err  # the result, then the error

@@ -87,7 +87,7 @@ def test_a_second_worker_with_a_live_id_is_refused_and_a_killed_or_stopped_ones_
     said = [line for line in (second.stdout + second.stderr).splitlines() if "held by another live worker" in line]
     assert second.returncode == 2, second.stdout + second.stderr
     assert len(said) == 1 and "Traceback" not in second.stdout + second.stderr
-    assert second.stdout.strip().splitlines() == [said[0]]  # the command's own output: that one line
+    assert second.stderr.strip().splitlines()[-1:] == [said[0]] and not second.stdout.strip()  # that one line, on stderr
     assert f"worker id {WID} is held by another live worker (" in said[0] and f":{first})" in said[0]
     assert "give each worker its own id" in said[0]
     (queued, due), views, gens, load = found["after_refusal"]

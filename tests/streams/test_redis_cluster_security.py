@@ -199,8 +199,8 @@ def test_the_start_up_check_and_the_command_line_name_the_user(secured: Secured,
     done = subprocess.run([sys.executable, "-m", "infra", "topics"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
-    out = [ln for ln in done.stdout.splitlines() if ln.strip()]
-    assert len(out) == 1 and "refused the credentials of user 'chunkserve'" in out[0], out
+    out = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(out) == 1 and not done.stdout.strip() and "refused the credentials of user 'chunkserve'" in out[0], out
     assert "env CHUNKSERVE_REDIS_USERNAME: redis.username:" in out[0], out
     assert "not-it" not in done.stdout + done.stderr and "Traceback" not in done.stderr
 
