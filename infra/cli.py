@@ -693,7 +693,7 @@ def replay_cmd(
     if json_out is None and "session_states" in result:
         states = ", ".join(f"{k} {v}" for k, v in sorted(result["session_states"].items())) or "none"
         past = f" at or after offset {offset}" if offset else ""
-        console.print(f"{result['records']} records{past}; sessions by state: {states}; "
+        _stderr.print(f"{result['records']} records{past}; sessions by state: {states}; "  # stdout: the JSON alone
                       f"workers {len(result['workers'])}", highlight=False)
     _write_json(result, json_out)
 
@@ -717,6 +717,7 @@ def story_cmd(
             console.print(f"{session_id} {line}", highlight=False, markup=False)
         console.print(f"{result['records']} records; {result['chunks']} chunks; {result['inputs_accepted']} inputs "
                       "accepted", highlight=False)
+        return  # the story as text; as JSON only with --json (it was both, so no reader could parse it)
     _write_json(result, json_out)
 
 

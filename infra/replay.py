@@ -11,8 +11,10 @@ import dataclasses
 import os
 from typing import Any
 
+import msgpack
+
 from processors.cluster import ClusterView, apply
-from schemas.records import ChunkDone, DeadLetter, Handoff, InputAccepted, Record
+from schemas.records import ChunkDone, DeadLetter, Handoff, InputAccepted, Record, WorkerDown
 from schemas.topics import DEAD_LETTERS, SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WORKER_EVENTS, misfiled
 from streams.config import Settings
 from streams.kafka import RecordConsumer
@@ -30,7 +32,7 @@ async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0)
     consumer = RecordConsumer(settings, list(topics), None, name="replay")
     await consumer.start(subscribe=False)
     try:
-        ends = await consumer.assign(dict.fromkeys(topics), max(0, offset))
+        ends = await consumer.assign(dict.fromkeys(topics), max(0, offset), deployed=True)
         # a session's record keyed otherwise was refused by dispatch: no processor folds it
         return [d.record async for d in consumer.read_to(ends) if misfiled(d.record, d.key) is None], \
             consumer.dead_lettered
@@ -67,17 +69,18 @@ def cluster_view(records: list[Record]) -> ClusterView:
 
 
 def detector_signal(records: list[Record], config: Any = None) -> dict[str, Any] | None:
-    """The detector's last signal over these session events, folded in timestamp order
-    (:func:`~processors.detector.rebuild`, the state ``step`` reaches, in O(events); the
-    signal at the last event's time, as its ``step`` gives it), under ``config`` (the
-    live detector's window, from the environment, when None)."""
+    """The detector's last signal over these session events, folded in the log's order as
+    the live detector folds them (:func:`~processors.detector.rebuild`, the state ``step``
+    reaches, in O(events); the signal at the last event's time, as its ``step`` gives it),
+    under ``config`` (the live detector's window, from the environment, when None). Sorted
+    by time instead, a close stamped before its open by a skewed producer left the session
+    open here while every processor had closed it."""
     from processors.agents.detector import detector_settings
     from processors.detector import observe, rebuild
     from processors.lifecycle import session_event
 
     config = config if config is not None else detector_settings(os.environ)[0]
-    ordered = sorted(records, key=lambda r: r.ts)  # type: ignore[attr-defined]
-    events = [e for e in map(session_event, ordered) if e is not None]
+    events = [e for e in map(session_event, records) if e is not None]
     if not events:
         return None
     _, signal = observe(rebuild(events, config), events[-1].t, config)
@@ -102,10 +105,15 @@ def session_story(records: list[Record], sid: str, t0: float, last: int = 12) ->
     release, refusal and dead letter (``+t worker#epoch Tag reason``), the last ``last`` of
     them, then when its last chunk was released."""
     told, chunk_at = [], None
+    owners = {g.worker_id for rec in records if getattr(rec, "session_id", None) == sid
+              and (g := getattr(rec, "generation", None)) is not None}
     for rec in records:
         if isinstance(rec, DeadLetter):
-            if rec.key == sid.encode():
+            if _letter_of(rec, sid):
                 told.append(f"+{rec.ts - t0:.1f} DeadLetter {rec.reason[:80]}")
+            continue
+        if isinstance(rec, WorkerDown) and rec.worker_id in owners:  # its owner (or a past one) declared dead
+            told.append(f"+{rec.ts - t0:.1f} {rec.worker_id} {rec.TAG} {rec.reason}".rstrip())
             continue
         if getattr(rec, "session_id", None) != sid or isinstance(rec, InputAccepted):
             continue
@@ -120,7 +128,19 @@ def session_story(records: list[Record], sid: str, t0: float, last: int = 12) ->
 
 
 def _about(rec: Record, sid: str) -> bool:
-    return getattr(rec, "session_id", None) == sid or (isinstance(rec, DeadLetter) and rec.key == sid.encode())
+    return getattr(rec, "session_id", None) == sid or (isinstance(rec, DeadLetter) and _letter_of(rec, sid))
+
+
+def _letter_of(letter: DeadLetter, sid: str) -> bool:
+    """Whether a dead letter is of session ``sid``: keyed by it, or a record naming it that
+    came keyed otherwise (or with no key: refused for that)."""
+    if letter.key == sid.encode():
+        return True
+    try:
+        body = msgpack.unpackb(letter.raw, raw=False) if letter.raw else None
+    except Exception:  # noqa: BLE001 - not msgpack, or cut short: it names no session we can read
+        return False
+    return isinstance(body, dict) and body.get("session_id") == sid
 
 
 async def session_log(settings: Settings, sid: str, last: int = 50) -> dict[str, Any]:
@@ -128,9 +148,14 @@ async def session_log(settings: Settings, sid: str, last: int = 50) -> dict[str,
     it, its dead letters), in time order, with its chunk and accepted-input counts. Reads
     every record of those topics: its time grows with the log."""
     records, undecodable = await read_log(settings, STORY_TOPICS)
-    mine = sorted((r for r in records if _about(r, sid)), key=lambda r: getattr(r, "ts", 0.0))
+    mine = [r for r in records if _about(r, sid)]
+    owners = {g.worker_id for r in mine if (g := getattr(r, "generation", None)) is not None}
+    span = [getattr(r, "ts", 0.0) for r in mine] or [0.0]
+    downs = [r for r in records if isinstance(r, WorkerDown) and r.worker_id in owners
+             and min(span) <= r.ts <= max(span)]  # an owner declared dead while the session lived
+    mine = sorted(mine + downs, key=lambda r: getattr(r, "ts", 0.0))
     t0 = getattr(mine[0], "ts", 0.0) if mine else 0.0
     return {"session": sid, "records": len(mine), "undecodable": undecodable, "from_ts": t0,
-            "chunks": sum(1 for r in mine if isinstance(r, ChunkDone)),
+            "chunks": len({r.chunk_index for r in mine if isinstance(r, ChunkDone)}),  # a redelivery counted once
             "inputs_accepted": len({r.seq for r in mine if isinstance(r, InputAccepted)}),
             "story": session_story(mine, sid, t0, last) if mine else []}

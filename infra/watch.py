@@ -154,7 +154,8 @@ async def watch(settings: Settings, duration_s: float | None, render: bool = Tru
     await consumer.start(subscribe=False)
     live = Live(table(state, clock()), refresh_per_second=4, transient=False) if render else None
     try:
-        await consumer.assign(dict.fromkeys((METRICS, WORKER_EVENTS)), "end" if from_offset is None else from_offset)
+        await consumer.assign(dict.fromkeys((METRICS, WORKER_EVENTS)), "end" if from_offset is None else from_offset,
+                              deployed=True)
         deadline = None if duration_s is None else time.monotonic() + duration_s
         if live is not None:
             live.start()

@@ -246,10 +246,12 @@ class RecordConsumer:
             self._consumer.subscribe(list(self._decoders))
         return self
 
-    async def partitions(self, logical: str, timeout_s: float = 30.0) -> list[int]:
+    async def partitions(self, logical: str, timeout_s: float = 30.0, deployed: bool = False) -> list[int]:
         """The partitions of ``logical`` as the cluster's metadata has them; waits while a
         topic just created is not in the metadata yet (a broker answers with it a moment
-        after the creation returns)."""
+        after the creation returns). ``deployed``: the caller reads a running deployment
+        (``watch``, ``replay``), so a prefix with no topic at all is named after
+        ``NO_PREFIX_GRACE_S`` (a worker or processor started before the topics waits on)."""
         topic = self.catalogue.name(logical)
         deadline = time.monotonic() + timeout_s
         asked = False
@@ -265,7 +267,7 @@ class RecordConsumer:
                                   TopicAuthorizationFailedError())
             if time.monotonic() > deadline:
                 raise InfraError(f"topic {topic} is not in the cluster's metadata after {timeout_s:.0f}s")
-            if time.monotonic() > deadline - timeout_s + NO_PREFIX_GRACE_S:
+            if deployed and time.monotonic() > deadline - timeout_s + NO_PREFIX_GRACE_S:
                 _no_topic_of_prefix(self.catalogue.prefix, cluster.topics())
             await asyncio.sleep(0.1)
 
@@ -283,7 +285,7 @@ class RecordConsumer:
         return any(t[1] == topic and t[0] == TopicAuthorizationFailedError.errno for t in reply.topics)
 
     async def assign(self, partitions: Mapping[str, Iterable[int] | None],
-                     start: str | int = "beginning") -> dict[TopicPartition, int]:
+                     start: str | int = "beginning", deployed: bool = False) -> dict[TopicPartition, int]:
         """Read the given partitions of each logical topic without a group (None: every
         partition the cluster's metadata has), from ``start``: ``"beginning"``, ``"end"``
         (skip what is there), an offset >= 0 (clamped to what each partition holds) or -n
@@ -291,7 +293,7 @@ class RecordConsumer:
         the assignment, for :meth:`reached`; positions are resolved before it returns, so
         nothing published afterwards is missed. An assignment replaces the previous one."""
         tps = [TopicPartition(self.catalogue.name(t), p) for t, ps in partitions.items()
-               for p in (await self.partitions(t) if ps is None else ps)]
+               for p in (await self.partitions(t, deployed=deployed) if ps is None else ps)]
         raw = self._consumer
         raw.assign(tps)
         ends = await raw.end_offsets(tps)

@@ -276,6 +276,7 @@ class ControlShell:
         self.fresh: list[SessionEvent] = []  # session events folded since the last round (snapshot.events)
         self.chunks = ChunkStats()  # chunks reported since the last round (snapshot.chunks)
         self.deadlines: dict[str, float] = {}  # per worker, its chunks' media duration (WorkerUp)
+        self.closed: dict[str, None] = {}  # ids closed (bounded): their events move the window no more
 
     def policy(self, model: LatencyModel) -> Policy:
         cfg = self.config
@@ -304,7 +305,7 @@ class ControlShell:
         event = session_event(rec)
         if event is not None:
             before = self.view.sessions.get(event.session_id)
-            self.detector, _ = step(self.detector, not_ahead(event, self.clock()), self.detector_config)
+            self.detector, _ = step(self.detector, not_ahead(event, self.clock()), self.detector_config, self.closed)
             self.fresh.append(event)
             if len(self.fresh) > MAX_FRESH_EVENTS:  # no round for a long while: the newest
                 del self.fresh[:len(self.fresh) - MAX_FRESH_EVENTS]

@@ -65,12 +65,14 @@ class DetectorShell:
         self.last_published, self.held = now, False
         return signal_record(signal, self.state, self.config)
 
-    def fold_log(self, state: DetectorState, records: Iterable[r.Record]) -> DetectorState:
+    def fold_log(self, state: DetectorState, records: Iterable[r.Record],
+                 closed: dict[str, None]) -> DetectorState:
         """``state`` with ``records`` (read from the log, in its order) folded in, publishing
-        nothing; the caller adopts it once the whole log is read."""
+        nothing, the ids they close remembered in ``closed``; the caller adopts both once the
+        whole log is read (a read failing halfway left the shell's memory half filled)."""
         now = self.clock()
         events = (not_ahead(e, now) for e in map(session_event, records) if e is not None)
-        return rebuild(events, self.config, state, self.closed)
+        return rebuild(events, self.config, state, closed)
 
     def tick(self) -> r.WorkloadSignal:
         """Roll the window to now; the signal, whether or not any event was seen."""
@@ -95,12 +97,13 @@ def detector_settings(env: Mapping[str, str]) -> tuple[DetectorConfig, float]:
 Folded = dict[tuple[str, int], int]  # (topic, partition) -> the first offset not folded yet
 
 
-async def catch_up(settings: Any, catalogue: Any, shell: DetectorShell) -> tuple[DetectorState, Folded]:
+async def catch_up(settings: Any, catalogue: Any,
+                   shell: DetectorShell) -> tuple[DetectorState, dict[str, None], Folded]:
     """Fold ``session-events`` from their start to their ends as of now, without a group: a
     restarted detector's agent resumes after its committed offsets, past the opens of the
     sessions still open. Returns the state and, per partition, where the fold stopped: the
     agent passes over what lies below (folding an open and its close twice would count the
-    session twice). Reads and decodes the whole log: its time grows with the log's length."""
+    session twice), with the closed-id memory beside the state. Reads and decodes the whole log: its time grows with the log's length."""
     from schemas.topics import SESSION_EVENTS, misfiled
     from streams.kafka import RecordConsumer
 
@@ -108,13 +111,13 @@ async def catch_up(settings: Any, catalogue: Any, shell: DetectorShell) -> tuple
     await reader.start(subscribe=False)
     try:
         ends = await reader.assign({SESSION_EVENTS: None})
-        state, batch = shell.state, []
+        state, closed, batch = shell.state, dict(shell.closed), []
         async for d in reader.read_to(ends):
             if misfiled(d.record, d.key) is None:  # one keyed otherwise: dispatch refused it
                 batch.append(d.record)
             if len(batch) >= CATCH_UP_BATCH:
-                state, batch = shell.fold_log(state, batch), []
-        return shell.fold_log(state, batch), {(tp.topic, tp.partition): n for tp, n in ends.items()}
+                state, batch = shell.fold_log(state, batch, closed), []
+        return shell.fold_log(state, batch, closed), closed, {(tp.topic, tp.partition): n for tp, n in ends.items()}
     finally:
         await reader.stop()
 
@@ -123,7 +126,7 @@ async def _rebuild(settings: Any, catalogue: Any, shell: DetectorShell, folded: 
                    caught_up: asyncio.Event) -> None:
     """:func:`catch_up` into the shell, then let the agent fold on and the tick publish."""
     try:
-        shell.state, ends = await catch_up(settings, catalogue, shell)
+        shell.state, shell.closed, ends = await catch_up(settings, catalogue, shell)
         folded.update(ends)
     except Exception as exc:  # the broker away: fold from the group's offsets, as before
         log.warning("detector: reading the log from its start failed (%s); folding from the agent's offsets", exc)

@@ -45,6 +45,23 @@ def test_processor_restart_and_replayed_view(kafka_bootstrap, redis_url, namespa
     tags = " ".join(story["story"])
     assert "session.opened" in tags and "worker.claimed" in tags and "session.closed" in tags, story["story"]
     assert story["story"][-1].startswith("last chunk +")
+    # from the command line: the story as text alone, the rebuilt state as JSON alone
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from streams.config_file import child_env
+
+    env = child_env(settings, base={k: v for k, v in os.environ.items() if not k.startswith("CHUNKSERVE_")})
+    told = subprocess.run([sys.executable, "-m", "infra", "story", sid], env=env, capture_output=True, text=True,
+                          timeout=120)
+    lines = told.stdout.strip().splitlines()
+    assert told.returncode == 0 and all(ln.startswith(f"{sid} ") for ln in lines[:-1]), told.stdout + told.stderr
+    assert lines[-1].endswith("inputs accepted") and '"story"' not in told.stdout  # no JSON after it (it was both)
+    state = subprocess.run([sys.executable, "-m", "infra", "replay", "control"], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert state.returncode == 0 and json.loads(state.stdout)["session_states"] == {"terminated": 3}, state.stderr
 
     from infra.replay import read_log
     from schemas.records import WorkerUp
@@ -107,3 +124,29 @@ def test_a_session_known_only_from_owner_records_reads_unseen():
                          r.Claimed(worker_id="w-0", session_id="b", generation=gen, ts=2.0)])
     summary = cluster_summary(view)
     assert summary["sessions"]["b"]["state"] == "unseen" and summary["session_states"] == {"execution": 1, "unseen": 1}
+
+
+def test_a_story_tells_the_letters_keyed_otherwise_and_its_owners_death():
+    """An operator missed two things in a session's story: its inputs refused for coming keyed
+    by another id (the key is not the session's, the record inside is), and its owner
+    declared dead before the next claim."""
+    from infra.replay import session_story
+    from schemas.codec import encode
+    from schemas.records import Claimed, DeadLetter, InputPushed, SessionOpened, WorkerDown
+    from streams.generations import Generation
+
+    wrong_key = DeadLetter(source_topic="session-inputs", partition=0, offset=3, reason="refused: key b'x'",
+                           consumer="dispatch", ts=2.0, raw=encode(InputPushed(session_id="s1", seq=1, kind="prompt",
+                                                                                payload="p", ts=1.0)), key=b"x")
+    someone_else = DeadLetter(source_topic="session-inputs", partition=0, offset=4, reason="refused: key b's2'",
+                              consumer="dispatch", ts=2.1, raw=encode(InputPushed(session_id="s2", seq=1, kind="prompt",
+                                                                                   payload="p", ts=1.0)), key=b"s2")
+    garbage = DeadLetter(source_topic="session-inputs", partition=0, offset=5, reason="schema", consumer="dispatch",
+                         ts=2.2, raw=b"\xc1not msgpack", key=None)
+    records = [SessionOpened(session_id="s1", ts=0.5), Claimed(worker_id="w1", session_id="s1",
+                                                               generation=Generation("w1", 1), ts=0.7),
+               wrong_key, someone_else, garbage, WorkerDown(worker_id="w1", ts=3.0, reason="missed heartbeats"),
+               WorkerDown(worker_id="w9", ts=3.1, reason="not an owner")]
+    story = session_story(records, "s1", 0.5)
+    assert story == ["+0.0 - session.opened", "+0.2 w1#1 worker.claimed", "+1.5 DeadLetter refused: key b'x'",
+                     "+2.5 w1 worker.down missed heartbeats", "no chunk"]

@@ -111,11 +111,19 @@ def test_a_closed_session_opened_again_is_not_counted():
                 r.SessionOpened(session_id="b", ts=3.0)):
         shell.on_event(rec)
     assert shell.state.active == frozenset() and "b" in shell.closed
+    from processors.agents.control import ControlConfig, ControlShell
+
+    control = ControlShell(ControlConfig(), clock=lambda: 10.0)  # its own window feeds the policy's level
+    for rec in (r.SessionOpened(session_id="c", ts=1.0), r.SessionClosed(session_id="c", ts=2.0),
+                r.SessionOpened(session_id="c", ts=3.0)):
+        control.fold(rec)
+    assert control.detector.active == frozenset() and "c" in control.closed
 
 
 def test_replay_detector_gives_the_signal_step_by_step_gives():
     """`chunkserve replay detector` folds the log with ``rebuild``; its signal is the one
-    folding the same records in timestamp order with ``step`` ends on."""
+    folding the same records in the log's order with ``step`` ends on (as the live detector
+    does: sorted by time, a close stamped before its open left the session open)."""
     import dataclasses
     import random
 
@@ -129,9 +137,11 @@ def test_replay_detector_gives_the_signal_step_by_step_gives():
         recs = [k(session_id=f"s{rng.randint(0, 30)}", ts=round(rng.uniform(0, 400), 1))
                 for k in (rng.choice(kinds) for _ in range(rng.randint(0, 200)))]
         state, signal, config, closed = DetectorState(), None, DetectorConfig(), {}
-        for rec in sorted(recs, key=lambda x: x.ts):
+        for rec in recs:
             state, signal = step(state, session_event(rec), config, closed)
         assert detector_signal(recs) == (None if signal is None else dataclasses.asdict(signal)), seed
+    skewed = [rr.SessionOpened(session_id="a", ts=100.0), rr.SessionClosed(session_id="a", ts=2.0)]
+    assert detector_signal(skewed)["active"] == 0
 
 
 def test_replay_detector_reads_the_window_the_live_detector_reads(monkeypatch):
