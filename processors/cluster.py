@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Collection, Iterable
 
-from processors.lifecycle import EVENT_KIND, EventKind, SessionState, transition
+from processors.lifecycle import EVENT_KIND, REFUSED_UNKNOWN, EventKind, SessionState, transition
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
 from schemas import records as r
 
@@ -135,12 +135,18 @@ def _session(view: ClusterView, sid: str, **changes: object) -> ClusterView:
 
 def _on_session_event(view: ClusterView, rec: r.Record, kind: EventKind) -> ClusterView:
     sid, ts = rec.session_id, rec.ts  # type: ignore[attr-defined]
-    old = view.sessions.get(sid) or SessionInfo(sid)
+    known = view.sessions.get(sid)
+    if known is None and kind in REFUSED_UNKNOWN:
+        return view  # dispatch refuses an idle or close of a session it does not know: so does the view
+    old = known or SessionInfo(sid)
     last_ts, kinds = old.last_event
-    if ts < last_ts or (ts == last_ts and kind.value in kinds):
-        return view  # a duplicate or a stale redelivery
-    seen = kinds | {kind.value} if ts == last_ts else frozenset({kind.value})
+    if ts == last_ts and kind.value in kinds:
+        return view  # a duplicate
+    # in the log's order, as dispatch takes them: a skewed producer's close stamped before its
+    # open was dropped here as a stale redelivery while dispatch closed the session
+    seen = kinds | {kind.value} if ts == last_ts else frozenset({kind.value}) if ts > last_ts else kinds
     nxt, _ = transition(old.lifecycle, kind)
+    ts = max(ts, last_ts)  # its time never goes back (the idle age reads it)
     size = rec.state_bytes if isinstance(rec, r.SessionOpened) and rec.state_bytes else old.state_bytes
     return _session(view, sid, lifecycle=nxt, last_event=(ts, seen), state_bytes=size)
 

@@ -298,10 +298,11 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
                                f"{'closed' if sv.state == StoreState.CLOSED else 'was offloaded'}; it was settled before")]
         late = f"input {inp.seq} came after its session gave up waiting for it and applied later ones (late)"
         return view, [Refuse(inp, _refusal(inp, late))]
-    if sv is None or sv.state == StoreState.CLOSED:
-        why = "no owner for session (unknown or closed)"
-        if refused is not None:
-            why = f"session closed before input {inp.seq} was applied"
+    if sv is None or sv.state == StoreState.CLOSED:  # closed: whether it came after the close or was
+        # handed back by the owner the close released, the same words (an outside producer read
+        # "unknown or closed" for its own inputs racing a close)
+        why = "no owner for session: never opened, or closed past its retention" if sv is None \
+            else f"session closed before input {inp.seq} was applied"
         return view, [Refuse(inp, _refusal(inp, why))]
     if refused is not None and refused.reason not in ("stale_epoch", "not_owner"):
         return view, [Refuse(inp, _refusal(inp, f"input {inp.seq} refused by its owner"))]

@@ -31,6 +31,7 @@ __all__ = [
     "STORE_STATE",
     "CLOSED_KEPT",
     "remember_closed",
+    "REFUSED_UNKNOWN",
 ]
 
 
@@ -123,6 +124,11 @@ TRANSITIONS: Mapping[tuple[SessionState | None, EventKind], tuple[SessionState, 
     )
 )
 
+
+#: events dispatch refuses for a session its store does not know (the table's rows for None
+#: say where a trace puts them; the live folds, control's view and the metrics tally, pass
+#: over them as the detector does, or they counted idle sessions nobody had opened)
+REFUSED_UNKNOWN = frozenset({EventKind.IDLE, EventKind.CLOSE})
 
 #: the lifecycle event each ``session-events`` record is
 EVENT_KIND: Mapping[type, EventKind] = MappingProxyType({

@@ -234,9 +234,11 @@ HEADERS: dict[str, str] = {
 }
 
 TOPIC_NOTES: dict[str, str] = {
-    "session-events": "Per session, records are handled in partition order: send a session's "
-                      "events with one producer, in order, and never an older `ts` after a "
-                      "newer one (control drops it as a stale redelivery). When every worker is "
+    "session-events": "Per session, records are handled in partition order, whatever their `ts`: "
+                      "send a session's events with one producer, in order, on the partition "
+                      "murmur2 of its key gives (one elsewhere is taken as it comes, out of order "
+                      "with the others). An idle or close of a session never opened is refused "
+                      "to dead-letters and no processor counts it. When every worker is "
                       "full, an open (or a return of an offloaded session) waits for room up to "
                       "dispatch's admission timeout (30 s) and is then refused to dead-letters "
                       "with the reason; past 256 waiting at once, or within 30 s of its session's "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from processors.latency import LatencyModel, load_profiles
-from processors.lifecycle import EVENT_KIND, SessionState, remember_closed, transition
+from processors.lifecycle import EVENT_KIND, REFUSED_UNKNOWN, SessionState, remember_closed, transition
 from schemas import records as r
 from schemas.errors import ConfigError
 from streams.config_file import env_number
@@ -107,6 +107,8 @@ class SessionTally:
             return
         sid: str = rec.session_id  # type: ignore[attr-defined]
         current = SessionState.TERMINATED if sid in self.closed else self.open.get(sid)
+        if current is None and kind in REFUSED_UNKNOWN:
+            return  # dispatch refuses it: an idle of an id never opened counted an idle session
         nxt, _ = transition(current, kind)
         if nxt is not SessionState.TERMINATED:
             self.open[sid] = nxt

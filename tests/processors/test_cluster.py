@@ -209,3 +209,32 @@ def test_prune_forgets_closed_sessions_and_down_workers():
     assert set(cut.sessions) == {"b"} and cut.workers == {}
     assert prune(view, 1) == view
     assert math.isinf(ClusterView().last_scale_ts)
+
+
+def test_session_events_fold_in_the_logs_order_and_pass_over_what_dispatch_refuses():
+    """An outside producer whose clock was skewed sent a close stamped before its open:
+    dispatch closed the session, the view dropped the close as a stale redelivery and kept it
+    executing for good. An idle of an id nobody opened, which dispatch refuses, made a
+    suspended session here, and a close of one made the id closed for good."""
+    view = apply_all(ClusterView(), [
+        r.SessionOpened(session_id="skew", ts=100.0),
+        r.SessionClosed(session_id="skew", ts=2.0),
+        r.SessionOpened(session_id="back", ts=200.0),
+        r.SessionIdle(session_id="back", ts=1.0),
+        r.SessionIdle(session_id="nobody", ts=5.0),
+        r.SessionClosed(session_id="later", ts=5.0),
+        r.SessionOpened(session_id="later", ts=6.0),
+    ])
+    assert view.sessions["skew"].lifecycle is SessionState.TERMINATED
+    assert view.sessions["back"].lifecycle is SessionState.SUSPENDED
+    assert view.sessions["back"].last_event[0] == 200.0  # its time does not go back
+    assert "nobody" not in view.sessions
+    assert view.sessions["later"].lifecycle is SessionState.EXECUTION
+    from processors.agents.metrics import SessionTally
+
+    tally = SessionTally()
+    for rec in (r.SessionIdle(session_id="nobody", ts=5.0), r.SessionClosed(session_id="later", ts=5.0),
+                r.SessionOpened(session_id="later", ts=6.0), r.SessionOpened(session_id="x", ts=7.0),
+                r.SessionIdle(session_id="x", ts=8.0)):
+        tally.fold(rec)
+    assert tally.counts() == {"active": 1, "idle": 1}  # "later" executing, "x" idle; "nobody" not counted

@@ -255,7 +255,7 @@ def test_input_accounting_reason_for_unknown_session() -> None:
     async def run() -> None:
         _store, shell, _sent, _clock = await _fleet({"w1": 1}, [])
         why = await shell.on_input(InputPushed(session_id="nope", seq=1, kind="text", payload="x", ts=1.0))
-        assert why is not None and "unknown or closed" in why
+        assert why is not None and "never opened, or closed past its retention" in why
 
     asyncio.run(run())
 
