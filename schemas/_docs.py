@@ -170,7 +170,8 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("CommandRejected", "kind"): ("For a refused input: its kind, so it can be re-routed; "
                                   "empty otherwise.", None),
     ("CommandRejected", "payload"): ("For a refused input: its payload; empty otherwise.", "By"),
-    ("ScaleOut", "count"): ("Workers to start; a provisioner dead-letters a count outside 1..32.", None),
+    ("ScaleOut", "count"): ("Workers to start; a provisioner dead-letters a count outside 1..32 (control asks "
+                              "for at most 32 at once, the next decision for the rest).", None),
     ("Drain", "worker_id"): ("The worker that gets no new session; its sessions migrate away.", None),
     ("Shutdown", "worker_id"): ("The worker to stop once it holds no session (never one no "
                                 "provisioner announced).", None),
@@ -254,9 +255,11 @@ TOPIC_NOTES: dict[str, str] = {
                       "refused to dead-letters with the reason; an input refused for its seq, size, "
                       "key or partition does not count, and a seq repeated within a window (a retry) counts "
                       "once and gets its first copy's verdict. The rule is decided from the log, so a replay "
-                      "decides it the same. An input to an offloaded session while every worker is "
-                      "full waits for room as an open does (session-events) and is refused the same "
-                      "way.",
+                      "decides it the same. An input to an offloaded session restores it and is applied, "
+                      "but the scheduler and the metrics count the session idle until its "
+                      "SessionActive: send one when the user is back. While every worker is "
+                      "full such an input waits for room as an open does (session-events) and is "
+                      "refused the same way.",
     "worker-commands": "A worker reads the partition its id hashes to and skips other "
                        "workers' records; commands of one worker arrive in order, and a "
                        "command whose generation is no longer current is refused "

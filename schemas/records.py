@@ -23,7 +23,7 @@ __all__ = [
     "WorkerUp", "Heartbeat", "WorkerDown", "WorkerProvisioned", "Claimed", "Frozen", "Released", "ChunkDone",
     "InputAccepted", "CommandRejected",
     # scaling-commands
-    "ScaleOut", "Drain", "Shutdown", "PolicyState", "AdmissionPlan", "AdmitSlot",
+    "ScaleOut", "SCALE_OUT_MAX", "Drain", "Shutdown", "PolicyState", "AdmissionPlan", "AdmitSlot",
     # metrics
     "WorkloadSignal", "PlacementReport", "ScalingDecision", "CostTick",
     # dead-letters
@@ -391,6 +391,9 @@ class CommandRejected(Record):
 
 
 # --- scaling-commands (key: pool) ------------------------------------------------------
+
+SCALE_OUT_MAX = 32  # workers one ScaleOut may ask for: a provisioner refuses more (its ``max_start``)
+
 
 @record("scale.out")
 class ScaleOut(Record):

@@ -204,7 +204,7 @@ class ProvisionerService:
     """Applies scaling commands to the store and the provisioner; retries pending shutdowns."""
 
     def __init__(self, provisioner: Provisioner, store: Any, publish: Callable[[r.Record], Any],
-                 clock: Callable[[], float] = time.time, max_start: int = 32) -> None:
+                 clock: Callable[[], float] = time.time, max_start: int = r.SCALE_OUT_MAX) -> None:
         self.provisioner = provisioner
         self.store = store
         self.publish = publish

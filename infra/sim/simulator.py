@@ -239,6 +239,7 @@ class _Sim:
         self.next_gpu = 0
         self.sessions: dict[str, Session] = {}  # executing sessions, as policies see them
         self.idle: dict[str, Session] = {}  # suspended ones (gpu_id set: still resident)
+        self.offloaded: set[str] = set()  # idle ones whose state left a GPU (restored when placed)
         self.resident = keeps_idle_resident(policy)
         self.fresh: list[SessionEvent] = []  # events since the last decision
         self.seen = [0, 0, 0.0]  # chunks, missed, worst since the last decision
@@ -434,7 +435,8 @@ class _Sim:
         if isinstance(cmd, (Place, Restore)):
             g = self.gpus.get(cmd.gpu_id)
             i = self.idle.get(sid) if s is None and self.resident else None
-            if i is not None and i.gpu_id is None and g is not None and g.state is _READY:
+            if i is not None and i.gpu_id is None and sid not in self.offloaded and g is not None \
+                    and g.state is _READY:
                 # an idle session placed by a policy that keeps idle sessions resident (one
                 # that opened idle, pinned at its open): its state rests there, holding a
                 # slot; nobody waits for it
@@ -468,6 +470,7 @@ class _Sim:
                 return
             self.idle[sid] = _with(i, None, i.restore, i.since)  # offloaded: a later activation restores
             self.where.pop(sid, None)
+            self.offloaded.add(sid)  # and no Place of it while idle (it rested there again for free)
         elif isinstance(cmd, Migrate):
             src, dst = self.gpus.get(cmd.src), self.gpus.get(cmd.dst)
             if s is None or s.gpu_id != cmd.src or dst is None or dst.state is not _READY or cmd.src == cmd.dst:
@@ -536,6 +539,7 @@ class _Sim:
             if i.gpu_id == g.id:
                 self.idle[sid] = _with(i, None, i.restore, i.since)
                 self.where.pop(sid, None)
+                self.offloaded.add(sid)
         for sid in list(g.roster):  # none but those that left by migration (Retire waits for them)
             self.orphan(sid, now)
             self.req[sid] = now

@@ -79,11 +79,12 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
             case d.Boot(count=count, gpu_type=gpu_type) if gpu_type in boots:
                 # one ScaleOut per decision and GPU type (a provisioner carries out a decision
                 # id once: the floor's Boot beside the autoscaler's was refused as a replay)
-                at = boots[gpu_type]
-                out[at] = replace(out[at], count=out[at].count + count)  # type: ignore[union-attr]
+                at = boots[gpu_type]  # the sum at most what a provisioner takes (past it, it took none)
+                out[at] = replace(out[at], count=min(out[at].count + count, r.SCALE_OUT_MAX))  # type: ignore[union-attr]
             case d.Boot(count=count, gpu_type=gpu_type):
                 boots[gpu_type] = len(out)
-                out.append(r.ScaleOut(pool=pool, count=count, ts=now, gpu_type=gpu_type, decision_id=decision_id))
+                out.append(r.ScaleOut(pool=pool, count=min(count, r.SCALE_OUT_MAX), ts=now, gpu_type=gpu_type,
+                                      decision_id=decision_id))
             case d.Vacate(gpu_id=gid) if not gid.startswith(BOOTING_PREFIX):
                 out.append(r.Drain(pool=pools.get(gid, pool), worker_id=gid, ts=now, decision_id=decision_id))
             case d.Retire(gpu_id=gid) if not gid.startswith(BOOTING_PREFIX):

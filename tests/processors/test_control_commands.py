@@ -60,6 +60,10 @@ def test_a_decisions_boots_are_one_scale_out_per_gpu_type():
         r.Drain(pool="p", worker_id="p-1", ts=10.0, decision_id="x"),
         r.ScaleOut(pool="p", count=2, ts=10.0, gpu_type="gpu", decision_id="x"),
     )
+    # a sum past what a provisioner takes asks for that much (past it, it took none: 20 + 20
+    # went from 20 workers, the first Boot's, to none); the next decision asks for the rest
+    big = command_records([d.Boot(20, "cpu"), d.Boot(20, "cpu"), d.Boot(40, "gpu")], _view(), 10.0, pool="p")
+    assert [(x.gpu_type, x.count) for x in big] == [("cpu", r.SCALE_OUT_MAX), ("gpu", r.SCALE_OUT_MAX)]
 
 
 def test_a_shutdown_is_not_repeated_within_the_resend_interval():

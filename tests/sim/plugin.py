@@ -252,3 +252,21 @@ class NotATuple:
 
     def decide(self, snapshot, signal, state):
         return Decision("Place", state)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class OffloadThenRest:
+    """Keeps idle sessions resident; offloads each idle one, then rests it on a GPU again with
+    ``Place`` (a free restore, before the simulator took it only from a session never placed)."""
+
+    name: str = "offload-then-rest"
+    keep_idle_resident: bool = True
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):
+        g = sorted(x.id for x in snapshot.gpus)[0]
+        cmds = [Place(s.id, g) for s in snapshot.sessions if s.gpu_id is None]
+        cmds += [Offload(s.id, s.gpu_id) for s in snapshot.sessions if s.lifecycle is SessionState.SUSPENDED and s.gpu_id]
+        return Decision(tuple(cmds), state)

@@ -222,6 +222,18 @@ def test_admission_entries_for_no_gpu_or_no_session_are_invalid_commands():
     assert r.invalid_commands == 2 and r.chunks > 0  # the good entry still admits
 
 
+def test_an_offloaded_idle_session_is_not_rested_on_a_gpu_again_for_free():
+    """Only a session never placed (one that opened idle) may be rested on a GPU while idle:
+    one whose state was offloaded came back with its next activation running where it rested,
+    with no restore paid."""
+    I, A = EventKind.IDLE, EventKind.ACTIVE
+    big = 100 * 10**9  # a restore of 0.05 + 100e9 / 12e9 = 8.38 s
+    ev = _ev((0, "a", O, big), (2, "a", I, big), (10, "a", A, big), (30, "a", C, 0))
+    r = simulate(load_policy("tests.sim.plugin:OffloadThenRest"), ev, MODEL, SimConfig(initial_gpus=1, round_s=1.0))
+    assert r.invalid_commands >= 1  # the Place of the offloaded idle session
+    assert r.worst_resume_latency_s > 8.0  # its return paid the restore
+
+
 @pytest.mark.parametrize("policy", ["rr", "lag", "mag"])
 def test_a_pinned_baseline_holds_a_slot_for_a_session_that_opens_idle(policy):
     """The paper's baselines place a session at its open and keep it there to its close, so
