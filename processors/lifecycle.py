@@ -180,8 +180,11 @@ CLOSED_KEPT = 100_000  # closed session ids a fold remembers, the latest kept
 
 def remember_closed(closed: dict[str, None], sid: str) -> None:
     """Keep ``sid`` among the closed ids (``closed`` in closing order; bounded, the oldest is
-    forgotten). A session id is not used again, so dispatch refuses any later event of it,
-    and the folds that count sessions (the detector's, the metrics processor's) pass over it."""
+    forgotten). Dispatch refuses a later event of a closed id while its store keeps the
+    closed session (``store_retention_s``, an hour by default), and the folds that count
+    sessions (the detector's, control's window, the metrics processor's) pass over it. The
+    bounds differ: an id used again after the store forgot it is served by dispatch but not
+    counted here until 100,000 later closes push it out, so producers do not reuse ids."""
     closed[sid] = None
     if len(closed) > CLOSED_KEPT:
         del closed[next(iter(closed))]
