@@ -69,12 +69,12 @@ def cluster_view(records: list[Record]) -> ClusterView:
 
 
 def detector_signal(records: list[Record], config: Any = None) -> dict[str, Any] | None:
-    """The detector's last signal over these session events, folded in the log's order as
-    the live detector folds them (:func:`~processors.detector.rebuild`, the state ``step``
-    reaches, in O(events); the signal at the last event's time, as its ``step`` gives it),
-    under ``config`` (the live detector's window, from the environment, when None). Sorted
-    by time instead, a close stamped before its open by a skewed producer left the session
-    open here while every processor had closed it."""
+    """The detector's signal over these session events at the latest event's time, folded
+    in the log's order as the live detector folds them (:func:`~processors.detector.rebuild`,
+    the state ``step`` reaches, in O(events)), under ``config`` (the live detector's window,
+    from the environment, when None). Sorted by time instead, a close stamped before its
+    open by a skewed producer left the session open here while every processor had closed
+    it. Partitions read in another interleaving give the same signal."""
     from processors.agents.detector import detector_settings
     from processors.detector import observe, rebuild
     from processors.lifecycle import session_event
@@ -83,7 +83,7 @@ def detector_signal(records: list[Record], config: Any = None) -> dict[str, Any]
     events = [e for e in map(session_event, records) if e is not None]
     if not events:
         return None
-    _, signal = observe(rebuild(events, config), events[-1].t, config)
+    _, signal = observe(rebuild(events, config), max(e.t for e in events), config)
     return dataclasses.asdict(signal)
 
 

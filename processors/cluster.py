@@ -98,7 +98,7 @@ class SessionInfo:
 
     id: str
     lifecycle: SessionState | None = None
-    last_event: tuple[float, frozenset[str]] = (_NEVER, frozenset())
+    last_event: float = _NEVER  # the latest session event's time (its idle age starts there)
     state_bytes: int = 0
     owner: tuple[int, str] = (0, "")
     released: int = 0
@@ -139,16 +139,13 @@ def _on_session_event(view: ClusterView, rec: r.Record, kind: EventKind) -> Clus
     if known is None and kind in REFUSED_UNKNOWN:
         return view  # dispatch refuses an idle or close of a session it does not know: so does the view
     old = known or SessionInfo(sid)
-    last_ts, kinds = old.last_event
-    if ts == last_ts and kind.value in kinds:
-        return view  # a duplicate
-    # in the log's order, as dispatch takes them: a skewed producer's close stamped before its
-    # open was dropped here as a stale redelivery while dispatch closed the session
-    seen = kinds | {kind.value} if ts == last_ts else frozenset({kind.value}) if ts > last_ts else kinds
+    # in the log's order, as dispatch takes them, whatever their times (a skewed producer's
+    # close stamped before its open was dropped here as a stale redelivery while dispatch
+    # closed the session); a redelivery repeats a stretch of the log in order, and the table
+    # lands where the stretch left it
     nxt, _ = transition(old.lifecycle, kind)
-    ts = max(ts, last_ts)  # its time never goes back (the idle age reads it)
     size = rec.state_bytes if isinstance(rec, r.SessionOpened) and rec.state_bytes else old.state_bytes
-    return _session(view, sid, lifecycle=nxt, last_event=(ts, seen), state_bytes=size)
+    return _session(view, sid, lifecycle=nxt, last_event=max(ts, old.last_event), state_bytes=size)
 
 
 def apply(view: ClusterView, rec: r.Record) -> ClusterView:
@@ -279,7 +276,7 @@ def to_snapshot(view: ClusterView, now: float, *, heartbeat_timeout_s: float = m
         gpu = where if where in usable else None
         sessions.append(Session(sid, s.state_bytes, lifecycle, gpu,
                                 restore=lifecycle is SessionState.EXECUTION and gpu is None and s.released > 0,
-                                since=s.last_event[0] if s.last_event[0] > _NEVER else 0.0))
+                                since=s.last_event if s.last_event > _NEVER else 0.0))
     return Snapshot(now, tuple(gpus), tuple(sessions))
 
 
@@ -290,7 +287,7 @@ def prune(view: ClusterView, before_ts: float) -> ClusterView:
     then be folded again, so cut well behind the consumer's position.
     """
     sessions = {k: s for k, s in view.sessions.items()
-                if not (s.lifecycle is SessionState.TERMINATED and s.last_event[0] < before_ts)}
+                if not (s.lifecycle is SessionState.TERMINATED and s.last_event < before_ts)}
     workers = {k: w for k, w in view.workers.items()  # a provisioned worker may still be booting
                if w.alive or max(w.down_ts, w.provisioned_ts) >= before_ts}
     scale_outs = {k: v for k, v in view.scale_outs.items() if v[0] >= before_ts}

@@ -236,8 +236,8 @@ HEADERS: dict[str, str] = {
 
 TOPIC_NOTES: dict[str, str] = {
     "session-events": "Per session, records are handled in partition order, whatever their `ts`: "
-                      "send a session's events with one producer, in order, on the partition "
-                      "murmur2 of its key gives (one elsewhere is taken as it comes, out of order "
+                      "send a session's events with one idempotent producer (enable.idempotence, so a "
+                      "retry cannot reorder them), in order, on the partition murmur2 of its key gives (one elsewhere is taken as it comes, out of order "
                       "with the others). An idle or close of a session never opened is refused "
                       "to dead-letters and no processor counts it. When every worker is "
                       "full, an open (or a return of an offloaded session) waits for room up to "

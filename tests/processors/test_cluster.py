@@ -227,7 +227,7 @@ def test_session_events_fold_in_the_logs_order_and_pass_over_what_dispatch_refus
     ])
     assert view.sessions["skew"].lifecycle is SessionState.TERMINATED
     assert view.sessions["back"].lifecycle is SessionState.SUSPENDED
-    assert view.sessions["back"].last_event[0] == 200.0  # its time does not go back
+    assert view.sessions["back"].last_event == 200.0  # its time does not go back
     assert "nobody" not in view.sessions
     assert view.sessions["later"].lifecycle is SessionState.EXECUTION
     from processors.agents.metrics import SessionTally

@@ -122,8 +122,9 @@ def test_a_closed_session_opened_again_is_not_counted():
 
 def test_replay_detector_gives_the_signal_step_by_step_gives():
     """`chunkserve replay detector` folds the log with ``rebuild``; its signal is the one
-    folding the same records in the log's order with ``step`` ends on (as the live detector
-    does: sorted by time, a close stamped before its open left the session open)."""
+    folding the same records in the log's order with ``step`` reaches, read at the latest
+    event's time (the live detector folds in the log's order: sorted by time, a close stamped
+    before its open left the session open), and the same for any interleaving of sessions."""
     import dataclasses
     import random
 
@@ -139,7 +140,11 @@ def test_replay_detector_gives_the_signal_step_by_step_gives():
         state, signal, config, closed = DetectorState(), None, DetectorConfig(), {}
         for rec in recs:
             state, signal = step(state, session_event(rec), config, closed)
+        if recs:
+            _, signal = observe(state, max(x.ts for x in recs), config)
         assert detector_signal(recs) == (None if signal is None else dataclasses.asdict(signal)), seed
+        by_session = sorted(recs, key=lambda x: x.session_id)  # another interleaving, each session's order kept
+        assert detector_signal(by_session) == detector_signal(recs), seed
     skewed = [rr.SessionOpened(session_id="a", ts=100.0), rr.SessionClosed(session_id="a", ts=2.0)]
     assert detector_signal(skewed)["active"] == 0
 
