@@ -83,7 +83,7 @@ def detector_signal(records: list[Record], config: Any = None) -> dict[str, Any]
     events = [e for e in map(session_event, records) if e is not None]
     if not events:
         return None
-    _, signal = observe(rebuild(events, config), max(e.t for e in events), config)
+    _, signal = observe(rebuild(events, config)[0], max(e.t for e in events), config)
     return dataclasses.asdict(signal)
 
 

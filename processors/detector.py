@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Container, Iterable
 
-from processors.lifecycle import EventKind, SessionEvent, SessionState, remember_closed
+from processors.lifecycle import EventKind, SessionEvent, SessionState
 from schemas.errors import ConfigError
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "DetectorState",
     "Signal",
     "step",
+    "closes",
     "rebuild",
     "not_ahead",
     "observe",
@@ -189,22 +190,25 @@ def _where(active: frozenset[str] | set[str], idle: frozenset[str] | set[str], s
     return ACTIVE if sid in active else IDLE if sid in idle else GONE
 
 
+def closes(state: DetectorState, event: SessionEvent, closed: Container[str] = frozenset()) -> bool:
+    """Whether :func:`step` of ``event`` on ``state`` closes an open session: the caller then
+    remembers its id (:func:`processors.lifecycle.remember_closed`) for the next events."""
+    sid = event.session_id
+    return (EventKind(event.kind) is EventKind.CLOSE and sid not in closed
+            and (sid in state.active or sid in state.idle))
+
+
 def step(state: DetectorState, event: SessionEvent, config: DetectorConfig,
-         closed: dict[str, None] | None = None) -> tuple[DetectorState, Signal]:
+         closed: Container[str] = frozenset()) -> tuple[DetectorState, Signal]:
     """Fold one session event into the window; returns the new state and the signal.
-    ``closed`` (the caller's memory of closed ids, kept up to date here, as :func:`rebuild`
-    keeps it): an event of a session in it moves nothing (dispatch refuses it)."""
+    ``closed`` (the caller's memory of closed ids, read only; :func:`closes` says when to add
+    one): an event of a session in it moves nothing (dispatch refuses it)."""
     slot = math.floor(event.t / config.slot_s)
     cur = slot if state.last_slot is None else max(state.last_slot, slot)
     first = slot if state.first_slot is None else min(state.first_slot, slot)
     sid = event.session_id
     where = _where(state.active, state.idle, sid)
-    if closed is not None and sid in closed:
-        to, counts = where, NO_COUNTS
-    else:
-        to, counts = _move(where, EventKind(event.kind))
-        if closed is not None and to is GONE and where is not GONE:
-            remember_closed(closed, sid)
+    to, counts = (where, NO_COUNTS) if sid in closed else _move(where, EventKind(event.kind))
     active = state.active - {sid} if where is ACTIVE and to is not ACTIVE else state.active
     idle = state.idle - {sid} if where is IDLE and to is not IDLE else state.idle
     active = active | {sid} if to is ACTIVE and where is not ACTIVE else active
@@ -219,14 +223,16 @@ def step(state: DetectorState, event: SessionEvent, config: DetectorConfig,
     return new, _signal(new, event.t, config)
 
 
-def rebuild(events: Iterable[SessionEvent], config: DetectorConfig,
-            state: DetectorState = DetectorState(), closed: dict[str, None] | None = None) -> DetectorState:
-    """The state folding ``events`` into ``state`` one by one with :func:`step` ends in, in
-    O(events + sessions + slots) rather than :func:`step`'s O(sessions) copy per event: a
-    restarted detector folds its whole log with it. The window keeps the counts of the
-    slots within ``config.slots`` of the latest slot seen, as :func:`step`'s pruning does.
-    ``closed`` (kept up to date here) holds the ids closed so far: their events move nothing."""
-    closed = {} if closed is None else closed
+def rebuild(events: Iterable[SessionEvent], config: DetectorConfig, state: DetectorState = DetectorState(),
+            closed: Container[str] = frozenset()) -> tuple[DetectorState, tuple[str, ...]]:
+    """The state folding ``events`` into ``state`` one by one with :func:`step` ends in (the
+    caller remembering each id :func:`closes` names), in O(events + sessions + slots) rather
+    than :func:`step`'s O(sessions) copy per event: a restarted detector folds its whole log
+    with it. The window keeps the counts of the slots within ``config.slots`` of the latest
+    slot seen, as :func:`step`'s pruning does. ``closed`` (read only) holds the ids closed
+    before: their events move nothing; returned beside the state, the ids these events
+    closed, in order, for the caller to remember."""
+    now_closed: dict[str, None] = {}
     active, idle = set(state.active), set(state.idle)
     counts: dict[int, list[int]] = {s[0]: list(s[1:]) for s in state.window}
     first, last = state.first_slot, state.last_slot
@@ -235,12 +241,12 @@ def rebuild(events: Iterable[SessionEvent], config: DetectorConfig,
         first = slot if first is None else min(first, slot)
         last = slot if last is None else max(last, slot)
         sid = event.session_id
-        if sid in closed:
+        if sid in closed or sid in now_closed:
             continue
         where = _where(active, idle, sid)
         to, moved = _move(where, EventKind(event.kind))
         if to is GONE and where is not GONE:
-            remember_closed(closed, sid)
+            now_closed[sid] = None
         (active if where is ACTIVE else idle).discard(sid)
         if to is not GONE:
             (active if to is ACTIVE else idle).add(sid)
@@ -251,4 +257,4 @@ def rebuild(events: Iterable[SessionEvent], config: DetectorConfig,
                 counts = {s: c for s, c in counts.items() if s > last - config.slots}
     lo = -math.inf if last is None else last - config.slots + 1
     window = tuple((s, *row) for s, row in sorted(counts.items()) if s >= lo)
-    return DetectorState(frozenset(active), frozenset(idle), window, first, last)  # type: ignore[arg-type]
+    return DetectorState(frozenset(active), frozenset(idle), window, first, last), tuple(now_closed)  # type: ignore[arg-type]

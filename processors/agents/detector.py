@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from processors.detector import DetectorConfig, DetectorState, Signal, not_ahead, observe, rebuild, step
-from processors.lifecycle import session_event
+from processors.detector import DetectorConfig, DetectorState, Signal, closes, not_ahead, observe, rebuild, step
+from processors.lifecycle import remember_closed, session_event
 from schemas import records as r
 from schemas.errors import ConfigError
 from streams.config_file import env_number
@@ -58,7 +58,11 @@ class DetectorShell:
         if event is None:
             return None
         now = self.clock()
-        self.state, signal = step(self.state, not_ahead(event, now), self.config, self.closed)
+        event = not_ahead(event, now)
+        closing = closes(self.state, event, self.closed)
+        self.state, signal = step(self.state, event, self.config, self.closed)
+        if closing:
+            remember_closed(self.closed, event.session_id)
         if now - self.last_published < self.min_interval_s:
             self.held = True
             return None
@@ -72,7 +76,10 @@ class DetectorShell:
         whole log is read (a read failing halfway left the shell's memory half filled)."""
         now = self.clock()
         events = (not_ahead(e, now) for e in map(session_event, records) if e is not None)
-        return rebuild(events, self.config, state, closed)
+        state, ended = rebuild(events, self.config, state, closed)
+        for sid in ended:
+            remember_closed(closed, sid)
+        return state
 
     def tick(self) -> r.WorkloadSignal:
         """Roll the window to now; the signal, whether or not any event was seen."""

@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.detector import DetectorConfig, DetectorState, observe, rebuild, step, variation, volatility_level
-from processors.lifecycle import EventKind, SessionEvent
+from processors.detector import (DetectorConfig, DetectorState, closes, observe, rebuild, step, variation,
+                                 volatility_level)
+from processors.lifecycle import EventKind, SessionEvent, remember_closed
 
 
 @st.composite
@@ -75,20 +76,35 @@ anything = st.lists(st.builds(SessionEvent, st.floats(0, 400, allow_nan=False), 
                               st.sampled_from(list(EventKind))), max_size=120)
 
 
+def stepping(events, config, state=DetectorState(), closed=None):
+    """What a live detector does with each event: ``step`` (pure), then remember the id it
+    ``closes``; the state, the last signal and the closed ids."""
+    closed, signal = dict(closed or {}), None
+    for event in events:
+        closing = closes(state, event, closed)
+        state, signal = step(state, event, config, closed)
+        if closing:
+            remember_closed(closed, event.session_id)
+    return state, signal, closed
+
+
 @settings(max_examples=300, deadline=None)
 @given(anything, st.integers(0, 120), st.sampled_from([(60.0, 5.0), (10.0, 1.0), (3.0, 3.0)]))
 def test_rebuild_ends_where_stepping_each_event_ends(events, cut, window):
     """A restarted detector folds its log with ``rebuild``: the state must be the one the
-    live detector reached stepping through the same events, from any state on."""
+    live detector reached stepping through the same events, from any state on, and the ids
+    it names closed the ones stepping remembered."""
     config = DetectorConfig(window_s=window[0], slot_s=window[1])
-    stepped, closed = DetectorState(), {}
-    for event in events:
-        stepped, _ = step(stepped, event, config, closed)
-    assert rebuild(events, config) == stepped
-    head, head_closed = DetectorState(), {}
-    for event in events[:cut]:
-        head, _ = step(head, event, config, head_closed)
-    assert rebuild(events[cut:], config, head, head_closed) == stepped and head_closed == closed
+    stepped, _, closed = stepping(events, config)
+    rebuilt, ended = rebuild(events, config)
+    assert rebuilt == stepped and dict.fromkeys(ended) == closed
+    head, _, head_closed = stepping(events[:cut], config)
+    before = dict(head_closed)
+    tail, tail_ended = rebuild(events[cut:], config, head, head_closed)
+    assert tail == stepped and {**head_closed, **dict.fromkeys(tail_ended)} == closed
+    assert head_closed == before  # read only: the caller remembers what it returns
+    state, event = stepped, (events or [SessionEvent(0, "x", EventKind.OPEN)])[-1]
+    assert step(state, event, config, closed) == step(state, event, config, closed)  # pure: same in, same out
 
 
 def test_a_closed_session_opened_again_is_not_counted():
@@ -98,11 +114,9 @@ def test_a_closed_session_opened_again_is_not_counted():
     config = DetectorConfig()
     events = [SessionEvent(0, "a", EventKind.OPEN), SessionEvent(5, "a", EventKind.CLOSE),
               SessionEvent(6, "a", EventKind.OPEN), SessionEvent(7, "a", EventKind.IDLE), SessionEvent(8, "a", EventKind.ACTIVE)]
-    state, closed = DetectorState(), {}
-    for event in events:
-        state, signal = step(state, event, config, closed)
+    state, signal, closed = stepping(events, config)
     assert signal.active == 0 and signal.arrivals == 1 and closed == {"a": None}
-    assert rebuild(events, config) == state
+    assert rebuild(events, config) == (state, ("a",))
     from processors.agents.detector import DetectorShell
     from schemas import records as r
 
@@ -137,9 +151,8 @@ def test_replay_detector_gives_the_signal_step_by_step_gives():
         rng = random.Random(seed)
         recs = [k(session_id=f"s{rng.randint(0, 30)}", ts=round(rng.uniform(0, 400), 1))
                 for k in (rng.choice(kinds) for _ in range(rng.randint(0, 200)))]
-        state, signal, config, closed = DetectorState(), None, DetectorConfig(), {}
-        for rec in recs:
-            state, signal = step(state, session_event(rec), config, closed)
+        config = DetectorConfig()
+        state, signal, _ = stepping([session_event(rec) for rec in recs], config)
         if recs:
             _, signal = observe(state, max(x.ts for x in recs), config)
         assert detector_signal(recs) == (None if signal is None else dataclasses.asdict(signal)), seed
