@@ -6,7 +6,8 @@ order), ``PR_SET_PDEATHSIG`` on Linux (SIGTERM when the parent dies, even by SIG
 ``CHUNKSERVE_PARENT_PID`` in its environment. A ``chunkserve`` child calls
 :func:`watch_parent` at start: a daemon thread that stops it when its parent is gone, on
 any platform and whichever thread of the parent started it (the death signal follows the
-starting thread). :func:`stop_in_order` stops children group by group: SIGTERM (their
+starting thread); any child started from a thread other than the main one (a broker node
+restarted by a chaos run) also gets a small guard process that stops its group then. :func:`stop_in_order` stops children group by group: SIGTERM (their
 own graceful stop), then SIGKILL for those, and for the processes they started, still
 running after a grace period.
 """
