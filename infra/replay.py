@@ -11,9 +11,9 @@ import dataclasses
 import os
 from typing import Any
 
-import msgpack
 
 from processors.cluster import ClusterView, apply
+from schemas.codec import names
 from schemas.records import ChunkDone, DeadLetter, Handoff, InputAccepted, Record, WorkerDown
 from schemas.topics import DEAD_LETTERS, SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WORKER_EVENTS, misfiled
 from streams.config import Settings
@@ -136,11 +136,8 @@ def _letter_of(letter: DeadLetter, sid: str) -> bool:
     came keyed otherwise (or with no key: refused for that)."""
     if letter.key == sid.encode():
         return True
-    try:
-        body = msgpack.unpackb(letter.raw, raw=False) if letter.raw else None
-    except Exception:  # noqa: BLE001 - not msgpack, or cut short: it names no session we can read
-        return False
-    return isinstance(body, dict) and body.get("session_id") == sid
+    named = names(letter.raw)  # None: not msgpack, or cut short
+    return named is not None and named[0] == sid
 
 
 async def session_log(settings: Settings, sid: str, last: int = 50) -> dict[str, Any]:

@@ -47,7 +47,8 @@ class Max:
 Id = Annotated[str, NonEmpty()]
 Count = Annotated[int, Min(0)]
 # a producer's per-session input number, from 1: exact in every JSON number and in the store's Lua
-Seq = Annotated[int, Min(1), Max(2**53 - 1)]
+MAX_SEQ = 2**53 - 1  # the largest every JSON number holds exactly
+Seq = Annotated[int, Min(1), Max(MAX_SEQ)]
 Seconds = Annotated[float, Min(0.0)]
 Fraction = Annotated[float, Min(0.0), Max(1.0)]
 Level = Annotated[int, Min(1), Max(10)]  # the detector's volatility level

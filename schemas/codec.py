@@ -14,14 +14,14 @@ from typing import Any
 
 import msgpack
 
-from ._fields import from_fields, to_fields
+from ._fields import MAX_SEQ, from_fields, to_fields
 from .errors import SchemaError
 from .records import Record
 from .topics import SESSION_EVENTS, SESSION_INPUTS, TOPICS, topic_of
 
 __all__ = ["DEFAULT_MAX_BYTES", "encode", "decode", "Decoder", "decoder_for", "key_for",
            "bound_event_time", "EVENT_TIME_TOPICS", "MAX_EVENT_SKEW_S",
-           "TYPE_HEADER", "header_tag"]
+           "TYPE_HEADER", "header_tag", "names"]
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 TAG, VERSION = "t", "v"
@@ -61,6 +61,23 @@ def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
 
 class _TwiceError(ValueError):
     pass
+
+
+def names(data: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, int | None] | None:
+    """The session id (and the input's seq, when a whole number from 1) a record's bytes name
+    though it may not decode: a msgpack map with a string ``session_id``; None otherwise. For
+    telling what a refused record was about, never for acting on it as a record."""
+    if not data or len(data) > max_bytes:
+        return None
+    try:
+        wire = msgpack.unpackb(bytes(data), raw=False)
+    except Exception:  # noqa: BLE001 - msgpack raises several types for malformed input
+        return None
+    sid = wire.get("session_id") if isinstance(wire, dict) else None
+    if not isinstance(sid, str) or not sid:
+        return None
+    seq = wire.get("seq")
+    return sid, seq if type(seq) is int and 1 <= seq <= MAX_SEQ else None
 
 
 def encode(rec: Record, max_bytes: int | None = None) -> bytes:

@@ -18,7 +18,7 @@ from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
 from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, InputPushed, Record, RoutedInput,
                              SessionOpened, WorkerDown, WorkerUp)
 
-from schemas.codec import encode
+from schemas.codec import encode, names
 from schemas.topics import SESSION_INPUTS, misfiled
 from streams.kafka import dead_letter_record
 from streams.topics import misplaced
@@ -334,8 +334,11 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
     async for event in stream.events():
         rec = await decode_event(event, SESSION_INPUTS, publisher, "dispatch")
         msg, sh = event.message, await shell()
-        if rec is None:
+        if rec is None:  # dead-lettered for its schema
             sh.rate_windows.passed_over(msg.partition, msg.offset)
+            named = schema_refused(msg, publisher.limit(SESSION_INPUTS))
+            if named is not None:  # its owner does not wait 5 s for it, as for any input refused
+                sh.gate.note_refused(*named)
             continue
         stamp = msg.timestamp or time.time()  # the record's Kafka timestamp (faust: seconds)
         off = misplaced(msg.key, msg.partition, _partitions(stream, msg.topic))
@@ -351,6 +354,15 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
                         lambda exc, msg=msg, sh=sh: sh.dead_letter(publisher, msg,
                                                                    f"refused: dispatch could not route it ({exc})"),
                         lambda why, rec=rec, msg=msg, sh=sh: sh.refuse_parked(rec, msg, why, publisher))
+
+
+def schema_refused(msg: Any, max_bytes: int) -> tuple[str, int] | None:
+    """The session and seq an input dead-lettered for its schema (a wrong header, a bad field)
+    names, when its bytes name both and it came keyed by that session; else None."""
+    named = names(msg.value, max_bytes)
+    if named is None or named[1] is None or msg.key != named[0].encode():
+        return None
+    return named[0], named[1]
 
 
 def _partitions(stream: Any, topic: str) -> int | None:

@@ -157,6 +157,24 @@ def test_an_input_refused_on_its_route_is_named_on_the_next_routed_one() -> None
     assert len(letters.records) == 1 and shell.gate.refused_before("s") == (1,)
 
 
+def test_an_input_refused_for_its_schema_is_named_on_the_next_routed_one() -> None:
+    """An input dead-lettered for its schema (a wrong cs-t header, found by an outside
+    producer) held the session's later inputs 5 s, its owner waiting for the gap: the seq its
+    bytes name is noted as refused, when keyed by the session they name, as any refusal is."""
+    from types import SimpleNamespace
+
+    from schemas.codec import encode
+
+    from processors.agents.dispatch import schema_refused
+
+    body = encode(InputPushed(session_id="s", seq=4, kind="text", payload="hi", ts=1.0))
+    cut = encode(InputPushed(session_id="t", seq=9, kind="text", payload="x", ts=1.0))[:-3]
+    said = [schema_refused(SimpleNamespace(key=key, value=value), 1 << 20)
+            for key, value in ((b"s", body), (b"other", body), (b"s", b"\xc1 not msgpack"), (b"t", cut),
+                               (b"s", body.replace(b"\x04", b"\x00")))]  # seq 0: no seq it could be
+    assert said == [("s", 4), None, None, None, None]  # keyed otherwise, not msgpack, cut short: nothing
+
+
 def test_a_worker_with_another_rate_rule_is_named() -> None:
     """A worker started by hand with other rate settings would replay with another rule:
     dispatch names the difference (it logs it as an error when the worker comes up)."""
