@@ -11,7 +11,6 @@ import dataclasses
 import os
 from typing import Any
 
-
 from processors.cluster import ClusterView, apply
 from schemas.codec import names
 from schemas.records import ChunkDone, DeadLetter, Handoff, InputAccepted, Record, WorkerDown
@@ -104,9 +103,7 @@ def session_story(records: list[Record], sid: str, t0: float, last: int = 12) ->
     """What the log says happened to one session: each event, command, claim, freeze,
     release, refusal and dead letter (``+t worker#epoch Tag reason``), the last ``last`` of
     them, then when its last chunk was released."""
-    told, chunk_at = [], None
-    owners = {g.worker_id for rec in records if getattr(rec, "session_id", None) == sid
-              and (g := getattr(rec, "generation", None)) is not None}
+    told, chunk_at, owners = [], None, _owners(records, sid)
     for rec in records:
         if isinstance(rec, DeadLetter):
             if _letter_of(rec, sid):
@@ -125,6 +122,12 @@ def session_story(records: list[Record], sid: str, t0: float, last: int = 12) ->
         why = getattr(rec, "reason", "") or getattr(rec, "target_worker", "")
         told.append(f"+{getattr(rec, 'ts', t0) - t0:.1f} {who} {rec.TAG} {why}".rstrip())
     return [*told[-last:], "no chunk" if chunk_at is None else f"last chunk +{chunk_at - t0:.1f}"]
+
+
+def _owners(records: list[Record], sid: str) -> set[str]:
+    """The workers that held a generation of session ``sid`` in these records."""
+    return {g.worker_id for rec in records if getattr(rec, "session_id", None) == sid
+            and (g := getattr(rec, "generation", None)) is not None}
 
 
 def _about(rec: Record, sid: str) -> bool:
@@ -146,8 +149,7 @@ async def session_log(settings: Settings, sid: str, last: int = 50) -> dict[str,
     every record of those topics: its time grows with the log."""
     records, undecodable = await read_log(settings, STORY_TOPICS)
     mine = [r for r in records if _about(r, sid)]
-    owners = {g.worker_id for r in mine if (g := getattr(r, "generation", None)) is not None}
-    span = [getattr(r, "ts", 0.0) for r in mine] or [0.0]
+    owners, span = _owners(mine, sid), [getattr(r, "ts", 0.0) for r in mine] or [0.0]
     downs = [r for r in records if isinstance(r, WorkerDown) and r.worker_id in owners
              and min(span) <= r.ts <= max(span)]  # an owner declared dead while the session lived
     mine = sorted(mine + downs, key=lambda r: getattr(r, "ts", 0.0))
