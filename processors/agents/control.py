@@ -21,12 +21,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from processors import decisions as d
+from processors.agents.detector import step_remembering
 from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, AutoscalerConfig, Slo, utilization
 from processors.cluster import (BOOTING_PREFIX, ClusterView, apply, current_generation,
                                 dead_workers, prune, to_snapshot)
-from processors.detector import DetectorConfig, DetectorState, Signal, closes, not_ahead, observe, step
+from processors.detector import DetectorConfig, DetectorState, Signal, not_ahead, observe
 from processors.latency import GpuProfile, LatencyModel, load_profiles
-from processors.lifecycle import SessionEvent, remember_closed, session_event
+from processors.lifecycle import SessionEvent, session_event
 from processors.placement import ADMIT_LIMIT, worst_latency
 from processors.policy import BUILTIN_POLICIES, Policy, load_policy
 from processors.policy_state import decode as decode_state
@@ -306,11 +307,8 @@ class ControlShell:
         event = session_event(rec)
         if event is not None:
             before = self.view.sessions.get(event.session_id)
-            bounded = not_ahead(event, self.clock())
-            closing = closes(self.detector, bounded, self.closed)
-            self.detector, _ = step(self.detector, bounded, self.detector_config, self.closed)
-            if closing:
-                remember_closed(self.closed, event.session_id)
+            self.detector, _ = step_remembering(self.detector, not_ahead(event, self.clock()),
+                                                self.detector_config, self.closed)
             self.fresh.append(event)
             if len(self.fresh) > MAX_FRESH_EVENTS:  # no round for a long while: the newest
                 del self.fresh[:len(self.fresh) - MAX_FRESH_EVENTS]

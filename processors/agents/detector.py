@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from processors.detector import DetectorConfig, DetectorState, Signal, closes, not_ahead, observe, rebuild, step
-from processors.lifecycle import remember_closed, session_event
+from processors.lifecycle import SessionEvent, remember_closed, session_event
 from schemas import records as r
 from schemas.errors import ConfigError
 from streams.config_file import env_number
@@ -40,6 +40,17 @@ def signal_record(signal: Signal, state: DetectorState, config: DetectorConfig) 
                             volatility=signal.volatility, level=signal.level)
 
 
+def step_remembering(state: DetectorState, event: SessionEvent, config: DetectorConfig,
+                     closed: dict[str, None]) -> tuple[DetectorState, Signal]:
+    """A shell's step: the pure :func:`~processors.detector.step`, then the id of a session
+    it closed remembered in the shell's ``closed`` (this agent's and control's window)."""
+    closing = closes(state, event, closed)
+    state, signal = step(state, event, config, closed)
+    if closing:
+        remember_closed(closed, event.session_id)
+    return state, signal
+
+
 @dataclass
 class DetectorShell:
     """The detector state between events, and when a signal was last published."""
@@ -58,11 +69,7 @@ class DetectorShell:
         if event is None:
             return None
         now = self.clock()
-        event = not_ahead(event, now)
-        closing = closes(self.state, event, self.closed)
-        self.state, signal = step(self.state, event, self.config, self.closed)
-        if closing:
-            remember_closed(self.closed, event.session_id)
+        self.state, signal = step_remembering(self.state, not_ahead(event, now), self.config, self.closed)
         if now - self.last_published < self.min_interval_s:
             self.held = True
             return None
