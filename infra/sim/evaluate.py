@@ -84,6 +84,8 @@ def bars(doc: dict[str, Any]) -> dict[str, Any]:
         "slo_met": slo["met"].get("turboserve", False),
         "slo_20pct_cheaper": bool(slo["met"].get("turboserve")) and saving is not None and saving >= 20.0,
         "slo_saving_pct": saving,
+        # the most any elastic pool saves against a fixed one at the SLO (infra.sim.guide's model)
+        "slo_saving_bound_pct": slo["elastic_bound"]["saving_pct"],
     }
     peers = {name: {"cost": m["cost"], "worst_s": m["worst_chunk_latency_s"], "miss": m["deadline_miss_rate"],
                     "slo_met": slo["met"].get(name, False), "slo_cost": slo["cost"].get(name)}

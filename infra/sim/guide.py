@@ -12,10 +12,15 @@ so a policy's measured rate at ``p`` GPUs is the estimate's at about ``c * p`` (
 placement wastes a share of the pool): a search calibrates ``c`` on each of its runs
 (:meth:`MissGuide.pool_at`) and aims where ``c`` says. It only aims probes: every answer
 is a run.
+
+The same model bounds what elasticity can buy at an SLO (:meth:`MissGuide.elastic_bound`):
+the cheapest pool that changes size freely, with no boot time, fractional GPUs and the
+run's whole error budget spent where it saves most, against the cheapest fixed pool.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -24,19 +29,44 @@ import numpy as np
 from processors.latency import GpuProfile
 from processors.lifecycle import EventKind, SessionEvent
 
-__all__ = ["MissGuide", "miss_guide"]
+__all__ = ["MissGuide", "ElasticBound", "miss_guide"]
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticBound:
+    """The fluid model's cheapest fixed pool meeting a miss rate (``fixed_gpus``), the
+    least mean size any elastic pool can have meeting it (``elastic_gpus``) and the saving
+    that leaves (``saving_pct``, 100 (1 - elastic / fixed))."""
+
+    fixed_gpus: float
+    elastic_gpus: float
+    saving_pct: float
 
 
 @dataclass(frozen=True, eq=False)
 class MissGuide:
-    """Executing sessions over time (``load`` for ``dt`` seconds each) and at each first
-    chunk (``first``), with the latency curve tabulated on ``0..len(curve) - 1``."""
+    """Executing sessions over time (``load`` for ``dt`` seconds each from ``t``) and at
+    each first chunk (``first``, at ``first_t``), with the latency curve tabulated on
+    ``0..len(curve) - 1``."""
 
     first: np.ndarray
     load: np.ndarray
     dt: np.ndarray
     curve: np.ndarray
     deadline_s: float
+    t: np.ndarray
+    first_t: np.ndarray
+
+    def _late(self, n: np.ndarray) -> np.ndarray:
+        """Chance that a first chunk joining a GPU of ``n`` executing sessions (itself
+        counted) misses its deadline."""
+        n = np.maximum(n, 1.0)
+        before, own = self._l(n - 1.0), self._l(n)
+        return np.where(before > 0, np.clip((before + own - self.deadline_s) / np.maximum(before, 1e-12), 0.0, 1.0),
+                        (own > self.deadline_s).astype(float))
+
+    def _chunks(self, pool: float) -> float:
+        return float((self.load / self._l(np.maximum(self.load / pool, 1.0)) * self.dt).sum())
 
     def _l(self, n: np.ndarray) -> np.ndarray:
         return np.interp(n, np.arange(len(self.curve)), self.curve)
@@ -45,12 +75,8 @@ class MissGuide:
         """Estimated share of chunks past their deadline on ``pool`` GPUs."""
         if pool < 1 or not len(self.load):
             return 0.0
-        n = np.maximum(self.first / pool, 1.0)
-        before, own = self._l(n - 1.0), self._l(n)
-        late = np.where(before > 0, np.clip((before + own - self.deadline_s) / np.maximum(before, 1e-12), 0.0, 1.0),
-                        (own > self.deadline_s).astype(float))
-        chunks = float((self.load / self._l(np.maximum(self.load / pool, 1.0)) * self.dt).sum())
-        return float(late.sum()) / chunks if chunks > 0 else 0.0
+        chunks = self._chunks(pool)
+        return float(self._late(self.first / pool).sum()) / chunks if chunks > 0 else 0.0
 
     def pool_at(self, miss_rate: float, cap: int) -> float:
         """The pool (a real number in [1, ``cap``]) where the estimate is ``miss_rate``."""
@@ -80,10 +106,64 @@ class MissGuide:
         return lo
 
 
+    def elastic_bound(self, miss_rate: float, capacity: int, end_s: float, segment_s: float = 10.0,
+                      step: float = 0.005) -> ElasticBound:
+        """What a perfectly elastic pool could save against a fixed one at ``miss_rate``,
+        in this model. The fixed pool is the smallest (a real number) whose estimate meets
+        the rate and that holds the peak at ``capacity`` sessions per GPU. The elastic pool
+        may take any size in each ``segment_s`` span from 0 to ``end_s`` (at least its
+        executing sessions over ``capacity``: a session that runs back to back misses
+        nothing up to K), with no boot time, and may miss as many first chunks as the fixed
+        pool's chunks allow, wherever they save most. Its least mean size is the Lagrangian
+        dual of that problem over sizes on a geometric grid of ``step``: no elastic pool in
+        the model can be smaller, so the saving is an upper bound (to within the grid)."""
+        if not len(self.load) or end_s <= 0:
+            return ElasticBound(0.0, 0.0, 0.0)
+        cap = float(max(1.0, self.first.max(initial=1.0), self.load.max() / capacity))
+        fixed = max(self.pool_at(miss_rate, math.ceil(cap)), float(self.load.max()) / capacity)
+        budget = miss_rate * self._chunks(fixed)
+        nseg = max(1, math.ceil(end_s / segment_s - 1e-9))
+        span = np.minimum(segment_s, end_s - segment_s * np.arange(nseg))  # the last one may be cut short
+        # the most sessions executing in each span: those at its events, and those carried into it
+        at = np.minimum((self.t // segment_s).astype(int), nseg - 1)
+        peak = np.zeros(nseg)
+        np.maximum.at(peak, at, self.load)
+        starts = np.searchsorted(self.t, segment_s * np.arange(nseg), side="left") - 1
+        peak = np.maximum(peak, np.where(starts >= 0, self.load[np.maximum(starts, 0)], 0.0))
+        lo = max(min(1.0, fixed) / 4.0, 1e-3)
+        sizes = np.concatenate(([0.0], lo * (1.0 + step) ** np.arange(math.ceil(math.log(cap * 2.0 / lo) / math.log1p(step)) + 1)))
+        late = np.zeros((nseg, len(sizes)))  # first chunks expected late per span and size (none: every one late)
+        seg_of = np.minimum((self.first_t // segment_s).astype(int), nseg - 1)
+        order = np.argsort(seg_of, kind="stable")
+        bounds = np.searchsorted(seg_of[order], np.arange(nseg + 1))
+        for s_ in range(nseg):
+            f = self.first[order[bounds[s_]:bounds[s_ + 1]]]
+            if len(f):
+                late[s_, 0] = len(f)
+                late[s_, 1:] = self._late(f[:, None] / sizes[None, 1:]).sum(axis=0)
+        gpu_s = np.where(sizes[None, :] >= peak[:, None] / capacity - 1e-12, sizes[None, :] * span[:, None], np.inf)
+
+        def dual(lam: float) -> tuple[float, float]:  # (the dual's value, late chunks of its choice)
+            obj = gpu_s + lam * late
+            j = obj.argmin(axis=1)
+            rows = np.arange(nseg)
+            return float(obj[rows, j].sum()) - lam * budget, float(late[rows, j].sum())
+
+        best, a, b = dual(0.0)[0], 1e-9, 1e9
+        for _ in range(80):  # the dual is concave in lam; its slope (late - budget) falls through 0
+            mid = math.sqrt(a * b)
+            value, missed = dual(mid)
+            best = max(best, value)
+            a, b = (mid, b) if missed > budget else (a, mid)
+        elastic = min(fixed, max(0.0, best) / end_s)
+        return ElasticBound(fixed, elastic, 100.0 * (1.0 - elastic / fixed) if fixed > 0 else 0.0)
+
+
 def miss_guide(events: Sequence[SessionEvent], profile: GpuProfile, deadline_s: float) -> MissGuide:
     """:class:`MissGuide` of a trace for GPUs of ``profile``."""
     executing: set[str] = set()
     first: list[int] = []
+    first_t: list[float] = []
     times: list[float] = []
     load: list[int] = []
     for ev in events:
@@ -91,6 +171,7 @@ def miss_guide(events: Sequence[SessionEvent], profile: GpuProfile, deadline_s: 
             if ev.session_id not in executing:
                 executing.add(ev.session_id)
                 first.append(len(executing))
+                first_t.append(ev.t)
         else:
             executing.discard(ev.session_id)
         times.append(ev.t)
@@ -99,4 +180,5 @@ def miss_guide(events: Sequence[SessionEvent], profile: GpuProfile, deadline_s: 
     dt = np.diff(t, append=t[-1]) if len(t) else t
     top = max(load, default=0) + 2
     curve = np.asarray([profile.latency(n) for n in range(top + 1)], dtype=float)
-    return MissGuide(np.asarray(first, dtype=float), np.asarray(load, dtype=float), dt, curve, deadline_s)
+    return MissGuide(np.asarray(first, dtype=float), np.asarray(load, dtype=float), dt, curve, deadline_s, t,
+                     np.asarray(first_t, dtype=float))

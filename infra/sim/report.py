@@ -21,7 +21,7 @@ import math
 from itertools import chain
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -613,6 +613,8 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo, searches: bool = Tru
         "fixed_pool_policy": best,
         "oracle_cost": oracle.cost if oracle is not None else None,
         "oracle_met": ok(oracle) if oracle is not None else None,
+        "elastic_bound": asdict(runner.guide.elastic_bound(slo.miss_rate, runner.model[runner.config.gpu_type].capacity,
+                                                           runner.trace_end)),
     }
 
 

@@ -190,6 +190,9 @@ def test_slo_fixed_pool_is_the_cheapest_that_meets_it():
         fewer = runner.run(best, pool - 1)
         assert not slo.met(fewer.deadline_miss_rate, fewer.worst_chunk_latency_s)
     assert all(doc["fixed_pool_cost"] <= doc["cost"][n] for n in doc["pool_size"] if doc["met"][n])
+    bound = doc["elastic_bound"]  # the fluid model's fixed pool is near the real one, and no elastic pool beats the bound
+    assert 0 <= bound["elastic_gpus"] <= bound["fixed_gpus"] and abs(bound["fixed_gpus"] - pool) <= 0.25 * pool
+    assert bound["saving_pct"] == pytest.approx(100 * (1 - bound["elastic_gpus"] / bound["fixed_gpus"]))
 
 
 def test_all_runs_plugins_beside_the_builtins():
@@ -260,6 +263,37 @@ def test_the_miss_guide_falls_with_the_pool_and_aims_where_it_says():
         assert p - 1 <= x <= p and guide.rate(x) == pytest.approx(target, rel=0.02)
     assert guide.pool_for(0.0, 7) == 7 and guide.pool_at(0.0, 7) == 7.0  # none within the cap: the cap
     assert guide.pool_at(1.0, 7) == 1.0
+
+
+def _churning(sessions: int, until: float, per_s: float) -> list[SessionEvent]:
+    """``sessions`` open at 0, each pausing for 0.5 s in turn (``per_s`` returns a second)
+    and closing at ``until``."""
+    rows = [(0.0, f"s{i}", O, 0) for i in range(sessions)]
+    for k in range(int((until - 1.5) * per_s)):
+        t = 1.0 + k / per_s
+        rows += [(t, f"s{k % sessions}", I, 0), (t + 0.5, f"s{k % sessions}", A, 0)]
+    rows += [(until, f"s{i}", C, 0) for i in range(sessions)]
+    return sorted(_ev(*rows), key=lambda e: e.t)
+
+
+def test_the_elastic_bound_saves_nothing_on_a_steady_load_and_the_idle_share_of_a_run():
+    from infra.sim.guide import miss_guide
+
+    steady = miss_guide(_churning(300, 600.0, 4.0), MODEL["b300"], 1.0)
+    b = steady.elastic_bound(0.001, 40, 600.0)
+    # the fixed pool meets the rate in the model, one a tenth smaller does not
+    assert steady.rate(b.fixed_gpus) <= 0.001 * 1.01 and steady.rate(0.9 * b.fixed_gpus) > 0.001
+    assert 0 <= b.saving_pct < 3.0  # nothing to follow: at most the spread of the returns per span
+    # the same load for half the run and nothing after: a pool that follows it saves half, and no more
+    half = miss_guide(_churning(300, 600.0, 4.0), MODEL["b300"], 1.0).elastic_bound(0.001, 40, 1200.0)
+    assert half.fixed_gpus == pytest.approx(b.fixed_gpus, rel=0.02)
+    assert 50.0 - 0.5 <= half.saving_pct <= 50.0 + 3.0
+    # with no miss allowed each first chunk must land at the knee: the same bound, a larger pool
+    strict = steady.elastic_bound(0.0, 40, 600.0)
+    assert strict.fixed_gpus > b.fixed_gpus and strict.elastic_gpus <= strict.fixed_gpus
+    # a session that runs back to back never misses up to K: the pool holds every session at K at least
+    calm = miss_guide(_churning(400, 600.0, 0.0), MODEL["b300"], 1.0).elastic_bound(0.001, 40, 600.0)
+    assert calm.elastic_gpus == pytest.approx(400 / 40, rel=0.01) and calm.fixed_gpus >= 400 / 40
 
 
 def test_an_slo_search_reads_a_failing_run_where_the_bounds_stop_would_end_it():
