@@ -214,7 +214,8 @@ def _check_children_env(settings: Settings) -> None:
     """The settings `up`'s children read from the environment alone (the control processor's
     policy, profile, GPU type and pacing, the detector's window, the cost tick, the workers'
     capacity): a bad one is refused here, in one line, before any child starts."""
-    from processors.agents.control import ControlConfig, ControlShell
+    from processors.agents.control import ControlShell
+    from processors.agents.control_config import ControlConfig
     from processors.agents.detector import detector_settings
     from processors.agents.metrics import metrics_settings
     from streams.config_file import env_number

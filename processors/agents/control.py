@@ -4,7 +4,7 @@ Every instance folds ``session-events``, ``worker-events`` and ``scaling-command
 the start of the log into a :class:`~processors.cluster.ClusterView` (a group-less reader,
 so each instance sees every partition); only the leader runs decision rounds, so a leader
 change loses nothing. A round runs the configured policy on the view's snapshot and turns
-its commands into records (:func:`command_records`): ``Migrate`` becomes a ``Handoff``,
+its commands into records (:func:`~processors.agents.control_records.command_records`): ``Migrate`` becomes a ``Handoff``,
 scale commands go to ``scaling-commands``, and so does the admission plan (``Admit``,
 ``Place``, ``Restore``) that dispatch admits sessions by, through the Redis commit.
 """
@@ -14,227 +14,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable
 
-from processors import decisions as d
+from processors.agents.control_config import ControlConfig, fit_capacity, make_policy
+from processors.agents.control_records import admission_plan, command_records
 from processors.agents.detector import step_remembering
-from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, AutoscalerConfig, Slo, utilization
-from processors.cluster import (BOOTING_PREFIX, ClusterView, apply, current_generation,
-                                dead_workers, prune, to_snapshot)
+from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, utilization
+from processors.cluster import BOOTING_PREFIX, ClusterView, apply, dead_workers, prune, to_snapshot
 from processors.detector import DetectorConfig, DetectorState, Signal, not_ahead, observe
-from processors.latency import GpuProfile, LatencyModel, load_profiles
+from processors.latency import LatencyModel, load_profiles
 from processors.lifecycle import SessionEvent, session_event
-from processors.placement import ADMIT_LIMIT, worst_latency
-from processors.policy import BUILTIN_POLICIES, Policy, load_policy
+from processors.placement import worst_latency
+from processors.policy import Policy
 from processors.policy_state import decode as decode_state
 from processors.policy_state import encode as encode_state
 from processors.snapshot import ChunkStats, GpuState, Snapshot
 from processors.turboserve import TurboServeState
 from schemas import records as r
-from schemas.errors import ConfigError
 from schemas.topics import SCALING_COMMANDS, SESSION_EVENTS, WORKER_EVENTS, misfiled
-from streams.config_file import env_number
 
-__all__ = ["ControlConfig", "ControlShell", "command_records", "admission_plan", "fit_capacity", "make_policy",
-           "build_app"]
+__all__ = ["ControlShell", "build_app"]
 
 log = logging.getLogger(__name__)
 
-
-
-# an admission plan carries at most this many order entries and pinned sessions (the
-# sessions of one round; past them a session waits for the next plan, or goes least-loaded)
-ADMIT_ORDER_MAX = ADMIT_LIMIT
-ADMIT_PINS_MAX = 256
-ADMIT_PINS_BYTES = 32 * 1024
-
-
-def command_records(commands: Iterable[d.Command], view: ClusterView, now: float, *,
-                    pool: str = "default", decision_id: str = "",
-                    shutdown_resend_s: float = 10.0) -> tuple[r.Record, ...]:
-    """The records that carry out a policy's commands (pure).
-
-    ``Migrate`` -> ``Handoff`` stamped with the view's current generation of the session
-    (dropped when the view has none on the source, or the target is a booting placeholder);
-    ``Boot`` -> a ``ScaleOut`` of ``pool`` (one per GPU type, the Boots' counts summed); ``Vacate`` / ``Retire`` -> ``Drain`` / ``Shutdown``
-    for the worker's pool (a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not
-    repeated, and none goes to a worker no provisioner announced: it was started outside
-    chunkserve). ``Admit``, ``Place`` and ``Restore`` go to dispatch as one plan
-    (:func:`admission_plan`); Offload and Discard follow the user's events, which dispatch
-    carries out: dropped.
-    """
-    out: list[r.Record] = []
-    pools = {w.id: w.pool for w in view.workers.values()}
-    boots: dict[str, int] = {}  # GPU type -> where its ScaleOut sits in ``out``
-    for cmd in commands:
-        match cmd:
-            case d.Migrate(session_id=sid, src=src, dst=dst) if not dst.startswith(BOOTING_PREFIX):
-                gen = current_generation(view, sid)
-                if gen is not None and gen.worker_id == src:
-                    out.append(r.Handoff(worker_id=src, session_id=sid, generation=gen, target_worker=dst,
-                                         ts=now, reason=cmd.reason))
-            case d.Boot(count=count, gpu_type=gpu_type) if gpu_type in boots:
-                # one ScaleOut per decision and GPU type (a provisioner carries out a decision
-                # id once: the floor's Boot beside the autoscaler's was refused as a replay)
-                at = boots[gpu_type]  # the sum at most what a provisioner takes (past it, it took none)
-                out[at] = replace(out[at], count=min(out[at].count + count, r.SCALE_OUT_MAX))  # type: ignore[union-attr]
-            case d.Boot(count=count, gpu_type=gpu_type):
-                boots[gpu_type] = len(out)
-                out.append(r.ScaleOut(pool=pool, count=min(count, r.SCALE_OUT_MAX), ts=now, gpu_type=gpu_type,
-                                      decision_id=decision_id))
-            case d.Vacate(gpu_id=gid) if not gid.startswith(BOOTING_PREFIX):
-                out.append(r.Drain(pool=pools.get(gid, pool), worker_id=gid, ts=now, decision_id=decision_id))
-            case d.Retire(gpu_id=gid) if not gid.startswith(BOOTING_PREFIX):
-                w = view.workers.get(gid)
-                if w is not None and w.provisioned and now - w.shutdown_ts >= shutdown_resend_s:
-                    out.append(r.Shutdown(pool=pools.get(gid, pool), worker_id=gid, ts=now, decision_id=decision_id))
-                # else: unknown or started outside chunkserve: no provisioner here can stop it
-    return tuple(out)
-
-
-def admission_plan(commands: Iterable[d.Command], now: float, *, pool: str = "default",
-                   policy: str = "", decision_id: str = "") -> r.AdmissionPlan:
-    """The plan dispatch admits sessions by until the next round (pure): the policy's
-    ``Admit`` order, and the sessions it placed itself (``Place``, ``Restore``) pinned to their
-    GPU. A policy that issues no Admit gets a plan without fallback: its sessions wait for
-    its pins, as in the simulator. Booting placeholders are left out (no worker to commit on)."""
-    order: tuple[tuple[str, int], ...] = ()
-    fallback = False
-    pinned: dict[str, str] = {}
-    for cmd in commands:
-        match cmd:
-            case d.Admit():
-                order, fallback = cmd.order, cmd.fallback
-            case d.Place(session_id=sid, gpu_id=gid) | d.Restore(session_id=sid, gpu_id=gid) if (
-                    not gid.startswith(BOOTING_PREFIX)):
-                pinned[sid] = gid
-    slots = tuple(r.AdmitSlot(worker_id=g, count=n) for g, n in order
-                  if not g.startswith(BOOTING_PREFIX))[:ADMIT_ORDER_MAX]
-    return r.AdmissionPlan(pool=pool, ts=now, policy=policy, order=slots, fallback=fallback,
-                           pinned=_bounded(pinned), decision_id=decision_id)
-
-
-def _bounded(pinned: dict[str, str]) -> dict[str, str]:
-    """The first pins, at most ADMIT_PINS_MAX and about ADMIT_PINS_BYTES of ids (the topic's
-    record limit is 64 KiB); the rest wait for the next plan."""
-    out: dict[str, str] = {}
-    size = 0
-    for sid, gpu in pinned.items():
-        size += len(sid) + len(gpu) + 4
-        if len(out) >= ADMIT_PINS_MAX or size > ADMIT_PINS_BYTES:
-            break
-        out[sid] = gpu
-    return out
-
-
-def fit_capacity(model: LatencyModel, view: ClusterView) -> LatencyModel:
-    """The model with each GPU type's K set to what its live workers report, when they agree.
-
-    The admission limit is the workers' (Redis counts their slots), so the policy must plan
-    with the same K; the latency curve and price stay the profile's.
-    """
-    caps: dict[str, set[int]] = {}
-    for w in view.workers.values():
-        if w.alive and w.capacity > 0:
-            caps.setdefault(w.gpu_type, set()).add(w.capacity)
-    profiles = dict(model.profiles)
-    for gpu_type, ks in caps.items():
-        p = profiles.get(gpu_type)
-        if p is not None and len(ks) == 1 and p.capacity != next(iter(ks)):
-            profiles[gpu_type] = GpuProfile(p.name, next(iter(ks)), p.cost_per_hour, p.points, p.memory_bytes)
-    return model if profiles == dict(model.profiles) else LatencyModel(profiles, model.name)
-
-
-def make_policy(spec: str, model: LatencyModel, gpu_type: str, **autoscaler: Any) -> Policy:
-    """The policy ``spec`` on ``model``; built-in TurboServe variants scale out ``gpu_type``."""
-    if spec not in BUILTIN_POLICIES:
-        return load_policy(spec)
-    opts: dict[str, Any] = {"model": model}
-    if spec.startswith("turboserve"):
-        opts["autoscaler"] = AutoscalerConfig(gpu_type=gpu_type, **autoscaler)
-    return load_policy(spec, **opts)
-
-
-@dataclass(frozen=True)
-class ControlConfig:
-    """Policy and pacing; ``from_env`` reads ``CHUNKSERVE_POLICY``, ``CHUNKSERVE_PROFILE`` etc."""
-
-    policy: str = "turboserve"
-    profile: str = "reference-cpu"
-    gpu_type: str = "cpu"
-    pool: str = "default"
-    tick_s: float = 0.5  # how often the leader looks for a pending round
-    period_s: float = 5.0  # a round at least this often, even without events
-    heartbeat_timeout_s: float = 10.0  # then a worker is declared down
-    boot_s: float = 10.0  # expected worker boot time (the autoscaler's; also its scale-in delay)
-    boot_timeout_s: float = 120.0  # a scale-out not answered by WorkerUp by then is forgotten
-    dwell_s: float = 30.0
-    min_gpus: int = 1
-    max_gpus: int = 64
-    burst_memory_s: float = 900.0  # how long the autoscaler's burst reserve remembers a rise
-    # an SLO the autoscaler meets on the measured chunks (either set: on, the other Slo's default)
-    slo_miss_rate: float | None = None
-    slo_worst_s: float | None = None
-
-    @property
-    def slo(self) -> Slo | None:
-        if self.slo_miss_rate is None and self.slo_worst_s is None:
-            return None
-        base = Slo()
-        return Slo(base.miss_rate if self.slo_miss_rate is None else self.slo_miss_rate,
-                   base.worst_s if self.slo_worst_s is None else self.slo_worst_s)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "ControlConfig":
-        env = os.environ if env is None else env
-        base = cls()
-        names = {"tick_s": "CHUNKSERVE_CONTROL_TICK_S", "period_s": "CHUNKSERVE_CONTROL_PERIOD_S",
-                 "heartbeat_timeout_s": "CHUNKSERVE_HEARTBEAT_TIMEOUT_S", "boot_s": "CHUNKSERVE_BOOT_S",
-                 "boot_timeout_s": "CHUNKSERVE_BOOT_TIMEOUT_S", "dwell_s": "CHUNKSERVE_SCALE_DWELL_S",
-                 "min_gpus": "CHUNKSERVE_MIN_WORKERS", "max_gpus": "CHUNKSERVE_MAX_WORKERS",
-                 "burst_memory_s": "CHUNKSERVE_BURST_MEMORY_S", "policy": "CHUNKSERVE_POLICY",
-                 "profile": "CHUNKSERVE_PROFILE", "gpu_type": "CHUNKSERVE_GPU_TYPE",
-                 "pool": "CHUNKSERVE_POOL", "slo_miss_rate": "CHUNKSERVE_SLO_MISS_RATE",
-                 "slo_worst_s": "CHUNKSERVE_SLO_WORST_S"}  # spelt out: the README's table is checked against the code
-        kw: dict[str, Any] = {k: env[v] if isinstance(getattr(base, k), str)
-                              else env_number(env, v, getattr(base, k), positive=k in _POSITIVE)
-                              for k, v in names.items() if env.get(v)}
-        cfg = replace(base, **kw)
-        if cfg.heartbeat_timeout_s < MIN_HEARTBEAT_TIMEOUT_S:
-            raise ConfigError("CHUNKSERVE_HEARTBEAT_TIMEOUT_S", f"must be at least {MIN_HEARTBEAT_TIMEOUT_S:g} s "
-                              "(a worker beats every second: a shorter wait declares live workers down), got "
-                              f"{env['CHUNKSERVE_HEARTBEAT_TIMEOUT_S'][:40]!r}", "environment")
-        if cfg.slo_miss_rate is not None and cfg.slo_miss_rate >= 1:
-            raise ConfigError("CHUNKSERVE_SLO_MISS_RATE", f"must be below 1 (a share of chunks), got "
-                              f"{env['CHUNKSERVE_SLO_MISS_RATE'][:40]!r}", "environment")
-        if cfg.max_gpus < max(1, cfg.min_gpus):
-            raise ConfigError("CHUNKSERVE_MAX_WORKERS", f"must be at least 1 and CHUNKSERVE_MIN_WORKERS "
-                              f"({cfg.min_gpus}), got {cfg.max_gpus}", "environment")
-        if env.get("CHUNKSERVE_POLICY") and cfg.policy not in BUILTIN_POLICIES and ":" not in cfg.policy:
-            raise ConfigError("policy", f"unknown policy {cfg.policy[:80]!r} (built-ins: {', '.join(BUILTIN_POLICIES)}; "
-                              "or module:Name)", "env CHUNKSERVE_POLICY")
-        if env.get("CHUNKSERVE_PROFILE") or env.get("CHUNKSERVE_GPU_TYPE"):  # named as the variables they came from
-            try:
-                model = load_profiles(cfg.profile)
-            except ConfigError as exc:
-                raise profile_error(exc, cfg.profile) from None
-            if cfg.gpu_type not in model:
-                raise ConfigError("gpu_type", f"no latency profile for {cfg.gpu_type[:80]!r} in profile "
-                                  f"{cfg.profile[:80]!r} (it has {', '.join(sorted(model.profiles))})",
-                                  "env CHUNKSERVE_GPU_TYPE" if env.get("CHUNKSERVE_GPU_TYPE") else "env CHUNKSERVE_PROFILE")
-        return cfg
-
-
-def profile_error(exc: ConfigError, spec: str) -> ConfigError:
-    """``load_profiles``'s error for ``spec``, named as ``CHUNKSERVE_PROFILE`` (where it came from)."""
-    reason = str(exc).split("profile: ", 1)[-1]
-    if spec not in reason:
-        reason = f"{spec[:200]}: {reason}"
-    return ConfigError("profile", reason, "env CHUNKSERVE_PROFILE")
 
 
 MAX_FRESH_EVENTS = 100_000  # session events kept for the next round's snapshot
@@ -247,8 +52,6 @@ def measured(stats: ChunkStats, latency_s: float, deadline_s: float) -> ChunkSta
                       max(stats.worst_s, latency_s))
 
 
-MIN_HEARTBEAT_TIMEOUT_S = 2.0  # two of a worker's heartbeats (one a second)
-_POSITIVE = {"tick_s", "period_s", "heartbeat_timeout_s", "boot_timeout_s", "max_gpus", "slo_worst_s"}  # 0 would never act
 
 
 @dataclass

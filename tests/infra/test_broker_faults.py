@@ -29,7 +29,8 @@ def test_the_plan_and_the_figures():
 
 def test_control_waits_while_the_broker_is_away_and_after():
     """Unit: no decision (nor death detection) during an outage and two heartbeat timeouts after."""
-    from processors.agents.control import ControlConfig, ControlShell
+    from processors.agents.control import ControlShell
+    from processors.agents.control_config import ControlConfig
 
     shell = ControlShell(ControlConfig(heartbeat_timeout_s=3.0))
     assert shell.due(100.0)

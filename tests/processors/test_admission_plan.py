@@ -7,7 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processors import decisions as d
-from processors.agents.control import ControlConfig, ControlShell, admission_plan
+from processors.agents.control import ControlShell
+from processors.agents.control_config import ControlConfig
+from processors.agents.control_records import admission_plan
 from processors.admission import AdmitPlan, WorkerLoad, admit_in_turn, candidate
 from processors.dispatch import Commit, Committed, DispatchView, Facts, Retry, RetryLater, Seen, decide
 from processors.latency import load_profiles

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from processors import decisions as d
-from processors.agents.control import ControlConfig, ControlShell, command_records, fit_capacity, make_policy
+from processors.agents.control import ControlShell
+from processors.agents.control_config import ControlConfig, fit_capacity, make_policy
+from processors.agents.control_records import command_records
 from processors.cluster import BOOTING_PREFIX, ClusterView, apply_all
 from processors.latency import load_profiles
 from schemas import records as r

@@ -125,7 +125,8 @@ def test_a_closed_session_opened_again_is_not_counted():
                 r.SessionOpened(session_id="b", ts=3.0)):
         shell.on_event(rec)
     assert shell.state.active == frozenset() and "b" in shell.closed
-    from processors.agents.control import ControlConfig, ControlShell
+    from processors.agents.control import ControlShell
+    from processors.agents.control_config import ControlConfig
 
     control = ControlShell(ControlConfig(), clock=lambda: 10.0)  # its own window feeds the policy's level
     for rec in (r.SessionOpened(session_id="c", ts=1.0), r.SessionClosed(session_id="c", ts=2.0),

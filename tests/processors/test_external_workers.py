@@ -4,7 +4,9 @@ never sent ``Shutdown``; scale-outs are answered only by the workers a provision
 from __future__ import annotations
 
 from processors import decisions as d
-from processors.agents.control import ControlConfig, ControlShell, command_records
+from processors.agents.control import ControlShell
+from processors.agents.control_config import ControlConfig
+from processors.agents.control_records import command_records
 from processors.autoscaler import AutoscalerConfig, resize, shutdowns
 from processors.cluster import BOOTING_PREFIX, ClusterView, apply_all, to_snapshot
 from processors.snapshot import Gpu, GpuState, Session, Snapshot

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from processors import decisions as d
-from processors.agents.control import ControlConfig, ControlShell, make_policy
+from processors.agents.control import ControlShell
+from processors.agents.control_config import ControlConfig, make_policy
 from processors.admission import AdmitPlan, WorkerLoad
 from processors.dispatch import Commit, Committed, DispatchView, Facts, Retry, RetryLater, Seen, decide
 from processors.latency import load_profiles
