@@ -21,7 +21,7 @@ from .topics import SESSION_EVENTS, SESSION_INPUTS, TOPICS, topic_of
 
 __all__ = ["DEFAULT_MAX_BYTES", "encode", "decode", "Decoder", "decoder_for", "key_for",
            "bound_event_time", "EVENT_TIME_TOPICS", "MAX_EVENT_SKEW_S",
-           "TYPE_HEADER", "header_tag", "names"]
+           "TYPE_HEADER", "header_tag", "names", "refused_input"]
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 TAG, VERSION = "t", "v"
@@ -78,6 +78,16 @@ def names(data: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, 
         return None
     seq = wire.get("seq")
     return sid, seq if type(seq) is int and 1 <= seq <= MAX_SEQ else None
+
+
+def refused_input(data: bytes | None, key: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, int] | None:
+    """The session and seq an input that does not decode (a wrong header, a bad field)
+    names, when its bytes name both (:func:`names`) and it came keyed by that session: the
+    seq is refused for good, so its session's owner need not wait for it. None otherwise."""
+    named = names(data, max_bytes)
+    if named is None or named[1] is None or key != named[0].encode():
+        return None
+    return named[0], named[1]
 
 
 def encode(rec: Record, max_bytes: int | None = None) -> bytes:

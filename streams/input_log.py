@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from aiokafka import TopicPartition
 
+from schemas.codec import refused_input
 from schemas.input_rate import RateCount, rate_counted
 from schemas.records import InputPushed
 from schemas.topics import SESSION_INPUTS
@@ -40,7 +41,9 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
     """The session's inputs with ``seq > after_seq`` up to the partition's end as of now, from
     just after ``start`` (partition, offset) when it is the session's partition, else from the
     partition's start (at most ``MAX_LOOKBACK`` records back). A record that fails to decode
-    is passed over with a log line (dispatch's group consumer dead-letters it, once). Inputs dispatch
+    is passed over with a log line (dispatch's group consumer dead-letters it, once), and when
+    its bytes name the session and a seq and it came keyed by it, that seq counts as refused
+    (dispatch names it so too). Inputs dispatch
     refuses whenever it reads them are left out: keyed by another id, over
     ``max_input_bytes``, a seq below 1, or past the rate rule (``schemas.input_rate``, decided
     from the log: the count of the first window read starts at the session's inputs earlier
@@ -55,6 +58,9 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
         ends = await reader.assign({SESSION_INPUTS: [part]}, begin)
         first = await reader.raw.position(next(iter(ends)))
         mine = [(d, _counted(d, sid, settings)) async for d in reader.read_to(ends) if _mine(d, sid)]
+        limit = reader.catalogue.limit(SESSION_INPUTS)  # inputs of the session that did not decode: refused
+        bad = sorted((offset, named[1]) for p, offset, key, raw in reader.passed_over
+                     if p == part and (named := refused_input(raw, key, limit)) is not None and named[0] == sid)
         counts = RateCount(settings.input_rate_per_s, settings.input_burst)
         if (first_counted := next((d for d, ok in mine if ok), None)) is not None:
             window = counts.window(_stamp(first_counted))
@@ -63,6 +69,8 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
         refused: list[int] = []
         for d, ok in mine:
             seq = d.record.seq  # type: ignore[attr-defined]
+            while bad and bad[0][0] < d.offset:  # an undecodable one before it, in log order
+                refused.append(bad.pop(0)[1])
             if not ok or not counts.passes(sid, _stamp(d), seq):
                 refused.append(seq)
             elif seq > after_seq:

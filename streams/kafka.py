@@ -203,6 +203,9 @@ def _no_topic_of_prefix(prefix: str, topics: Iterable[str]) -> None:
                      f"config file's topic_prefix; is the deployment up?){there}")
 
 
+PASSED_OVER_MAX = 10_000  # undecodable records a read-only consumer remembers
+
+
 class RecordConsumer:
     """Reads records of logical topics; bad bytes go to ``dead-letters`` and are skipped.
 
@@ -222,6 +225,9 @@ class RecordConsumer:
         self.producer = producer
         self.group_id = group_id
         self.dead_lettered = 0
+        # a read-only consumer's records that did not decode, as (partition, offset, key, bytes):
+        # the latest PASSED_OVER_MAX, for a reader that must account for each (input_log)
+        self.passed_over: list[tuple[int, int, bytes | None, bytes | None]] = []
         self._commit_failing = False
         self._decoders = {self.catalogue.name(t): decoder_for(t, self.catalogue.limit(t))
                           for t in topics}
@@ -380,6 +386,7 @@ class RecordConsumer:
         self.dead_lettered += 1
         if self.producer is None:  # read-only: the topic's own consumers dead-letter it
             log.warning("%s: skipping undecodable %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
+            self.passed_over = self.passed_over[-(PASSED_OVER_MAX - 1):] + [(partition, offset, key, raw)]
             return
         log.warning("%s: dead-lettering %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
         await self.producer.send(dead_letter_record(topic, partition, offset, raw, key, reason,

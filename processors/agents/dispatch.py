@@ -18,7 +18,7 @@ from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
 from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, InputPushed, Record, RoutedInput,
                              SessionOpened, WorkerDown, WorkerUp)
 
-from schemas.codec import encode, names
+from schemas.codec import encode, refused_input
 from schemas.topics import SESSION_INPUTS, misfiled
 from streams.kafka import dead_letter_record
 from streams.topics import misplaced
@@ -357,12 +357,8 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
 
 
 def schema_refused(msg: Any, max_bytes: int) -> tuple[str, int] | None:
-    """The session and seq an input dead-lettered for its schema (a wrong header, a bad field)
-    names, when its bytes name both and it came keyed by that session; else None."""
-    named = names(msg.value, max_bytes)
-    if named is None or named[1] is None or msg.key != named[0].encode():
-        return None
-    return named[0], named[1]
+    """The session and seq an input dead-lettered for its schema names (``schemas.codec.refused_input``)."""
+    return refused_input(msg.value, msg.key, max_bytes)
 
 
 def _partitions(stream: Any, topic: str) -> int | None:

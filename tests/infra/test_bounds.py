@@ -11,6 +11,7 @@ import time
 import urllib.request
 from dataclasses import replace
 
+import msgpack
 import pytest
 
 from infra.flow import EventLog
@@ -197,8 +198,9 @@ def test_dispatch_refuses_inputs_over_the_payload_and_rate_bounds(kafka_bootstra
 def test_the_input_log_leaves_out_what_dispatch_refuses_whenever_it_reads_it(kafka_bootstrap, redis_url,
                                                                              namespace):
     """A recovery's replay and a close's refusals read the session's inputs back from the log:
-    an input over ``max_input_bytes`` or keyed by another id was dead-lettered when dispatch
-    read it, so it is neither applied on replay nor refused a second time."""
+    an input over ``max_input_bytes``, keyed by another id or not decoding was dead-lettered when
+    dispatch read it, so it is neither applied on replay nor refused a second time, nor waited
+    for."""
     from streams.input_log import read_session_inputs
 
     settings = replace(_settings(kafka_bootstrap, redis_url, namespace), max_input_bytes=100,
@@ -212,10 +214,14 @@ def test_the_input_log_leaves_out_what_dispatch_refuses_whenever_it_reads_it(kaf
             misfiled = InputPushed(session_id="s", seq=3, kind="text", payload="ok", ts=1.0)
             await producer.send_raw(SESSION_INPUTS, encode(misfiled), key=b"someone-else")
             await producer.send(InputPushed(session_id="s", seq=4, kind="text", payload="ok", ts=1.0))
+            # a field of the wrong type: dead-lettered for its schema, its bytes still name seq 5
+            wire = msgpack.unpackb(encode(InputPushed(session_id="s", seq=5, kind="text", payload="ok", ts=1.0)))
+            await producer.send_raw(SESSION_INPUTS, msgpack.packb({**wire, "kind": 7}), key=b"s")
+            await producer.send(InputPushed(session_id="s", seq=6, kind="text", payload="ok", ts=1.0))
         return [(x.record.seq, x.refused_before) for x in await read_session_inputs(settings, "s", 0)]
 
-    # input 4 names 2 and 3 as refused before it: a replay's owner does not wait for them
-    assert asyncio.run(run()) == [(1, ()), (4, (2, 3))]
+    # input 4 names 2 and 3 as refused before it, input 6 names 5: a replay's owner does not wait for them
+    assert asyncio.run(run()) == [(1, ()), (4, (2, 3)), (6, (5,))]
 
 
 def test_the_rate_rule_is_decided_from_the_log_by_a_replay_and_by_a_dispatch_that_restarts(
