@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from aiokafka import TopicPartition
 
-from schemas.codec import refused_input
 from schemas.input_rate import RateCount, rate_counted
 from schemas.records import InputPushed
 from schemas.topics import SESSION_INPUTS
@@ -30,8 +29,9 @@ class LoggedInput:
     partition: int
     offset: int
     record: InputPushed
-    # seqs of the session's inputs the rate rule refused since the input before this one
-    # (a replay's owner takes them for withdrawn, as dispatch's ``refused_before``)
+    # seqs of the session's inputs refused since the input before this one (the rate rule, or
+    # bytes that did not decode; a replay's owner takes them for withdrawn, as dispatch's
+    # ``refused_before``)
     refused_before: tuple[int, ...] = ()
 
 
@@ -58,9 +58,8 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
         ends = await reader.assign({SESSION_INPUTS: [part]}, begin)
         first = await reader.raw.position(next(iter(ends)))
         mine = [(d, _counted(d, sid, settings)) async for d in reader.read_to(ends) if _mine(d, sid)]
-        limit = reader.catalogue.limit(SESSION_INPUTS)  # inputs of the session that did not decode: refused
-        bad = sorted((offset, named[1]) for p, offset, key, raw in reader.passed_over
-                     if p == part and (named := refused_input(raw, key, limit)) is not None and named[0] == sid)
+        bad = sorted((offset, seq) for topic, p, offset, who, seq in reader.passed_over  # did not decode: refused
+                     if topic == SESSION_INPUTS and p == part and who == sid)
         counts = RateCount(settings.input_rate_per_s, settings.input_burst)
         if (first_counted := next((d for d, ok in mine if ok), None)) is not None:
             window = counts.window(_stamp(first_counted))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Mapping
 
@@ -19,7 +20,7 @@ from aiokafka.errors import (CommitFailedError, GroupAuthorizationFailedError, I
                              IllegalStateError, RebalanceInProgressError, TopicAuthorizationFailedError,
                              UnknownMemberIdError)
 
-from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, key_for
+from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, key_for, refused_input
 from schemas.errors import AccessDeniedError, InfraError, SchemaError
 from schemas.records import DeadLetter, Record
 from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
@@ -225,9 +226,11 @@ class RecordConsumer:
         self.producer = producer
         self.group_id = group_id
         self.dead_lettered = 0
-        # a read-only consumer's records that did not decode, as (partition, offset, key, bytes):
-        # the latest PASSED_OVER_MAX, for a reader that must account for each (input_log)
-        self.passed_over: list[tuple[int, int, bytes | None, bytes | None]] = []
+        # a read-only consumer's records that did not decode yet name a session and an input's
+        # seq and came keyed by it (schemas.codec.refused_input), as (logical topic, partition,
+        # offset, session, seq): the latest PASSED_OVER_MAX, for a reader that must account
+        # for each input (input_log)
+        self.passed_over: deque[tuple[str, int, int, str, int]] = deque(maxlen=PASSED_OVER_MAX)
         self._commit_failing = False
         self._decoders = {self.catalogue.name(t): decoder_for(t, self.catalogue.limit(t))
                           for t in topics}
@@ -386,7 +389,9 @@ class RecordConsumer:
         self.dead_lettered += 1
         if self.producer is None:  # read-only: the topic's own consumers dead-letter it
             log.warning("%s: skipping undecodable %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
-            self.passed_over = self.passed_over[-(PASSED_OVER_MAX - 1):] + [(partition, offset, key, raw)]
+            logical = self.catalogue.logical(topic)
+            if (named := refused_input(raw, key, self.catalogue.limit(logical))) is not None:
+                self.passed_over.append((logical, partition, offset, *named))
             return
         log.warning("%s: dead-lettering %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
         await self.producer.send(dead_letter_record(topic, partition, offset, raw, key, reason,

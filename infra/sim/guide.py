@@ -115,22 +115,18 @@ class MissGuide:
         executing sessions over ``capacity``: a session that runs back to back misses
         nothing up to K), with no boot time, and may miss as many first chunks as the fixed
         pool's chunks allow, wherever they save most. Its least mean size is the Lagrangian
-        dual of that problem over sizes on a geometric grid of ``step``: no elastic pool in
-        the model can be smaller, so the saving is an upper bound (to within the grid)."""
+        dual of that problem over sizes on a geometric grid of ``step`` from one session's
+        share of a GPU: no elastic pool in the model can be smaller by more than the grid's
+        step, so the saving is an upper bound to within it."""
         if not len(self.load) or end_s <= 0:
             return ElasticBound(0.0, 0.0, 0.0)
         cap = float(max(1.0, self.first.max(initial=1.0), self.load.max() / capacity))
-        fixed = max(self.pool_at(miss_rate, math.ceil(cap)), float(self.load.max()) / capacity)
+        fixed = max(self._least_pool(miss_rate, cap), float(self.load.max()) / capacity)
         budget = miss_rate * self._chunks(fixed)
         nseg = max(1, math.ceil(end_s / segment_s - 1e-9))
         span = np.minimum(segment_s, end_s - segment_s * np.arange(nseg))  # the last one may be cut short
-        # the most sessions executing in each span: those at its events, and those carried into it
-        at = np.minimum((self.t // segment_s).astype(int), nseg - 1)
-        peak = np.zeros(nseg)
-        np.maximum.at(peak, at, self.load)
-        starts = np.searchsorted(self.t, segment_s * np.arange(nseg), side="left") - 1
-        peak = np.maximum(peak, np.where(starts >= 0, self.load[np.maximum(starts, 0)], 0.0))
-        lo = max(min(1.0, fixed) / 4.0, 1e-3)
+        peak = self._span_peaks(segment_s, nseg)
+        lo = 1.0 / capacity  # one session at K: the least a span with any session needs
         sizes = np.concatenate(([0.0], lo * (1.0 + step) ** np.arange(math.ceil(math.log(cap * 2.0 / lo) / math.log1p(step)) + 1)))
         late = np.zeros((nseg, len(sizes)))  # first chunks expected late per span and size (none: every one late)
         seg_of = np.minimum((self.first_t // segment_s).astype(int), nseg - 1)
@@ -138,9 +134,9 @@ class MissGuide:
         bounds = np.searchsorted(seg_of[order], np.arange(nseg + 1))
         for s_ in range(nseg):
             f = self.first[order[bounds[s_]:bounds[s_ + 1]]]
-            if len(f):
-                late[s_, 0] = len(f)
-                late[s_, 1:] = self._late(f[:, None] / sizes[None, 1:]).sum(axis=0)
+            late[s_, 0] = len(f)
+            for i in range(0, len(f), 256):  # in blocks: a mass return is thousands of first chunks
+                late[s_, 1:] += self._late(f[i:i + 256, None] / sizes[None, 1:]).sum(axis=0)
         gpu_s = np.where(sizes[None, :] >= peak[:, None] / capacity - 1e-12, sizes[None, :] * span[:, None], np.inf)
 
         def dual(lam: float) -> tuple[float, float]:  # (the dual's value, late chunks of its choice)
@@ -157,6 +153,28 @@ class MissGuide:
             a, b = (mid, b) if missed > budget else (a, mid)
         elastic = min(fixed, max(0.0, best) / end_s)
         return ElasticBound(fixed, elastic, 100.0 * (1.0 - elastic / fixed) if fixed > 0 else 0.0)
+
+    def _least_pool(self, miss_rate: float, cap: float) -> float:
+        """The smallest pool (a real number up to ``cap``) whose estimate is within ``miss_rate``
+        (0 included: where no first chunk misses)."""
+        lo, hi = 1.0 / 64, cap
+        if self.rate(hi) > miss_rate:
+            return hi
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.rate(mid) > miss_rate else (lo, mid)
+        return hi
+
+    def _span_peaks(self, segment_s: float, nseg: int) -> np.ndarray:
+        """The most sessions executing for any time in each span: the load in force at its
+        start and each load that lasts that begins in it (not the passing counts of several
+        events at one instant)."""
+        lasting = self.dt > 0
+        at = np.minimum((self.t[lasting] // segment_s).astype(int), nseg - 1)
+        peak = np.zeros(nseg)
+        np.maximum.at(peak, at, self.load[lasting])
+        before = np.searchsorted(self.t, segment_s * np.arange(nseg), side="right") - 1
+        return np.maximum(peak, np.where(before >= 0, self.load[np.maximum(before, 0)], 0.0))
 
 
 def miss_guide(events: Sequence[SessionEvent], profile: GpuProfile, deadline_s: float) -> MissGuide:

@@ -218,10 +218,13 @@ def test_the_input_log_leaves_out_what_dispatch_refuses_whenever_it_reads_it(kaf
             wire = msgpack.unpackb(encode(InputPushed(session_id="s", seq=5, kind="text", payload="ok", ts=1.0)))
             await producer.send_raw(SESSION_INPUTS, msgpack.packb({**wire, "kind": 7}), key=b"s")
             await producer.send(InputPushed(session_id="s", seq=6, kind="text", payload="ok", ts=1.0))
+            # the same keyed by another id: dispatch cannot tell it is the session's, nor can a replay
+            await producer.send_raw(SESSION_INPUTS, msgpack.packb({**wire, "seq": 7, "kind": 7}), key=b"someone-else")
+            await producer.send(InputPushed(session_id="s", seq=8, kind="text", payload="ok", ts=1.0))
         return [(x.record.seq, x.refused_before) for x in await read_session_inputs(settings, "s", 0)]
 
     # input 4 names 2 and 3 as refused before it, input 6 names 5: a replay's owner does not wait for them
-    assert asyncio.run(run()) == [(1, ()), (4, (2, 3)), (6, (5,))]
+    assert asyncio.run(run()) == [(1, ()), (4, (2, 3)), (6, (5,)), (8, ())]
 
 
 def test_the_rate_rule_is_decided_from_the_log_by_a_replay_and_by_a_dispatch_that_restarts(
