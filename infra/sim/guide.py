@@ -133,10 +133,11 @@ class MissGuide:
         order = np.argsort(seg_of, kind="stable")
         bounds = np.searchsorted(seg_of[order], np.arange(nseg + 1))
         for s_ in range(nseg):
-            f = self.first[order[bounds[s_]:bounds[s_ + 1]]]
-            late[s_, 0] = len(f)
-            for i in range(0, len(f), 256):  # in blocks: a mass return is thousands of first chunks
-                late[s_, 1:] += self._late(f[i:i + 256, None] / sizes[None, 1:]).sum(axis=0)
+            # each executing count once, weighed by how many first chunks met it
+            f, times = np.unique(self.first[order[bounds[s_]:bounds[s_ + 1]]], return_counts=True)
+            late[s_, 0] = times.sum()
+            for i in range(0, len(f), 256):  # in blocks: a mass return meets thousands of counts
+                late[s_, 1:] += times[i:i + 256] @ self._late(f[i:i + 256, None] / sizes[None, 1:])
         gpu_s = np.where(sizes[None, :] >= peak[:, None] / capacity - 1e-12, sizes[None, :] * span[:, None], np.inf)
 
         def dual(lam: float) -> tuple[float, float]:  # (the dual's value, late chunks of its choice)
