@@ -75,6 +75,10 @@ class MissGuide:
         """Estimated share of chunks past their deadline on ``pool`` GPUs."""
         if pool < 1 or not len(self.load):
             return 0.0
+        return self._rate_at(pool)
+
+    def _rate_at(self, pool: float) -> float:
+        """The estimate on ``pool`` GPUs, a real number above 0 (a fluid pool may be less than one)."""
         chunks = self._chunks(pool)
         return float(self._late(self.first / pool).sum()) / chunks if chunks > 0 else 0.0
 
@@ -105,7 +109,6 @@ class MissGuide:
                 lo = mid + 1
         return lo
 
-
     def elastic_bound(self, miss_rate: float, capacity: int, end_s: float, segment_s: float = 10.0,
                       step: float = 0.005) -> ElasticBound:
         """What a perfectly elastic pool could save against a fixed one at ``miss_rate``,
@@ -121,7 +124,7 @@ class MissGuide:
         if not len(self.load) or end_s <= 0:
             return ElasticBound(0.0, 0.0, 0.0)
         cap = float(max(1.0, self.first.max(initial=1.0), self.load.max() / capacity))
-        fixed = max(self._least_pool(miss_rate, cap), float(self.load.max()) / capacity)
+        fixed = self._least_pool(miss_rate, float(self.load.max()) / capacity, cap)
         budget = miss_rate * self._chunks(fixed)
         nseg = max(1, math.ceil(end_s / segment_s - 1e-9))
         span = np.minimum(segment_s, end_s - segment_s * np.arange(nseg))  # the last one may be cut short
@@ -155,15 +158,17 @@ class MissGuide:
         elastic = min(fixed, max(0.0, best) / end_s)
         return ElasticBound(fixed, elastic, 100.0 * (1.0 - elastic / fixed) if fixed > 0 else 0.0)
 
-    def _least_pool(self, miss_rate: float, cap: float) -> float:
-        """The smallest pool (a real number up to ``cap``) whose estimate is within ``miss_rate``
-        (0 included: where no first chunk misses)."""
-        lo, hi = 1.0 / 64, cap
-        if self.rate(hi) > miss_rate:
+    def _least_pool(self, miss_rate: float, lo: float, cap: float) -> float:
+        """The smallest pool (a real number from ``lo`` up to ``cap``) whose estimate is within
+        ``miss_rate`` (0 included: where no first chunk misses)."""
+        hi = cap
+        if self._rate_at(lo) <= miss_rate:
+            return lo
+        if self._rate_at(hi) > miss_rate:
             return hi
         for _ in range(60):
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if self.rate(mid) > miss_rate else (lo, mid)
+            lo, hi = (mid, hi) if self._rate_at(mid) > miss_rate else (lo, mid)
         return hi
 
     def _span_peaks(self, segment_s: float, nseg: int) -> np.ndarray:
@@ -197,7 +202,7 @@ def miss_guide(events: Sequence[SessionEvent], profile: GpuProfile, deadline_s: 
         load.append(len(executing))
     t = np.asarray(times, dtype=float)
     dt = np.diff(t, append=t[-1]) if len(t) else t
-    top = max(load, default=0) + 2
+    top = max(max(load, default=0), profile.capacity) + 2  # a fluid pool of less than one GPU may hold K
     curve = np.asarray([profile.latency(n) for n in range(top + 1)], dtype=float)
     return MissGuide(np.asarray(first, dtype=float), np.asarray(load, dtype=float), dt, curve, deadline_s, t,
                      np.asarray(first_t, dtype=float))

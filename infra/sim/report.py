@@ -613,8 +613,9 @@ def _slo(runner: Runner, policies: Sequence[str], slo: Slo, searches: bool = Tru
         "fixed_pool_policy": best,
         "oracle_cost": oracle.cost if oracle is not None else None,
         "oracle_met": ok(oracle) if oracle is not None else None,
+        # what elasticity can buy here (made where the searches are: a forked task's figures are not kept)
         "elastic_bound": asdict(runner.guide.elastic_bound(slo.miss_rate, runner.model[runner.config.gpu_type].capacity,
-                                                           runner.trace_end)),
+                                                           runner.trace_end)) if searches else None,
     }
 
 

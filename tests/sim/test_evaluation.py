@@ -298,7 +298,8 @@ def test_the_elastic_bound_saves_nothing_on_a_steady_load_and_the_idle_share_of_
     short = miss_guide(burst, MODEL["b300"], 1.0).elastic_bound(0.001, 40, 60.0)
     assert 100 * 5 / 6 - 0.3 <= short.saving_pct <= 100 * 5 / 6 + 0.01
     lone = miss_guide([burst[0], burst[400]], MODEL["b300"], 1.0).elastic_bound(0.001, 40, 20.0)
-    assert lone.fixed_gpus == pytest.approx(1 / 40) and lone.saving_pct == pytest.approx(50.0, abs=0.5)
+    # one session for half a run: a pool small enough that its first chunk waits out 11 others misses
+    assert 1 / 12 <= lone.fixed_gpus <= 1 / 10 and lone.saving_pct == pytest.approx(50.0, abs=0.5)
     # a session that runs back to back never misses up to K: the pool holds every session at K at least
     calm = miss_guide(_churning(400, 600.0, 0.0), MODEL["b300"], 1.0).elastic_bound(0.001, 40, 600.0)
     assert calm.elastic_gpus == pytest.approx(400 / 40, rel=0.01) and calm.fixed_gpus >= 400 / 40
