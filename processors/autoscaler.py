@@ -37,8 +37,15 @@ the autoscaler follows measured chunk latency instead of the band: u* is the tab
 a headroom factor that the chunks measured since the last decision move against the SLO's
 error budget (:func:`slo_feedback`), the pool holds A / u* plus the burst reserve at full
 capacity (the reserve only bridges a boot), grows as soon as it is short and shrinks once
-it has held a spare GPU for the scale-in delay. All of it is state as data
-(:class:`AutoscalerState`), so a new leader resumes it.
+it has held a spare GPU for the scale-in delay. Without an SLO, u* follows the worst chunk measured over the burst memory
+(``follow_worst``): the matched comparisons and users of this mode judge a run by its
+worst chunk, and once one has been measured a GPU may run the load whose first chunk (a
+running chunk, then its own: l(n - 1) + l(n)) ends within it at no cost to that figure, so
+u* rises to that n / K less delta, up to ``follow_worst`` (0.75, the burst utilization).
+Measured on the tuning traces (one run each): 0-4.1% cheaper at the same worst chunk, the
+deadline-miss rate up by up to 10% of itself. The live control processor turns it off: its
+``worst_s`` is a chunk's compute time (l(n)), not the wait a first chunk sees. All of it is
+state as data (:class:`AutoscalerState`), so a new leader resumes it.
 """
 
 from __future__ import annotations
@@ -195,6 +202,9 @@ class AutoscalerConfig:
     headroom_up: float = 1.03
     headroom_min: float = 0.3
     headroom_max: float = 1.6
+    # without an SLO: u* may rise to the load per GPU the worst chunk of the last burst
+    # memory already allows (less delta), up to this (None: off)
+    follow_worst: float | None = 0.75
 
     def __post_init__(self) -> None:
         if (not (0 <= self.min_gpus <= self.max_gpus) or self.dwell_s < 0 or self.boot_s < 0 or self.scale_in_delay < 0
@@ -222,6 +232,8 @@ class AutoscalerState:
     # current step, chunks over the worst bound in it, and the step's index
     headroom: float | None = None  # None: the config's headroom_start
     measured: tuple[int, int, int, int, int, int] | None = None
+    # without an SLO: per minute of the last burst memory, the worst chunk measured in it
+    worst_seen: tuple[tuple[int, float], ...] = ()
 
 
 def execution_counts(snapshot: Snapshot) -> tuple[int, dict[str, int]]:
@@ -350,11 +362,7 @@ def scale(
     migrations the placement controller issues for the drained GPUs.
     """
     now = snapshot.now
-    u_target, delta = table.lookup(level)
-    if config.slo is not None:
-        state = slo_feedback(state, snapshot, config)
-        h = state.headroom if state.headroom is not None else config.headroom_start
-        u_target, delta = min(0.98, u_target * h), delta * min(1.0, h)
+    u_target, delta, state = _band(snapshot, level, model, config, table, state)
     reserve = 0
     executing, loads = execution_counts(snapshot)
     if foresight is not None:  # an oracle: the peak of the next boot time is known
@@ -389,7 +397,44 @@ def scale(
         cmds = resize(snapshot, model, (state.low_peak - extra) / u_target, config, grow=False)
         if not cmds:
             state = _wait_again(snapshot, model, config, state, (demand - extra) / u_target, demand)
-    return (cmds, AutoscalerState(now, recent=state.recent, headroom=state.headroom, measured=state.measured)) if cmds else ((), state)
+    return (cmds, AutoscalerState(now, recent=state.recent, headroom=state.headroom, measured=state.measured,
+                                  worst_seen=state.worst_seen)) if cmds else ((), state)
+
+
+def _band(snapshot: Snapshot, level: int, model: LatencyModel, config: AutoscalerConfig, table: VolatilityTable,
+          state: AutoscalerState) -> tuple[float, float, AutoscalerState]:
+    """(u*, delta) for this decision: the table's at ``level``, moved by the SLO feedback
+    when an SLO is set, else raised to the load the worst chunk measured lately allows
+    (``follow_worst``); and the state with what was measured folded in."""
+    u_target, delta = table.lookup(level)
+    if config.slo is not None:
+        state = slo_feedback(state, snapshot, config)
+        h = state.headroom if state.headroom is not None else config.headroom_start
+        return min(0.98, u_target * h), delta * min(1.0, h), state
+    if config.follow_worst is not None:
+        seen = _fold_worst(state.worst_seen, snapshot.now, snapshot.chunks.worst_s, config)
+        state = replace(state, worst_seen=seen)
+        u_target = max(u_target, min(config.follow_worst, _worst_load(model[config.gpu_type], max(w for _, w in seen)) - delta))
+    return u_target, delta, state
+
+
+def _fold_worst(seen: tuple[tuple[int, float], ...], now: float, worst: float, config: AutoscalerConfig) -> tuple[tuple[int, float], ...]:
+    """``seen`` (per minute, the worst chunk measured in it) with ``worst`` measured at
+    ``now``; minutes older than ``burst_memory_s`` are dropped."""
+    m = math.floor(now / 60.0)
+    keep = tuple(x for x in seen if x[0] > m - config.burst_memory_s / 60.0)
+    if keep and keep[-1][0] == m:
+        return keep[:-1] + ((m, max(keep[-1][1], worst)),)
+    return keep + ((m, worst),)
+
+
+def _worst_load(p: Any, worst: float) -> float:
+    """The most sessions per slot (n / K) at which a first chunk, waiting out a running
+    chunk and then running its own (l(n - 1) + l(n)), ends within ``worst`` seconds."""
+    n = 1
+    while n < 2 * p.capacity and p.latency(n) + p.latency(n + 1) <= worst:
+        n += 1
+    return n / p.capacity
 
 
 def _wait_again(snapshot: Snapshot, model: LatencyModel, config: AutoscalerConfig, state: AutoscalerState,

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, VolatilityTable
+from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, AutoscalerConfig, VolatilityTable
 from processors.latency import LatencyModel
 
 from infra.sim.report import Runner
@@ -29,6 +29,9 @@ __all__ = ["tune", "U_GRID", "DELTA_GRID"]
 
 U_GRID = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.5, 0.4, 0.3, 0.25)
 DELTA_GRID = (0.05, 0.1)
+# the table is the band u* starts from: tuned without the rule that raises it to the run's
+# worst chunk (AutoscalerConfig.follow_worst), which only ever raises it
+BASE_BAND = AutoscalerConfig(follow_worst=None)
 
 
 def tune(
@@ -54,7 +57,7 @@ def tune(
                 table = VolatilityTable(((u, d),) * 10)
                 if on_step is not None:
                     on_step(f"level {level}: u*={u} delta={d}")
-                runs = [r.run("turboserve", None, table=table) for r in runners]
+                runs = [r.run("turboserve", None, table=table, autoscaler=BASE_BAND) for r in runners]
                 if max(x.worst_chunk_latency_s for x in runs) <= bound_s:
                     cost = sum(x.cost for x in runs)
                     if best is None or cost < best[0]:

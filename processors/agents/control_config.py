@@ -39,12 +39,15 @@ def fit_capacity(model: LatencyModel, view: ClusterView) -> LatencyModel:
 
 
 def make_policy(spec: str, model: LatencyModel, gpu_type: str, **autoscaler: Any) -> Policy:
-    """The policy ``spec`` on ``model``; built-in TurboServe variants scale out ``gpu_type``."""
+    """The policy ``spec`` on ``model``; built-in TurboServe variants scale out ``gpu_type``.
+    Live, u* does not follow the worst chunk (``AutoscalerConfig.follow_worst``): a worker
+    reports a chunk's compute time, not the wait a session's first chunk sees, which that
+    rule reads."""
     if spec not in BUILTIN_POLICIES:
         return load_policy(spec)
     opts: dict[str, Any] = {"model": model}
     if spec.startswith("turboserve"):
-        opts["autoscaler"] = AutoscalerConfig(gpu_type=gpu_type, **autoscaler)
+        opts["autoscaler"] = AutoscalerConfig(gpu_type=gpu_type, **{"follow_worst": None, **autoscaler})
     return load_policy(spec, **opts)
 
 

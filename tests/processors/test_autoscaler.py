@@ -253,3 +253,27 @@ def test_a_pool_below_its_floor_boots_the_rest_with_or_without_sessions():
     cmds, _ = autoscale(_pool([16]), 1, PAPER, floor)  # a scale-out past the floor: no extra Boot
     assert len(cmds) == 1 and isinstance(cmds[0], Boot) and cmds[0].count >= 1
     assert autoscale(Snapshot(100.0, (), ()), 1, PAPER, replace(CFG, min_gpus=0))[0] == ()
+
+
+def test_without_an_slo_u_star_follows_the_worst_chunk_measured_over_the_burst_memory():
+    from processors.snapshot import ChunkStats
+
+    flat = VolatilityTable(((0.6, 0.05),) * 10)
+    cfg = AutoscalerConfig(min_gpus=1, max_gpus=64, dwell_s=0.0, burst_memory_s=900.0)
+
+    def hot(now, worst):  # 2 b300 GPUs at 27 of 40: u_max 0.675, past the band's top 0.65
+        snap = _pool([27, 27], now=now, gpu_type="b300")
+        return replace(snap, chunks=ChunkStats(100, 0, worst))
+
+    grow, _ = autoscale(hot(100.0, 0.0), 1, PAPER, cfg, flat)
+    assert grow and isinstance(grow[0], Boot)
+    # a 1.7 s chunk was measured: l(30) + l(31) = 1.675 s <= 1.7 < l(31) + l(32), so u* rises to 31 / 40 less delta
+    cmds, state = autoscale(hot(100.0, 1.7), 1, PAPER, cfg, flat)
+    assert cmds == () and state.worst_seen == ((1, 1.7),)
+    assert autoscale(hot(700.0, 0.5), 1, PAPER, cfg, flat, state)[0] == ()  # still remembered
+    later = autoscale(hot(1100.0, 0.5), 1, PAPER, cfg, flat, autoscale(hot(700.0, 0.5), 1, PAPER, cfg, flat, state)[1])[0]
+    assert later and isinstance(later[0], Boot)  # forgotten after the burst memory
+    assert autoscale(hot(100.0, 1.7), 1, PAPER, replace(cfg, follow_worst=None), flat)[0] == grow  # off
+    assert autoscale(hot(100.0, 1.7), 1, PAPER, replace(cfg, follow_worst=0.62), flat)[0] == grow  # capped under the load
+    # a worst chunk faster than the table's load allows never lowers u*
+    assert autoscale(hot(100.0, 0.4), 1, PAPER, cfg, flat)[0] == grow

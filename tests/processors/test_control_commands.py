@@ -265,3 +265,15 @@ def test_the_live_round_gives_a_policy_the_chunks_measured_since_the_last_round(
     assert (first.chunks.count, first.chunks.missed, first.chunks.worst_s) == (3, 1, 0.5)
     assert second.chunks.count == 0
     assert (third.chunks.count, third.chunks.missed, third.chunks.worst_s) == (1, 1, 0.3)
+
+
+def test_live_turboserve_does_not_follow_the_worst_chunk():
+    """Workers report a chunk's compute time, not the wait a first chunk sees: the live
+    control processor builds turboserve with the worst-chunk rule off, the simulator with it on."""
+    from processors.turboserve import TurboServe
+
+    live = make_policy("turboserve", load_profiles("paper"), "b300", burst_memory_s=900.0)
+    assert isinstance(live, TurboServe) and live.autoscaler.follow_worst is None
+    assert live.autoscaler.burst_memory_s == 900.0 and live.autoscaler.gpu_type == "b300"
+    assert TurboServe().autoscaler.follow_worst == 0.75
+    assert make_policy("turboserve", load_profiles("paper"), "b300", follow_worst=0.7).autoscaler.follow_worst == 0.7
