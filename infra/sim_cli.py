@@ -91,6 +91,7 @@ def simulate_cmd(
     boot: float = typer.Option(60.0, "--boot", min=0.0, max=86400.0, help="GPU boot time, s."),
     round_s: float = typer.Option(0.5, "--round", min=0.0, max=60.0, help="Decision round grid, s (events are quantized up to it; 0: exact)."),
     burst_memory: float = typer.Option(900.0, "--burst-memory", min=0.0, max=1e6, help="How long the autoscaler's burst reserve remembers a rise of executing sessions, s (0: no reserve)."),
+    follow_worst: float = typer.Option(0.75, "--follow-worst", min=0.0, max=1.0, help="Without an SLO, turboserve's u* rises to the sessions per GPU the worst chunk of the burst memory already allows, up to this share of K (0: off, the table's u* alone)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream)."),
@@ -127,7 +128,7 @@ def simulate_cmd(
                        "(shift the trace to start at 0 if the service goes live with its first session)",
                        soft_wrap=True, highlight=False, markup=False)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, round_s=round_s, warm_start=not cold_start)
-        auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory)
+        auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory, follow_worst=follow_worst or None)
         options = _builtin_options(vt, auto)
         offer = {"table": vt, "autoscaler": auto}  # the SLO is offered only to the runs at it (compare)
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:

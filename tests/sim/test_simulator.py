@@ -196,6 +196,23 @@ def test_cli_burst_memory_zero_turns_the_reserve_off(tmp_path):
     assert docs["0"]["gpu_seconds"] < docs["900"]["gpu_seconds"]
 
 
+def test_cli_follow_worst_zero_runs_the_table_u_star_alone(tmp_path):
+    """Without an SLO turboserve runs hotter once a slow chunk has been measured (the worst
+    chunk stays what it was); ``--follow-worst 0`` turns that off."""
+    run, app = CliRunner(), _app()
+    trace = _generated(run, app, tmp_path / "t.csv", level=10, duration=600, sessions=400, seed=1)
+    docs = {}
+    for cap in ("0.75", "0"):
+        out = tmp_path / f"f{cap}.json"
+        res = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--follow-worst", cap, "--json", str(out), "-j", "1"])
+        assert res.exit_code == 0, res.output
+        docs[cap] = json.loads(out.read_text())["policies"]["turboserve"]
+    assert docs["0.75"]["gpu_seconds"] < docs["0"]["gpu_seconds"]
+    assert docs["0.75"]["worst_chunk_latency_s"] == docs["0"]["worst_chunk_latency_s"]
+    bad = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--follow-worst", "1.5"])
+    assert bad.exit_code != 0 and "--follow-worst" in bad.output
+
+
 def test_a_return_whose_restore_outlasts_its_spell_is_counted():
     """A restore that cannot land within the spell was counted nowhere (a policy too slow
     to restore looked perfect): the return's resume latency is its whole spell, and a wait
