@@ -277,3 +277,6 @@ def test_without_an_slo_u_star_follows_the_worst_chunk_measured_over_the_burst_m
     assert autoscale(hot(100.0, 1.7), 1, PAPER, replace(cfg, follow_worst=0.62), flat)[0] == grow  # capped under the load
     # a worst chunk faster than the table's load allows never lowers u*
     assert autoscale(hot(100.0, 0.4), 1, PAPER, cfg, flat)[0] == grow
+    for bad in (0.0, 1.5):
+        with pytest.raises(ConfigError, match="follow_worst"):
+            AutoscalerConfig(follow_worst=bad)
