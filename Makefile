@@ -53,8 +53,12 @@ tools:
 demo: $(STAMP) kafka
 	$(VENV)/bin/chunkserve demo
 
+# two test processes, each taking whole files (a file's broker cluster or fleet stays in
+# one process) with its own embedded broker and Redis: most integration tests wait on
+# child processes, so on a 2-core machine two at a time take about 14 minutes, one 22
+TEST_WORKERS ?= 2
 test: $(STAMP) kafka tools
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis reports
