@@ -98,7 +98,8 @@ def simulate_cmd(
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes the comparisons' runs use (0: one per CPU core; same figures for any number)."),
 ) -> None:
     """Replay a trace through policies; print a table, write JSON and a timeline plot."""
-    from processors.autoscaler import AutoscalerConfig, Slo, load_volatility_table
+    from processors.autoscaler import AutoscalerConfig, Slo
+    from processors.volatility import load_volatility_table
     from processors.latency import load_profiles
     from infra.sim.report import Runner, check_policies, compare, plot_timeline, timelines
     from infra.sim.simulator import SimConfig
@@ -288,7 +289,8 @@ def evaluate_cmd(
     policy: list[str] = typer.Option([], "--policy", "-p", help="A plug-in (module:Name) to compare beside the split's policies, as TeleFuser is (repeatable or comma-separated)."),
 ) -> None:
     """Compare the policies on a split of trace families; print the quality bars per trace."""
-    from processors.autoscaler import AutoscalerConfig, Slo, load_volatility_table
+    from processors.autoscaler import AutoscalerConfig, Slo
+    from processors.volatility import load_volatility_table
     from processors.latency import load_profiles
     from infra.sim.evaluate import EVAL_POLICIES, HELDOUT, LAUNCH, OUTSIDE_SPLIT, TUNE, evaluate
     from infra.sim.report import check_policies

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from processors.autoscaler import (
-    DEFAULT_VOLATILITY_TABLE,
-    AutoscalerConfig,
-    AutoscalerState,
-    Slo,
-    VolatilityTable,
-    autoscale,
-    shutdowns,
-)
+from processors.autoscaler import AutoscalerConfig, AutoscalerState, Slo, autoscale, shutdowns
 from processors.decisions import Admit, Command, Decision, Vacate
 from processors.detector import Signal
 from processors.latency import LatencyModel, load_profiles
 from processors.placement import RebalanceConfig, admission_order, plan_placement
 from processors.snapshot import GpuState, Snapshot
+from processors.volatility import DEFAULT_VOLATILITY_TABLE, VolatilityTable
 
 __all__ = ["TurboServeState", "TurboServe", "apply_drains", "TURBOSERVE_REBALANCE"]
 

@@ -17,7 +17,8 @@ from collections import Counter
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, AutoscalerConfig, VolatilityTable
+from processors.autoscaler import AutoscalerConfig
+from processors.volatility import DEFAULT_VOLATILITY_TABLE, VolatilityTable
 from processors.latency import LatencyModel
 
 from infra.sim.report import Runner

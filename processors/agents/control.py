@@ -22,7 +22,8 @@ from typing import Any, Callable
 from processors.agents.control_config import ControlConfig, fit_capacity, make_policy
 from processors.agents.control_records import admission_plan, command_records
 from processors.agents.detector import step_remembering
-from processors.autoscaler import DEFAULT_VOLATILITY_TABLE, utilization
+from processors.autoscaler import utilization
+from processors.volatility import DEFAULT_VOLATILITY_TABLE
 from processors.cluster import BOOTING_PREFIX, ClusterView, apply, dead_workers, prune, to_snapshot
 from processors.detector import DetectorConfig, DetectorState, Signal, not_ahead, observe
 from processors.latency import LatencyModel, load_profiles

@@ -6,18 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.autoscaler import (
-    VolatilityTable,
-    DEFAULT_VOLATILITY_TABLE,
-    PAPER_VOLATILITY_TABLE,
-    AutoscalerConfig,
-    AutoscalerState,
-    autoscale,
-    load_volatility_table,
-)
+from processors.autoscaler import AutoscalerConfig, AutoscalerState, autoscale
 from processors.decisions import Vacate, Boot, Retire
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
 from processors.turboserve import TurboServe, TurboServeState
+from processors.volatility import DEFAULT_VOLATILITY_TABLE, PAPER_VOLATILITY_TABLE, VolatilityTable, load_volatility_table
 from schemas.errors import ConfigError
 from tests.processors.strategies import PAPER, apply, snapshots
 

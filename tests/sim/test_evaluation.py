@@ -12,7 +12,8 @@ from infra.sim.report import Runner, compare
 from infra.sim.simulator import SimConfig, simulate
 from infra.sim.trace import Trace, write_trace
 from infra.sim.tracegen import GenConfig, generate
-from processors.autoscaler import Slo, load_volatility_table
+from processors.autoscaler import Slo
+from processors.volatility import load_volatility_table
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import EventKind, SessionEvent
 from processors.policy import load_policy
