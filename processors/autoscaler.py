@@ -328,8 +328,7 @@ def scale(
         cmds = resize(snapshot, model, (state.low_peak - extra) / u_target, config, grow=False)
         if not cmds:
             state = _wait_again(snapshot, model, config, state, (demand - extra) / u_target, demand)
-    return (cmds, AutoscalerState(now, recent=state.recent, headroom=state.headroom, measured=state.measured,
-                                  worst_seen=state.worst_seen)) if cmds else ((), state)
+    return (cmds, replace(state, last_action_at=now, low_since=None, low_peak=0)) if cmds else ((), state)
 
 
 def _band(snapshot: Snapshot, level: int, model: LatencyModel, config: AutoscalerConfig, table: VolatilityTable,
