@@ -8,7 +8,8 @@ ascending thresholds on its coefficient of variation (std / mean), since the aut
 target is a relative utilization and a raw std grows with any load. The default thresholds
 are calibrated on ``infra.sim.tracegen`` traces (1 s slots): level L reads near L.
 The state is immutable: each step copies the active/idle id sets (O(sessions) per event);
-``rebuild`` folds a whole log to the same state in O(events), for a restarted detector.
+``rebuild`` folds a whole log to the same state in O(events), for a restarted detector, and
+``signals`` gives a whole trace's signals (a simulator's) as ``step`` and ``observe`` would.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "step",
     "closes",
     "rebuild",
+    "signals",
     "not_ahead",
     "observe",
     "volatility",
@@ -258,3 +260,67 @@ def rebuild(events: Iterable[SessionEvent], config: DetectorConfig, state: Detec
     lo = -math.inf if last is None else last - config.slots + 1
     window = tuple((s, *row) for s, row in sorted(counts.items()) if s >= lo)
     return DetectorState(frozenset(active), frozenset(idle), window, first, last), tuple(now_closed)  # type: ignore[arg-type]
+
+
+_ZERO = [0, 0, 0, 0, 0]
+
+
+def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfig) -> tuple[tuple[float, ...], tuple[Signal, ...]]:
+    """(times, signals): what :func:`step` gives for each of ``events`` in turn, from an
+    empty state, with an :func:`observe` every ``tick_s`` (from ``tick_s`` on) before each
+    event later than the tick; the same signals, in O(events + (events + ticks) x slots)
+    instead of ``step``'s O(sessions) copy per event (the simulator reads a whole trace)."""
+    active: set[str] = set()
+    idle: set[str] = set()
+    counts: dict[int, list[int]] = {}  # per slot: arrivals, departures, to_idle, to_active, newly_active
+    first: int | None = None
+    last: int | None = None
+    times: list[float] = []
+    out: list[Signal] = []
+    n = config.slots
+
+    memo: dict[tuple[int, int, int], tuple[float, int, float]] = {}
+    changes = 0  # rows whose newly-active count changed so far: the spread is the same while (lo, cur, changes) are
+
+    def read(now: float) -> None:  # _signal on the state as it stands
+        cur = last if last is not None else 0
+        lo = max(first if first is not None else cur, cur - n + 1)
+        rows = [counts.get(i, _ZERO) for i in range(lo, cur + 1)]
+        spread = memo.get((lo, cur, changes))
+        if spread is None:
+            per = [c[4] for c in rows]
+            cv = variation(per)
+            spread = volatility(per), volatility_level(cv, config.thresholds), cv
+            memo.clear()
+            memo[(lo, cur, changes)] = spread
+        times.append(now)
+        out.append(Signal(now=now, active=len(active), idle=len(idle), arrivals=sum(c[0] for c in rows),
+                          departures=sum(c[1] for c in rows), flips=sum(c[2] + c[3] for c in rows),
+                          volatility=spread[0], level=spread[1], variation=spread[2]))
+
+    tick = tick_s
+    for event in events:
+        while tick < event.t:  # observe: the window rolls to the tick's slot
+            slot = math.floor(tick / config.slot_s)
+            if last is None or slot > last:
+                first = slot if first is None else first
+                last = slot
+            read(tick)
+            tick += tick_s
+        slot = math.floor(event.t / config.slot_s)
+        last = slot if last is None else max(last, slot)
+        first = slot if first is None else min(first, slot)
+        sid = event.session_id
+        where = _where(active, idle, sid)
+        to, moved = _move(where, EventKind(event.kind))
+        (active if where is ACTIVE else idle).discard(sid)
+        if to is not GONE:
+            (active if to is ACTIVE else idle).add(sid)
+        if moved != NO_COUNTS and slot >= last - n + 1:
+            row = counts.setdefault(slot, [0, 0, 0, 0, 0])
+            row[:] = [a + b for a, b in zip(row, moved)]
+            changes += moved[4]
+        if len(counts) > 2 * n:  # slots left behind the window (read never looks at them)
+            counts = {s: c for s, c in counts.items() if s > last - n}
+        read(event.t)
+    return tuple(times), tuple(out)

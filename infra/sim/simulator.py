@@ -36,7 +36,7 @@ import numpy as np
 
 from processors.decisions import Admit, Decision, Vacate, Migrate, Place, Restore, Boot, Retire, Offload, Discard, well_formed
 from processors.admission import AdmitPlan, WorkerLoad, admit_in_turn
-from processors.detector import DetectorConfig, DetectorState, Signal, observe, step
+from processors.detector import DetectorConfig, Signal, signals as detector_signals
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionEvent, SessionState, on_event
 from processors.policy import Policy, keeps_idle_resident
@@ -159,20 +159,7 @@ class Signals:
 
 def signals_for(events: Sequence[SessionEvent], tick_s: float, config: DetectorConfig = DetectorConfig()) -> Signals:
     """Run the real detector over the events, plus an ``observe`` on every tick."""
-    state = DetectorState()
-    times: list[float] = []
-    sigs: list[Signal] = []
-    tick = tick_s
-    for ev in events:
-        while tick < ev.t:
-            state, sig = observe(state, tick, config)
-            times.append(tick)
-            sigs.append(sig)
-            tick += tick_s
-        state, sig = step(state, ev, config)
-        times.append(ev.t)
-        sigs.append(sig)
-    return Signals(tuple(times), tuple(sigs))
+    return Signals(*detector_signals(events, tick_s, config))
 
 
 @dataclass

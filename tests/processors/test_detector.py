@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.detector import (DetectorConfig, DetectorState, closes, observe, rebuild, step, variation,
+from processors.detector import (DetectorConfig, DetectorState, closes, observe, rebuild, signals, step, variation,
                                  volatility_level)
 from processors.lifecycle import EventKind, SessionEvent, remember_closed
 
@@ -105,6 +105,31 @@ def test_rebuild_ends_where_stepping_each_event_ends(events, cut, window):
     assert head_closed == before  # read only: the caller remembers what it returns
     state, event = stepped, (events or [SessionEvent(0, "x", EventKind.OPEN)])[-1]
     assert step(state, event, config, closed) == step(state, event, config, closed)  # pure: same in, same out
+
+
+# any events, times out of order within a few ticks of each other
+nearby = st.lists(st.builds(SessionEvent, st.floats(0, 40, allow_nan=False), st.sampled_from("abcdefg"),
+                            st.sampled_from(list(EventKind))), max_size=60)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(anything, nearby), st.sampled_from([0.7, 5.0, 30.0]), st.sampled_from([(60.0, 5.0), (10.0, 1.0), (3.0, 3.0)]))
+def test_signals_of_a_whole_trace_are_those_of_step_and_observe(events, tick, window):
+    """The simulator reads a trace's signals from ``signals`` (one pass with mutable sets):
+    each must be the one ``step`` gives for its event, with ``observe`` on every tick before
+    a later event, the state carried from call to call; times out of order, ids reused and
+    flips of unknown ids included."""
+    config = DetectorConfig(window_s=window[0], slot_s=window[1])
+    state, want, at = DetectorState(), [], tick
+    for event in events:
+        while at < event.t:
+            state, sig = observe(state, at, config)
+            want.append((at, sig))
+            at += tick
+        state, sig = step(state, event, config)
+        want.append((event.t, sig))
+    times, sigs = signals(events, tick, config)
+    assert list(zip(times, sigs)) == want
 
 
 def test_a_closed_session_opened_again_is_not_counted():
