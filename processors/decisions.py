@@ -7,6 +7,7 @@ return these records plus the policy's new state (:class:`Decision`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, ClassVar, Union
 
 __all__ = [
@@ -140,9 +141,19 @@ def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+_PAIRS, _NUMBERS, _NAMES = frozenset((tuple, list)), frozenset((int, float)), frozenset((str,))
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
+
 def _order(order: object) -> bool:
-    return isinstance(order, (tuple, list)) and all(
-        isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str) and _number(e[1]) for e in order)
+    if not isinstance(order, (tuple, list)):
+        return False
+    # the common shape (pairs of plain str and int or float) checked a column at a time in C,
+    # as every round's admission order is; anything else (subclasses included) entry by entry
+    if (_PAIRS.issuperset(map(type, order)) and set(map(len, order)) <= {2} and _NAMES.issuperset(map(type, map(_FIRST, order)))
+            and _NUMBERS.issuperset(map(type, map(_SECOND, order)))):
+        return True
+    return all(isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str) and _number(e[1]) for e in order)
 
 
 _FIELDS: dict[type, tuple[tuple[str, Any], ...]] = {

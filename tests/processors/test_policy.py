@@ -1,6 +1,10 @@
-import pytest
+from collections import namedtuple
 
-from processors.decisions import Decision, Migrate
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from processors.decisions import Admit, Decision, Migrate, well_formed
 from processors.detector import DetectorConfig, DetectorState, step
 from processors.lifecycle import EventKind, SessionEvent, SessionState, on_event
 from processors.oracles import future_active
@@ -127,3 +131,33 @@ def test_greedy_placement_picks_the_lowest_score_then_id_for_every_waiting_sessi
                 mem[want] += s.state_bytes
             room = [g for g in gpus if g.state is GpuState.READY and held[g.id] < PAPER[g.type].capacity]
             assert len(cmds) == len(waiting) or not room
+
+
+class _Name(str):
+    pass
+
+
+_Pair = namedtuple("_Pair", "gpu count")
+
+
+_entries = st.one_of(
+    st.tuples(st.one_of(st.text(max_size=3), st.builds(_Name, st.text(max_size=3)), st.none(), st.integers()),
+              st.one_of(st.integers(-5, 50), st.floats(allow_nan=False), st.booleans(), st.none(), st.text(max_size=2))),
+    st.lists(st.one_of(st.text(max_size=2), st.integers(0, 9)), max_size=3),
+    st.builds(lambda a, b: _Pair(a, b), st.text(max_size=2), st.integers(0, 9)),
+    st.integers(), st.none(), st.text(max_size=2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.lists(_entries, max_size=6), st.lists(_entries, max_size=6).map(tuple), st.none(), st.integers(), st.text(max_size=3)))
+def test_an_admission_order_is_well_formed_exactly_when_each_entry_is_a_name_and_a_number(order):
+    """The shell checks every round's admission order (a column at a time for the common
+    shape): it must accept exactly the orders whose entries are each a pair (tuple or list)
+    of a name (a str) and a number (int or float, not bool), subclasses included."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    want = isinstance(order, (tuple, list)) and all(
+        isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str) and number(e[1]) for e in order)
+    assert well_formed(Admit(order)) is want
+    assert well_formed(Admit((("g0", 3), ["g1", 2.5]))) and not well_formed(Admit((("g0", True),)))
