@@ -344,7 +344,9 @@ def _band(snapshot: Snapshot, level: int, model: LatencyModel, config: Autoscale
     if config.follow_worst is not None:
         seen = _fold_worst(state.worst_seen, snapshot.now, snapshot.chunks.worst_s, config)
         state = replace(state, worst_seen=seen)
-        u_target = max(u_target, min(config.follow_worst, _worst_load(model[config.gpu_type], max(w for _, w in seen)) - delta))
+        p = model[config.gpu_type]
+        load = math.floor(p.first_chunk_load(max(w for _, w in seen), 2 * p.capacity)) / p.capacity
+        u_target = max(u_target, min(config.follow_worst, load - delta))
     return u_target, delta, state
 
 
@@ -356,15 +358,6 @@ def _fold_worst(seen: tuple[tuple[int, float], ...], now: float, worst: float, c
     if keep and keep[-1][0] == m:
         return keep[:-1] + ((m, max(keep[-1][1], worst)),)
     return keep + ((m, worst),)
-
-
-def _worst_load(p: Any, worst: float) -> float:
-    """The most sessions per slot (n / K) at which a first chunk, waiting out a running
-    chunk and then running its own (l(n - 1) + l(n)), ends within ``worst`` seconds."""
-    n = 1
-    while n < 2 * p.capacity and p.latency(n) + p.latency(n + 1) <= worst:
-        n += 1
-    return n / p.capacity
 
 
 def _wait_again(snapshot: Snapshot, model: LatencyModel, config: AutoscalerConfig, state: AutoscalerState,

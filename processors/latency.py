@@ -94,6 +94,21 @@ class GpuProfile:
         curve = self.curve
         return curve[n] if n < len(curve) else self._interp(n)
 
+    def first_chunk_load(self, worst: float, most: int) -> float:
+        """The sessions per GPU n (at least 1, at most ``most``; linear between whole counts)
+        at which a first chunk, waiting out the running chunk of the n - 1 there and then
+        running its own, l(n - 1) + l(n), takes ``worst`` seconds. Its floor is the most
+        sessions whose first chunk ends within ``worst`` (the autoscaler's worst-chunk rule);
+        the fraction aims the simulator's searches between pools."""
+        n, lat = 1, self.latency
+        while n < most and lat(n) + lat(n + 1) <= worst:
+            n += 1
+        lo, hi = lat(n - 1) + lat(n), lat(n) + lat(n + 1)
+        if n >= most or worst <= lo or hi <= lo:
+            return float(n)
+        # as numpy.interp computes it, kept below n + 1 (worst < hi) so that the floor is n
+        return min((1.0 / (hi - lo)) * (worst - lo) + n, math.nextafter(n + 1, n))
+
 
 @dataclass(frozen=True)
 class LatencyModel(Mapping[str, GpuProfile]):

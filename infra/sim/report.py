@@ -24,7 +24,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from processors.autoscaler import Slo
 from processors.latency import LatencyModel
@@ -114,7 +113,6 @@ class Runner:
     _takes_slo: dict[str, bool] = field(default_factory=dict, repr=False)
     found: dict[tuple[Any, ...], int | None] = field(default_factory=dict)  # the searches' answers
     _guide: MissGuide | None = field(default=None, repr=False)
-    _waits: np.ndarray | None = field(default=None, repr=False)  # l(n - 1) + l(n) for n = 1, 2, ...
 
     def __post_init__(self) -> None:
         if self.signals is None:
@@ -346,11 +344,8 @@ class Runner:
 
     def _load_at(self, worst: float) -> float:
         """n (interpolated, at least 1) where l(n - 1) + l(n) = ``worst`` on the pool's GPU type."""
-        if self._waits is None:
-            p = self.model[self.config.gpu_type]
-            top = max(4 * p.capacity, len(p.curve), 64)
-            self._waits = np.array([p.latency(n - 1) + p.latency(n) for n in range(1, top + 1)])
-        return float(np.interp(worst, self._waits, np.arange(1, len(self._waits) + 1)))
+        p = self.model[self.config.gpu_type]
+        return p.first_chunk_load(worst, max(4 * p.capacity, len(p.curve), 64))
 
     def slo_pool(self, spec: str, bound: Bound, start: int | None = None) -> int | None:
         """Smallest fixed pool whose run meets ``bound`` (an SLO: a miss rate), searched

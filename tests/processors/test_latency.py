@@ -1,6 +1,10 @@
 import json
+import math
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from processors.latency import GpuProfile, builtin_profiles, load_profiles, parse_profiles
 from schemas.errors import ConfigError
@@ -74,3 +78,25 @@ def test_a_profile_is_read_as_strictly_as_a_placement_document(change, key, said
     with pytest.raises(ConfigError) as info:
         parse_profiles(doc, "m.json")
     assert info.value.key == key and info.value.source == "m.json" and said in str(info.value)
+
+
+_curves = st.lists(st.tuples(st.integers(1, 6), st.floats(0.0, 0.4)), min_size=1, max_size=6).map(
+    lambda steps: tuple((sum(d for d, _ in steps[: i + 1]), 0.05 + sum(x for _, x in steps[: i + 1])) for i in range(len(steps))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_curves, st.integers(1, 12), st.floats(0.0, 6.0), st.integers(1, 40))
+def test_first_chunk_load_is_the_most_sessions_a_first_chunk_fits_and_between_them_numpys_interpolation(points, k, worst, most):
+    """Flat steps (a batch bucket's padding) and rising runs alike: the floor is the most n
+    (1 at least, ``most`` at most) with l(n - 1) + l(n) within ``worst``, what the
+    autoscaler's worst-chunk rule reads; where the sums rise, the value is numpy.interp's,
+    what the simulator's searches aimed by before."""
+    p = GpuProfile("x", k, 1.0, points)
+    waits = [p.latency(n - 1) + p.latency(n) for n in range(1, most + 1)]
+    x = p.first_chunk_load(worst, most)
+    assert 1 <= x <= most
+    assert math.floor(x) == max([n for n in range(1, most + 1) if waits[n - 1] <= worst], default=1)
+    for w in waits:  # a worst chunk exactly at a first chunk's latency admits that n
+        assert math.floor(p.first_chunk_load(w, most)) == max(n for n in range(1, most + 1) if waits[n - 1] <= w)
+    if all(b > a for a, b in zip(waits, waits[1:])):
+        assert x == pytest.approx(float(np.interp(worst, waits, np.arange(1, most + 1))), rel=1e-12, abs=1e-12)
