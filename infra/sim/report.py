@@ -24,7 +24,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-
 from processors.autoscaler import Slo
 from processors.latency import LatencyModel
 from processors.lifecycle import EventKind, SessionEvent, SessionState, transition
