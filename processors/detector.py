@@ -270,6 +270,8 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
     empty state, with an :func:`observe` every ``tick_s`` (from ``tick_s`` on) before each
     event later than the tick; the same signals, in O(events + (events + ticks) x slots)
     instead of ``step``'s O(sessions) copy per event (the simulator reads a whole trace)."""
+    if not tick_s > 0:
+        raise ConfigError("tick_s", "must be > 0", "detector signals")
     active: set[str] = set()
     idle: set[str] = set()
     counts: dict[int, list[int]] = {}  # per slot: arrivals, departures, to_idle, to_active, newly_active
@@ -278,7 +280,6 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
     times: list[float] = []
     out: list[Signal] = []
     n = config.slots
-
     memo: dict[tuple[int, int, int], tuple[float, int, float]] = {}
     changes = 0  # rows whose newly-active count changed so far: the spread is the same while (lo, cur, changes) are
 

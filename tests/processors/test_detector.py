@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from processors.detector import (DetectorConfig, DetectorState, closes, observe, rebuild, signals, step, variation,
                                  volatility_level)
 from processors.lifecycle import EventKind, SessionEvent, remember_closed
+from schemas.errors import ConfigError
 
 
 @st.composite
@@ -130,6 +131,8 @@ def test_signals_of_a_whole_trace_are_those_of_step_and_observe(events, tick, wi
         want.append((event.t, sig))
     times, sigs = signals(events, tick, config)
     assert list(zip(times, sigs)) == want
+    with pytest.raises(ConfigError, match="tick_s"):  # a tick of 0 would never reach the next event
+        signals(events, 0.0, config)
 
 
 def test_a_closed_session_opened_again_is_not_counted():
