@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Container, Iterable
+from typing import Any, Container, Iterable
 
 from processors.lifecycle import EventKind, SessionEvent, SessionState
 from schemas.errors import ConfigError
@@ -122,26 +122,33 @@ def _advance(state: DetectorState, slot: int, config: DetectorConfig) -> tuple[_
     return tuple(s for s in state.window if s[0] >= lo)
 
 
+_ZERO = (0, 0, 0, 0, 0)
+
+
+def _span(first: int | None, last: int | None, config: DetectorConfig) -> range:
+    """The slots a signal reads: the window's up to the latest slot seen, none before the first."""
+    cur = last if last is not None else 0
+    return range(max(first if first is not None else cur, cur - config.slots + 1), cur + 1)
+
+
+def _spread(per: list[int], config: DetectorConfig) -> tuple[float, int, float]:
+    """(volatility, level, variation) of the newly active sessions per slot."""
+    cv = variation(per)
+    return volatility(per), volatility_level(cv, config.thresholds), cv
+
+
+def _reading(now: float, active: int, idle: int, rows: list[Any], spread: tuple[float, int, float]) -> Signal:
+    """The signal of a window whose ``rows`` are its slots' counts (arrivals, departures,
+    to_idle, to_active, newly_active), zeros included."""
+    return Signal(now=now, active=active, idle=idle, arrivals=sum(r[0] for r in rows), departures=sum(r[1] for r in rows),
+                  flips=sum(r[2] + r[3] for r in rows), volatility=spread[0], level=spread[1], variation=spread[2])
+
+
 def _signal(state: DetectorState, now: float, config: DetectorConfig) -> Signal:
-    cur = state.last_slot if state.last_slot is not None else 0
-    first = state.first_slot if state.first_slot is not None else cur
-    lo = max(first, cur - config.slots + 1)
-    by_slot = {s[0]: s for s in state.window if lo <= s[0] <= cur}
-    counts = [by_slot[i][5] if i in by_slot else 0 for i in range(lo, cur + 1)]
-    vol = volatility(counts)
-    cv = variation(counts)
-    rows = by_slot.values()
-    return Signal(
-        now=now,
-        active=len(state.active),
-        idle=len(state.idle),
-        arrivals=sum(r[1] for r in rows),
-        departures=sum(r[2] for r in rows),
-        flips=sum(r[3] + r[4] for r in rows),
-        volatility=vol,
-        level=volatility_level(cv, config.thresholds),
-        variation=cv,
-    )
+    span = _span(state.first_slot, state.last_slot, config)
+    by_slot = {s[0]: s[1:] for s in state.window if s[0] in span}
+    rows = [by_slot.get(i, _ZERO) for i in span]
+    return _reading(now, len(state.active), len(state.idle), rows, _spread([r[4] for r in rows], config))
 
 
 def observe(state: DetectorState, now: float, config: DetectorConfig) -> tuple[DetectorState, Signal]:
@@ -262,9 +269,6 @@ def rebuild(events: Iterable[SessionEvent], config: DetectorConfig, state: Detec
     return DetectorState(frozenset(active), frozenset(idle), window, first, last), tuple(now_closed)  # type: ignore[arg-type]
 
 
-_ZERO = [0, 0, 0, 0, 0]
-
-
 def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfig) -> tuple[tuple[float, ...], tuple[Signal, ...]]:
     """(times, signals): what :func:`step` gives for each of ``events`` in turn, from an
     empty state, with an :func:`observe` every ``tick_s`` (from ``tick_s`` on) before each
@@ -281,23 +285,19 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
     out: list[Signal] = []
     n = config.slots
     memo: dict[tuple[int, int, int], tuple[float, int, float]] = {}
-    changes = 0  # rows whose newly-active count changed so far: the spread is the same while (lo, cur, changes) are
+    changes = 0  # newly-active counts added so far: the spread is the same while the span and this are
 
     def read(now: float) -> None:  # _signal on the state as it stands
-        cur = last if last is not None else 0
-        lo = max(first if first is not None else cur, cur - n + 1)
-        rows = [counts.get(i, _ZERO) for i in range(lo, cur + 1)]
-        spread = memo.get((lo, cur, changes))
+        span = _span(first, last, config)
+        rows = [counts.get(i, _ZERO) for i in span]
+        key = (span.start, span.stop, changes)
+        spread = memo.get(key)
         if spread is None:
-            per = [c[4] for c in rows]
-            cv = variation(per)
-            spread = volatility(per), volatility_level(cv, config.thresholds), cv
+            spread = _spread([c[4] for c in rows], config)
             memo.clear()
-            memo[(lo, cur, changes)] = spread
+            memo[key] = spread
         times.append(now)
-        out.append(Signal(now=now, active=len(active), idle=len(idle), arrivals=sum(c[0] for c in rows),
-                          departures=sum(c[1] for c in rows), flips=sum(c[2] + c[3] for c in rows),
-                          volatility=spread[0], level=spread[1], variation=spread[2]))
+        out.append(_reading(now, len(active), len(idle), rows, spread))
 
     tick = tick_s
     for event in events:
