@@ -232,6 +232,25 @@ def step(state: DetectorState, event: SessionEvent, config: DetectorConfig,
     return new, _signal(new, event.t, config)
 
 
+def _fold(active: set[str], idle: set[str], counts: dict[int, list[int]], sid: str, kind: EventKind, slot: int, last: int,
+          slots: int) -> tuple[_Place, _Place, _Counts]:
+    """One event folded in place (``last`` the latest slot seen, this event's included):
+    the session moves between the sets, its counts go to its slot while that slot is in the
+    window, and slots left behind go once there are twice the window's; (from, to, counts)."""
+    where = _where(active, idle, sid)
+    to, moved = _move(where, kind)
+    (active if where is ACTIVE else idle).discard(sid)
+    if to is not GONE:
+        (active if to is ACTIVE else idle).add(sid)
+    if moved != NO_COUNTS and slot > last - slots:
+        row = counts.setdefault(slot, [0, 0, 0, 0, 0])
+        row[:] = [a + b for a, b in zip(row, moved)]
+        if len(counts) > 2 * slots:
+            for old in [s for s in counts if s <= last - slots]:
+                del counts[old]
+    return where, to, moved
+
+
 def rebuild(events: Iterable[SessionEvent], config: DetectorConfig, state: DetectorState = DetectorState(),
             closed: Container[str] = frozenset()) -> tuple[DetectorState, tuple[str, ...]]:
     """The state folding ``events`` into ``state`` one by one with :func:`step` ends in (the
@@ -252,18 +271,9 @@ def rebuild(events: Iterable[SessionEvent], config: DetectorConfig, state: Detec
         sid = event.session_id
         if sid in closed or sid in now_closed:
             continue
-        where = _where(active, idle, sid)
-        to, moved = _move(where, EventKind(event.kind))
+        where, to, _ = _fold(active, idle, counts, sid, EventKind(event.kind), slot, last, config.slots)
         if to is GONE and where is not GONE:
             now_closed[sid] = None
-        (active if where is ACTIVE else idle).discard(sid)
-        if to is not GONE:
-            (active if to is ACTIVE else idle).add(sid)
-        if moved != NO_COUNTS and slot > last - config.slots:
-            row = counts.setdefault(slot, [0, 0, 0, 0, 0])
-            row[:] = [a + b for a, b in zip(row, moved)]
-            if len(counts) > 2 * config.slots:  # slots left behind: at most the window's twice
-                counts = {s: c for s, c in counts.items() if s > last - config.slots}
     lo = -math.inf if last is None else last - config.slots + 1
     window = tuple((s, *row) for s, row in sorted(counts.items()) if s >= lo)
     return DetectorState(frozenset(active), frozenset(idle), window, first, last), tuple(now_closed)  # type: ignore[arg-type]
@@ -311,17 +321,6 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
         slot = math.floor(event.t / config.slot_s)
         last = slot if last is None else max(last, slot)
         first = slot if first is None else min(first, slot)
-        sid = event.session_id
-        where = _where(active, idle, sid)
-        to, moved = _move(where, EventKind(event.kind))
-        (active if where is ACTIVE else idle).discard(sid)
-        if to is not GONE:
-            (active if to is ACTIVE else idle).add(sid)
-        if moved != NO_COUNTS and slot >= last - n + 1:
-            row = counts.setdefault(slot, [0, 0, 0, 0, 0])
-            row[:] = [a + b for a, b in zip(row, moved)]
-            changes += moved[4]
-        if len(counts) > 2 * n:  # slots left behind the window (read never looks at them)
-            counts = {s: c for s, c in counts.items() if s > last - n}
+        changes += _fold(active, idle, counts, event.session_id, EventKind(event.kind), slot, last, n)[2][4]
         read(event.t)
     return tuple(times), tuple(out)
