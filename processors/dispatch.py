@@ -58,14 +58,14 @@ def decide(view: DispatchView, event: Event, now: float) -> tuple[DispatchView, 
             return on_session_event(view, rec, facts, now)
         case Seen(what=rec, facts=facts):
             return on_worker_event(view, rec, facts, now)
-        case Committed(admission=adm, generation=gen):
-            return admitted(view, adm, gen, now)
+        case Committed(admission=adm, generation=gen, began=began):
+            return admitted(view, adm, gen, began, now)
         case CommitRefused(admission=adm, worker=worker, reason="no_capacity"):
             return next_candidate(view, replace(adm, tried=adm.tried | {worker}), now)
         case CommitRefused(reason=reason) if reason != "no_capacity":
             return commit_refused(view, event, now)
-        case Moved(session_id=sid, source=src, successor=succ):
-            return counted(view, succ.worker_id, now)[0], _handed_over(sid, src, succ, now)
+        case Moved(session_id=sid, source=src, successor=succ, began=began):
+            return counted(view, succ.worker_id, began, now)[0], _handed_over(sid, src, succ, now)
         case MoveRefused(session_id=sid, source=src, reason=reason) if reason in ("stale_epoch", "not_owner",
                                                                                     "unknown_session"):
             # the source's generation has passed (recovered elsewhere, or a duplicate
@@ -159,20 +159,24 @@ def _given_up(adm: Admission, why: str, error: bool = False) -> list[Command]:
     return [Note(why, error=error), RefuseEvent(why)]
 
 
-def admitted(view: DispatchView, adm: Admission, gen: Generation, now: float) -> tuple[DispatchView, list[Command]]:
+def admitted(view: DispatchView, adm: Admission, gen: Generation, began: float,
+             now: float) -> tuple[DispatchView, list[Command]]:
     """A generation committed: assign it, route the input that woke it, count the slot."""
     cmds: list[Command] = [_assign(adm, gen, now)]
     if adm.then_route is not None:
         cmds.append(_routed(adm.then_route, gen, now))
-    view, report = counted(view, gen.worker_id, now)
+    view, report = counted(view, gen.worker_id, began, now)
     return view, cmds + report
 
 
-def counted(view: DispatchView, worker: str, now: float) -> tuple[DispatchView, list[Command]]:
-    """One more slot used on ``worker``; a placement report at most every REPORT_EVERY_S."""
+def counted(view: DispatchView, worker: str, began: float, now: float) -> tuple[DispatchView, list[Command]]:
+    """One more slot used on ``worker`` by a commit sent at ``began``; a placement report at
+    most every REPORT_EVERY_S. The cached loads count it already when their read ended after
+    the commit was sent (it may have seen the slot: counted twice, a report ran past the
+    sessions open); they miss it for a moment at worst, until the next read."""
     cmds: list[Command] = []
     workers = dict(view.workers)
-    if worker in workers:  # keep the cached view close to the truth between refreshes
+    if worker in workers and view.read_at <= began:  # keep the cached view close to the truth between reads
         w = workers[worker]
         workers[worker] = WorkerLoad(w.used + 1, w.capacity, w.draining, w.down)
     view = replace(view, workers=workers)

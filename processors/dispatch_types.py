@@ -3,6 +3,7 @@ view), the events the shell feeds it, and the commands it returns, all frozen da
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -38,6 +39,7 @@ class DispatchView:
     waiting: int = 0
     max_waiting: int = MAX_WAITING  # past it, an open or return that finds no room is refused at once
     gave_up: Mapping[str, float] = field(default_factory=dict)  # session -> when its admission timed out
+    read_at: float = -math.inf  # when the shell's latest read of the workers' loads ended (its own clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +102,12 @@ class Seen:
 
 @dataclass(frozen=True, slots=True)
 class Committed:
+    """A generation committed; ``began``: when the shell sent the commit (the clock of the
+    view's ``read_at``): a read of the loads that ended after it may count the slot already."""
+
     admission: Admission
     generation: Generation
+    began: float = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +129,7 @@ class Moved:
     session_id: str
     source: Generation
     successor: Generation
+    began: float = math.inf  # as Committed's
 
 
 @dataclass(frozen=True, slots=True)

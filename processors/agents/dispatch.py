@@ -95,7 +95,7 @@ class DispatchShell:
         now = time.monotonic()
         if force or now - self._view_at > self.view_ttl_s:
             raw = await self.store.load_view()
-            self.view = replace(self.view, workers={
+            self.view = replace(self.view, read_at=time.monotonic(), workers={
                 w: WorkerLoad(used=x.used, capacity=x.capacity, draining=x.draining, down=x.down)
                 for w, x in raw.items()})
             self._view_at = now
@@ -145,7 +145,8 @@ class DispatchShell:
                 return await self.commit(adm, worker)
             case Move(session_id=sid, source=src, target=target):
                 try:
-                    return Moved(sid, src, await self.store.commit_migration(sid, src, target))
+                    began = time.monotonic()
+                    return Moved(sid, src, await self.store.commit_migration(sid, src, target), began)
                 except OwnershipError as exc:
                     return MoveRefused(sid, src, target, exc.reason_code, str(exc))
             case RetryLater(admission=adm, after_s=pause):
@@ -170,7 +171,8 @@ class DispatchShell:
 
     async def commit(self, adm: Admission, worker: str) -> Event:
         try:
-            return Committed(adm, await self.store.commit(adm.session_id, adm.expected_epoch, worker))
+            began = time.monotonic()
+            return Committed(adm, await self.store.commit(adm.session_id, adm.expected_epoch, worker), began)
         except NoCapacityError:
             self.invalidate_view()
             return CommitRefused(adm, worker, "no_capacity")
@@ -288,9 +290,10 @@ class DispatchShell:
             except NoCapacityError:
                 tried.add(best)
 
-    async def report(self, worker: str) -> None:
-        """Count a slot the recovery filled (and report the placement now and then)."""
-        self.view, commands = counted(self.view, worker, self.clock())
+    async def report(self, worker: str, began: float) -> None:
+        """Count a slot the recovery filled by a commit sent at ``began`` (``time.monotonic``;
+        -inf: none, the slot was counted before), and report the placement now and then."""
+        self.view, commands = counted(self.view, worker, began, self.clock())
         for cmd in commands:
             await self.carry_out(cmd, [])
 

@@ -10,6 +10,8 @@ queue to the others.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections import Counter
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -34,7 +36,7 @@ class Shell(Protocol):
     def invalidate_view(self) -> None: ...
     async def is_down(self, worker: str) -> bool: ...
     async def commit_planned(self, sid: str, expected_epoch: int) -> Generation | None: ...
-    async def report(self, worker: str) -> None: ...
+    async def report(self, worker: str, began: float) -> None: ...
     async def refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
                            why: str, partition: int = 0, offset: int = 0) -> None: ...
 
@@ -118,6 +120,7 @@ class Recovery:
             await self._refuse_unapplied(sid, (final or sv).input_seq or 0)
             return True
         if step is Step.RECOVER:
+            began = time.monotonic()  # the slot's commit: counted once in dispatch's cached loads
             try:  # an owner that is up again (restarted) takes it back in its own slot
                 gen = None if owner_down else await self._commit_in_place(sid, sv.generation)
                 gen = gen or await self.shell.commit_planned(sid, sv.generation.epoch)
@@ -126,11 +129,11 @@ class Recovery:
             if gen is None:
                 return False
             await store.recovery_mark(sid, now + CLAIM_GRACE_S)
-            await self._assign_recovered(sid, gen)
+            await self._assign_recovered(sid, gen, began)
             log.info("%s: session %s recovered on %s", self.shell.name, sid, gen)
             return True
         await store.recovery_mark(sid, now + CLAIM_GRACE_S)  # RESEND
-        await self._assign_recovered(sid, sv.generation)
+        await self._assign_recovered(sid, sv.generation, -math.inf)  # its slot was counted when committed
         return True
 
     async def _commit_in_place(self, sid: str, gen: Generation) -> Generation | None:
@@ -139,10 +142,10 @@ class Recovery:
         except NoCapacityError:  # draining, or its slot is gone
             return None
 
-    async def _assign_recovered(self, sid: str, gen: Generation) -> None:
+    async def _assign_recovered(self, sid: str, gen: Generation, began: float) -> None:
         await self.shell.publisher.send(Assign(worker_id=gen.worker_id, session_id=sid, generation=gen,
                                                ts=self.shell.clock(), restore=True, recover=True))
-        await self.shell.report(gen.worker_id)
+        await self.shell.report(gen.worker_id, began)
 
     async def _refuse_unapplied(self, sid: str, applied_seq: int) -> None:
         """A session closed while its owner was lost: every input after the last one applied

@@ -198,6 +198,21 @@ def test_inputs_are_routed_held_woken_or_refused(facts, expect):
         assert _kinds(cmds) == ["Refuse"]
 
 
+def test_a_commit_is_counted_once_whether_or_not_the_loads_read_after_it_saw_its_slot():
+    """The shell reads the loads before it decides on a commit's outcome; a read that ended
+    after the commit was sent may count the slot already (a report then counted a session
+    twice, 5 of 4 open), so the core adds it only to loads read before the commit."""
+    read = replace(VIEW, read_at=5.0)
+    before, _ = decide(read, Committed(Admission("s"), Generation("w2", 1), began=5.5), 9.0)
+    assert before.workers["w2"].used == 1  # read before the commit: the slot is new to it
+    after, cmds = decide(read, Committed(Admission("s"), Generation("w2", 1), began=4.5), 9.0)
+    assert after.workers["w2"].used == 0 and _kinds(cmds) == ["Assign", "PlacementReport"]
+    moved, _ = decide(read, Moved("s", GEN, Generation("w2", 4), began=4.9), 9.0)
+    assert moved.workers["w2"].used == 0
+    moved, _ = decide(read, Moved("s", GEN, Generation("w2", 4), began=5.0), 9.0)
+    assert moved.workers["w2"].used == 1
+
+
 def test_dispatch_commits_a_handoff_then_assigns_the_target_and_revokes_the_source():
     """The source only freezes and reports; the ownership commit is dispatch's."""
     frozen = Frozen(worker_id="w1", session_id="s", generation=GEN, target_worker="w2", ts=1.0)
