@@ -37,7 +37,12 @@ the autoscaler follows measured chunk latency instead of the band: u* is the tab
 a headroom factor that the chunks measured since the last decision move against the SLO's
 error budget (:func:`slo_feedback`), the pool holds A / u* plus the burst reserve at full
 capacity (the reserve only bridges a boot), grows as soon as it is short and shrinks once
-it has held a spare GPU for the scale-in delay.
+it has held a spare GPU for the scale-in delay. The reserve then counts the part of a rise
+past the most sessions per GPU whose first chunk still meets the chunk deadline (the
+deadline comes with the measured chunks), not past ``burst_utilization``: at u* near 0.3-0.4
+K, a rise the pool absorbs up to 0.75 K is a rise whose first chunks miss. Measured on 28
+traces in no split: 9.8% dearer than the fixed pool meeting the SLO on average instead of
+12.8%, and none missing the SLO (3 did); checked on the four splits (SLO met on all 24).
 
 Without an SLO, u* follows the worst chunk measured over the burst memory
 (``follow_worst``): the matched comparisons and users of this mode judge a run by its
@@ -165,6 +170,7 @@ class AutoscalerState:
     measured: tuple[int, int, int, int, int, int] | None = None
     # without an SLO: per minute of the last burst memory, the worst chunk measured in it
     worst_seen: tuple[tuple[int, float], ...] = ()
+    deadline_s: float = 0.0  # SLO mode: the chunk deadline measured chunks were last judged against
 
 
 def execution_counts(snapshot: Snapshot) -> tuple[int, dict[str, int]]:
@@ -301,9 +307,10 @@ def scale(
     elif config.burst_memory_s > 0:
         recent = record_active(state.recent, now, executing, config)
         reserve = burst_reserve(recent, config)
-        if config.burst_utilization is not None:  # the pool at A / u* absorbs a rise up to this
-            reserve = max(0, reserve - max(0, math.floor((config.burst_utilization - u_target) / u_target * executing)))
-        state = replace(state, recent=recent)
+        state = replace(state, recent=recent, deadline_s=snapshot.chunks.deadline_s or state.deadline_s)
+        absorbs = _absorbs(model, config, state)
+        if absorbs is not None:  # the pool at A / u* absorbs a rise up to this
+            reserve = max(0, reserve - max(0, math.floor((absorbs - u_target) / u_target * executing)))
     if config.slo is not None:
         return _slo_scale(snapshot, model, config, state, u_target, reserve, executing)
     u_max, active = utilization(snapshot, model, reserve, executing, loads)
@@ -329,6 +336,18 @@ def scale(
         if not cmds:
             state = _wait_again(snapshot, model, config, state, (demand - extra) / u_target, demand)
     return (cmds, replace(state, last_action_at=now, low_since=None, low_peak=0)) if cmds else ((), state)
+
+
+def _absorbs(model: LatencyModel, config: AutoscalerConfig, state: AutoscalerState) -> float | None:
+    """The share of K up to which a rise needs no burst reserve: ``burst_utilization``,
+    and with an SLO no more than the most sessions per GPU whose first chunk (the running
+    chunk, then its own) still meets the chunk deadline: past it each session that starts
+    executing may miss (about 0.3 K under the paper profile at a 1 s chunk)."""
+    u = config.burst_utilization
+    if u is None or config.slo is None or state.deadline_s <= 0:
+        return u
+    p = model[config.gpu_type]
+    return min(u, math.floor(p.first_chunk_load(state.deadline_s, 2 * p.capacity)) / p.capacity)
 
 
 def _band(snapshot: Snapshot, level: int, model: LatencyModel, config: AutoscalerConfig, table: VolatilityTable,

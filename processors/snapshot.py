@@ -39,11 +39,14 @@ class Gpu:
 @dataclass(frozen=True, slots=True)
 class ChunkStats:
     """Chunks finished since the previous decision: how many, how many past their
-    deadline, and the worst per-chunk latency (measured, not predicted)."""
+    deadline, and the worst per-chunk latency (measured, not predicted); ``deadline_s``
+    the deadline they were judged against (the shortest, where workers differ; 0: none
+    known)."""
 
     count: int = 0
     missed: int = 0
     worst_s: float = 0.0
+    deadline_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

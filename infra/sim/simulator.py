@@ -537,7 +537,7 @@ class _Sim:
         gpus = self.gpu_view
         if gpus is None:
             gpus = self.gpu_view = tuple(Gpu(g.id, g.type, g.state) for g in self.gpus.values())
-        chunks = ChunkStats(self.seen[0], self.seen[1], self.seen[2])
+        chunks = ChunkStats(self.seen[0], self.seen[1], self.seen[2], self.deadline)
         sessions = (*self.sessions.values(), *self.idle.values())
         return Snapshot(now, gpus, sessions, tuple(self.fresh), chunks)
 

@@ -273,3 +273,24 @@ def test_without_an_slo_u_star_follows_the_worst_chunk_measured_over_the_burst_m
     for bad in (0.0, 1.5):
         with pytest.raises(ConfigError, match="follow_worst"):
             AutoscalerConfig(follow_worst=bad)
+
+
+def test_with_an_slo_a_rise_past_the_load_whose_first_chunk_misses_counts_in_the_reserve():
+    """Under the paper profile a first chunk on a GPU of 12 (l(11) + l(12) > 1 s) may miss a
+    1 s deadline: with an SLO, a rise the pool would absorb up to 0.75 K (no reserve without
+    one) counts in full once the chunk deadline is known, and it stays known between chunks."""
+    from processors.autoscaler import Slo
+    from processors.snapshot import ChunkStats
+
+    cfg = AutoscalerConfig(gpu_type="b300", slo=Slo(), headroom_start=0.6, dwell_s=0.0, burst_memory_s=300.0)
+    u = DEFAULT_VOLATILITY_TABLE.lookup(1)[0] * 0.6
+
+    def at(now: float, per_gpu: int, deadline: float) -> Snapshot:
+        return replace(_pool([per_gpu] * 4, now=now, gpu_type="b300"), chunks=ChunkStats(0, 0, 0.0, deadline))
+
+    assert math.floor(PAPER["b300"].first_chunk_load(1.0, 80)) == 11
+    for deadline, reserve in ((0.0, 0), (1.0, 40)):  # +40 executing within a boot time
+        _, state = autoscale(at(100.0, 20, deadline), 1, PAPER, cfg)
+        cmds, state = autoscale(at(130.0, 30, 0.0), 1, PAPER, cfg, state=state)
+        assert state.deadline_s == deadline
+        assert cmds == (Boot(math.ceil((120 / u + reserve) / 40 - 1e-9) - 4, "b300"),)

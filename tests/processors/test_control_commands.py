@@ -242,7 +242,8 @@ def test_the_live_round_gives_a_policy_idle_ages_and_the_events_since_the_last_r
 def test_the_live_round_gives_a_policy_the_chunks_measured_since_the_last_round():
     """``snapshot.chunks`` live: the chunks the workers reported since the previous round, a
     chunk past its deadline when it took longer than its worker's chunk interval (WorkerUp);
-    a worker that did not say its interval misses none. A round another leader took (its
+    a worker that did not say its interval misses none; the deadline is the shortest interval
+    among the chunks. A round another leader took (its
     PolicyState in the log) saw the chunks before it."""
     _Recorder.seen.clear()
     shell = ControlShell(ControlConfig(policy=f"{__name__}:_Recorder"), clock=lambda: 100.0)
@@ -263,7 +264,8 @@ def test_the_live_round_gives_a_policy_the_chunks_measured_since_the_last_round(
     shell.decide(70.0)
     first, second, third = _Recorder.seen
     assert (first.chunks.count, first.chunks.missed, first.chunks.worst_s) == (3, 1, 0.5)
-    assert second.chunks.count == 0
+    assert first.chunks.deadline_s == 0.1  # the deadline judged against (p-1 said none)
+    assert second.chunks.count == 0 and second.chunks.deadline_s == 0.0
     assert (third.chunks.count, third.chunks.missed, third.chunks.worst_s) == (1, 1, 0.3)
 
 
