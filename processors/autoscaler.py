@@ -170,7 +170,7 @@ class AutoscalerState:
     measured: tuple[int, int, int, int, int, int] | None = None
     # without an SLO: per minute of the last burst memory, the worst chunk measured in it
     worst_seen: tuple[tuple[int, float], ...] = ()
-    deadline_s: float = 0.0  # SLO mode: the chunk deadline measured chunks were last judged against
+    deadline_s: float = 0.0  # the chunk deadline measured chunks were last judged against (read with an SLO)
 
 
 def execution_counts(snapshot: Snapshot) -> tuple[int, dict[str, int]]:
