@@ -49,9 +49,8 @@ MAX_FRESH_EVENTS = 100_000  # session events kept for the next round's snapshot
 def measured(stats: ChunkStats, latency_s: float, deadline_s: float) -> ChunkStats:
     """``stats`` with one more chunk of ``latency_s``, past its deadline when the worker said
     its chunks' media duration (``deadline_s`` > 0) and the chunk took longer."""
-    shortest = min(d for d in (stats.deadline_s, deadline_s, math.inf) if d > 0)
-    return ChunkStats(stats.count + 1, stats.missed + int(0 < deadline_s < latency_s),
-                      max(stats.worst_s, latency_s), 0.0 if shortest == math.inf else shortest)
+    return ChunkStats(stats.count + 1, stats.missed + int(0 < deadline_s < latency_s), max(stats.worst_s, latency_s),
+                      min((d for d in (stats.deadline_s, deadline_s) if d > 0), default=0.0))
 
 
 
