@@ -82,7 +82,7 @@ def _profile(name: str, spec: Any, at: str, src: str) -> GpuProfile:
         raise ConfigError(f"{at}.latency", f"needs 1 to {MAX_POINTS} points", src)
     points = []
     for k, v in table.items():
-        if not (k.isascii() and k.isdigit()) or not 1 <= int(k) <= MAX_BATCH:
+        if not (k.isascii() and k.isdigit() and len(k) <= 9) or not 1 <= int(k) <= MAX_BATCH:
             raise ConfigError(f"{at}.latency", f"key {k[:20]!r} is not a batch size from 1 to {MAX_BATCH}", src)
         points.append((int(k), number(v, f"{at}.latency.{k}", src, 0, _MAX_NUMBER, above=True)))
     try:
@@ -139,6 +139,8 @@ def parse_instance(doc: Any, src: str, where: str = "") -> tuple[Snapshot, Laten
             raise ConfigError(f"{at}.id", f"duplicate session id {sid!r}", src)
         seen.add(sid)
         gpu = s.get("gpu")
+        if gpu is not None and not isinstance(gpu, str):
+            raise ConfigError(f"{at}.gpu", "must be a GPU id (a string) or null", src)
         if gpu is not None and gpu not in known:
             raise ConfigError(f"{at}.gpu", f"no GPU {gpu!r} in gpus", src)
         sessions.append(Session(sid, _count(s.get("state_bytes"), f"{at}.state_bytes", src, 0), gpu_id=gpu))
@@ -196,7 +198,7 @@ def place_cmd(
     src = str(snapshot)
     try:
         try:
-            text = snapshot.read_text(encoding="utf-8")
+            text = snapshot.read_text(encoding="utf-8-sig")  # a BOM, as some editors write, is no error
         except OSError as exc:
             raise ConfigError("file", f"cannot read ({exc.strerror})", src) from None
         except UnicodeDecodeError:

@@ -44,7 +44,7 @@ def trace_gen(
     active_mean: float = typer.Option(45.0, "--active-mean", min=0.1, help="Mean active spell, s (exponential)."),
     idle_scale: float = typer.Option(8.0, "--idle-scale", min=0.1, help="Idle gap Pareto scale, s (minimum gap)."),
     idle_shape: float = typer.Option(1.5, "--idle-shape", min=0.1, help="Idle gap Pareto shape (heavier tail when smaller)."),
-    state_mb: float = typer.Option(2000.0, "--state-mb", min=1.0, help="Median per-session state size, MB (log-normal)."),
+    state_mb: float = typer.Option(2000.0, "--state-mb", min=50.0, max=20000.0, help="Median per-session state size, MB (log-normal; each session's clipped to 50 MB .. 20 GB)."),
     family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky; or of the fourth (an outside reviewer's): hawkes, weekly, bimodal, recall, whose rates scale by --sessions / 1600 (uses --duration, --sessions, --seed only)."),
 ) -> None:
     """Generate a synthetic session trace (CSV t_s,session_id,event,state_mb)."""
@@ -68,6 +68,9 @@ def trace_gen(
         else:
             cfg = GenConfig(level, duration, sessions, seed, swing, period, life_median, life_sigma, active_mean, idle_scale, idle_shape, state_mb)
             events = generate(cfg)
+        if not events:  # simulate refuses an empty trace: said here, not written
+            raise ConfigError("--sessions", f"no session arrives in {duration:g} s at {sessions} expected arrivals "
+                              "(raise --sessions or --duration); nothing written", "trace gen")
         write_trace(events, output)
     except (ChunkserveError, OSError) as exc:
         _fail(exc)

@@ -164,6 +164,10 @@ def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyMo
         table = spec.get("latency_s")
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}.latency_s", "must be an object of batch size -> seconds", source)
+        for k in table:  # a batch size is a whole number: '1.5' or '1e1' is named, not a Python error
+            if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 9):
+                raise ConfigError(f"{where}.latency_s", f"key {str(k)[:20]!r} is not a batch size (a whole number "
+                                  f"from 1 to {MAX_BATCH})", source)
         try:
             points = tuple(sorted((int(k), number(v, f"{where}.latency_s.{k}", source)) for k, v in table.items()))
             profiles[name] = GpuProfile(
@@ -197,7 +201,7 @@ def load_profiles(spec: str | Path) -> LatencyModel:
         text, source = ref.read_text(encoding="utf-8"), f"builtin:{spec}"
     else:
         try:
-            text, source = path.read_text(encoding="utf-8"), str(path)
+            text, source = path.read_text(encoding="utf-8-sig"), str(path)  # a BOM, as some editors write, is no error
         except OSError as exc:
             raise ConfigError("profile", f"cannot read ({exc.strerror})", str(path)) from None
         except UnicodeDecodeError as exc:

@@ -65,7 +65,7 @@ def load_volatility_table(spec: str | Path = "default") -> VolatilityTable:
         return _parse_table(json.loads(ref.read_text(encoding="utf-8")), "builtin:volatility-default")
     path = Path(spec)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8-sig"))
     except OSError as exc:
         raise ConfigError("volatility_table", f"cannot read ({exc.strerror})", str(path)) from None
     except UnicodeDecodeError as exc:

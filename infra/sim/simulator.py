@@ -45,10 +45,13 @@ from schemas.errors import ChunkserveError, ConfigError, PolicyError
 
 __all__ = ["SimConfig", "SimResult", "Signals", "Stop", "ChunkBound", "signals_for", "chunk_bound", "simulate"]
 
-_BOOT, _CHUNK, _ARRIVE, _START, _EVENT, _DECIDE = range(6)
+# a resident session woken by the trace starts its GPU (_WAKE) after the rest of that instant's
+# events, so the sessions woken together share the chunk, as those admitted together do
+_BOOT, _CHUNK, _ARRIVE, _START, _EVENT, _WAKE, _DECIDE = range(7)
 _EXEC = SessionState.EXECUTION
 _READY = GpuState.READY
 MAX_GPUS = 4096  # a pool past this is a plug-in's bug, not a fleet (its Boot counts as invalid)
+MIN_CHUNK_S = 1e-3  # a replay runs every chunk: a faster one-session chunk would take more events than a run can hold
 
 
 def _with(s: Session, gpu_id: str | None, restore: bool, since: float) -> Session:
@@ -392,28 +395,42 @@ class _Sim:
         """A session stops running (suspend, close): its chunk in flight is dropped."""
         gid = self.where.pop(sid, None)
         home = self.gpus.get(gid) if gid is not None else None
-        arrived = home is not None and sid in home.roster  # else waiting for a GPU, or its state on the way to one
-        for x in (gid, *self.sources) if self.sources else (gid,):  # it may still sit on a migration's source
+        gids = (gid, *self.sources) if self.sources else (gid,)  # it may still sit on a migration's source
+        self.unserved(sid, now, home, gids)
+        for x in gids:
             g = self.gpus.get(x)  # type: ignore[arg-type]
             if g is not None:
                 g.roster.discard(sid)
                 g.leaving.pop(sid, None)
+        self.req.pop(sid, None)
+        self.transfer.pop(sid, None)
+        self.waking.discard(sid)
+
+    def unserved(self, sid: str, now: float, home: _Gpu | None, gids: tuple[str | None, ...]) -> None:
+        """A session whose spell ends at ``now`` before the chunk it waits for: when it has
+        waited past its deadline (for a GPU, for its state, or for a chunk that runs past
+        it), that chunk counts once, as long as the wait, less its restore. Otherwise a
+        spell shorter than the chunks it was given counted nowhere, and a profile slower
+        than every spell read as a perfect run."""
+        arrived = home is not None and sid in home.roster  # else waiting for a GPU, or its state on the way to one
         if sid in self.waking and sid in self.req:  # a return never served: its resume took all its spell
             self.resume_lat.append(now - self.req[sid])
         pause, began = self.transfer.get(sid, _NO_TRANSFER)
-        # its wait less its restore: on the way to its GPU, what passed before the restore began
-        on_the_way = home is not None and not arrived and pause > 0
-        waited = (began if on_the_way else now - pause) - self.req[sid] if sid in self.req else 0.0
-        if not arrived and waited > self.cfg.deadline_s:
-            self.lat.append(waited)  # waited past its deadline without a GPU to run on
+        need = self.req.get(sid)
+        if need is not None:
+            # its wait less its restore: on the way to its GPU, what passed before the restore began
+            waited = (began if home is not None and not arrived and pause > 0 else now - pause) - need
+        else:  # back to back in a running chunk: it needed that chunk when the chunk began
+            g = next((g for x in gids if (g := self.gpus.get(x)) is not None  # type: ignore[arg-type]
+                      and g.busy and sid in g.batch and sid in g.roster), None)
+            waited = now - g.start if g is not None else 0.0
+        if waited > self.cfg.deadline_s:
+            self.lat.append(waited)  # waited past its deadline and never got the chunk
             self.lat_n.append(1)
             self.missed += waited > self.cfg.deadline_s + 1e-9
             self.recorded += 1
             if self.stop.broken(waited, self.missed, self.recorded, now):
                 raise _Abort(now)
-        self.req.pop(sid, None)
-        self.transfer.pop(sid, None)
-        self.waking.discard(sid)
 
     # -- commands ----------------------------------------------------------------------
     def apply(self, cmd: Any, now: float) -> None:
@@ -609,7 +626,7 @@ class _Sim:
                     new = _with(new, home.id, False, new.since)
                     home.roster.add(sid)
                     if not home.busy:
-                        self.push(now, _START, home.id)
+                        self.push(now, _WAKE, home.id)
                 self.idle.pop(sid, None)
                 self.sessions[sid] = _with(new, new.gpu_id, new.restore, now)
         else:
@@ -618,6 +635,7 @@ class _Sim:
             keep = self.resident and was_exec and new.lifecycle is SessionState.SUSPENDED and self.where.get(sid) in self.gpus
             if keep:  # stays resident: off the GPU's batches, state and slot kept
                 g = self.gpus[self.where[sid]]
+                self.unserved(sid, now, g, (g.id,))
                 g.roster.discard(sid)
                 g.leaving.pop(sid, None)
                 self.req.pop(sid, None)
@@ -686,7 +704,7 @@ class _Sim:
                     self.chunk_done(g, now, w)
             elif kind == _ARRIVE:
                 self.arrive(item[0], item[1], now)
-            elif kind == _START:
+            elif kind == _START or kind == _WAKE:
                 g = gpus.get(item)
                 if g is not None:
                     self.kick(g, now)
@@ -761,6 +779,10 @@ def simulate(
 ) -> SimResult:
     """Replay ``events`` through ``policy`` (pass ``signals`` to share one detector pass);
     with ``stop``, a run that breaks it ends there (``complete`` False)."""
+    fast = min(model, key=lambda t: model[t].latency(1), default=None)
+    if fast is not None and model[fast].latency(1) < MIN_CHUNK_S:
+        raise ConfigError(f"gpu_types.{fast}.latency_s", f"a one-session chunk of {model[fast].latency(1):g} s: the simulator "
+                          f"replays every chunk and takes chunks of {MIN_CHUNK_S:g} s or longer", model.name)
     if signals is None:
         signals = signals_for(events, config.tick_s, config.detector)
     return _Sim(policy, events, model, config, signals, stop).run(progress)

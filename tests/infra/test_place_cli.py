@@ -108,6 +108,9 @@ def _bad(**change):
         (_bad(beta_s_per_byte=1e308), None, "beta_s_per_byte: must be a number from 0 to 1e+09"),
         (_bad(gpu_types__h20__latency={"1": 1e308}), None, "gpu_types.h20.latency.1: must be"),
         ({"instances": [GOOD], "eta": 1}, None, "eta: a batch holds only"),
+        (_bad(sessions__0__gpu=["g0"]), None, "sessions[0].gpu: must be a GPU id (a string) or null"),
+        (_bad(sessions__0__gpu={"id": "g0"}), None, "sessions[0].gpu: must be a GPU id"),
+        (_bad(gpu_types__h20__latency={"9" * 5000: 0.5}), None, "gpu_types.h20.latency: key '99999999999999999999' is not"),
     ],
 )
 def test_bad_files_fail_in_one_line(tmp_path, doc, text, where):
@@ -116,6 +119,12 @@ def test_bad_files_fail_in_one_line(tmp_path, doc, text, where):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.output, result.output
     assert str(tmp_path / "in.json") in lines[0] and where in lines[0], lines[0]
+
+
+def test_a_byte_order_mark_is_no_error(tmp_path):
+    result, out = _run(tmp_path, None, "\ufeff" + json.dumps(GOOD))
+    assert result.exit_code == 0, result.output
+    assert out["moved"] == EXPECTED["moved"]
 
 
 def test_a_whole_number_written_as_a_float_is_taken(tmp_path):

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from infra.sim.simulator import SimConfig, simulate
 from infra.sim_cli import register
-from processors.latency import load_profiles
+from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import EventKind, SessionEvent
 from processors.policy import load_policy
 from schemas.errors import PolicyError
@@ -167,6 +167,17 @@ def test_cli_user_errors_are_one_line(tmp_path):
         "x": {"capacity": 4, "cost_per_hour": 0, "latency_s": {"1": 0.1}}}}))
     res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "--profile", str(free), "--gpu-type", "x"])
     assert res.exit_code == 2 and "gpu_types.x.cost_per_hour: is 0" in res.output and len(res.output.strip().splitlines()) == 1
+    # a profile's batch size that is no whole number, and one so fast a replay could not hold its chunks
+    for lat, why in (({"1.5": 0.1, "4": 0.5}, "gpu_types.x.latency_s: key '1.5' is not a batch size"),
+                     ({"1": 1e-9}, "gpu_types.x.latency_s: a one-session chunk of 1e-09 s")):
+        prof = tmp_path / "prof.json"
+        prof.write_text("\ufeff" + json.dumps({"format": "chunkserve.latency-profile", "version": 1, "gpu_types": {
+            "x": {"capacity": 4, "cost_per_hour": 1, "latency_s": lat}}}))  # a BOM is no error
+        res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "--profile", str(prof), "--gpu-type", "x"])
+        assert res.exit_code == 2 and why in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    # a generated trace with no session is refused, not written empty (simulate would refuse it)
+    res = CliRunner().invoke(app, ["trace", "gen", "--family", "weekly", "--duration", "10", "--sessions", "5", "-o", str(tmp_path / "e.csv")])
+    assert res.exit_code == 2 and "--sessions: no session arrives in 10 s" in res.output and not (tmp_path / "e.csv").exists()
     res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "telefu"])  # the peer is among the names offered
     assert res.exit_code == 2 and "telefuser (a peer)" in res.output
     # a family has its own shape: the generator's options beside it are refused, not ignored
@@ -231,6 +242,39 @@ def test_a_return_whose_restore_outlasts_its_spell_is_counted():
     r = simulate(load_policy("least-loaded-offload", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
     assert r.worst_chunk_latency_s == pytest.approx(3.0) and r.missed_chunks >= 1
     assert r.worst_resume_latency_s == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("policy", ["least-loaded-offload", "rr", "turboserve"])
+def test_a_spell_that_ends_inside_a_chunk_run_past_its_deadline_counts_that_chunk(policy):
+    """A session whose spell ends before the chunk it waits for, having waited past its
+    deadline, counted nowhere: with chunks slower than every spell a run read as perfect
+    (0 chunks, worst 0, no miss). It counts once, as long as its wait; a spell that ends
+    within its deadline owes nothing."""
+    slow = LatencyModel({"b300": GpuProfile("b300", 4, 2.0, ((1, 20.0), (4, 20.0)))})
+    cfg = SimConfig(initial_gpus=1, round_s=0)
+    r = simulate(load_policy(policy, model=slow), _ev((0, "a", O, 0), (10, "a", C, 0)), slow, cfg)
+    assert r.chunks == 1 and r.worst_chunk_latency_s == pytest.approx(10.0) and r.deadline_miss_rate == 1.0
+    # the same for a session that goes idle (offloaded or resident) inside a chunk it needed 4 s ago
+    I = EventKind.IDLE
+    ev = _ev((0, "a", O, 0), (0, "b", O, 0), (4, "b", I, 0), (30, "a", C, 0), (30, "b", C, 0))
+    r = simulate(load_policy(policy, model=slow), ev, slow, cfg)
+    # b: 4 s; a: its chunk 0-20, then 10 s of the next when it closes
+    assert r.worst_chunk_latency_s == pytest.approx(20.0) and r.missed_chunks == r.chunks == 3
+    short = simulate(load_policy(policy, model=MODEL), _ev((0, "a", O, 0), (0.2, "a", C, 0)), MODEL, SimConfig(initial_gpus=1, round_s=0))
+    assert short.chunks == 0 and short.missed_chunks == 0  # 0.2 s: within its deadline, no chunk owed
+
+
+@pytest.mark.parametrize("policy", ["rr", "lag", "mag"])
+def test_resident_sessions_woken_at_one_instant_share_the_chunk(policy):
+    """Pinned sessions that wake at one instant on an idle GPU run in one chunk, as
+    sessions admitted together do; the first woken used to start a chunk alone and the
+    others waited it out (l(1) + l(4) instead of l(5))."""
+    I, A = EventKind.IDLE, EventKind.ACTIVE
+    ids = [f"s{k}" for k in range(5)]
+    ev = _ev(*[(0, s, O, 0) for s in ids], *[(2, s, I, 0) for s in ids], *[(10, s, A, 0) for s in ids],
+             *[(12, s, C, 0) for s in ids])
+    r = simulate(load_policy(policy, model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
+    assert r.worst_chunk_latency_s == pytest.approx(MODEL["b300"].latency(5))
 
 
 def test_admission_entries_for_no_gpu_or_no_session_are_invalid_commands():
