@@ -244,15 +244,20 @@ def _print_table(out: dict) -> None:
     _console.print(t)
     for name, m in out["policies"].items():
         if m["invalid_commands"]:
-            _console.print(f"[yellow]{name}: {m['invalid_commands']} commands the simulator could not carry out "
-                           "(a GPU not ready or unknown, a session not where the command says; `invalid_commands` "
-                           "in the JSON)[/yellow]")
+            kinds = ", ".join(f"{k} {n}" for k, n in m.get("invalid_commands_by_kind", {}).items())
+            _console.print(f"[yellow]{name}: {m['invalid_commands']} commands the simulator could not carry out ({kinds}: "
+                           "a GPU not ready or unknown, a session not where the command says, a Boot of no whole count "
+                           "from 1; malformed: a field of the wrong type; `invalid_commands_by_kind` in the JSON)[/yellow]",
+                           highlight=False)
     sub = out["policies"].get(out.get("subject", ""))
     if sub is not None and out["subject_missed_half"]:
         _console.print(f"[yellow]{out['subject']} missed {100 * sub['deadline_miss_rate']:.0f}% of its chunks' deadlines: "
                        "the comparisons below set it against pools as slow as it is[/yellow]")
     if "matched_cost" in out:
         mc, ml = out["matched_cost"], out["matched_latency"]
+        if not mc["pool_size"]:
+            _console.print(f"{out['subject']}: no fixed-pool baseline ran, so no matched comparison (add them, e.g. "
+                           "--policy all)", highlight=False)
         for b in mc["pool_size"]:
             matched = (f"matched latency (pool {ml['pool_size'][b]}) cost reduction {ml['cost_reduction_pct'][b]:.1f}%"
                        if ml["pool_size"][b] is not None else "matched latency: no pool up to the search's cap is as fast")
@@ -340,6 +345,12 @@ def evaluate_cmd(
                   "misses SLO" if not b["slo_met"] else f"{b['slo_saving_pct']:.1f}", f"{b['slo_saving_bound_pct']:.1f}",
                   *(f"{x['cost']:.1f} / {x['worst_s']:.2f}" if (x := b.get("peers", {}).get(n)) else "-" for n in peers))
     _console.print(t)
+    for n in peers:  # a plug-in's commands the simulator could not carry out: its figures are of what it did carry out
+        bad = {name: x["invalid_commands"] for name, r in out.items() if (x := r["bars"].get("peers", {}).get(n)) and x.get("invalid_commands")}
+        if bad:
+            _console.print(f"[yellow]{n}: commands the simulator could not carry out on {len(bad)} trace(s) "
+                           f"({', '.join(f'{k} {v}' for k, v in bad.items())}; `invalid_commands_by_kind` in each "
+                           "comparison's policies)[/yellow]", highlight=False)
     try:
         if json_out is not None:
             json_out.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")

@@ -7,6 +7,7 @@ return these records plus the policy's new state (:class:`Decision`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Real
 from operator import itemgetter
 from typing import Any, ClassVar, Union
 
@@ -138,7 +139,7 @@ def _name_or_none(x: object) -> bool:
 
 
 def _number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    return isinstance(x, Real) and not isinstance(x, bool)  # numpy's scalars too (a plug-in's arithmetic)
 
 
 _PAIRS, _NUMBERS, _NAMES = frozenset((tuple, list)), frozenset((int, float)), frozenset((str,))

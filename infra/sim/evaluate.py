@@ -88,7 +88,8 @@ def bars(doc: dict[str, Any]) -> dict[str, Any]:
         "slo_saving_bound_pct": slo["elastic_bound"]["saving_pct"],
     }
     peers = {name: {"cost": m["cost"], "worst_s": m["worst_chunk_latency_s"], "miss": m["deadline_miss_rate"],
-                    "slo_met": slo["met"].get(name, False), "slo_cost": slo["cost"].get(name)}
+                    "slo_met": slo["met"].get(name, False), "slo_cost": slo["cost"].get(name),
+                    "invalid_commands": m.get("invalid_commands", 0)}
              for name, m in doc["policies"].items() if name not in BUILTIN_POLICIES}  # TeleFuser and any plug-in run
     if peers:
         out["peers"] = peers

@@ -224,7 +224,7 @@ class Runner:
         if pool is None:
             if self.fixed(spec) or spec == "turboserve-no-autoscale":  # the ablation runs a fixed pool too
                 pool = self.peak_pool
-            elif spec in BUILTIN_POLICIES or self.plugin_pool is None:
+            elif spec in BUILTIN_POLICIES or spec in PEERS or self.plugin_pool is None:  # --pool is for the user's own
                 pool = self.elastic_start
             else:
                 pool = self.plugin_pool
@@ -462,7 +462,8 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
             out["oracle"] = {"u_target": u, "matched": res.worst_chunk_latency_s <= sub.worst_chunk_latency_s + 1e-9}
         else:
             res = runner.run(name, pools.get(name))
-        out["policies"][res.policy] = {**res.metrics(), "chunks": res.chunks, "invalid_commands": res.invalid_commands}
+        out["policies"][res.policy] = {**res.metrics(), "chunks": res.chunks, "invalid_commands": res.invalid_commands,
+                                       "invalid_commands_by_kind": res.invalid_by_kind}
     if sub is not None:
         pol = out["policies"]
         if "oracle" in policies:
@@ -481,31 +482,38 @@ def compare(runner: Runner, policies: Sequence[str] = ALL_POLICIES, subject: str
 
 
 _SHARED: Runner | None = None  # the runner forked workers inherit
+_BASE: tuple[dict[Any, SimResult], dict[Any, SimResult], dict[Any, int | None]] | None = None  # its runs at the fork
 
 
 def _groups(runner: Runner, policies: Sequence[str], subject: str) -> list[tuple[str, list[str]]]:
-    """Tasks whose runs do not depend on each other's, biggest first: the SLO searches,
-    one chain (``slo``: each starts from the answer before it); the offload fixed pools
-    with the no-autoscale ablation (its latency search starts from their answers) and the
-    pinned ones (their searches share hints), each group's runs but the SLO searches
-    (``compare``); each other policy; and last ``[]``: the subject's run at the SLO."""
+    """Tasks whose runs do not depend on each other's, about biggest first (a process pool
+    hands them out in this order, so the small ones fill in at the end): the SLO searches,
+    two chains (``slo``: each search starts from the answer before it in its chain); the
+    pinned fixed pools (their searches share hints) and the offload ones with the
+    no-autoscale ablation (its latency search starts from their answers), each group's
+    runs but the SLO searches (``compare``); the oracle, the no-migration ablation, ``[]``
+    (the subject's run at the SLO), then each other policy."""
     fixed = [p for p in policies if (runner.fixed(p) or p == "turboserve-no-autoscale") and p != subject]
     pinned = [p for p in fixed if p in PAPER_BASELINES]
     offload = [p for p in fixed if p not in PAPER_BASELINES]
-    rest = sorted((p for p in policies if p not in fixed and p != subject),
-                  key=lambda p: (p != "oracle-autoscale", p != "oracle", p != "turboserve-no-migration"))
+    big = ("oracle", "turboserve-no-migration")
+    rest = [p for p in policies if p not in fixed and p != subject]
     at_slo = subject in SLO_CONFIGURED or subject not in BUILTIN_POLICIES
-    return (([("slo", chain)] if (chain := _slo_chain(runner, policies)) else []) + [("compare", g) for g in (offload, pinned) if g]
-            + [("compare", [p]) for p in rest]
-            + ([("compare", [])] if at_slo else []))
+    return ([("slo", chain) for chain in _slo_chains(runner, policies)] + [("compare", g) for g in (pinned, offload) if g]
+            + [("compare", [p]) for p in big if p in rest] + ([("compare", [])] if at_slo else [])
+            + [("compare", [p]) for p in sorted(rest, key=lambda p: p != "oracle-autoscale") if p not in big])
 
 
 def _part(args: tuple[tuple[str, list[str]], str, Slo]) -> tuple[dict[tuple[Any, ...], SimResult], dict[tuple[Any, ...], SimResult],
                                                                  dict[tuple[Any, ...], int | None]]:
     (task, names), subject, slo = args
-    runner = _SHARED
-    assert runner is not None
+    runner, base = _SHARED, _BASE
+    assert runner is not None and base is not None
     runner.on_run = None
+    # each task starts from the runs made before the fork, not from those of the tasks this
+    # process ran before it: a search starts from the runs already made, and the one-process
+    # comparison makes the latency searches before any SLO search
+    runner.cache, runner.partial, runner.found = dict(base[0]), dict(base[1]), dict(base[2])
     cache, partial, found = set(runner.cache), set(runner.partial), set(runner.found)
     if task == "slo":  # the fixed pools' SLO searches, as _slo makes them
         bound = Bound(slo.worst_s, slo.miss_rate)
@@ -522,12 +530,12 @@ def _part(args: tuple[tuple[str, list[str]], str, Slo]) -> tuple[dict[tuple[Any,
 def _prefetch(runner: Runner, policies: Sequence[str], subject: str, slo: Slo, jobs: int) -> None:
     """Make the runs ``compare`` needs in ``jobs`` forked processes, one group of policies
     per task (each task makes exactly the runs the sequential comparison makes for it)."""
-    global _SHARED
+    global _SHARED, _BASE
     runner.run(subject)
     groups = _groups(runner, policies, subject)
     if runner.on_run is not None:
         runner.on_run(f"{len(groups)} groups of policies in {jobs} processes")
-    _SHARED = runner
+    _SHARED, _BASE = runner, (dict(runner.cache), dict(runner.partial), dict(runner.found))
     try:
         with ProcessPoolExecutor(min(jobs, len(groups)) or 1, mp_context=multiprocessing.get_context("fork")) as pool:
             for cache, partial, found in pool.map(_part, [(g, subject, slo) for g in groups]):
@@ -537,7 +545,7 @@ def _prefetch(runner: Runner, policies: Sequence[str], subject: str, slo: Slo, j
         # a pool one task stopped early and another ran to the end is a full run (as one process keeps it)
         runner.partial = {k: v for k, v in runner.partial.items() if k not in runner.cache}
     finally:
-        _SHARED = None
+        _SHARED = _BASE = None
 
 
 def _hint(spec: str, found: dict[str, int | None]) -> int | None:
@@ -550,19 +558,23 @@ def _hint(spec: str, found: dict[str, int | None]) -> int | None:
     return next((p for b, p in reversed(found.items()) if p is not None and (b in PAPER_BASELINES) == pinned), None)
 
 
-SLO_CHAIN = ("least-loaded-offload", "lag-offload", "turboserve-no-autoscale", "mag-offload", "rr", "lag", "mag")
+# the offload pools (with the no-autoscale ablation, which offloads too) and the pinned ones
+SLO_CHAINS = (("least-loaded-offload", "lag-offload", "turboserve-no-autoscale", "mag-offload"), PAPER_BASELINES)
 
 
-def _slo_chain(runner: Runner, policies: Sequence[str]) -> list[str]:
-    """The fixed-pool SLO searches in the order each starts from the one before it."""
-    return [p for p in SLO_CHAIN if p in policies] + [p for p in policies if runner.fixed(p) and p not in SLO_CHAIN]
+def _slo_chains(runner: Runner, policies: Sequence[str]) -> list[list[str]]:
+    """The fixed-pool SLO searches as chains, each search starting from the answer of the
+    one before it in its chain; the two chains share no start, so they run side by side."""
+    chains = [[p for p in c if p in policies] for c in SLO_CHAINS]
+    chains[0] += [p for p in policies if runner.fixed(p) and not any(p in c for c in SLO_CHAINS)]
+    return [c for c in chains if c]
 
 
 def _slo_start(runner: Runner, name: str, policies: Sequence[str], bound: Bound) -> int | None:
-    """Where ``name``'s SLO search starts: the answer of the search before it in
-    :func:`_slo_chain` (the pools meeting one SLO are near each other, whatever the
-    placement), the first where the guide aims (None)."""
-    chain = _slo_chain(runner, policies)
+    """Where ``name``'s SLO search starts: the answer of the search before it in its chain
+    (:func:`_slo_chains`: the pools meeting one SLO are near each other, whatever the
+    placement), the first of a chain where the guide aims (None)."""
+    chain = next(c for c in _slo_chains(runner, policies) if name in c)
     i = chain.index(name)
     return runner.slo_pool(chain[i - 1], bound, _slo_start(runner, chain[i - 1], policies, bound)) if i > 0 else None
 

@@ -188,6 +188,7 @@ class SimResult:
     # (t, worst chunk, missed, recorded) so far at each timeline window's start the run
     # reached: any run of the same policy and pool passes through the same ones
     samples: tuple[tuple[float, float, int, int], ...] = ()
+    invalid_by_kind: dict[str, int] = field(default_factory=dict)  # invalid commands per command kind ("malformed": wrong field types)
 
     def metrics(self) -> dict[str, Any]:
         keys = ("worst_chunk_latency_s", "p99_chunk_latency_s", "deadline_miss_rate", "gpu_seconds", "cost", "migrations", "scale_events",
@@ -255,6 +256,7 @@ class _Sim:
         self.gpu_s = 0.0
         self.cost = 0.0
         self.migrations = self.scale_events = self.invalid = 0
+        self.refused: Counter[str] = Counter()  # invalid commands by kind
         q = cfg.round_s
         last = events[-1].t if events else 0.0
         self.end = math.ceil(last / q - 1e-9) * q if q > 0 else last
@@ -448,7 +450,7 @@ class _Sim:
                 self.where[sid] = g.id
                 return
             if s is None or s.gpu_id is not None or g is None or g.state is not _READY:
-                self.invalid += 1
+                self.refuse(cmd)
                 return
             self.sessions[s.id] = _with(s, g.id, False, s.since)
             self.where[s.id] = g.id
@@ -461,7 +463,7 @@ class _Sim:
         elif isinstance(cmd, Migrate) and s is None and sid in self.idle:
             i, dst = self.idle[sid], self.gpus.get(cmd.dst)
             if i.gpu_id != cmd.src or dst is None or dst.state is not _READY or cmd.src == cmd.dst:
-                self.invalid += 1
+                self.refuse(cmd)
                 return
             self.idle[sid] = _with(i, dst.id, i.restore, i.since)  # an idle resident state moves; nobody waits
             self.where[sid] = dst.id
@@ -469,16 +471,18 @@ class _Sim:
             self.tl["migrations"][self.win(now)] += 1
         elif isinstance(cmd, Offload):
             i = self.idle.get(sid)
-            if i is None or i.gpu_id is None or cmd.gpu_id not in (None, i.gpu_id):  # not resident where it says
-                self.invalid += 1
+            if i is not None and i.gpu_id is None:
+                return  # its state is off every GPU already (a policy that offloads none finds it so): nothing to do
+            if i is None or cmd.gpu_id not in (None, i.gpu_id):  # not resident where it says
+                self.refuse(cmd)
                 return
-            self.idle[sid] = _with(i, None, i.restore, i.since)  # offloaded: a later activation restores
+            self.idle[sid] = _with(i, None, True, i.since)  # offloaded: placing it restores (its snapshot says so)
             self.where.pop(sid, None)
             self.offloaded.add(sid)  # and no Place of it while idle (it rested there again for free)
         elif isinstance(cmd, Migrate):
             src, dst = self.gpus.get(cmd.src), self.gpus.get(cmd.dst)
             if s is None or s.gpu_id != cmd.src or dst is None or dst.state is not _READY or cmd.src == cmd.dst:
-                self.invalid += 1
+                self.refuse(cmd)
                 return
             self.sessions[s.id] = _with(s, dst.id, s.restore, s.since)
             self.where[s.id] = dst.id
@@ -494,14 +498,15 @@ class _Sim:
                     self.req.setdefault(s.id, now)
                 self.push(now + cost, _ARRIVE, (s.id, dst.id))
         elif isinstance(cmd, Boot):
-            count = cmd.count
-            if (not isinstance(count, int) or isinstance(count, bool) or count < 1 or cmd.gpu_type not in self.model
+            count = cmd.count  # a whole number, whatever its type (3, 3.0, numpy's int64)
+            if (not math.isfinite(count) or count != int(count) or count < 1 or cmd.gpu_type not in self.model
                     or len(self.gpus) + count > MAX_GPUS):  # a plug-in's Boot the simulator cannot carry out
-                self.invalid += 1
+                self.refuse(cmd)
                 return
+            count = int(count)
             self.scale_events += 1
             warm = self.cfg.warm_start and now <= self.start and self.warm_rounds < 8
-            for _ in range(cmd.count):
+            for _ in range(count):
                 g = self.add_gpu(cmd.gpu_type, now, GpuState.READY if warm else GpuState.BOOTING)
                 if not warm:
                     self.push(now + self.cfg.boot_s, _BOOT, g.id)
@@ -511,7 +516,7 @@ class _Sim:
         elif isinstance(cmd, Vacate):
             g = self.gpus.get(cmd.gpu_id)
             if g is None:
-                self.invalid += 1
+                self.refuse(cmd)
                 return
             if g.state is not GpuState.DRAINING:
                 self.scale_events += 1
@@ -520,11 +525,11 @@ class _Sim:
         elif isinstance(cmd, Admit):
             self.plan = AdmitPlan(cmd.order, {}, cmd.fallback, now)
             # an entry for a GPU it does not have, or for no session, admits nobody: said, not carried
-            self.invalid += sum(1 for gid, n in cmd.order if gid not in self.gpus or not n >= 1)
+            self.refuse(cmd, sum(1 for gid, n in cmd.order if gid not in self.gpus or not n >= 1))
         elif isinstance(cmd, Retire):
             g = self.gpus.get(cmd.gpu_id)
             if g is None or g.id in self.where.values():  # a session runs, rests or lands there: not released
-                self.invalid += 1
+                self.refuse(cmd)
                 return
             if g.state is not GpuState.DRAINING:  # shut down without a drain first: a scale-in too
                 self.scale_events += 1
@@ -533,7 +538,7 @@ class _Sim:
                 return
             self.release(g, now)
         else:
-            self.invalid += 1
+            self.refuse(cmd)
 
     def release(self, g: _Gpu, now: float) -> None:
         del self.gpus[g.id]
@@ -541,7 +546,7 @@ class _Sim:
         self.bill(g, now)
         for sid, i in list(self.idle.items()):  # idle residents lose their GPU: offloaded
             if i.gpu_id == g.id:
-                self.idle[sid] = _with(i, None, i.restore, i.since)
+                self.idle[sid] = _with(i, None, True, i.since)
                 self.where.pop(sid, None)
                 self.offloaded.add(sid)
         for sid in list(g.roster):  # none but those that left by migration (Retire waits for them)
@@ -581,7 +586,13 @@ class _Sim:
             if well_formed(cmd):
                 self.apply(cmd, now)
             else:  # a field of the wrong type (a plug-in's): said, not carried out
-                self.invalid += 1
+                self.refuse(cmd, kind="malformed")
+
+    def refuse(self, cmd: Any, n: int = 1, kind: str | None = None) -> None:
+        """Count ``n`` of ``cmd``'s entries (a command, or an Admit's entries) as invalid."""
+        if n:
+            self.invalid += n
+            self.refused[kind or getattr(cmd, "kind", type(cmd).__name__)] += n
 
     def admit_waiting(self, now: float) -> bool:
         """Dispatch's part: the sessions that arrived or woke since the last round go where
@@ -643,12 +654,15 @@ class _Sim:
                 self.waking.discard(sid)
                 self.idle[sid] = Session(sid, new.state_bytes, SessionState.SUSPENDED, g.id, since=now)
             else:
+                # offloaded: placing it again restores, unless it never had state anywhere (it
+                # went idle before its first placement, as one that opens idle does)
+                stored = old is not None and (old.restore or sid in self.where)
                 if any(isinstance(c, (Offload, Discard)) for c in cmds) or was_exec:
                     self.leave(sid, now)
                 self.where.pop(sid, None)
                 if new.lifecycle is SessionState.SUSPENDED:
                     if was_exec:
-                        self.idle[sid] = Session(sid, new.state_bytes, SessionState.SUSPENDED, None, since=now)
+                        self.idle[sid] = Session(sid, new.state_bytes, SessionState.SUSPENDED, None, stored, since=now)
                 else:
                     self.idle.pop(sid, None)
             if new.lifecycle is SessionState.TERMINATED:
@@ -748,6 +762,7 @@ class _Sim:
             scale_events=self.scale_events,
             chunks=int(n.sum()) if self.lat else 0,
             invalid_commands=self.invalid,
+            invalid_by_kind=dict(sorted(self.refused.items())),
             worst_resume_latency_s=float(res.max()),
             p99_resume_latency_s=float(np.percentile(res, 99)),
             timeline=self.tl,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from processors.decisions import Admit, Decision, Migrate, Offload, Place, Boot, Retire, Vacate
+from processors.decisions import Admit, Decision, Migrate, Offload, Place, Boot, Restore, Retire, Vacate
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState
 
@@ -268,5 +268,46 @@ class OffloadThenRest:
     def decide(self, snapshot, signal, state):
         g = sorted(x.id for x in snapshot.gpus)[0]
         cmds = [Place(s.id, g) for s in snapshot.sessions if s.gpu_id is None]
+        cmds += [Offload(s.id, s.gpu_id) for s in snapshot.sessions if s.lifecycle is SessionState.SUSPENDED and s.gpu_id]
+        return Decision(tuple(cmds), state)
+
+
+@dataclass(frozen=True)
+class WholeBoots:
+    """Boots whole counts of other numeric types (3.0, numpy's int64), places on the first
+    GPU, and offloads every idle session itself (the simulator has already: nothing to do)."""
+
+    name: str = "whole-boots"
+
+    def initial_state(self) -> int:
+        return 0
+
+    def decide(self, snapshot, signal, state):
+        import numpy as np
+
+        g = sorted(x.id for x in snapshot.gpus if x.state is GpuState.READY)
+        cmds: list = [Boot(1.0, "b300"), Boot(np.int64(1), "b300")] if state == 0 else []  # type: ignore[arg-type]
+        cmds += [Offload(s.id, s.gpu_id) for s in snapshot.sessions if s.lifecycle is SessionState.SUSPENDED]
+        if g:
+            cmds += [Place(s.id, g[0]) if not s.restore else Restore(s.id, g[0]) for s in snapshot.sessions
+                     if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION]
+        return Decision(tuple(cmds), state + 1)
+
+
+@dataclass(frozen=True)
+class OffloadThenSee:
+    """Keeps idle sessions resident, offloads each at once, and rests on a GPU only the idle
+    sessions the snapshot says have no state to restore (those that opened idle)."""
+
+    name: str = "offload-then-see"
+    keep_idle_resident: bool = True
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):
+        g = sorted(x.id for x in snapshot.gpus)[0]
+        cmds = [Restore(s.id, g) if s.restore else Place(s.id, g) for s in snapshot.sessions
+                if s.gpu_id is None and (s.lifecycle is SessionState.EXECUTION or not s.restore)]
         cmds += [Offload(s.id, s.gpu_id) for s in snapshot.sessions if s.lifecycle is SessionState.SUSPENDED and s.gpu_id]
         return Decision(tuple(cmds), state)

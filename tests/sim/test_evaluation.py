@@ -381,6 +381,27 @@ def test_parallel_comparison_makes_the_same_figures_from_the_same_runs():
     assert any(k[2] for k in runners[1].cache)  # the SLO runs (the subject's own in a task of its own) are among them
 
 
+def test_a_task_in_a_reused_worker_starts_from_the_runs_made_before_the_fork():
+    """A worker process runs several tasks; each starts from the runs made before the fork,
+    not from its previous task's (a search starts from the runs already made: the pinned
+    pools' latency searches after their own SLO searches found other pools)."""
+    from infra.sim import report
+
+    events = tuple(generate(GenConfig(level=5, duration_s=240.0, sessions=200, seed=4)))
+    runner = Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True))
+    runner.run("turboserve")
+    report._SHARED, report._BASE = runner, (dict(runner.cache), dict(runner.partial), dict(runner.found))
+    try:
+        task = (("compare", ["rr", "lag", "mag"]), "turboserve", Slo())
+        first = report._part(task)
+        report._part((("slo", ["rr", "lag", "mag"]), "turboserve", Slo()))
+        again = report._part(task)
+    finally:
+        report._SHARED = report._BASE = None
+    assert again[2] == first[2] and set(again[0]) == set(first[0]) and set(again[1]) == set(first[1])
+    assert any(k[0] == "pool" for k in first[2])  # the latency searches were made
+
+
 def test_a_plugins_bug_or_clashing_name_is_one_line_naming_it(tmp_path, monkeypatch):
     """A plug-in that raises, answers with something that is not a Decision, or is named as
     a built-in (it would replace that one's row) is refused in one line; the no-autoscale
@@ -447,3 +468,13 @@ def test_evaluate_compares_a_plugin_beside_the_split():
     run = doc["comparison"]["policies"]["optioned"]
     assert len(seen) == 1 and mine["cost"] == run["cost"] > 0 and mine["worst_s"] == run["worst_chunk_latency_s"]
     assert "telefuser" not in doc["bars"] and set(doc["bars"]["peers"]) == {"optioned"}
+    assert mine["invalid_commands"] == run["invalid_commands"]  # a peer's refused commands are not hidden in its bars
+
+
+def test_the_plugin_pool_starts_the_users_plugins_not_the_shipped_peer():
+    """``--pool N`` starts the user's own plug-ins with N GPUs; TeleFuser's port, a
+    reference beside turboserve, keeps its elastic start whatever the user's pool."""
+    events = tuple(generate(GenConfig(level=5, duration_s=60.0, sessions=40, seed=1)))
+    runner = Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True), plugin_pool=6)
+    assert runner._key("infra.sim.peers:TeleFuser", None, {})[1] == runner.elastic_start
+    assert runner._key("tests.sim.plugin:Optioned", None, {})[1] == 6

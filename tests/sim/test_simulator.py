@@ -59,6 +59,28 @@ def test_a_malformed_or_misdirected_command_is_counted_not_carried_out(plugin):
     ev = _ev((0, "a", O, 10**9), (0, "b", O, 0), (3, "a", I, 10**9), (6, "a", A, 10**9), (10, "a", C, 0), (10, "b", C, 0))
     r = simulate(load_policy(f"tests.sim.plugin:{plugin}"), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
     assert r.invalid_commands >= (9 if plugin == "Malformed" else 1) and r.chunks > 0
+    assert sum(r.invalid_by_kind.values()) == r.invalid_commands  # said per kind
+    assert r.invalid_by_kind.get("malformed" if plugin == "Malformed" else "offload", 0) >= (9 if plugin == "Malformed" else 1)
+
+
+def test_whole_boots_of_any_number_type_run_and_an_offload_with_nothing_to_do_is_no_error():
+    """A plug-in's arithmetic may give 3.0 or numpy's int64 for a count: a whole number
+    boots; offloading a session the simulator has offloaded already finds nothing to do."""
+    I, A = EventKind.IDLE, EventKind.ACTIVE
+    ev = _ev((0, "a", O, 10**9), (3, "a", I, 10**9), (70, "a", A, 10**9), (80, "a", C, 0))
+    r = simulate(load_policy("tests.sim.plugin:WholeBoots"), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
+    assert r.invalid_commands == 0 and r.scale_events == 2 and r.chunks > 0
+    assert r.gpu_seconds == pytest.approx(3 * 80)  # the two booted at 0 billed from their boot request to the end
+
+
+def test_a_resident_policy_sees_which_idle_sessions_it_offloaded():
+    """An idle session whose state is off every GPU shows ``restore`` True (placing it
+    would restore it); one that opened idle shows False and may rest on a GPU."""
+    I, A = EventKind.IDLE, EventKind.ACTIVE
+    ev = _ev((0, "a", O, 10**9), (0, "b", O, 0), (0, "b", I, 0), (3, "a", I, 10**9), (6, "a", A, 10**9),
+             (9, "a", I, 10**9), (12, "b", A, 0), (20, "a", C, 0), (20, "b", C, 0))
+    r = simulate(load_policy("tests.sim.plugin:OffloadThenSee"), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
+    assert r.invalid_commands == 0 and r.chunks > 0
 
 
 def test_commands_that_are_not_a_tuple_are_named_in_one_line():
