@@ -237,7 +237,7 @@ def _print_ablations(out: dict) -> None:
 def _print_table(out: dict) -> None:
     t = Table(title=f"{out['trace']['sessions']} sessions, {out['trace']['duration_s']:.0f} s")
     for col in ("policy", "worst s", "p99 s", "miss %", "GPU-h", "cost", "migr.", "scale"):
-        t.add_column(col, justify="right" if col != "policy" else "left")
+        t.add_column(col, justify="right" if col != "policy" else "left", overflow="fold")  # names wrap, not cut
     for name, m in out["policies"].items():
         t.add_row(name, f"{m['worst_chunk_latency_s']:.2f}", f"{m['p99_chunk_latency_s']:.2f}", f"{100 * m['deadline_miss_rate']:.2f}",
                   f"{m['gpu_seconds'] / 3600:.1f}", f"{m['cost']:.1f}", str(m["migrations"]), str(m["scale_events"]))
@@ -338,7 +338,7 @@ def evaluate_cmd(
     peers = list(dict.fromkeys(n for r in out.values() for n in r["bars"].get("peers", {})))
     for col in ("trace", "beats rr/lag/mag", "ablations cost more", "oracle gap %", "SLO saving %", "SLO saving bound %",
                 *(f"{n} cost / worst s" for n in peers)):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a long plug-in name wraps, not cut
     for name, r in out.items():
         b, p = r["bars"], r["comparison"]["paper"]
         t.add_row(name, str(b["beats_paper_baselines"]), str(b["ablations_cost_more"]), f"{p['oracle_gap_pct']:.1f}",
