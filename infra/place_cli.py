@@ -17,7 +17,7 @@ from rich.console import Console
 
 from infra.outputs import json_option
 from processors.decisions import Migrate
-from processors.latency import MAX_BATCH, MAX_CAPACITY, MAX_POINTS, MAX_TYPES, GpuProfile, LatencyModel
+from processors.latency import MAX_BATCH, MAX_CAPACITY, MAX_POINTS, MAX_TYPES, GpuProfile, LatencyModel, batch_key
 from processors.oracles import plan_objective
 from processors.placement import RebalanceConfig, plan_placement
 from processors.snapshot import Gpu, Session, Snapshot
@@ -82,7 +82,7 @@ def _profile(name: str, spec: Any, at: str, src: str) -> GpuProfile:
         raise ConfigError(f"{at}.latency", f"needs 1 to {MAX_POINTS} points", src)
     points = []
     for k, v in table.items():
-        if not (k.isascii() and k.isdigit() and len(k) <= 9) or not 1 <= int(k) <= MAX_BATCH:
+        if not batch_key(k) or not 1 <= int(k) <= MAX_BATCH:
             raise ConfigError(f"{at}.latency", f"key {k[:20]!r} is not a batch size from 1 to {MAX_BATCH}", src)
         points.append((int(k), number(v, f"{at}.latency.{k}", src, 0, _MAX_NUMBER, above=True)))
     try:

@@ -25,6 +25,7 @@ __all__ = [
     "GpuProfile",
     "LatencyModel",
     "parse_profiles",
+    "batch_key",
     "load_profiles",
     "builtin_profiles",
     "PROFILE_FORMAT",
@@ -137,6 +138,12 @@ class LatencyModel(Mapping[str, GpuProfile]):
         return hash((self.name, tuple(sorted(self.profiles.items()))))
 
 
+def batch_key(k: object) -> bool:
+    """Whether ``k`` is a batch size as a profile's keys give one: plain digits, at most nine
+    (a longer one is past every bound, and Python refuses to read a very long one)."""
+    return isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 9
+
+
 def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyModel:
     """Validate a decoded profile document and build the model."""
     if not isinstance(doc, Mapping):
@@ -165,7 +172,7 @@ def parse_profiles(doc: Mapping[str, Any], source: str = "profile") -> LatencyMo
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}.latency_s", "must be an object of batch size -> seconds", source)
         for k in table:  # a batch size is a whole number: '1.5' or '1e1' is named, not a Python error
-            if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 9):
+            if not batch_key(k):
                 raise ConfigError(f"{where}.latency_s", f"key {str(k)[:20]!r} is not a batch size (a whole number "
                                   f"from 1 to {MAX_BATCH})", source)
         try:
