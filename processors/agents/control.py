@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from processors.agents.control_config import ControlConfig, fit_capacity, make_policy
-from processors.agents.control_records import admission_plan, command_records
+from processors.agents.control_records import admission_plan, carried, command_records
 from processors.agents.detector import step_remembering
 from processors.autoscaler import utilization
 from processors.volatility import DEFAULT_VOLATILITY_TABLE
@@ -161,9 +161,12 @@ class ControlShell:
         decision = policy.decide(snap, signal, state)
         self.policy_state, self.state_at = decision.state, now
         decision_id = uuid.uuid4().hex[:12]
-        recs = command_records(decision.commands, self.view, now, pool=cfg.pool, decision_id=decision_id)
-        recs += self._new_plan(admission_plan(decision.commands, now, pool=cfg.pool, policy=cfg.policy,
-                                              decision_id=decision_id))
+        commands, refused = carried(decision.commands)
+        if refused:  # a plug-in's: said, and the rest carried out (the simulator counts them as invalid)
+            log.warning("control: policy %s returned %d command(s) no record can carry (a field of the wrong type, "
+                        "a Boot of no whole count from 1): not carried out", cfg.policy, refused)
+        recs = command_records(commands, self.view, now, pool=cfg.pool, decision_id=decision_id)
+        recs += self._new_plan(admission_plan(commands, now, pool=cfg.pool, policy=cfg.policy, decision_id=decision_id))
         for rec in recs:
             self.view = apply(self.view, rec)
         out += recs

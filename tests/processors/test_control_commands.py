@@ -222,6 +222,37 @@ class _Recorder:
         return Decision((), state)
 
 
+class _Sloppy:
+    """A plug-in whose arithmetic hands numpy's scalars and fractions, and a malformed Place."""
+
+    name = "sloppy"
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):  # noqa: ANN001
+        import numpy as np
+
+        from processors.decisions import Admit, Boot, Decision, Place
+
+        return Decision((Boot(np.int64(2), "cpu"), Boot(2.5, "cpu"), Place(5, None),  # type: ignore[arg-type]
+                         Admit((("p-0", np.float64(2.5)), ("p-0", 0)))), state)
+
+
+def test_a_live_round_carries_a_plugins_numpy_counts_and_refuses_what_no_record_holds():
+    """numpy's int64 for a Boot's count made the ScaleOut record refuse it and the round with
+    it (every round, while the plug-in did so); counts are now Python ints, an admission
+    entry's rounded up (2.5 admits as 3 does: a worker holding fewer than 2.5 holds fewer
+    than 3), and a fractional Boot or a malformed command is left out, the rest carried out."""
+    shell = ControlShell(ControlConfig(policy=f"{__name__}:_Sloppy"), clock=lambda: 100.0)
+    shell.fold(r.WorkerUp(worker_id="p-0", ts=99.0, capacity=4, pool="default"))
+    out = shell.decide(100.0)
+    (scale,) = [x for x in out if isinstance(x, r.ScaleOut)]
+    (plan,) = [x for x in out if isinstance(x, r.AdmissionPlan)]
+    assert scale.count == 2 and type(scale.count) is int
+    assert [(s.worker_id, s.count) for s in plan.order] == [("p-0", 3)]
+
+
 def test_the_live_round_gives_a_policy_idle_ages_and_the_events_since_the_last_round():
     """What the README says a plug-in sees live, as in the simulator: each session's ``since``
     (its last session event) and the session events folded since the previous round."""
