@@ -18,6 +18,15 @@ exponential spells (45 s active, 30 s idle); state sizes uniform per family. Fam
 - ``bigstate``: ``mmpp`` with 5-40 GB of state per session (moves and restores dear).
 - ``spiky``: a steady rate plus crowds of ``crowd`` sessions within 5 s every 2.5-6.5
   minutes.
+
+Two more families (``PROBES``, the ``probe`` split), written later to probe the burst
+reserve, whose sessions never idle and live about half a minute (exponential lifetimes), so
+the executing load follows the arrival rate closely:
+
+- ``churn``: a steady rate of eight times the mean (a few hundred sessions executing, each
+  for 30 s on average): the load swings only by chance.
+- ``periodic``: a rate of 2.5 times the mean, swinging by 90% of itself with a period of
+  150 s (two and a half boot times); sessions live 40 s on average.
 """
 
 from __future__ import annotations
@@ -32,9 +41,11 @@ from schemas.errors import ConfigError
 
 from infra.sim.trace import MB
 
-__all__ = ["LAUNCHES", "LaunchConfig", "generate_launch"]
+__all__ = ["LAUNCHES", "PROBES", "LaunchConfig", "generate_launch"]
 
 LAUNCHES = ("mmpp", "avatar", "flicker", "ramp", "bigstate", "spiky")
+PROBES = ("churn", "periodic")
+_NEVER_IDLE = ("avatar", *PROBES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +59,8 @@ class LaunchConfig:
     crowd: int = 60
 
     def __post_init__(self) -> None:
-        if self.family not in LAUNCHES:
-            raise ConfigError("family", f"one of {', '.join(LAUNCHES)}", "trace gen")
+        if self.family not in LAUNCHES + PROBES:
+            raise ConfigError("family", f"one of {', '.join(LAUNCHES + PROBES)}", "trace gen")
         if self.duration_s <= 0 or self.sessions < 1 or self.crowd < 0:
             raise ConfigError("family", "need duration > 0, sessions >= 1, crowd >= 0", "trace gen")
 
@@ -67,6 +78,13 @@ def _arrivals(cfg: LaunchConfig, rng: np.random.Generator) -> np.ndarray:
     if cfg.family == "ramp":  # density rising linearly to 0.75 of the trace, then nothing
         stop = 0.75 * end
         return np.sort(stop * np.sqrt(rng.uniform(0.0, 1.0, rng.poisson(mean * end))))
+    if cfg.family == "churn":
+        return np.sort(rng.uniform(0.0, end, rng.poisson(8.0 * mean * end)))
+    if cfg.family == "periodic":  # thinned from the top rate, 2.5 x 1.9 of the mean
+        top = 2.5 * 1.9 * mean
+        t = rng.uniform(0.0, end, rng.poisson(top * end))
+        keep = rng.uniform(0.0, 1.9, t.size) < 1.0 + 0.9 * np.sin(2.0 * np.pi * t / 150.0)
+        return np.sort(t[keep])
     n = rng.poisson(mean * end)
     base = rng.uniform(0.0, end, n)
     if cfg.family == "avatar":  # doubled from 40% to 70% of the trace
@@ -83,10 +101,11 @@ def _arrivals(cfg: LaunchConfig, rng: np.random.Generator) -> np.ndarray:
 
 def generate_launch(cfg: LaunchConfig) -> list[SessionEvent]:
     """Events of one launch trace, sorted by time (ids ``m000001``...)."""
-    rng = np.random.default_rng([cfg.seed, LAUNCHES.index(cfg.family), 3])
+    rng = np.random.default_rng([cfg.seed, (LAUNCHES + PROBES).index(cfg.family), 3])
     arrivals = _arrivals(cfg, rng)
     n = arrivals.size
-    lives = rng.exponential(240.0, n) if cfg.family == "avatar" else rng.lognormal(math.log(360.0), 1.0, n)
+    mean_life = {"avatar": 240.0, "churn": 30.0, "periodic": 40.0}.get(cfg.family)
+    lives = rng.exponential(mean_life, n) if mean_life is not None else rng.lognormal(math.log(360.0), 1.0, n)
     lo_mb, hi_mb = (5000.0, 40000.0) if cfg.family == "bigstate" else (500.0, 8000.0)
     sizes = rng.uniform(lo_mb, hi_mb, n)
     active_s, idle_s = (10.0, 5.0) if cfg.family == "flicker" else (45.0, 30.0)
@@ -95,7 +114,7 @@ def generate_launch(cfg: LaunchConfig) -> list[SessionEvent]:
         sid, t = f"m{i + 1:06d}", float(arrivals[i])
         end = min(t + float(lives[i]), cfg.duration_s)
         rows.append((t, 0, sid, EventKind.OPEN, int(sizes[i] * MB)))
-        while cfg.family != "avatar":
+        while cfg.family not in _NEVER_IDLE:
             t += float(rng.exponential(active_s))
             if t >= end:
                 break
