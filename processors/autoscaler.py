@@ -63,8 +63,7 @@ import math
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, replace
-from itertools import compress, repeat
-from operator import attrgetter, is_, itemgetter
+from operator import itemgetter
 from typing import Any
 
 from processors.decisions import Command, Vacate, Boot, Retire
@@ -90,7 +89,7 @@ __all__ = [
 
 Recent = tuple[tuple[int, int, int, int], ...]
 _EXEC = SessionState.EXECUTION
-_GPU_ID, _LIFECYCLE, _FIRST = attrgetter("gpu_id"), attrgetter("lifecycle"), itemgetter(0)
+_FIRST = itemgetter(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +175,7 @@ class AutoscalerState:
 def execution_counts(snapshot: Snapshot) -> tuple[int, dict[str, int]]:
     """(A, executing sessions per GPU id): ``active_count()`` and ``loads()`` in one
     counting pass (the sessions loop is the hot path of a large pool)."""
-    sessions = snapshot.sessions
-    count = Counter(compress(map(_GPU_ID, sessions), map(is_, map(_LIFECYCLE, sessions), repeat(_EXEC))))
+    count = Counter([s.gpu_id for s in snapshot.sessions if s.lifecycle is _EXEC])  # a list comprehension: the fastest here
     return sum(count.values()), {g.id: count[g.id] for g in snapshot.gpus}
 
 

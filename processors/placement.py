@@ -110,26 +110,42 @@ class _Parsed:
         # the hot loops of large pools: list comprehensions (faster than map/compress chains)
         execs = [s for s in snapshot.sessions if s.lifecycle is _EXEC]
         where = np.fromiter([index.get(s.gpu_id, -1) for s in execs], np.int64, len(execs))
-        size = np.fromiter([s.state_bytes for s in execs], np.int64, len(execs))
+        size = np.array([s.state_bytes for s in execs], np.int64)
         # waiting for a GPU, or its GPU is gone: restore elsewhere
         self.pending = [(execs[k].id, execs[k].restore or execs[k].gpu_id is not None) for k in np.nonzero(where < 0)[0].tolist()]
         placed = np.nonzero(where >= 0)[0]
-        order = placed[np.lexsort((size[placed], where[placed]))]
+        if size.size and 0 <= int(size.min()) and int(size.max()) < 1 << 41 and len(gpus) < 1 << 21:  # one key: GPU, then bytes (stable)
+            order = placed[np.argsort((where[placed] << 41) | size[placed], kind="stable")]
+        else:
+            order = placed[np.lexsort((size[placed], where[placed]))]
         self.execs = execs
         self.order = order  # indices into execs: by GPU, then state bytes, then snapshot order
         self.have = np.bincount(where[placed], minlength=len(gpus)).astype(np.int64)
         self.start = np.concatenate(([0], np.cumsum(self.have)))
         self.kappa = cfg.alpha_s + cfg.beta_s_per_byte * size[order].astype(np.float64)
-        curves = []
-        for t, p in enumerate(self.profiles):
-            mine = self.have[self.tidx == t]
-            top = max(p.capacity, int(mine.max()) if mine.size else 0)
-            curves.append(np.array(p.curve[: top + 1] if len(p.curve) > top else [p.latency(n) for n in range(top + 1)]))
-        self.curves = curves
-        width = max((len(c) for c in curves), default=1)
-        self.lat = np.full((len(curves), width), np.inf)
+        tops = tuple(max(p.capacity, int(self.have[self.tidx == t].max(initial=0))) for t, p in enumerate(self.profiles))
+        self.curves, self.lat = _curves(tuple(self.profiles), tops)
+
+
+_CURVES: dict[tuple[tuple[GpuProfile, ...], tuple[int, ...]], tuple[list[np.ndarray], np.ndarray]] = {}
+
+
+def _curves(profiles: tuple[GpuProfile, ...], tops: tuple[int, ...]) -> tuple[list[np.ndarray], np.ndarray]:
+    """Each type's l(0..top), and all of them as one matrix padded with inf (read-only: the
+    same few pools recur at every decision, so kept)."""
+    hit = _CURVES.get((profiles, tops))
+    if hit is None:
+        curves = [np.array(p.curve[: top + 1] if len(p.curve) > top else [p.latency(n) for n in range(top + 1)])
+                  for p, top in zip(profiles, tops)]
+        lat = np.full((len(curves), max((len(c) for c in curves), default=1)), np.inf)
         for t, c in enumerate(curves):
-            self.lat[t, : len(c)] = c
+            lat[t, : len(c)] = c
+        for a in (*curves, lat):
+            a.flags.writeable = False
+        if len(_CURVES) >= 256:
+            _CURVES.clear()
+        hit = _CURVES[(profiles, tops)] = (curves, lat)
+    return hit
 
 
 def _assign(pz: _Parsed, receive: np.ndarray, shed: np.ndarray, limit: float) -> tuple[list[tuple[int, int, int]], list[int | None], np.ndarray]:

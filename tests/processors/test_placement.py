@@ -160,3 +160,21 @@ def test_transient_cap_keeps_a_drained_gpus_sessions_off_busy_gpus():
     for cap, moves in ((1.7, 0), (1.75, 1)):
         plan = plan_placement(snap, PAPER, RebalanceConfig(eta=1.0, max_transient_s=cap))
         assert sum(isinstance(c, Migrate) for c in plan.commands) == moves
+
+
+@pytest.mark.parametrize("huge", [False, True])
+def test_each_gpus_sessions_are_read_cheapest_first_ties_in_snapshot_order(huge):
+    """The placement reads each GPU's sessions by state size, ties in snapshot order (one
+    sort key while sizes fit in 41 bits, two keys past that): the cheapest move is first."""
+    from processors.placement import _Parsed
+
+    big = (1 << 41) if huge else 0
+    sizes = [5, 3, 5, 1, big + 2, 3, 0, big + 1]
+    gpus = (Gpu("g1", "h20"), Gpu("g0", "h20"))
+    sessions = tuple(Session(f"s{k}", size, gpu_id=("g1", "g0")[k % 2]) for k, size in enumerate(sizes))
+    pz = _Parsed(Snapshot(0.0, gpus, sessions), PAPER, RebalanceConfig())
+    got = [pz.execs[k].id for k in pz.order.tolist()]
+    want = sorted(range(len(sizes)), key=lambda k: (("g1", "g0")[k % 2], sizes[k], k))
+    assert got == [f"s{k}" for k in want]
+    assert pz.have.tolist() == [4, 4]
+    assert not pz.lat.flags.writeable and not any(c.flags.writeable for c in pz.curves)  # shared between decisions
