@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Any, Container, Iterable
+from typing import Any, Container, Iterable, Sequence
 
 from processors.lifecycle import EventKind, SessionEvent, SessionState
 from schemas.errors import ConfigError
@@ -296,18 +296,37 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
     n = config.slots
     memo: dict[tuple[int, int, int], tuple[float, int, float]] = {}
     changes = 0  # newly-active counts added so far: the spread is the same while the span and this are
+    # the span's arrivals, departures and flips, kept as the span rolls and events fold in
+    # (instead of summed over the window's slots at every reading)
+    span, sums = range(0), [0, 0, 0]
+
+    def roll() -> None:  # the span to the state as it stands (before a fold prunes old slots)
+        nonlocal span
+        new = _span(first, last, config)
+        if new == span:
+            return
+        if new.start >= span.start and new.stop >= span.stop:  # forward: slots leave on the left
+            for i in range(span.start, min(new.start, span.stop)):
+                _add(sums, counts.get(i, _ZERO), -1)
+            for i in range(max(span.stop, new.start), new.stop):
+                _add(sums, counts.get(i, _ZERO), 1)
+        else:  # back (an event before the first slot seen): counted afresh
+            sums[:] = [0, 0, 0]
+            for i in new:
+                _add(sums, counts.get(i, _ZERO), 1)
+        span = new
 
     def read(now: float) -> None:  # _signal on the state as it stands
-        span = _span(first, last, config)
-        rows = [counts.get(i, _ZERO) for i in span]
+        roll()
         key = (span.start, span.stop, changes)
         spread = memo.get(key)
         if spread is None:
-            spread = _spread([c[4] for c in rows], config)
+            spread = _spread([counts.get(i, _ZERO)[4] for i in span], config)
             memo.clear()
             memo[key] = spread
         times.append(now)
-        out.append(_reading(now, len(active), len(idle), rows, spread))
+        out.append(Signal(now=now, active=len(active), idle=len(idle), arrivals=sums[0], departures=sums[1], flips=sums[2],
+                          volatility=spread[0], level=spread[1], variation=spread[2]))
 
     tick = tick_s
     for event in events:
@@ -321,6 +340,18 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
         slot = math.floor(event.t / config.slot_s)
         last = slot if last is None else max(last, slot)
         first = slot if first is None else min(first, slot)
-        changes += _fold(active, idle, counts, event.session_id, EventKind(event.kind), slot, last, n)[2][4]
+        roll()
+        moved = _fold(active, idle, counts, event.session_id, EventKind(event.kind), slot, last, n)[2]
+        if moved != NO_COUNTS and slot in span:
+            _add(sums, moved, 1)
+        changes += moved[4]
         read(event.t)
     return tuple(times), tuple(out)
+
+
+def _add(sums: list[int], row: Sequence[int], sign: int) -> None:
+    """Fold one slot's counts (arrivals, departures, to_idle, to_active, ...) into ``sums``
+    (arrivals, departures, flips), with ``sign``."""
+    sums[0] += sign * row[0]
+    sums[1] += sign * row[1]
+    sums[2] += sign * (row[2] + row[3])
