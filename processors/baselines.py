@@ -73,9 +73,9 @@ def _place(snapshot: Snapshot, model: LatencyModel, score: Score, pinned: bool,
     if all(g in gpus for g in on) and not unplaced:
         return (), start, {g: on[g] for g in gpus}  # nobody waits
     n = {g: on[g] for g in gpus}
-    if pinned:
-        resident = Counter([s.gpu_id for s in sessions])
-        held = {g: resident[g] for g in gpus}
+    if pinned:  # the idle ones resting on a GPU hold their slot too
+        rest = Counter([s.gpu_id for s in sessions if s.lifecycle is not execution])
+        held = {g: on[g] + rest[g] for g in gpus}
     else:
         held = dict(n)
     if score is not _fewest and score is not _latency and score is not _ROUND_ROBIN:  # the score may read memory

@@ -504,16 +504,23 @@ def _groups(runner: Runner, policies: Sequence[str], subject: str) -> list[tuple
             + [("compare", [p]) for p in sorted(rest, key=lambda p: p != "oracle-autoscale") if p not in big])
 
 
-def _part(args: tuple[tuple[str, list[str]], str, Slo]) -> tuple[dict[tuple[Any, ...], SimResult], dict[tuple[Any, ...], SimResult],
-                                                                 dict[tuple[Any, ...], int | None]]:
-    (task, names), subject, slo = args
+_Made = tuple[dict[tuple[Any, ...], SimResult], dict[tuple[Any, ...], SimResult], dict[tuple[Any, ...], int | None]]
+
+
+def _part(args: tuple[tuple[str, list[str]], str, Slo, _Made | None]) -> _Made:
+    (task, names), subject, slo, since = args
     runner, base = _SHARED, _BASE
     assert runner is not None and base is not None
     runner.on_run = None
-    # each task starts from the runs made before the fork, not from those of the tasks this
-    # process ran before it: a search starts from the runs already made, and the one-process
-    # comparison makes the latency searches before any SLO search
+    # each task starts from the runs made before the fork (and the subject's, made after it:
+    # ``since``), not from those of the tasks this process ran before it: a search starts
+    # from the runs already made, and the one-process comparison makes the latency searches
+    # before any SLO search
     runner.cache, runner.partial, runner.found = dict(base[0]), dict(base[1]), dict(base[2])
+    if since is not None:
+        runner.cache.update(since[0])
+        runner.partial.update(since[1])
+        runner.found.update(since[2])
     cache, partial, found = set(runner.cache), set(runner.partial), set(runner.found)
     if task == "slo":  # the fixed pools' SLO searches, as _slo makes them
         bound = Bound(slo.worst_s, slo.miss_rate)
@@ -529,16 +536,25 @@ def _part(args: tuple[tuple[str, list[str]], str, Slo]) -> tuple[dict[tuple[Any,
 
 def _prefetch(runner: Runner, policies: Sequence[str], subject: str, slo: Slo, jobs: int) -> None:
     """Make the runs ``compare`` needs in ``jobs`` forked processes, one group of policies
-    per task (each task makes exactly the runs the sequential comparison makes for it)."""
+    per task (each task makes exactly the runs the sequential comparison makes for it). The
+    SLO searches need nothing of the subject's run: they start at once, while this process
+    makes the subject's run the other tasks start from."""
     global _SHARED, _BASE
-    runner.run(subject)
     groups = _groups(runner, policies, subject)
     if runner.on_run is not None:
         runner.on_run(f"{len(groups)} groups of policies in {jobs} processes")
     _SHARED, _BASE = runner, (dict(runner.cache), dict(runner.partial), dict(runner.found))
     try:
         with ProcessPoolExecutor(min(jobs, len(groups)) or 1, mp_context=multiprocessing.get_context("fork")) as pool:
-            for cache, partial, found in pool.map(_part, [(g, subject, slo) for g in groups]):
+            early = [pool.submit(_part, (g, subject, slo, None)) for g in groups if g[0] == "slo"]
+            runner.run(subject)  # the workers forked above: they have the runs from before it
+            base = _BASE
+            since = ({k: v for k, v in runner.cache.items() if k not in base[0]},
+                     {k: v for k, v in runner.partial.items() if k not in base[1]},
+                     {k: v for k, v in runner.found.items() if k not in base[2]})
+            late = [pool.submit(_part, (g, subject, slo, since)) for g in groups if g[0] != "slo"]
+            for job in early + late:
+                cache, partial, found = job.result()
                 runner.cache.update(cache)
                 runner.partial.update(partial)
                 runner.found.update(found)

@@ -392,9 +392,9 @@ def test_a_task_in_a_reused_worker_starts_from_the_runs_made_before_the_fork():
     runner.run("turboserve")
     report._SHARED, report._BASE = runner, (dict(runner.cache), dict(runner.partial), dict(runner.found))
     try:
-        task = (("compare", ["rr", "lag", "mag"]), "turboserve", Slo())
+        task = (("compare", ["rr", "lag", "mag"]), "turboserve", Slo(), None)
         first = report._part(task)
-        report._part((("slo", ["rr", "lag", "mag"]), "turboserve", Slo()))
+        report._part((("slo", ["rr", "lag", "mag"]), "turboserve", Slo(), None))
         again = report._part(task)
     finally:
         report._SHARED = report._BASE = None
