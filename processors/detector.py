@@ -296,28 +296,10 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
     n = config.slots
     memo: dict[tuple[int, int, int], tuple[float, int, float]] = {}
     changes = 0  # newly-active counts added so far: the spread is the same while the span and this are
-    # the span's arrivals, departures and flips, kept as the span rolls and events fold in
-    # (instead of summed over the window's slots at every reading)
-    span, sums = range(0), [0, 0, 0]
-
-    def roll() -> None:  # the span to the state as it stands (before a fold prunes old slots)
-        nonlocal span
-        new = _span(first, last, config)
-        if new == span:
-            return
-        if new.start >= span.start and new.stop >= span.stop:  # forward: slots leave on the left
-            for i in range(span.start, min(new.start, span.stop)):
-                _add(sums, counts.get(i, _ZERO), -1)
-            for i in range(max(span.stop, new.start), new.stop):
-                _add(sums, counts.get(i, _ZERO), 1)
-        else:  # back (an event before the first slot seen): counted afresh
-            sums[:] = [0, 0, 0]
-            for i in new:
-                _add(sums, counts.get(i, _ZERO), 1)
-        span = new
+    sums = _SpanSums(counts)  # the span's arrivals, departures and flips, kept as it rolls
 
     def read(now: float) -> None:  # _signal on the state as it stands
-        roll()
+        span = sums.roll(_span(first, last, config))
         key = (span.start, span.stop, changes)
         spread = memo.get(key)
         if spread is None:
@@ -325,7 +307,8 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
             memo.clear()
             memo[key] = spread
         times.append(now)
-        out.append(Signal(now=now, active=len(active), idle=len(idle), arrivals=sums[0], departures=sums[1], flips=sums[2],
+        arrivals, departures, flips = sums.sums
+        out.append(Signal(now=now, active=len(active), idle=len(idle), arrivals=arrivals, departures=departures, flips=flips,
                           volatility=spread[0], level=spread[1], variation=spread[2]))
 
     tick = tick_s
@@ -340,18 +323,42 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
         slot = math.floor(event.t / config.slot_s)
         last = slot if last is None else max(last, slot)
         first = slot if first is None else min(first, slot)
-        roll()
+        span = sums.roll(_span(first, last, config))  # before the fold prunes the slots left behind
         moved = _fold(active, idle, counts, event.session_id, EventKind(event.kind), slot, last, n)[2]
         if moved != NO_COUNTS and slot in span:
-            _add(sums, moved, 1)
+            sums.add(moved, 1)
         changes += moved[4]
         read(event.t)
     return tuple(times), tuple(out)
 
 
-def _add(sums: list[int], row: Sequence[int], sign: int) -> None:
-    """Fold one slot's counts (arrivals, departures, to_idle, to_active, ...) into ``sums``
-    (arrivals, departures, flips), with ``sign``."""
-    sums[0] += sign * row[0]
-    sums[1] += sign * row[1]
-    sums[2] += sign * (row[2] + row[3])
+class _SpanSums:
+    """Arrivals, departures and flips over a span of ``counts``' slots, kept as the span rolls
+    and events fold in (instead of summed over the window's slots at every reading)."""
+
+    def __init__(self, counts: dict[int, list[int]]) -> None:
+        self.counts, self.span, self.sums = counts, range(0), [0, 0, 0]
+
+    def roll(self, new: range) -> range:
+        """The sums over ``new`` (read the slots that left before they are pruned)."""
+        span, get = self.span, self.counts.get
+        if new == span:
+            return span
+        if new.start >= span.start and new.stop >= span.stop:  # forward: slots leave on the left
+            for i in range(span.start, min(new.start, span.stop)):
+                self.add(get(i, _ZERO), -1)
+            for i in range(max(span.stop, new.start), new.stop):
+                self.add(get(i, _ZERO), 1)
+        else:  # back (an event before the first slot seen): counted afresh
+            self.sums = [0, 0, 0]
+            for i in new:
+                self.add(get(i, _ZERO), 1)
+        self.span = new
+        return new
+
+    def add(self, row: Sequence[int], sign: int) -> None:
+        """Fold one slot's counts (arrivals, departures, to_idle, to_active, ...) in, with ``sign``."""
+        sums = self.sums
+        sums[0] += sign * row[0]
+        sums[1] += sign * row[1]
+        sums[2] += sign * (row[2] + row[3])
