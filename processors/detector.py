@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Any, Container, Iterable, Sequence
+from typing import Container, Iterable, Sequence
 
 from processors.lifecycle import EventKind, SessionEvent, SessionState
 from schemas.errors import ConfigError
@@ -137,18 +137,18 @@ def _spread(per: list[int], config: DetectorConfig) -> tuple[float, int, float]:
     return volatility(per), volatility_level(cv, config.thresholds), cv
 
 
-def _reading(now: float, active: int, idle: int, rows: list[Any], spread: tuple[float, int, float]) -> Signal:
-    """The signal of a window whose ``rows`` are its slots' counts (arrivals, departures,
-    to_idle, to_active, newly_active), zeros included."""
-    return Signal(now=now, active=active, idle=idle, arrivals=sum(r[0] for r in rows), departures=sum(r[1] for r in rows),
-                  flips=sum(r[2] + r[3] for r in rows), volatility=spread[0], level=spread[1], variation=spread[2])
+def _reading(now: float, active: int, idle: int, sums: Sequence[int], spread: tuple[float, int, float]) -> Signal:
+    """The signal of a window whose slots hold ``sums`` arrivals, departures and flips."""
+    return Signal(now=now, active=active, idle=idle, arrivals=sums[0], departures=sums[1], flips=sums[2],
+                  volatility=spread[0], level=spread[1], variation=spread[2])
 
 
 def _signal(state: DetectorState, now: float, config: DetectorConfig) -> Signal:
     span = _span(state.first_slot, state.last_slot, config)
     by_slot = {s[0]: s[1:] for s in state.window if s[0] in span}
     rows = [by_slot.get(i, _ZERO) for i in span]
-    return _reading(now, len(state.active), len(state.idle), rows, _spread([r[4] for r in rows], config))
+    sums = (sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] + r[3] for r in rows))
+    return _reading(now, len(state.active), len(state.idle), sums, _spread([r[4] for r in rows], config))
 
 
 def observe(state: DetectorState, now: float, config: DetectorConfig) -> tuple[DetectorState, Signal]:
@@ -307,9 +307,7 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
             memo.clear()
             memo[key] = spread
         times.append(now)
-        arrivals, departures, flips = sums.sums
-        out.append(Signal(now=now, active=len(active), idle=len(idle), arrivals=arrivals, departures=departures, flips=flips,
-                          volatility=spread[0], level=spread[1], variation=spread[2]))
+        out.append(_reading(now, len(active), len(idle), sums.sums, spread))
 
     tick = tick_s
     for event in events:
