@@ -168,6 +168,17 @@ def _plot_format(plot: Path | None) -> None:
         raise ConfigError("plot", f"the file name's suffix names no image format ({', '.join(sorted(formats))})", str(plot))
 
 
+# why the simulator refuses a command of each kind (the README's list, per kind)
+_WHY = {
+    "malformed": "a field of the wrong type, or an admission count that is not finite",
+    "boot": "no whole count from 1, a GPU type the profile lacks, or past 4,096 GPUs",
+    "admit": "an entry for a GPU the pool lacks or for no session",
+    "retire": "a GPU unknown, or one a session still runs on, rests on or travels to",
+    "discard": "sessions end with the trace's close",
+    "offload": "the session not resident where it says",
+}
+
+
 def _jobs(jobs: int) -> int:
     import os
 
@@ -244,11 +255,10 @@ def _print_table(out: dict) -> None:
     _console.print(t)
     for name, m in out["policies"].items():
         if m["invalid_commands"]:
-            kinds = ", ".join(f"{k} {n}" for k, n in m.get("invalid_commands_by_kind", {}).items())
-            _console.print(f"[yellow]{name}: {m['invalid_commands']} commands the simulator could not carry out ({kinds}: "
-                           "a GPU not ready or unknown, a session not where the command says, a Boot of no whole count "
-                           "from 1; malformed: a field of the wrong type; `invalid_commands_by_kind` in the JSON)[/yellow]",
-                           highlight=False)
+            kinds = "; ".join(f"{k} {n}: {_WHY.get(k, 'a GPU not ready or unknown, a session not where it says')}"
+                              for k, n in m.get("invalid_commands_by_kind", {}).items())
+            _console.print(f"[yellow]{name}: {m['invalid_commands']} commands the simulator could not carry out ({kinds}; "
+                           "`invalid_commands_by_kind` in the JSON)[/yellow]", highlight=False)
     sub = out["policies"].get(out.get("subject", ""))
     if sub is not None and out["subject_missed_half"]:
         _console.print(f"[yellow]{out['subject']} missed {100 * sub['deadline_miss_rate']:.0f}% of its chunks' deadlines: "

@@ -7,7 +7,8 @@ return these records plus the policy's new state (:class:`Decision`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Real
+from math import isfinite
+from numbers import Integral, Real
 from operator import itemgetter
 from typing import Any, ClassVar, Union
 
@@ -147,14 +148,17 @@ _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 def _order(order: object) -> bool:
+    """Pairs of a GPU id and a finite count (an infinite one, or NaN, would admit without
+    bound in the simulator and cannot be carried live)."""
     if not isinstance(order, (tuple, list)):
         return False
     # the common shape (pairs of plain str and int or float) checked a column at a time in C,
     # as every round's admission order is; anything else (subclasses included) entry by entry
     if (_PAIRS.issuperset(map(type, order)) and set(map(len, order)) <= {2} and _NAMES.issuperset(map(type, map(_FIRST, order)))
             and _NUMBERS.issuperset(map(type, map(_SECOND, order)))):
-        return True
-    return all(isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str) and _number(e[1]) for e in order)
+        return all(map(isfinite, [n for _, n in order if type(n) is float]))
+    return all(isinstance(e, (tuple, list)) and len(e) == 2 and isinstance(e[0], str) and _number(e[1])
+               and (isinstance(e[1], Integral) or isfinite(e[1])) for e in order)
 
 
 _FIELDS: dict[type, tuple[tuple[str, Any], ...]] = {

@@ -60,7 +60,10 @@ def _number(text: str, name: str, path: str, line: int, most: float) -> float:
 def parse_trace(rows: Iterable[list[str]], path: str = "trace") -> Trace:
     """Validate CSV rows (the header first) into a :class:`Trace`."""
     it: Iterator[list[str]] = iter(rows)
-    header = [h.strip() for h in next(it, [])]
+    first = next(it, None)
+    if first is None:
+        raise TraceError(path, 1, "the file is empty (a trace starts with the header t_s,session_id,event[,state_mb])")
+    header = [h.strip() for h in first]
     missing = [c for c in _REQUIRED if c not in header]
     if missing:
         raise TraceError(path, 1, f"header lacks column(s) {', '.join(missing)} (need t_s,session_id,event[,state_mb])")

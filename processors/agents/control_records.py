@@ -13,20 +13,23 @@ from processors.cluster import BOOTING_PREFIX, ClusterView, current_generation
 from processors.placement import ADMIT_LIMIT
 from schemas import records as r
 
-__all__ = ["carried", "command_records", "admission_plan", "ADMIT_ORDER_MAX", "ADMIT_PINS_MAX", "ADMIT_PINS_BYTES"]
+__all__ = ["carried", "command_records", "admission_plan", "ADMIT_ORDER_MAX", "ADMIT_PINS_MAX", "ADMIT_PINS_BYTES", "ADMIT_COUNT_MAX"]
 
 # an admission plan carries at most this many order entries and pinned sessions (the
 # sessions of one round; past them a session waits for the next plan, or goes least-loaded)
 ADMIT_ORDER_MAX = ADMIT_LIMIT
 ADMIT_PINS_MAX = 256
 ADMIT_PINS_BYTES = 32 * 1024
+# an entry's count past this admits the same sessions (no GPU type holds more: K <= 4,096),
+# and the record's 64-bit field would refuse a policy's 1e30
+ADMIT_COUNT_MAX = 1 << 20
 
 
 def carried(commands: Iterable[object]) -> tuple[tuple[d.Command, ...], int]:
     """(the commands a round can carry out, how many it cannot) (pure). A plug-in's
     arithmetic may hand numpy's scalars or 3.0 for a count: counts become Python ints (an
-    admission entry's count rounded up, which admits the same sessions; one under 1 admits
-    none and is left out), a Boot of no whole count from 1 and a command whose fields hold
+    admission entry's count rounded up, which admits the same sessions, and held to
+    ADMIT_COUNT_MAX; one under 1 admits none and is left out), a Boot of no whole count from 1 and a command whose fields hold
     the wrong types (:func:`processors.decisions.well_formed`) are not carried out: the
     wire records would refuse them, and the round with them."""
     given = tuple(commands)
@@ -39,10 +42,8 @@ def carried(commands: Iterable[object]) -> tuple[tuple[d.Command, ...], int]:
             if not (math.isfinite(n) and n == int(n) and n >= 1):
                 continue
             cmd = d.Boot(int(n), cmd.gpu_type)
-        elif isinstance(cmd, d.Admit):
-            if not all(math.isfinite(n) for _, n in cmd.order):
-                continue
-            cmd = d.Admit(tuple((g, math.ceil(n)) for g, n in cmd.order if n > 0), cmd.fallback)
+        elif isinstance(cmd, d.Admit):  # well formed: finite counts
+            cmd = d.Admit(tuple((g, min(math.ceil(n), ADMIT_COUNT_MAX)) for g, n in cmd.order if n > 0), cmd.fallback)
         out.append(cmd)
     return tuple(out), len(given) - len(out)
 

@@ -253,6 +253,17 @@ def test_a_live_round_carries_a_plugins_numpy_counts_and_refuses_what_no_record_
     assert [(s.worker_id, s.count) for s in plan.order] == [("p-0", 3)]
 
 
+def test_an_admission_count_past_any_gpu_is_held_to_a_bound_and_an_infinite_one_is_refused():
+    """A plug-in's 1e30 made a count the plan's 64-bit field refuses (and the round with it):
+    it admits the same sessions as ADMIT_COUNT_MAX; an infinite count is not carried."""
+    from processors.agents.control_records import ADMIT_COUNT_MAX, admission_plan, carried
+    from processors.decisions import Admit
+
+    out, refused = carried([Admit((("p-0", 1e30), ("p-1", 10**40), ("p-2", 3))), Admit((("p-0", float("inf")),))])
+    assert refused == 1 and out == (Admit((("p-0", ADMIT_COUNT_MAX), ("p-1", ADMIT_COUNT_MAX), ("p-2", 3))),)
+    assert [s.count for s in admission_plan(out, 1.0).order] == [ADMIT_COUNT_MAX, ADMIT_COUNT_MAX, 3]
+
+
 def test_the_live_round_gives_a_policy_idle_ages_and_the_events_since_the_last_round():
     """What the README says a plug-in sees live, as in the simulator: each session's ``since``
     (its last session event) and the session events folded since the previous round."""

@@ -221,7 +221,8 @@ class Malformed:
     def decide(self, snapshot, signal, state):
         g = sorted(x.id for x in snapshot.gpus)[0]
         bad = (Place(5, None), Vacate([g]), Retire({}), Admit(None), Admit(((1, 2, 3),)), Boot(1, ["b300"]),
-               Offload(["a"], None), Migrate("a", g, None, 0.0, 0.0), object())  # type: ignore[arg-type]
+               Offload(["a"], None), Migrate("a", g, None, 0.0, 0.0), object(),  # type: ignore[arg-type]
+               Admit(((g, float("inf")),)))  # admits without bound: refused as live
         return Decision(bad + tuple(Place(s.id, g) for s in snapshot.sessions if s.gpu_id is None
                                     and s.lifecycle is SessionState.EXECUTION), state)
 

@@ -58,9 +58,9 @@ def test_a_malformed_or_misdirected_command_is_counted_not_carried_out(plugin):
     I, A = EventKind.IDLE, EventKind.ACTIVE
     ev = _ev((0, "a", O, 10**9), (0, "b", O, 0), (3, "a", I, 10**9), (6, "a", A, 10**9), (10, "a", C, 0), (10, "b", C, 0))
     r = simulate(load_policy(f"tests.sim.plugin:{plugin}"), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
-    assert r.invalid_commands >= (9 if plugin == "Malformed" else 1) and r.chunks > 0
+    assert r.invalid_commands >= (10 if plugin == "Malformed" else 1) and r.chunks > 0
     assert sum(r.invalid_by_kind.values()) == r.invalid_commands  # said per kind
-    assert r.invalid_by_kind.get("malformed" if plugin == "Malformed" else "offload", 0) >= (9 if plugin == "Malformed" else 1)
+    assert r.invalid_by_kind.get("malformed" if plugin == "Malformed" else "offload", 0) >= (10 if plugin == "Malformed" else 1)
 
 
 def test_whole_boots_of_any_number_type_run_and_an_offload_with_nothing_to_do_is_no_error():

@@ -59,6 +59,13 @@ def test_missing_header_column(tmp_path):
         _load(tmp_path, "0,a\n", head="t_s,session_id\n")
 
 
+def test_an_empty_file_is_named_as_empty(tmp_path):
+    """It read as a header lacking every column."""
+    with pytest.raises(TraceError) as err:
+        _load(tmp_path, "", head="")
+    assert err.value.line == 1 and "empty" in err.value.reason
+
+
 @pytest.mark.parametrize("head", ["t_s,session_id,event,state_MB\n", "t_s,session_id,event,state_mb,note\n"])
 def test_an_unknown_header_column_is_named_not_ignored(tmp_path, head):
     """`state_MB` left every session's size at 0 without a word."""
