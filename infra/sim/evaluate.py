@@ -19,12 +19,13 @@ from processors.policy import BUILTIN_POLICIES
 from infra.sim.families import FamilyConfig, generate_family
 from infra.sim.launches import LAUNCHES, PROBES, LaunchConfig, generate_launch
 from infra.sim.outside import OUTSIDE, OutsideConfig, generate_outside
+from infra.sim.review import REVIEW, ReviewConfig, generate_review
 from infra.sim.report import PAPER_BASELINES, Runner, compare
 from infra.sim.simulator import SimConfig
 from infra.sim.trace import Trace
 from infra.sim.tracegen import GenConfig, generate
 
-__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
+__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
 
 EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turboserve-no-migration",
                  "turboserve-no-autoscale", "oracle", "infra.sim.peers:TeleFuser")
@@ -55,6 +56,8 @@ LAUNCH = tuple(TraceSpec(f, 0) for f in LAUNCHES)
 OUTSIDE_SPLIT = tuple(TraceSpec(f, 11) for f in OUTSIDE)
 # Two launch families written later to probe the burst reserve (used to reject candidates).
 PROBE = tuple(TraceSpec(f, 0) for f in PROBES)
+# The fifth model (a second outside reviewer's, written from the README alone), seen by no setting.
+REVIEW_SPLIT = tuple(TraceSpec(f, 2024) for f in REVIEW)
 
 
 def make_trace(spec: TraceSpec) -> Trace:
@@ -65,6 +68,8 @@ def make_trace(spec: TraceSpec) -> Trace:
     if spec.family in OUTSIDE:  # its rates scale with the sessions asked for (1,600: the reviewer's)
         cfg_o = OutsideConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed)
         return Trace(tuple(generate_outside(cfg_o)), spec.name)
+    if spec.family in REVIEW:  # its rates scale with the sessions asked for, as the fourth model's
+        return Trace(tuple(generate_review(ReviewConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed))), spec.name)
     if spec.family in LAUNCHES + PROBES:
         return Trace(tuple(generate_launch(LaunchConfig(spec.family, spec.duration_s, spec.sessions, spec.seed))), spec.name)
     fam = FamilyConfig(spec.family, spec.duration_s, spec.sessions, spec.seed)
