@@ -256,8 +256,10 @@ def _print_table(out: dict) -> None:
     _console.print(t)
     for name, m in out["policies"].items():
         if m["invalid_commands"]:
-            kinds = "; ".join(f"{k} {n}: {_WHY.get(k, 'a GPU not ready or unknown, a session not where it says')}"
-                              for k, n in m.get("invalid_commands_by_kind", {}).items())
+            why: dict[str, list[str]] = {}  # each reason once, after the kinds it explains
+            for k, n in m.get("invalid_commands_by_kind", {}).items():
+                why.setdefault(_WHY.get(k.split()[0], "a GPU not ready or unknown, a session not where it says"), []).append(f"{k} {n}")
+            kinds = "; ".join(f"{', '.join(ks)}: {reason}" for reason, ks in why.items())
             _console.print(f"[yellow]{name}: {m['invalid_commands']} commands the simulator could not carry out ({kinds}; "
                            "`invalid_commands_by_kind` in the JSON)[/yellow]", highlight=False)
     sub = out["policies"].get(out.get("subject", ""))

@@ -188,7 +188,9 @@ class SimResult:
     # (t, worst chunk, missed, recorded) so far at each timeline window's start the run
     # reached: any run of the same policy and pool passes through the same ones
     samples: tuple[tuple[float, float, int, int], ...] = ()
-    invalid_by_kind: dict[str, int] = field(default_factory=dict)  # invalid commands per command kind ("malformed": wrong field types)
+    # invalid commands per command kind ("malformed KIND": a KIND command with a field of the wrong
+    # type; "malformed": something that is no command)
+    invalid_by_kind: dict[str, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, Any]:
         keys = ("worst_chunk_latency_s", "p99_chunk_latency_s", "deadline_miss_rate", "gpu_seconds", "cost", "migrations", "scale_events",
@@ -586,7 +588,7 @@ class _Sim:
             if well_formed(cmd):
                 self.apply(cmd, now)
             else:  # a field of the wrong type (a plug-in's): said, not carried out
-                self.refuse(cmd, kind="malformed")
+                self.refuse(cmd, kind=f"malformed {cmd.kind}" if isinstance(getattr(cmd, "kind", None), str) else "malformed")
 
     def refuse(self, cmd: Any, n: int = 1, kind: str | None = None) -> None:
         """Count ``n`` of ``cmd``'s entries (a command, or an Admit's entries) as invalid."""
