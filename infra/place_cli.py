@@ -31,6 +31,8 @@ _err = Console(stderr=True, emoji=False, soft_wrap=True)
 _UNBOUNDED = 1 << 62  # max_moves absent: no move budget
 _MAX_NUMBER = 1e9  # seconds, eta, seconds per byte: past this an answer is no longer a number
 _MAX_COUNT = 1 << 53  # bytes, moves, capacities: exact as JSON numbers up to here
+MAX_FILE_BYTES = 64 << 20  # a snapshot file (a pool of 1,024 GPUs and 16,000 sessions is about 1 MB)
+MAX_INSTANCES = 10_000  # in one batch
 _KEYS = {"": {"eta", "alpha_s", "beta_s_per_byte", "gpu_types", "gpus", "sessions", "max_moves", "max_transient_s"},
          "gpu_type": {"capacity", "latency"}, "gpu": {"id", "type"}, "session": {"id", "gpu", "state_bytes"}}
 
@@ -57,13 +59,13 @@ def _known(doc: dict, kind: str, at: str, src: str) -> None:
 
 def _obj(v: Any, key: str, src: str) -> dict:
     if not isinstance(v, dict):
-        raise ConfigError(key, "must be an object", src)
+        raise ConfigError(key, "is required (an object)" if v is None else "must be an object", src)
     return v
 
 
 def _list(v: Any, key: str, src: str) -> list:
     if not isinstance(v, list):
-        raise ConfigError(key, "must be a list", src)
+        raise ConfigError(key, "is required (a list)" if v is None else "must be a list", src)
     return v
 
 
@@ -138,7 +140,9 @@ def parse_instance(doc: Any, src: str, where: str = "") -> tuple[Snapshot, Laten
         if sid in seen:
             raise ConfigError(f"{at}.id", f"duplicate session id {sid!r}", src)
         seen.add(sid)
-        gpu = s.get("gpu")
+        if "gpu" not in s:  # read as an arrival, a session left out by mistake moved at no cost
+            raise ConfigError(f"{at}.gpu", "is required (a GPU id, or null for a session arriving this round)", src)
+        gpu = s["gpu"]
         if gpu is not None and not isinstance(gpu, str):
             raise ConfigError(f"{at}.gpu", "must be a GPU id (a string) or null", src)
         if gpu is not None and gpu not in known:
@@ -174,6 +178,8 @@ def decide(doc: Any, src: str) -> dict:
         if set(doc) != {"instances"}:
             raise ConfigError(sorted(set(doc) - {"instances"})[0], "a batch holds only \"instances\"", src)
         batch = _list(doc["instances"], "instances", src)
+        if len(batch) > MAX_INSTANCES:
+            raise ConfigError("instances", f"at most {MAX_INSTANCES:,} in one batch (split the file)", src)
         return {"results": [_one(d, src, f"instances[{i}].") for i, d in enumerate(batch)]}
     return _one(doc, src)
 
@@ -198,6 +204,8 @@ def place_cmd(
     src = str(snapshot)
     try:
         try:
+            if snapshot.stat().st_size > MAX_FILE_BYTES:
+                raise ConfigError("file", f"larger than {MAX_FILE_BYTES >> 20} MiB (split a batch into files)", src)
             text = snapshot.read_text(encoding="utf-8-sig")  # a BOM, as some editors write, is no error
         except OSError as exc:
             raise ConfigError("file", f"cannot read ({exc.strerror})", src) from None

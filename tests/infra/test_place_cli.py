@@ -104,6 +104,10 @@ def _bad(**change):
         (_bad(max_move=1), None, "max_move: not a key of this format"),  # a typo of max_moves
         (_bad(sessions__0__bytes=1), None, "sessions[0].bytes: not a key"),
         (_bad(sessions__0__state_bytes=KeyError), None, "sessions[0].state_bytes: is required"),
+        (_bad(sessions__4__gpu=KeyError), None, "sessions[4].gpu: is required (a GPU id, or null"),  # was an arrival
+        (_bad(gpus=KeyError), None, "gpus: is required (a list)"),
+        (_bad(gpu_types__h20__latency=KeyError), None, "gpu_types.h20.latency: is required (an object)"),
+        ({"instances": [GOOD] * 10_001}, None, "instances: at most 10,000 in one batch"),
         (_bad(sessions__0__state_bytes=2**63), None, "sessions[0].state_bytes: must be a whole number from 0"),
         (_bad(beta_s_per_byte=1e308), None, "beta_s_per_byte: must be a number from 0 to 1e+09"),
         (_bad(gpu_types__h20__latency={"1": 1e308}), None, "gpu_types.h20.latency.1: must be"),
@@ -130,6 +134,14 @@ def test_a_byte_order_mark_is_no_error(tmp_path):
 def test_a_whole_number_written_as_a_float_is_taken(tmp_path):
     result, out = _run(tmp_path, _bad(sessions__1__state_bytes=1e9, sessions__2__state_bytes=1000000000.0))
     assert result.exit_code == 0 and out == EXPECTED, result.output
+
+
+def test_a_file_past_the_size_bound_is_refused_before_it_is_read(tmp_path):
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: nothing is written
+    result = CliRunner().invoke(app, ["place", str(big)])
+    assert result.exit_code == 2 and "file: larger than 64 MiB" in result.output and "Traceback" not in result.output
 
 
 def test_missing_file(tmp_path):
