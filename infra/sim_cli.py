@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -89,7 +89,7 @@ def simulate_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the timeline plot (PNG) here."),
     profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
     table: str = typer.Option("default", "--table", help="Volatility table JSON (from `chunkserve tune`) or 'default'."),
-    gpu_type: str = typer.Option("b300", "--gpu-type", help="GPU type of fixed pools and of scale-out."),
+    gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="GPU type of fixed pools and of scale-out (default: b300, or a profile's only type)."),
     pool: Optional[int] = typer.Option(None, "--pool", min=1, max=4096, help="Pool size for fixed-pool policies when no subject runs (default: peak-provisioned; with a subject their rows are at the pool matching its cost), and the starting pool of module:Name policies (default: elastic, like turboserve)."),
     deadline: float = typer.Option(1.0, "--deadline", min=0.001, max=3600.0, help="Chunk deadline = media duration of a chunk, s."),
     boot: float = typer.Option(60.0, "--boot", min=0.0, max=86400.0, help="GPU boot time, s."),
@@ -116,6 +116,7 @@ def simulate_cmd(
         names = _expand(policy)
         check_policies(names)
         model = load_profiles(profile)
+        gpu_type = gpu_type or _pool_type(model, profile)
         if gpu_type not in model:
             raise ConfigError("--gpu-type", f"{gpu_type!r}: the profile {profile!r} has no such GPU type "
                                             f"(it has {', '.join(sorted(model))[:200]})", "command line")
@@ -178,6 +179,17 @@ _WHY = {
     "discard": "sessions end with the trace's close",
     "offload": "the session not resident where it says",
 }
+
+
+def _pool_type(model: Any, profile: str) -> str:
+    """The GPU type a run pools when ``--gpu-type`` is not given: b300 (the built-in profiles'),
+    or the type of a profile that has one only (a user's own profile names its own)."""
+    if "b300" in model or len(model) != 1:
+        if "b300" not in model:
+            raise ConfigError("--gpu-type", f"the profile {profile!r} has several GPU types and no b300: name the one to "
+                              f"pool (it has {', '.join(sorted(model))[:200]})", "command line")
+        return "b300"
+    return next(iter(model))
 
 
 def _jobs(jobs: int) -> int:

@@ -211,6 +211,24 @@ def test_cli_user_errors_are_one_line(tmp_path):
     assert res.exit_code == 2 and "--state-mb: shapes the project's generator only" in res.output and not (tmp_path / "f.csv").exists()
 
 
+def test_a_profile_of_one_gpu_type_pools_that_type_and_one_of_several_without_b300_asks(tmp_path):
+    """A user's own profile names its own type: it was refused for lacking b300 unless
+    --gpu-type named it."""
+    app = _app()
+    ok = tmp_path / "ok.csv"
+    ok.write_text("t_s,session_id,event\n0,a,open\n30,a,close\n")
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    gpu = {"capacity": 4, "cost_per_hour": 1.0, "latency_s": {"1": 0.1, "4": 0.4}}
+    one.write_text(json.dumps({"format": "chunkserve.latency-profile", "version": 1, "gpu_types": {"x": gpu}}))
+    two.write_text(json.dumps({"format": "chunkserve.latency-profile", "version": 1, "gpu_types": {"x": gpu, "y": gpu}}))
+    res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "-j", "1", "--profile", str(one), "--json", str(tmp_path / "o.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "o.json").read_text())["policies"]["rr"]["worst_chunk_latency_s"] == pytest.approx(0.1)
+    res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "-j", "1", "--profile", str(two)])
+    assert res.exit_code == 2 and "several GPU types and no b300" in res.output and "x, y" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
 def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
     app = _app()
     trace = tmp_path / "t.csv"
