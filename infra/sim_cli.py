@@ -391,9 +391,11 @@ def tune_cmd(
     duration: float = typer.Option(900.0, "--duration", min=60.0, help="Length of each generated trace, s."),
     sessions: int = typer.Option(1200, "--sessions", min=1, help="Expected sessions per generated trace."),
     profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
+    gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="GPU type of the pools tuned (default: b300, or a profile's only type)."),
 ) -> None:
     """Search u* and delta per volatility level by simulation; write the autoscaler's table."""
     from processors.latency import load_profiles
+    from infra.sim.simulator import SimConfig
     from infra.sim.tracegen import GenConfig
     from infra.sim.tune import tune
 
@@ -401,10 +403,14 @@ def tune_cmd(
         _writable(output=output)
         lv = _levels(levels)
         model = load_profiles(profile)
+        gpu_type = gpu_type or _pool_type(model, profile)
+        if gpu_type not in model:
+            raise ConfigError("--gpu-type", f"{gpu_type!r}: the profile {profile!r} has no such GPU type "
+                                            f"(it has {', '.join(sorted(model))[:200]})", "command line")
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("tuning", total=None)
             vt = tune(model, bound, lv, range(seeds), GenConfig(duration_s=duration, sessions=sessions),
-                      on_step=lambda s: bar.update(task, description=s))
+                      SimConfig(warm_start=True, gpu_type=gpu_type), on_step=lambda s: bar.update(task, description=s))
         output.write_text(json.dumps(vt.to_json(), indent=2) + "\n")
     except ChunkserveError as exc:
         _fail(exc)

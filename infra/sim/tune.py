@@ -48,6 +48,7 @@ def tune(
     takes its nearest written neighbour's entry (``fill_unread``)."""
     entries = list(DEFAULT_VOLATILITY_TABLE.entries)
     written: set[int] = set()
+    band = replace(BASE_BAND, gpu_type=config.gpu_type, boot_s=config.boot_s)  # the pool's type and boot
     for level in levels:
         runners = [Runner(Trace(tuple(generate(replace(gen, level=level, seed=s))), f"level{level}/seed{s}"), model, config) for s in seeds]
         best: tuple[float, float, float] | None = None  # (cost, u, delta)
@@ -58,7 +59,7 @@ def tune(
                 table = VolatilityTable(((u, d),) * 10)
                 if on_step is not None:
                     on_step(f"level {level}: u*={u} delta={d}")
-                runs = [r.run("turboserve", None, table=table, autoscaler=BASE_BAND) for r in runners]
+                runs = [r.run("turboserve", None, table=table, autoscaler=band) for r in runners]
                 if max(x.worst_chunk_latency_s for x in runs) <= bound_s:
                     cost = sum(x.cost for x in runs)
                     if best is None or cost < best[0]:

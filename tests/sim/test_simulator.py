@@ -227,6 +227,9 @@ def test_a_profile_of_one_gpu_type_pools_that_type_and_one_of_several_without_b3
     res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "-j", "1", "--profile", str(two)])
     assert res.exit_code == 2 and "several GPU types and no b300" in res.output and "x, y" in res.output
     assert len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["tune", "-o", str(tmp_path / "t.json"), "--levels", "1", "--duration", "60",
+                                   "--sessions", "5", "--profile", str(one)])  # tune too (it asked for b300)
+    assert res.exit_code == 0 and len(json.loads((tmp_path / "t.json").read_text())["levels"]) == 10, res.output
 
 
 def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
