@@ -116,10 +116,7 @@ def simulate_cmd(
         names = _expand(policy)
         check_policies(names)
         model = load_profiles(profile)
-        gpu_type = gpu_type or _pool_type(model, profile)
-        if gpu_type not in model:
-            raise ConfigError("--gpu-type", f"{gpu_type!r}: the profile {profile!r} has no such GPU type "
-                                            f"(it has {', '.join(sorted(model))[:200]})", "command line")
+        gpu_type = _pool_type(model, profile, gpu_type)
         if model[gpu_type].cost_per_hour <= 0:  # every cost, saving and matched pool would read 0
             raise ConfigError(f"gpu_types.{gpu_type}.cost_per_hour", "is 0: the comparisons are of cost, give the "
                               "GPU type a price above 0", profile)
@@ -181,15 +178,18 @@ _WHY = {
 }
 
 
-def _pool_type(model: Any, profile: str) -> str:
-    """The GPU type a run pools when ``--gpu-type`` is not given: b300 (the built-in profiles'),
-    or the type of a profile that has one only (a user's own profile names its own)."""
-    if "b300" in model or len(model) != 1:
-        if "b300" not in model:
-            raise ConfigError("--gpu-type", f"the profile {profile!r} has several GPU types and no b300: name the one to "
-                              f"pool (it has {', '.join(sorted(model))[:200]})", "command line")
-        return "b300"
-    return next(iter(model))
+def _pool_type(model: Any, profile: str, given: str | None) -> str:
+    """The GPU type a run pools: ``--gpu-type`` when given (one the profile has), else b300
+    (the built-in profiles'), or the type of a profile that has one only (a user's own)."""
+    has = ", ".join(sorted(model))[:200]
+    if given is not None and given not in model:
+        raise ConfigError("--gpu-type", f"{given!r}: the profile {profile!r} has no such GPU type (it has {has})", "command line")
+    if given is not None or "b300" in model:
+        return given or "b300"
+    if len(model) == 1:
+        return next(iter(model))
+    raise ConfigError("--gpu-type", f"the profile {profile!r} has several GPU types and no b300: name the one to pool "
+                      f"(it has {has})", "command line")
 
 
 def _jobs(jobs: int) -> int:
@@ -403,10 +403,7 @@ def tune_cmd(
         _writable(output=output)
         lv = _levels(levels)
         model = load_profiles(profile)
-        gpu_type = gpu_type or _pool_type(model, profile)
-        if gpu_type not in model:
-            raise ConfigError("--gpu-type", f"{gpu_type!r}: the profile {profile!r} has no such GPU type "
-                                            f"(it has {', '.join(sorted(model))[:200]})", "command line")
+        gpu_type = _pool_type(model, profile, gpu_type)
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("tuning", total=None)
             vt = tune(model, bound, lv, range(seeds), GenConfig(duration_s=duration, sessions=sessions),
