@@ -8,7 +8,7 @@ import pytest
 
 from infra.sim.evaluate import REVIEW_SPLIT, TraceSpec, make_trace
 from infra.sim.review import REVIEW, ReviewConfig, generate_review
-from infra.sim.trace import load_trace, write_trace
+from infra.sim.trace import MB, load_trace, write_trace
 from processors.lifecycle import EventKind
 from schemas.errors import ConfigError
 
@@ -34,7 +34,7 @@ def test_traces_are_seeded_valid_and_round_trip(family, tmp_path):
     assert events == generate_review(cfg) != generate_review(ReviewConfig(family, duration_s=300.0, seed=7))
     write_trace(events, tmp_path / "t.csv")
     assert list(load_trace(tmp_path / "t.csv").events)[: len(events)] == events  # (those left open close at the end)
-    assert all(0.1 * 2**20 <= e.state_bytes <= 40000 * 2**20 for e in events if e.kind is EventKind.OPEN)
+    assert all(100 * MB <= e.state_bytes <= 40000 * MB for e in events if e.kind is EventKind.OPEN)  # 0.1-40 GB
 
 
 def test_each_family_has_its_shape():
