@@ -107,7 +107,6 @@ def simulate_cmd(
     from processors.latency import load_profiles
     from infra.sim.report import Runner, check_policies, compare, plot_timeline, timelines
     from infra.sim.simulator import SimConfig
-    from infra.sim.trace import load_trace
 
     start = time.perf_counter()
     try:
@@ -122,14 +121,7 @@ def simulate_cmd(
                               "GPU type a price above 0", profile)
         vt = load_volatility_table(table)
         slo = Slo(slo_miss, slo_worst)
-        tr = load_trace(trace)
-        if not tr.events:
-            raise ChunkserveError(f"{trace}: the trace has no events")
-        if tr.events[0].t > 0:
-            _err.print(f"note: {trace}: the first row is at {tr.events[0].t:g} s; the trace is replayed, and fixed "
-                       "pools billed, from 0, and a launch's opening pool is sized on its first two boot times "
-                       "(shift the trace to start at 0 if the service goes live with its first session)",
-                       soft_wrap=True, highlight=False, markup=False)
+        tr = _read_trace(trace)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, round_s=round_s, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory, follow_worst=follow_worst or None)
         options = _builtin_options(vt, auto)
@@ -154,6 +146,22 @@ def simulate_cmd(
             plot_timeline(timelines(runner, names), cfg.window_s, str(plot))
     except OSError as exc:
         _fail(exc)
+
+
+def _read_trace(path: Path) -> Any:
+    """A user's trace file, read and checked (an empty one refused); a note when its first
+    row is past 0, since replay and billing start at 0."""
+    from infra.sim.trace import load_trace
+
+    tr = load_trace(path)
+    if not tr.events:
+        raise ChunkserveError(f"{path}: the trace has no events")
+    if tr.events[0].t > 0:
+        _err.print(f"note: {path}: the first row is at {tr.events[0].t:g} s; the trace is replayed, and fixed "
+                   "pools billed, from 0, and a launch's opening pool is sized on its first two boot times "
+                   "(shift the trace to start at 0 if the service goes live with its first session)",
+                   soft_wrap=True, highlight=False, markup=False)
+    return tr
 
 
 def _plot_format(plot: Path | None) -> None:
@@ -313,7 +321,8 @@ def _print_table(out: dict) -> None:
 
 
 def evaluate_cmd(
-    split: str = typer.Option("heldout", "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either), outside (the fourth model's, an outside reviewer's; none chosen on either), probe (two launch families written later to probe the burst reserve: churn, periodic), review (the fifth model's, a second outside reviewer's: office, viral, batchy; none chosen on) or tune."),
+    split: Optional[str] = typer.Option(None, "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either), outside (the fourth model's, an outside reviewer's; none chosen on either), probe (two launch families written later to probe the burst reserve: churn, periodic), review (the fifth model's, a second outside reviewer's: office, viral, batchy; none chosen on) or tune (default: heldout, unless --trace is given)."),
+    trace: list[Path] = typer.Option([], "--trace", help="Your own trace CSV to evaluate instead of a split (repeatable): the same policies, comparisons and bars, named by its path."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every comparison and its bars as JSON here."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated trace names of the split (e.g. flash/s0)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
@@ -338,9 +347,17 @@ def evaluate_cmd(
                 raise ConfigError("--policy", f"{next(p for p in extra if ':' not in p)}: the split runs every built-in already; "
                                   "give a plug-in as module:Name", "command line")
         splits = {"heldout": HELDOUT, "launch": LAUNCH, "outside": OUTSIDE_SPLIT, "probe": PROBE, "review": REVIEW_SPLIT, "tune": TUNE}
-        if split not in splits:
+        if trace and split is not None:
+            raise ConfigError("--trace", "give --split or --trace, not both", "command line")
+        if trace and only is not None:
+            raise ConfigError("--only", "picks traces of a split; with --trace, give only the files to evaluate", "command line")
+        twice = next((str(p) for i, p in enumerate(trace) if str(p) in map(str, trace[:i])), None)
+        if twice is not None:
+            raise ConfigError("--trace", f"{twice} is given twice", "command line")
+        split = split if split is not None or trace else "heldout"
+        if split is not None and split not in splits:
             raise ConfigError("split", "heldout, launch, outside, probe, review or tune", split)
-        specs = splits[split]
+        specs = splits[split] if split is not None else tuple(_read_trace(p) for p in trace)
         if only is not None:
             want = {x.strip() for x in only.split(",")} - {""}
             if not want:  # an empty --only ran the whole split
@@ -359,7 +376,7 @@ def evaluate_cmd(
                            on_runner=lambda r: _check_names(r, [*EVAL_POLICIES, *extra]))
     except ChunkserveError as exc:
         _fail(exc)
-    t = Table(title=f"{split} traces")
+    t = Table(title=f"{split} traces" if split is not None else "given traces")
     peers = list(dict.fromkeys(n for r in out.values() for n in r["bars"].get("peers", {})))
     for col in ("trace", "beats rr/lag/mag", "ablations cost more", "oracle gap %", "SLO saving %", "SLO saving bound %",
                 *(f"{n} cost / worst s" for n in peers)):

@@ -105,18 +105,21 @@ def bars(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def evaluate(specs: Sequence[TraceSpec], model: LatencyModel, config: SimConfig, options: dict[str, Any], offer: dict[str, Any],
+def evaluate(specs: Sequence[TraceSpec | Trace], model: LatencyModel, config: SimConfig, options: dict[str, Any], offer: dict[str, Any],
              slo: Slo = Slo(), policies: Sequence[str] = EVAL_POLICIES, on_trace: Callable[[str], None] | None = None,
              jobs: int = 1, on_runner: Callable[[Runner], None] | None = None) -> dict[str, Any]:
-    """Compare ``policies`` on every trace of ``specs``; per trace the comparison and its
-    bars. ``on_runner`` sees each trace's runner before its runs (to check plug-ins' names)."""
+    """Compare ``policies`` on every trace of ``specs`` (a spec is generated; a
+    :class:`Trace`, a user's file, is replayed as read and named by its ``source``); per
+    trace the comparison and its bars. ``on_runner`` sees each trace's runner before its
+    runs (to check plug-ins' names)."""
     out: dict[str, Any] = {}
     for spec in specs:
+        name = spec.source if isinstance(spec, Trace) else spec.name
         if on_trace is not None:
-            on_trace(spec.name)
-        runner = Runner(make_trace(spec), model, replace(config), options, offer=dict(offer))
+            on_trace(name)
+        runner = Runner(spec if isinstance(spec, Trace) else make_trace(spec), model, replace(config), options, offer=dict(offer))
         if on_runner is not None:
             on_runner(runner)
         doc = compare(runner, policies, "turboserve", slo, jobs=jobs)
-        out[spec.name] = {"comparison": doc, "bars": bars(doc)}
+        out[name] = {"comparison": doc, "bars": bars(doc)}
     return out

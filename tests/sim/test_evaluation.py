@@ -478,3 +478,31 @@ def test_the_plugin_pool_starts_the_users_plugins_not_the_shipped_peer():
     runner = Runner(Trace(events, "gen"), MODEL, SimConfig(warm_start=True), plugin_pool=6)
     assert runner._key("infra.sim.peers:TeleFuser", None, {})[1] == runner.elastic_start
     assert runner._key("tests.sim.plugin:Optioned", None, {})[1] == 6
+
+
+def test_evaluate_takes_a_users_own_traces_with_the_splits_bars(tmp_path):
+    """``evaluate --trace`` runs a user's file through the split's policies and bars, keyed by its path;
+    a file given twice, beside a split or with --only, is refused in one line before any run."""
+    from infra.sim.evaluate import bars, evaluate
+    from processors.autoscaler import AutoscalerConfig
+    from infra.sim.trace import load_trace
+
+    path = tmp_path / "mine.csv"
+    write_trace(generate(GenConfig(level=5, duration_s=60.0, sessions=30, seed=3)), path)
+    out = tmp_path / "ev.json"
+    res = CliRunner().invoke(_app(), ["evaluate", "--trace", str(path), "-j", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert list(doc) == [str(path)] and "given traces" in res.output
+    vt, auto = load_volatility_table(), AutoscalerConfig()
+    same = evaluate([load_trace(path)], MODEL, SimConfig(warm_start=True), {"turboserve": {"table": vt, "autoscaler": auto}},
+                    {"table": vt, "autoscaler": auto}, jobs=1)[str(path)]
+    assert set(doc[str(path)]["comparison"]["policies"]) == set(same["comparison"]["policies"]) >= {"turboserve", "rr", "telefuser"}
+    assert doc[str(path)]["bars"] == bars(doc[str(path)]["comparison"])
+    assert doc[str(path)]["comparison"]["policies"]["turboserve"]["cost"] == same["comparison"]["policies"]["turboserve"]["cost"]
+    for args, said in ((["--trace", str(path), "--trace", str(path)], "given twice"),
+                       (["--trace", str(path), "--split", "tune"], "not both"),
+                       (["--trace", str(path), "--only", "calm/s0"], "--only"),
+                       (["--trace", str(tmp_path / "none.csv")], "cannot read")):
+        bad = CliRunner().invoke(_app(), ["evaluate", *args])
+        assert bad.exit_code == 2 and said in bad.output and "Traceback" not in bad.output, (args, bad.output)
