@@ -104,7 +104,6 @@ def simulate_cmd(
     """Replay a trace through policies; print a table, write JSON and a timeline plot."""
     from processors.autoscaler import AutoscalerConfig, Slo
     from processors.volatility import load_volatility_table
-    from processors.latency import load_profiles
     from infra.sim.report import Runner, check_policies, compare, plot_timeline, timelines
     from infra.sim.simulator import SimConfig
 
@@ -114,11 +113,7 @@ def simulate_cmd(
         _plot_format(plot)
         names = _expand(policy)
         check_policies(names)
-        model = load_profiles(profile)
-        gpu_type = _pool_type(model, profile, gpu_type)
-        if model[gpu_type].cost_per_hour <= 0:  # every cost, saving and matched pool would read 0
-            raise ConfigError(f"gpu_types.{gpu_type}.cost_per_hour", "is 0: the comparisons are of cost, give the "
-                              "GPU type a price above 0", profile)
+        model, gpu_type = _priced_pool(profile, gpu_type)
         vt = load_volatility_table(table)
         slo = Slo(slo_miss, slo_worst)
         tr = _read_trace(trace)
@@ -184,6 +179,19 @@ _WHY = {
     "discard": "sessions end with the trace's close",
     "offload": "the session not resident where it says",
 }
+
+
+def _priced_pool(profile: str, given: str | None) -> tuple[Any, str]:
+    """The latency model ``profile`` names and the GPU type a run pools, which must have a
+    price: the comparisons are of cost."""
+    from processors.latency import load_profiles
+
+    model = load_profiles(profile)
+    gpu_type = _pool_type(model, profile, given)
+    if model[gpu_type].cost_per_hour <= 0:  # every cost, saving and matched pool would read 0
+        raise ConfigError(f"gpu_types.{gpu_type}.cost_per_hour", "is 0: the comparisons are of cost, give the "
+                          "GPU type a price above 0", profile)
+    return model, gpu_type
 
 
 def _pool_type(model: Any, profile: str, given: str | None) -> str:
@@ -329,11 +337,14 @@ def evaluate_cmd(
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes each comparison's runs use (0: one per CPU core)."),
     policy: list[str] = typer.Option([], "--policy", "-p", help="A plug-in (module:Name) to compare beside the split's policies, as TeleFuser is (repeatable or comma-separated)."),
+    profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
+    gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="GPU type of fixed pools and of scale-out (default: b300, or a profile's only type)."),
+    deadline: float = typer.Option(1.0, "--deadline", min=0.001, max=3600.0, help="Chunk deadline = media duration of a chunk, s."),
+    boot: float = typer.Option(60.0, "--boot", min=0.0, max=86400.0, help="GPU boot time, s."),
 ) -> None:
-    """Compare the policies on a split of trace families; print the quality bars per trace."""
+    """Compare the policies on a split of trace families or on your own traces; print the quality bars per trace."""
     from processors.autoscaler import AutoscalerConfig, Slo
     from processors.volatility import load_volatility_table
-    from processors.latency import load_profiles
     from infra.sim.evaluate import EVAL_POLICIES, HELDOUT, LAUNCH, OUTSIDE_SPLIT, PROBE, REVIEW_SPLIT, TUNE, evaluate
     from infra.sim.report import check_policies
     from infra.sim.simulator import SimConfig
@@ -367,10 +378,12 @@ def evaluate_cmd(
                 raise ConfigError("--only", f"not traces of the {split} split: {', '.join(unknown)} "
                                   f"(it has {', '.join(s.name for s in specs)})", "command line")
             specs = tuple(s for s in specs if s.name in want)
-        vt, auto, slo = load_volatility_table(), AutoscalerConfig(), Slo(slo_miss, slo_worst)
+        model, gpu_type = _priced_pool(profile, gpu_type)
+        vt, auto, slo = load_volatility_table(), AutoscalerConfig(gpu_type=gpu_type, boot_s=boot), Slo(slo_miss, slo_worst)
+        cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, warm_start=True)
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("evaluating", total=None)
-            out = evaluate(specs, load_profiles("paper"), SimConfig(warm_start=True), _builtin_options(vt, auto),
+            out = evaluate(specs, model, cfg, _builtin_options(vt, auto),
                            {"table": vt, "autoscaler": auto}, slo, policies=(*EVAL_POLICIES, *extra),
                            on_trace=lambda s: bar.update(task, description=s), jobs=_jobs(jobs),
                            on_runner=lambda r: _check_names(r, [*EVAL_POLICIES, *extra]))

@@ -500,7 +500,16 @@ def test_evaluate_takes_a_users_own_traces_with_the_splits_bars(tmp_path):
     assert set(doc[str(path)]["comparison"]["policies"]) == set(same["comparison"]["policies"]) >= {"turboserve", "rr", "telefuser"}
     assert doc[str(path)]["bars"] == bars(doc[str(path)]["comparison"])
     assert doc[str(path)]["comparison"]["policies"]["turboserve"]["cost"] == same["comparison"]["policies"]["turboserve"]["cost"]
+    # the world options are simulate's: the same run on another GPU type and boot time
+    world = ["--gpu-type", "h20", "--boot", "30", "--deadline", "1.2"]
+    sim, ev = tmp_path / "sim.json", tmp_path / "ev2.json"
+    assert CliRunner().invoke(_app(), ["simulate", str(path), "-p", "turboserve,rr", "-j", "1", "--json", str(sim), *world]).exit_code == 0
+    assert CliRunner().invoke(_app(), ["evaluate", "--trace", str(path), "-j", "1", "--json", str(ev), *world]).exit_code == 0
+    on_h20 = json.loads(ev.read_text())[str(path)]["comparison"]["policies"]["turboserve"]
+    assert on_h20 == json.loads(sim.read_text())["policies"]["turboserve"]
+    assert on_h20["cost"] != doc[str(path)]["comparison"]["policies"]["turboserve"]["cost"]
     for args, said in ((["--trace", str(path), "--trace", str(path)], "given twice"),
+                       (["--trace", str(path), "--gpu-type", "a100"], "no such GPU type"),
                        (["--trace", str(path), "--split", "tune"], "not both"),
                        (["--trace", str(path), "--only", "calm/s0"], "--only"),
                        (["--trace", str(tmp_path / "none.csv")], "cannot read")):
