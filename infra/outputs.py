@@ -45,7 +45,9 @@ def folder_problem(folder: Path, make: bool = True) -> str | None:
 
 def writable(**paths: Path | None) -> None:
     """Each output (``option=path``) a file this process can write: not a folder, in a folder
-    that is there or can be made (it is made now); else a ``ConfigError`` naming ``--option``."""
+    that is there or can be made (it is made now, with its parents), and one it may create or
+    append to (tried, and a file made for the try removed); else a ``ConfigError`` naming
+    ``--option``."""
     for option, path in paths.items():
         if path is None:
             continue
@@ -54,6 +56,14 @@ def writable(**paths: Path | None) -> None:
         problem = folder_problem(path.parent)
         if problem:
             raise ConfigError(f"--{option}", f"cannot make its folder: {problem}", str(path))
+        try:  # a folder this process may write in can still refuse the file (/proc, a read-only mount)
+            there = path.exists()
+            with open(path, "a"):
+                pass
+            if not there:
+                path.unlink()
+        except OSError as exc:
+            raise ConfigError(f"--{option}", f"cannot write ({exc.strerror or exc})", str(path)) from None
 
 
 def write_output(option: str, path: Path, text: str) -> None:

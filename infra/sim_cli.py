@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from infra.outputs import writable as _writable
+from infra.outputs import writable as _writable, write_output as _write_output
 from schemas.errors import ChunkserveError, ConfigError
 
 __all__ = ["register"]
@@ -72,8 +72,11 @@ def trace_gen(
         if not events:  # simulate refuses an empty trace: said here, not written
             raise ConfigError("--sessions", f"no session arrives in {duration:g} s at {sessions} expected arrivals "
                               "(raise --sessions or --duration); nothing written", "trace gen")
-        write_trace(events, output)
-    except (ChunkserveError, OSError) as exc:
+        try:
+            write_trace(events, output)
+        except OSError as exc:
+            raise ConfigError("--output", f"cannot write ({exc.strerror or exc})", str(output)) from None
+    except ChunkserveError as exc:
         _fail(exc)
     _console.print(f"wrote {output}: {len(events)} events, {sum(e.kind.value == 'open' for e in events)} sessions")
 
@@ -98,7 +101,7 @@ def simulate_cmd(
     follow_worst: float = typer.Option(0.75, "--follow-worst", min=0.0, max=1.0, help="Without an SLO, turboserve's u* rises to the sessions per GPU the worst chunk of the burst memory already allows, up to this share of K (0: off, the table's u* alone)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
-    cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream)."),
+    cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream), and a launch (a first instant with fewer sessions than one GPU holds) opens with the GPUs its first two boot times' peak needs at full capacity."),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes the comparisons' runs use (0: one per CPU core; same figures for any number)."),
 ) -> None:
     """Replay a trace through policies; print a table, write JSON and a timeline plot."""
@@ -117,6 +120,7 @@ def simulate_cmd(
         vt = load_volatility_table(table)
         slo = Slo(slo_miss, slo_worst)
         tr = _read_trace(trace)
+        _memory_note(tr, model, gpu_type, trace)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, round_s=round_s, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory, follow_worst=follow_worst or None)
         options = _builtin_options(vt, auto)
@@ -136,27 +140,51 @@ def simulate_cmd(
     _print_table(out)
     try:
         if json_out is not None:
-            json_out.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+            _write_output("json", json_out, json.dumps(out, indent=2, sort_keys=True) + "\n")
         if plot is not None:
-            plot_timeline(timelines(runner, names), cfg.window_s, str(plot))
-    except OSError as exc:
+            try:
+                plot_timeline(timelines(runner, names), cfg.window_s, str(plot))
+            except OSError as exc:
+                raise ConfigError("--plot", f"cannot write ({exc.strerror or exc})", str(plot)) from None
+    except ChunkserveError as exc:
         _fail(exc)
+
+
+def _missed(slo: dict, name: str) -> str:
+    """By how much ``name``'s run at the SLO misses it."""
+    miss, worst = slo.get("miss_rates", {}).get(name), slo.get("worst_chunks_s", {}).get(name)
+    return " (misses)" if miss is None or worst is None else f" (misses: {100 * miss:.3f}% late, worst {worst:.2f} s)"
 
 
 def _read_trace(path: Path) -> Any:
     """A user's trace file, read and checked (an empty one refused); a note when its first
-    row is past 0, since replay and billing start at 0."""
+    row is 1% of its length or more past 0, since replay and billing start at 0."""
     from infra.sim.trace import load_trace
 
     tr = load_trace(path)
     if not tr.events:
         raise ChunkserveError(f"{path}: the trace has no events")
-    if tr.events[0].t > 0:
+    if tr.events[0].t >= 0.01 * tr.events[-1].t:  # a launch's first session a moment after 0 is no news
         _err.print(f"note: {path}: the first row is at {tr.events[0].t:g} s; the trace is replayed, and fixed "
                    "pools billed, from 0, and a launch's opening pool is sized on its first two boot times "
                    "(shift the trace to start at 0 if the service goes live with its first session)",
                    soft_wrap=True, highlight=False, markup=False)
     return tr
+
+
+def _memory_note(tr: Any, model: Any, gpu_type: str, path: Path) -> None:
+    """A note when this trace's sessions, K of them at its median state size, would not fit
+    in the pooled GPU's memory: the simulator bounds a GPU by its K slots only."""
+    import statistics
+
+    sizes = [e.state_bytes for e in tr.events if e.state_bytes > 0]
+    p = model[gpu_type]
+    if sizes and p.capacity * statistics.median(sizes) > p.memory_bytes:
+        held = p.capacity * statistics.median(sizes)
+        _err.print(f"note: {path}: {p.capacity} sessions of this trace's median state ({statistics.median(sizes) / 1e9:.1f} GB) "
+                   f"hold {held / 1e9:,.0f} GB, past a {gpu_type}'s {p.memory_bytes / 2**30:g} GiB; the simulator bounds a GPU "
+                   f"by its {p.capacity} session slots, not by memory, so such a pool holds more than the GPU could",
+                   soft_wrap=True, highlight=False, markup=False)
 
 
 def _plot_format(plot: Path | None) -> None:
@@ -321,10 +349,14 @@ def _print_table(out: dict) -> None:
                        + (f"{fixed:.1f} ({slo['fixed_pool_policy']}, pool {slo['pool_size'][slo['fixed_pool_policy']]})" if fixed is not None
                           else "none meets it" if ran else "not measured (no fixed-pool policy ran)")
                        + "; " + ", ".join(f"{n} no pool up to the search's cap meets it" if slo["pool_size"].get(n, 0) is None
-                                          else f"{n} {c:.1f}{'' if slo['met'][n] else ' (misses)'}" for n, c in slo["cost"].items()))
+                                          else f"{n} {c:.1f}{'' if slo['met'][n] else _missed(slo, n)}" for n, c in slo["cost"].items()))
         b = slo["elastic_bound"]
-        _console.print(f"SLO bound: a perfectly elastic pool saves at most {b['saving_pct']:.1f}% against a fixed one here "
-                       f"({b['elastic_gpus']:.1f} GPUs on average against {b['fixed_gpus']:.1f}, fluid model)")
+        if b["fixed_gpus"] < 1.0:  # a share of one GPU: any real pool holds a whole one, so the percentage says nothing
+            _console.print(f"SLO bound: the load is under one GPU's ({b['fixed_gpus']:.2f} GPUs for a fixed pool in the fluid "
+                           "model); no bound on what elasticity saves")
+        else:
+            _console.print(f"SLO bound: a perfectly elastic pool saves at most {b['saving_pct']:.1f}% against a fixed one here "
+                           f"({b['elastic_gpus']:.1f} GPUs on average against {b['fixed_gpus']:.1f}, fluid model)")
     _console.print(f"wall {out['wall_s']:.1f} s")
 
 
@@ -368,7 +400,10 @@ def evaluate_cmd(
         split = split if split is not None or trace else "heldout"
         if split is not None and split not in splits:
             raise ConfigError("split", "heldout, launch, outside, probe, review or tune", split)
+        model, gpu_type = _priced_pool(profile, gpu_type)
         specs = splits[split] if split is not None else tuple(_read_trace(p) for p in trace)
+        for p, tr in zip(trace, specs if split is None else ()):
+            _memory_note(tr, model, gpu_type, p)
         if only is not None:
             want = {x.strip() for x in only.split(",")} - {""}
             if not want:  # an empty --only ran the whole split
@@ -378,7 +413,6 @@ def evaluate_cmd(
                 raise ConfigError("--only", f"not traces of the {split} split: {', '.join(unknown)} "
                                   f"(it has {', '.join(s.name for s in specs)})", "command line")
             specs = tuple(s for s in specs if s.name in want)
-        model, gpu_type = _priced_pool(profile, gpu_type)
         vt, auto, slo = load_volatility_table(), AutoscalerConfig(gpu_type=gpu_type, boot_s=boot), Slo(slo_miss, slo_worst)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, warm_start=True)
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
@@ -408,8 +442,8 @@ def evaluate_cmd(
                            "comparison's policies)[/yellow]", highlight=False)
     try:
         if json_out is not None:
-            json_out.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
-    except OSError as exc:
+            _write_output("json", json_out, json.dumps(out, indent=2, sort_keys=True) + "\n")
+    except ChunkserveError as exc:
         _fail(exc)
 
 
@@ -438,10 +472,8 @@ def tune_cmd(
             task = bar.add_task("tuning", total=None)
             vt = tune(model, bound, lv, range(seeds), GenConfig(duration_s=duration, sessions=sessions),
                       SimConfig(warm_start=True, gpu_type=gpu_type), on_step=lambda s: bar.update(task, description=s))
-        output.write_text(json.dumps(vt.to_json(), indent=2) + "\n")
+        _write_output("output", output, json.dumps(vt.to_json(), indent=2) + "\n")
     except ChunkserveError as exc:
-        _fail(exc)
-    except OSError as exc:
         _fail(exc)
     for i in lv:
         u, d = vt.lookup(i)

@@ -47,6 +47,8 @@ MAX_STATE_MB = 1 << 20  # 1 TiB of session state, past any GPU's memory
 
 def _number(text: str, name: str, path: str, line: int, most: float) -> float:
     try:
+        if "_" in text:  # Python's float reads 1_000; a CSV number does not
+            raise ValueError
         x = float(text)
     except ValueError:
         raise TraceError(path, line, f"{name} is not a number: {text!r}") from None
@@ -71,6 +73,9 @@ def parse_trace(rows: Iterable[list[str]], path: str = "trace") -> Trace:
     if unknown:  # a misspelt state_mb would leave every size at 0 without a word
         raise TraceError(path, 1, f"header names unknown column(s) {', '.join(repr(c[:40]) for c in unknown[:3])} "
                                   "(a trace has t_s,session_id,event[,state_mb])")
+    twice = next((c for i, c in enumerate(header) if c in header[:i]), None)
+    if twice is not None:  # which of the two holds the value would be a guess
+        raise TraceError(path, 1, f"header names column {twice!r} twice")
     cols = {name: header.index(name) for name in (*_REQUIRED, "state_mb") if name in header}
     need = max(cols[c] for c in _REQUIRED) + 1
     state: dict[str, str] = {}  # session -> "open" | "closed"

@@ -191,6 +191,12 @@ def test_slo_fixed_pool_is_the_cheapest_that_meets_it():
         fewer = runner.run(best, pool - 1)
         assert not slo.met(fewer.deadline_miss_rate, fewer.worst_chunk_latency_s)
     assert all(doc["fixed_pool_cost"] <= doc["cost"][n] for n in doc["pool_size"] if doc["met"][n])
+    # each run's own figures at the SLO say by how much it meets or misses it, and agree with met
+    at_slo = runner.run(best, pool)
+    assert (doc["miss_rates"][best], doc["worst_chunks_s"][best]) == (at_slo.deadline_miss_rate, at_slo.worst_chunk_latency_s)
+    assert set(doc["miss_rates"]) == set(doc["worst_chunks_s"]) == set(doc["met"])
+    assert all(doc["met"][n] == slo.met(doc["miss_rates"][n], doc["worst_chunks_s"][n]) for n in doc["met"])
+    assert doc["oracle_miss_rate"] is None and doc["oracle_worst_s"] is None  # no oracle ran
     bound = doc["elastic_bound"]  # the fluid model's fixed pool is near the real one, and no elastic pool beats the bound
     assert 0 <= bound["elastic_gpus"] <= bound["fixed_gpus"] and abs(bound["fixed_gpus"] - pool) <= 0.25 * pool
     assert bound["saving_pct"] == pytest.approx(100 * (1 - bound["elastic_gpus"] / bound["fixed_gpus"]))

@@ -179,9 +179,22 @@ def test_cli_user_errors_are_one_line(tmp_path):
     for args, why in ((["--json", str(tmp_path)], "json: is a folder"), (["--plot", str(tmp_path / "file" / "p.png")], "plot: cannot make its folder")):
         res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", *args])
         assert res.exit_code == 2 and why in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    # a folder it may write in that still refuses the file (/proc) was a raw errno after the run
+    res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "--json", "/proc/chunkserve-o.json"])
+    assert res.exit_code == 2 and "--json: cannot write" in res.output and len(res.output.strip().splitlines()) == 1, res.output
     res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "rr", "--json", str(tmp_path / "new" / "o.json")])
     assert res.exit_code == 0 and json.loads((tmp_path / "new" / "o.json").read_text())["policies"]["rr"]
     assert "note:" not in res.output  # it starts at 0
+    # a launch whose first session comes a moment after 0 is no news (it came at 0.144 s)
+    soon = tmp_path / "soon.csv"
+    soon.write_text("t_s,session_id,event\n0.5,a,open\n300,a,close\n")
+    res = CliRunner().invoke(app, ["simulate", str(soon), "-p", "rr"])
+    assert res.exit_code == 0 and "note:" not in res.output, res.output
+    # memory is no bound in the simulator: a trace whose K sessions would not fit is told so
+    heavy = tmp_path / "heavy.csv"
+    heavy.write_text("t_s,session_id,event,state_mb\n0,a,open,20000\n0,b,open,9000\n300,a,close,\n300,b,close,\n")
+    res = CliRunner().invoke(app, ["simulate", str(heavy), "-p", "rr"])
+    assert res.exit_code == 0 and "not by memory" in res.output and "580 GB" in res.output, res.output
     # a trace that starts later is replayed from 0: said, since a launch's opening pool is sized from 0
     late = tmp_path / "late.csv"
     late.write_text("t_s,session_id,event\n200,a,open\n201,a,close\n")

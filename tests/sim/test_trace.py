@@ -35,6 +35,8 @@ def _load(tmp_path, body: str, head: str = HEAD):
         ("0,a,open,100,extra\n", 2, "more columns than the header"),  # a shifted column, not ignored
         ("0,a,open,1\n1e300,a,close,\n", 3, "over the 1,000,000"),  # a replay that would never end
         ("0,a,open,1e300\n", 2, "over the 1,048,576"),
+        ("1_000,a,open,1\n", 2, "not a number"),  # Python's float reads it; a CSV number does not
+        ("0,a,open,2_000\n", 2, "not a number"),
     ],
 )
 def test_bad_rows(tmp_path, body, line, reason):
@@ -72,6 +74,20 @@ def test_an_unknown_header_column_is_named_not_ignored(tmp_path, head):
     with pytest.raises(TraceError) as err:
         _load(tmp_path, "0,a,open,500000\n", head=head)
     assert err.value.line == 1 and "unknown column(s)" in err.value.reason
+
+
+@pytest.mark.parametrize("head", ["t_s,session_id,event,event\n", "t_s,session_id,event,state_mb,state_mb\n"])
+def test_a_column_named_twice_is_refused(tmp_path, head):
+    """Which of the two holds the value would be a guess (the first was read)."""
+    with pytest.raises(TraceError) as err:
+        _load(tmp_path, "0,a,open,close\n", head=head)
+    assert err.value.line == 1 and "twice" in err.value.reason
+
+
+def test_event_names_ignore_case_and_cells_their_surrounding_spaces(tmp_path):
+    """As the README says: `OPEN` is `open`, and ` a ` is session `a`."""
+    tr = _load(tmp_path, "0, a ,OPEN,1\n1,a, Idle ,\n2,a,close,\n")
+    assert [(e.session_id, e.kind) for e in tr.events] == [("a", EventKind.OPEN), ("a", EventKind.IDLE), ("a", EventKind.CLOSE)]
 
 
 def test_open_sessions_close_at_end(tmp_path):
