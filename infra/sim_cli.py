@@ -45,7 +45,7 @@ def trace_gen(
     idle_scale: float = typer.Option(8.0, "--idle-scale", min=0.1, help="Idle gap Pareto scale, s (minimum gap)."),
     idle_shape: float = typer.Option(1.5, "--idle-shape", min=0.1, help="Idle gap Pareto shape (heavier tail when smaller)."),
     state_mb: float = typer.Option(2000.0, "--state-mb", min=50.0, max=20000.0, help="Median per-session state size, MB (log-normal; each session's clipped to 50 MB .. 20 GB)."),
-    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky, and its probes churn, periodic; or of the fourth (an outside reviewer's): hawkes, weekly, bimodal, recall, or of the fifth (a second reviewer's): office, viral, batchy, whose rates scale by --sessions / 1600 (uses --duration, --sessions, --seed only)."),
+    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky, and its probes churn, periodic; or of the fourth (an outside reviewer's): hawkes, weekly, bimodal, recall, or of the fifth (a second reviewer's): office, viral, batchy, or of the sixth (a third reviewer's): failover, heavyvid, liveevent, whose rates scale by --sessions / 1600 (uses --duration, --sessions, --seed only)."),
 ) -> None:
     """Generate a synthetic session trace (CSV t_s,session_id,event,state_mb)."""
     from infra.sim.evaluate import TraceSpec, make_trace
@@ -53,13 +53,14 @@ def trace_gen(
     from infra.sim.launches import LAUNCHES, PROBES
     from infra.sim.outside import OUTSIDE
     from infra.sim.review import REVIEW
+    from infra.sim.surges import SURGES
     from infra.sim.trace import write_trace
     from infra.sim.tracegen import GenConfig, generate
 
     try:
         _writable(output=output)
-        if family is not None and family not in FAMILIES + LAUNCHES + PROBES + OUTSIDE + REVIEW:
-            raise ConfigError("family", f"one of {', '.join(FAMILIES + LAUNCHES + PROBES + OUTSIDE + REVIEW)}", "trace gen")
+        if family is not None and family not in FAMILIES + LAUNCHES + PROBES + OUTSIDE + REVIEW + SURGES:
+            raise ConfigError("family", f"one of {', '.join(FAMILIES + LAUNCHES + PROBES + OUTSIDE + REVIEW + SURGES)}", "trace gen")
         own = [f"--{n.replace('_', '-')}" for n in _GENERATOR_ONLY if ctx.get_parameter_source(n).name == "COMMANDLINE"]
         if family is not None and own:  # a family has its own shape: said, not silently ignored
             raise ConfigError(own[0], f"shapes the project's generator only, not --family {family} "
@@ -361,7 +362,7 @@ def _print_table(out: dict) -> None:
 
 
 def evaluate_cmd(
-    split: Optional[str] = typer.Option(None, "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either), outside (the fourth model's, an outside reviewer's; none chosen on either), probe (two launch families written later to probe the burst reserve: churn, periodic), review (the fifth model's, a second outside reviewer's: office, viral, batchy; none chosen on) or tune (default: heldout, unless --trace is given)."),
+    split: Optional[str] = typer.Option(None, "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either), outside (the fourth model's, an outside reviewer's; none chosen on either), probe (two launch families written later to probe the burst reserve: churn, periodic), review (the fifth model's, a second outside reviewer's: office, viral, batchy; none chosen on), surge (the sixth model's, a third outside reviewer's: failover, heavyvid, liveevent; none chosen on) or tune (default: heldout, unless --trace is given)."),
     trace: list[Path] = typer.Option([], "--trace", help="Your own trace CSV to evaluate instead of a split (repeatable): the same policies, comparisons and bars, named by its path."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every comparison and its bars as JSON here."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated trace names of the split (e.g. flash/s0)."),
@@ -377,7 +378,7 @@ def evaluate_cmd(
     """Compare the policies on a split of trace families or on your own traces; print the quality bars per trace."""
     from processors.autoscaler import AutoscalerConfig, Slo
     from processors.volatility import load_volatility_table
-    from infra.sim.evaluate import EVAL_POLICIES, HELDOUT, LAUNCH, OUTSIDE_SPLIT, PROBE, REVIEW_SPLIT, TUNE, evaluate
+    from infra.sim.evaluate import EVAL_POLICIES, HELDOUT, LAUNCH, OUTSIDE_SPLIT, PROBE, REVIEW_SPLIT, SURGE_SPLIT, TUNE, evaluate
     from infra.sim.report import check_policies
     from infra.sim.simulator import SimConfig
 
@@ -389,7 +390,8 @@ def evaluate_cmd(
             if any(":" not in p for p in extra):
                 raise ConfigError("--policy", f"{next(p for p in extra if ':' not in p)}: the split runs every built-in already; "
                                   "give a plug-in as module:Name", "command line")
-        splits = {"heldout": HELDOUT, "launch": LAUNCH, "outside": OUTSIDE_SPLIT, "probe": PROBE, "review": REVIEW_SPLIT, "tune": TUNE}
+        splits = {"heldout": HELDOUT, "launch": LAUNCH, "outside": OUTSIDE_SPLIT, "probe": PROBE, "review": REVIEW_SPLIT,
+                  "surge": SURGE_SPLIT, "tune": TUNE}
         if trace and split is not None:
             raise ConfigError("--trace", "give --split or --trace, not both", "command line")
         if trace and only is not None:
@@ -399,7 +401,7 @@ def evaluate_cmd(
             raise ConfigError("--trace", f"{twice} is given twice", "command line")
         split = split if split is not None or trace else "heldout"
         if split is not None and split not in splits:
-            raise ConfigError("split", "heldout, launch, outside, probe, review or tune", split)
+            raise ConfigError("split", "heldout, launch, outside, probe, review, surge or tune", split)
         model, gpu_type = _priced_pool(profile, gpu_type)
         specs = splits[split] if split is not None else tuple(_read_trace(p) for p in trace)
         for p, tr in zip(trace, specs if split is None else ()):

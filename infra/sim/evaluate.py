@@ -20,12 +20,13 @@ from infra.sim.families import FamilyConfig, generate_family
 from infra.sim.launches import LAUNCHES, PROBES, LaunchConfig, generate_launch
 from infra.sim.outside import OUTSIDE, OutsideConfig, generate_outside
 from infra.sim.review import REVIEW, ReviewConfig, generate_review
+from infra.sim.surges import SURGES, SurgeConfig, generate_surge
 from infra.sim.report import PAPER_BASELINES, Runner, compare
 from infra.sim.simulator import SimConfig
 from infra.sim.trace import Trace
 from infra.sim.tracegen import GenConfig, generate
 
-__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
+__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "SURGE_SPLIT", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
 
 EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turboserve-no-migration",
                  "turboserve-no-autoscale", "oracle", "infra.sim.peers:TeleFuser")
@@ -58,6 +59,8 @@ OUTSIDE_SPLIT = tuple(TraceSpec(f, 11) for f in OUTSIDE)
 PROBE = tuple(TraceSpec(f, 0) for f in PROBES)
 # The fifth model (a second outside reviewer's, written from the README alone), seen by no setting.
 REVIEW_SPLIT = tuple(TraceSpec(f, 2024) for f in REVIEW)
+# The sixth model (a third outside reviewer's, from the README alone: surges within seconds), seen by no setting.
+SURGE_SPLIT = tuple(TraceSpec(f, 7) for f in SURGES)
 
 
 def make_trace(spec: TraceSpec) -> Trace:
@@ -70,6 +73,8 @@ def make_trace(spec: TraceSpec) -> Trace:
         return Trace(tuple(generate_outside(cfg_o)), spec.name)
     if spec.family in REVIEW:  # its rates scale with the sessions asked for, as the fourth model's
         return Trace(tuple(generate_review(ReviewConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed))), spec.name)
+    if spec.family in SURGES:  # its rates and populations scale with the sessions asked for, as the fourth model's
+        return Trace(tuple(generate_surge(SurgeConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed))), spec.name)
     if spec.family in LAUNCHES + PROBES:
         return Trace(tuple(generate_launch(LaunchConfig(spec.family, spec.duration_s, spec.sessions, spec.seed))), spec.name)
     fam = FamilyConfig(spec.family, spec.duration_s, spec.sessions, spec.seed)
