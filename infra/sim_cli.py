@@ -427,12 +427,12 @@ def evaluate_cmd(
         _fail(exc)
     t = Table(title=f"{split} traces" if split is not None else "given traces")
     peers = list(dict.fromkeys(n for r in out.values() for n in r["bars"].get("peers", {})))
-    for col in ("trace", "beats rr/lag/mag", "ablations cost more", "oracle gap %", "SLO saving %", "SLO saving bound %",
+    for col in ("trace", "beats rr/lag/mag", "beats least-loaded-offload", "ablations cost more", "oracle gap %", "SLO saving %", "SLO saving bound %",
                 *(f"{n} cost / worst s" for n in peers)):
         t.add_column(col, overflow="fold")  # a long plug-in name wraps, not cut
     for name, r in out.items():
         b, p = r["bars"], r["comparison"]["paper"]
-        t.add_row(name, str(b["beats_paper_baselines"]), str(b["ablations_cost_more"]), f"{p['oracle_gap_pct']:.1f}",
+        t.add_row(name, str(b["beats_paper_baselines"]), str(b["beats_least_loaded_offload"]), str(b["ablations_cost_more"]), f"{p['oracle_gap_pct']:.1f}",
                   "misses SLO" if not b["slo_met"] else f"{b['slo_saving_pct']:.1f}", f"{b['slo_saving_bound_pct']:.1f}",
                   *(f"{x['cost']:.1f} / {x['worst_s']:.2f}" if (x := b.get("peers", {}).get(n)) else "-" for n in peers))
     _console.print(t)

@@ -91,6 +91,8 @@ def bars(doc: dict[str, Any]) -> dict[str, Any]:
     out = {
         # null: no fixed pool up to the search's cap is as fast as turboserve
         "beats_paper_baselines": all(pc[b] > 0 and (pl[b] is None or pl[b] > 0) for b in PAPER_BASELINES),
+        # the strongest fixed pool: it offloads idle sessions as turboserve does (null: not run)
+        "beats_least_loaded_offload": _beats(doc, "least-loaded-offload"),
         "ablations_cost_more": bool(abl) and all(v is None or v > 0 for v in abl.values()),
         "oracle_gap_le_10": doc["paper"].get("oracle_gap_pct", 1e9) <= 10.0,
         "slo_met": slo["met"].get("turboserve", False),
@@ -108,6 +110,16 @@ def bars(doc: dict[str, Any]) -> dict[str, Any]:
     if "telefuser" in peers:
         out["telefuser"] = {k: v for k, v in peers["telefuser"].items() if k != "slo_cost"}
     return out
+
+
+def _beats(doc: dict[str, Any], pool: str) -> bool | None:
+    """Whether the subject beats the fixed-pool policy ``pool`` in both matched comparisons
+    (a matched-latency null: no pool of it is as fast), or None when it did not run."""
+    mc = doc.get("matched_cost", {}).get("worst_latency_reduction_pct", {})
+    ml = doc.get("matched_latency", {}).get("cost_reduction_pct", {})
+    if pool not in mc:
+        return None
+    return mc[pool] > 0 and (ml.get(pool) is None or ml[pool] > 0)
 
 
 def evaluate(specs: Sequence[TraceSpec | Trace], model: LatencyModel, config: SimConfig, options: dict[str, Any], offer: dict[str, Any],

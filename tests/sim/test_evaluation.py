@@ -459,6 +459,17 @@ def test_no_fixed_pool_as_fast_as_the_subject_is_null_not_the_search_cap(tmp_pat
     assert bars(doc)["beats_paper_baselines"] == bars(won)["beats_paper_baselines"]
 
 
+@pytest.mark.parametrize("cost_pct, latency_pct, beats", [(5.0, 2.0, True), (5.0, None, True), (5.0, -1.0, False),
+                                                          (-0.1, 9.0, False), (0.0, 9.0, False)])
+def test_the_strongest_fixed_pool_is_beaten_only_in_both_comparisons(cost_pct, latency_pct, beats):
+    from infra.sim.evaluate import _beats
+
+    doc = {"matched_cost": {"worst_latency_reduction_pct": {"least-loaded-offload": cost_pct}},
+           "matched_latency": {"cost_reduction_pct": {"least-loaded-offload": latency_pct}}}
+    assert _beats(doc, "least-loaded-offload") is beats
+    assert _beats(doc, "lag-offload") is None  # not run: no verdict
+
+
 def test_evaluate_compares_a_plugin_beside_the_split():
     """A plug-in given to evaluate runs on every trace and has its own entry in the bars."""
     from infra.sim.evaluate import TraceSpec, evaluate
