@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.sim.trace import load_trace, write_trace
+from infra.sim.trace import MB, load_trace, write_trace
 from infra.sim.tracegen import GenConfig, fall, generate
 from processors.lifecycle import EventKind, SessionState, transition
 from schemas.errors import TraceError
@@ -142,3 +142,19 @@ def test_tune_fills_levels_no_trace_reads_from_the_nearest_written():
     assert out[7] == out[8] == entries[9]
     assert out[2] == entries[4]  # level 3: 1 and 5 are as near; the more conservative (lower u*) wins
     assert fill_unread(entries, set()) == entries
+
+
+def test_the_readmes_example_trace_reads_as_it_says(tmp_path):
+    """The README's example is a valid trace: two sessions, one opening idle, a size given again on a return."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("The trace format, a CSV file:", 1)[1].split("```", 2)[1].strip() + "\n"
+    path = tmp_path / "example.csv"
+    path.write_bytes(("\ufeff" + block).replace("\n", "\r\n").encode())  # with a byte-order mark and CRLF, as said
+    tr = load_trace(path)
+    closes = {e.session_id: e.t for e in tr.events if e.kind is EventKind.CLOSE}
+    assert tr.sessions == 2 and closes == {"u1": 300.0, "u2": 300.0}  # u2, still open at the last row, closed there
+    sizes = {(e.session_id, e.kind): e.state_bytes for e in tr.events}
+    assert sizes[("u1", EventKind.ACTIVE)] == 2400 * MB and sizes[("u2", EventKind.IDLE)] == 0
+    assert [e.kind for e in tr.events if e.session_id == "u2"][:2] == [EventKind.OPEN, EventKind.IDLE]
