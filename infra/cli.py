@@ -417,8 +417,8 @@ def _print_demo(s: dict, report: Path) -> None:
             ("migrations", f"{s['migrations']} ({s['drain_migrations']} off drained workers)"),
             ("scale events", s["scale_events"]), ("offloads / restores", f"{s['offloads']} / {s['restores']}"),
             ("cost", s["cost"]),
-            ("dead letters", "; ".join([str(s["dead_letters"])] + [f"{n} x {why}" for why, n in
-                                                                    s["dead_letter_reasons"].items()][:4])),
+            ("dead letters", "; ".join([str(s["dead_letters"])] + [
+                f"{n} x {why} (first: {s['dead_letter_examples'].get(why, why)})" for why, n in s["dead_letter_reasons"].items()][:4])),
             ("inputs refused with a reason", s["inputs_refused"]), ("wall", f"{s['wall_s']} s")]
     for k, v in rows:
         table.add_row(k, str(v))

@@ -125,6 +125,7 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
         "cost": round(costs[-1].cost, 4) if costs else 0.0,
         "dead_letters": sum(1 for r in records if isinstance(r, DeadLetter)),
         "dead_letter_reasons": dead_letter_reasons(records),
+        "dead_letter_examples": dead_letter_examples(records),
         "audit": {**audit_chunks(chunks), **audit_inputs(pushed, accepted, refused)},
         "inputs_refused": len(refused),
         "inputs_lost": [f"{sid}#{seq}" for sid, seq in lost_inputs(pushed, accepted, refused)[:20]],  # the first 20
@@ -143,11 +144,23 @@ def drain_migrations(records: list[Record]) -> int:
                and r.ts >= drained.get(r.worker_id, float("inf")))
 
 
+def _folded(reason: str) -> str:
+    return re.sub(r"'[^']*'|\b\d+(\.\d+)?\b", "N", reason)[:120]
+
+
 def dead_letter_reasons(records: list[Record]) -> dict[str, int]:
     """Dead letters by reason, numbers and ids folded (``input N``), most frequent first."""
-    reasons = Counter(re.sub(r"'[^']*'|\b\d+(\.\d+)?\b", "N", r.reason)[:120]
-                      for r in records if isinstance(r, DeadLetter))
+    reasons = Counter(_folded(r.reason) for r in records if isinstance(r, DeadLetter))
     return dict(reasons.most_common())
+
+
+def dead_letter_examples(records: list[Record]) -> dict[str, str]:
+    """Per folded reason, the first dead letter's reason as written (its ids and numbers)."""
+    out: dict[str, str] = {}
+    for r in records:
+        if isinstance(r, DeadLetter):
+            out.setdefault(_folded(r.reason), r.reason[:240])
+    return out
 
 
 def plot_timeline(records: list[Record], active: list[tuple[float, int]], t0: float, path: Path,

@@ -102,7 +102,8 @@ async def replay(settings: Settings, processor: str = "control", offset: int = 0
 def session_story(records: list[Record], sid: str, t0: float, last: int = 12) -> list[str]:
     """What the log says happened to one session: each event, command, claim, freeze,
     release, refusal and dead letter (``+t worker#epoch Tag reason``), the last ``last`` of
-    them, then when its last chunk was released."""
+    them (after a line saying how many earlier ones were left out), then when its last chunk
+    was released."""
     told, chunk_at, owners = [], None, _owners(records, sid)
     for rec in records:
         if isinstance(rec, DeadLetter):
@@ -121,7 +122,9 @@ def session_story(records: list[Record], sid: str, t0: float, last: int = 12) ->
         who = f"{gen.worker_id}#{gen.epoch}" if gen is not None else getattr(rec, "worker_id", "-")
         why = getattr(rec, "reason", "") or getattr(rec, "target_worker", "")
         told.append(f"+{getattr(rec, 'ts', t0) - t0:.1f} {who} {rec.TAG} {why}".rstrip())
-    return [*told[-last:], "no chunk" if chunk_at is None else f"last chunk +{chunk_at - t0:.1f}"]
+    n = len(told) - last
+    cut = [f"({n} earlier {'entry' if n == 1 else 'entries'} left out; --last {len(told)} shows them all)"] if n > 0 else []
+    return [*cut, *told[-last:], "no chunk" if chunk_at is None else f"last chunk +{chunk_at - t0:.1f}"]
 
 
 def _owners(records: list[Record], sid: str) -> set[str]:

@@ -56,6 +56,9 @@ def test_a_session_story_tells_its_ownership_and_refusals_in_order():
     assert session_story(records, "a", 0.0) == ["+2.0 w2#4 worker.claimed", "+3.0 DeadLetter refused: late",
                                                 "last chunk +3.5"]
     assert session_story(records, "c", 0.0) == ["no chunk"]
+    # cut to its last entries, it says how many earlier ones were left out and how to see them
+    assert session_story(records, "a", 0.0, last=1) == ["(1 earlier entry left out; --last 2 shows them all)",
+                                                        "+3.0 DeadLetter refused: late", "last chunk +3.5"]
 
 
 def test_a_fleet_too_small_is_refused_up_front():

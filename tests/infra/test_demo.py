@@ -36,6 +36,7 @@ def test_the_default_demo_scales_out_then_drains_moves_and_shuts_down(tmp_path):
     assert summary["sessions"] >= 5 and summary["chunks"] > 0 and summary["offloads"] > 0
     assert all(v == 0 for v in summary["audit"].values()), summary["audit"]
     assert sum(summary["dead_letter_reasons"].values()) == summary["dead_letters"]  # each one's reason said
+    assert set(summary["dead_letter_examples"]) == set(summary["dead_letter_reasons"])  # with its first as written
     assert (report / "timeline.png").stat().st_size > 10_000
 
 
@@ -90,3 +91,8 @@ def test_dead_letters_are_summed_by_reason_with_numbers_and_ids_folded():
                                dead("session closed before input 17 was applied (late at 'w2')"),
                                dead("refused: input rate over 2.5/s")])
     assert got == {"session closed before input N was applied (late at N)": 2, "refused: input rate over N/s": 1}
+    from infra.demo import dead_letter_examples  # and each group's first, as written: its worker ids readable
+
+    assert dead_letter_examples([dead("session closed before input 3 was applied (late at 'w1')"),
+                                 dead("session closed before input 17 was applied (late at 'w2')")]) == {
+        "session closed before input N was applied (late at N)": "session closed before input 3 was applied (late at 'w1')"}
