@@ -27,16 +27,15 @@ from typing import Callable
 
 import numpy as np
 
-from processors.lifecycle import EventKind, SessionEvent
+from processors.lifecycle import SessionEvent
 from schemas.errors import ConfigError
 
-from infra.sim.trace import MB
+from infra.sim.draws import poisson_arrivals, row_events
 
 __all__ = ["REVIEW", "ReviewConfig", "generate_review"]
 
 REVIEW = ("office", "viral", "batchy")
 Draw = Callable[[], float]
-_KIND = {"open": EventKind.OPEN, "active": EventKind.ACTIVE, "idle": EventKind.IDLE, "close": EventKind.CLOSE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,20 +70,7 @@ class _Trace:
             self.rows.append((round(max(t, 0.0), 3), idx, k, sid, ev, mb if ev == "open" else None))
 
     def events(self) -> list[SessionEvent]:
-        # sizes to the 0.1 MB, as a trace file keeps them
-        return [SessionEvent(t, sid, _KIND[ev], int(float(f"{mb:.1f}") * MB) if mb is not None else 0)
-                for t, _, _, sid, ev, mb in sorted(self.rows, key=lambda r: r[:3])]
-
-
-def _arrivals(rng: np.random.Generator, rate: Callable[[float], float], top: float, t0: float, t1: float) -> list[float]:
-    """Arrival times of an inhomogeneous Poisson process (thinning under ``top``)."""
-    out, t = [], t0
-    while True:
-        t += rng.exponential(1.0 / top)
-        if t >= t1:
-            return out
-        if rng.random() < rate(t) / top:
-            out.append(t)
+        return row_events(self.rows)
 
 
 def _alternate(rng: np.random.Generator, start: float, end: float, active: Draw, idle: Draw, start_active: bool = True,
@@ -118,7 +104,7 @@ def _office(cfg: ReviewConfig, rng: np.random.Generator) -> _Trace:
     for _ in range(rng.poisson(rate(0.0) * 240.0 * 0.6)):  # open at the start (Little's law), residual lives
         rest = rng.uniform(0, 1) * life()
         out.session(_alternate(rng, 0.0, rest, act, idl, start_active=rng.random() < 0.65, abandon=0.25), _mb(rng, 2500, 0.6))
-    for t0 in _arrivals(rng, rate, top, 0.0, end):
+    for t0 in poisson_arrivals(rng, rate, top, 0.0, end):
         out.session(_alternate(rng, t0, t0 + life(), act, idl, abandon=0.25), _mb(rng, 2500, 0.6))
     return out
 
@@ -127,7 +113,7 @@ def _viral(cfg: ReviewConfig, rng: np.random.Generator) -> _Trace:
     out, end = _Trace("v", cfg.duration_s), cfg.duration_s
     rate = lambda t: 0.33 * cfg.scale * 2 ** (min(t, 720.0) / 240.0)  # noqa: E731
     act, idl = (lambda: 30.0 * rng.weibull(1.3)), (lambda: rng.lognormal(math.log(15.0), 1.0))
-    for t0 in _arrivals(rng, rate, rate(720.0), 2.0, end):
+    for t0 in poisson_arrivals(rng, rate, rate(720.0), 2.0, end):
         life = rng.lognormal(math.log(150.0), 0.9)
         if rng.random() < 0.15:  # never idle
             out.session([(t0, "open"), (t0 + life, "close")], _mb(rng, 2000, 0.8))
@@ -141,7 +127,7 @@ def _batchy(cfg: ReviewConfig, rng: np.random.Generator) -> _Trace:
     act, idl = (lambda: rng.gamma(2.0, 25.0)), (lambda: rng.exponential(20.0))
     for _ in range(rng.poisson(bg * 220.0 * 0.7)):  # the background, open at the start
         out.session(_alternate(rng, 0.0, rng.exponential(220.0), act, idl, start_active=rng.random() < 0.6), _mb(rng, 1500, 0.7))
-    for t0 in _arrivals(rng, lambda t: bg, bg, 0.0, end):
+    for t0 in poisson_arrivals(rng, lambda t: bg, bg, 0.0, end):
         out.session(_alternate(rng, t0, t0 + rng.exponential(220.0), act, idl), _mb(rng, 1500, 0.7))
     g_act, g_idl = (lambda: rng.gamma(3.0, 40.0)), (lambda: rng.exponential(8.0))  # long watching, short pauses
     starts, t = list(rng.uniform(-250.0, -30.0, size=2)), 0.0  # two groups under way at the start

@@ -46,10 +46,11 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from processors.lifecycle import EventKind, SessionEvent
+from processors.lifecycle import SessionEvent
 from schemas.errors import ConfigError
 
-from infra.sim.trace import MAX_T_S, MB
+from infra.sim.draws import poisson_arrivals, row_events
+from infra.sim.trace import MAX_T_S
 
 __all__ = ["SURGES", "SurgeConfig", "generate_surge"]
 
@@ -57,7 +58,6 @@ SURGES = ("failover", "heavyvid", "liveevent")
 DUR = 1200.0  # the reviewer's trace length: the instants below are for it
 Draw = Callable[[], float]
 Event = tuple[float, str, float | None]  # (time, event, state in MB or None)
-_KIND = {"open": EventKind.OPEN, "active": EventKind.ACTIVE, "idle": EventKind.IDLE, "close": EventKind.CLOSE}
 
 # ---------------------------------------------------------------- parameters (the reviewer's)
 FAILOVER: Mapping[str, float] = MappingProxyType(dict(
@@ -151,20 +151,7 @@ class _Trace:
             last, k = t, k + 1
 
     def events(self) -> list[SessionEvent]:
-        # sizes to the 0.1 MB, as a trace file keeps them
-        return [SessionEvent(t, sid, _KIND[ev], int(float(f"{mb:.1f}") * MB) if mb is not None else 0)
-                for t, _, _, sid, ev, mb in sorted(self.rows, key=lambda r: r[:3])]
-
-
-def _poisson_times(rng: np.random.Generator, rate: Callable[[float], float], t0: float, t1: float, top: float) -> list[float]:
-    """Thinning for a non-homogeneous Poisson process on [t0, t1)."""
-    out, t = [], t0
-    while True:
-        t += rng.exponential(1.0 / top)
-        if t >= t1:
-            return out
-        if rng.random() < rate(t) / top:
-            out.append(t)
+        return row_events(self.rows)
 
 
 def _alternate(start: float, end: float, executing: bool, active: Draw, idle: Draw) -> list[tuple[float, str]]:
@@ -209,7 +196,7 @@ def _failover(cfg: SurgeConfig, rng: np.random.Generator, p: Mapping[str, float]
         rest = life() * (0.2 + 0.8 * rng.random()) + 1.0
         session("a", 0.0, rest, rng.random() < p["open_idle_share"])
     rate = p["base_rate"] * s
-    for t in _poisson_times(rng, lambda t: rate, 0.0, dur, rate):
+    for t in poisson_arrivals(rng, lambda t: rate, rate, 0.0, dur):
         if t > 0:
             session("r", t, t + life(), False)
     for _ in range(round(p["fail_n"] * s)):
@@ -227,7 +214,7 @@ def _failover(cfg: SurgeConfig, rng: np.random.Generator, p: Mapping[str, float]
 def _heavyvid(cfg: SurgeConfig, rng: np.random.Generator, p: Mapping[str, float] = HEAVYVID) -> _Trace:
     out, dur, rate = _Trace(cfg.duration_s), cfg.duration_s, p["rate"] * cfg.scale
     period = p["wave_period"] * dur / DUR
-    for t0 in _poisson_times(rng, lambda t: rate, 0.0, dur, rate):
+    for t0 in poisson_arrivals(rng, lambda t: rate, rate, 0.0, dur):
         st = math.exp(rng.uniform(math.log(p["state_lo"]), math.log(p["state_hi"])))
         end = t0 + max(p["life_min"], _lognormal(rng, p["life_median"], p["life_sigma"]))
         ev: list[Event] = [(t0, "open", st)]
@@ -262,12 +249,12 @@ def _liveevent(cfg: SurgeConfig, rng: np.random.Generator, p: Mapping[str, float
     arrivals: list[tuple[float, str]] = []
     r0, r1 = p["pre_rate0"] * s, p["pre_rate1"] * s
     pre = lambda t: r0 + (r1 - r0) * t / Ts  # noqa: E731
-    arrivals += [(t, "lobby") for t in _poisson_times(rng, pre, 0.0, Ts, r1)]
+    arrivals += [(t, "lobby") for t in poisson_arrivals(rng, pre, r1, 0.0, Ts)]
     for _ in range(round(p["surge_n"] * s)):
         arrivals.append((Ts + min(float(rng.exponential(p["surge_tau"])), Th - Ts - 1), "show"))
     show, half = p["show_rate"] * s, p["half_rate"] * s
     rate = lambda t: half if Th <= t < Tr else show  # noqa: E731
-    arrivals += [(t, "show") for t in _poisson_times(rng, rate, Ts, Te, show)]
+    arrivals += [(t, "show") for t in poisson_arrivals(rng, rate, show, Ts, Te)]
 
     for t0, kind in arrivals:
         leave = t0 + rng.exponential(p["leave_mean"])
