@@ -165,7 +165,7 @@ def _read_trace(path: Path) -> Any:
     tr = load_trace(path)
     if not tr.events:
         raise ChunkserveError(f"{path}: the trace has no events")
-    if tr.events[0].t >= 0.01 * tr.events[-1].t:  # a launch's first session a moment after 0 is no news
+    if tr.events[0].t > 0 and tr.events[0].t >= 0.01 * tr.events[-1].t:  # a launch's first session a moment after 0 is no news
         _err.print(f"note: {path}: the first row is at {tr.events[0].t:g} s; the trace is replayed, and fixed "
                    "pools billed, from 0, and a launch's opening pool is sized on its first two boot times "
                    "(shift the trace to start at 0 if the service goes live with its first session)",

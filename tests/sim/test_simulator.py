@@ -190,6 +190,9 @@ def test_cli_user_errors_are_one_line(tmp_path):
     soon.write_text("t_s,session_id,event\n0.5,a,open\n300,a,close\n")
     res = CliRunner().invoke(app, ["simulate", str(soon), "-p", "rr"])
     assert res.exit_code == 0 and "note:" not in res.output, res.output
+    soon.write_text("t_s,session_id,event\n0,a,open\n0,a,close\n")  # all at 0: nothing starts late
+    res = CliRunner().invoke(app, ["simulate", str(soon), "-p", "rr"])
+    assert res.exit_code == 0 and "note:" not in res.output, res.output
     # memory is no bound in the simulator: a trace whose K sessions would not fit is told so
     heavy = tmp_path / "heavy.csv"
     heavy.write_text("t_s,session_id,event,state_mb\n0,a,open,20000\n0,b,open,9000\n300,a,close,\n300,b,close,\n")
