@@ -120,8 +120,7 @@ def simulate_cmd(
         model, gpu_type = _priced_pool(profile, gpu_type)
         vt = load_volatility_table(table)
         slo = Slo(slo_miss, slo_worst)
-        tr = _read_trace(trace)
-        _memory_note(tr, model, gpu_type, trace)
+        tr = _read_trace(trace, model, gpu_type)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, round_s=round_s, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory, follow_worst=follow_worst or None)
         options = _builtin_options(vt, auto)
@@ -153,13 +152,13 @@ def simulate_cmd(
 
 def _missed(slo: dict, name: str) -> str:
     """By how much ``name``'s run at the SLO misses it."""
-    miss, worst = slo.get("miss_rates", {}).get(name), slo.get("worst_chunks_s", {}).get(name)
-    return " (misses)" if miss is None or worst is None else f" (misses: {100 * miss:.3f}% late, worst {worst:.2f} s)"
+    return f" (misses: {100 * slo['miss_rates'][name]:.3f}% late, worst {slo['worst_chunks_s'][name]:.2f} s)"
 
 
-def _read_trace(path: Path) -> Any:
+def _read_trace(path: Path, model: Any, gpu_type: str) -> Any:
     """A user's trace file, read and checked (an empty one refused); a note when its first
-    row is 1% of its length or more past 0, since replay and billing start at 0."""
+    row is 1% of its length or more past 0, since replay and billing start at 0, and one
+    when its sessions would not fit in the pooled GPU's memory (:func:`_memory_note`)."""
     from infra.sim.trace import load_trace
 
     tr = load_trace(path)
@@ -170,6 +169,7 @@ def _read_trace(path: Path) -> Any:
                    "pools billed, from 0, and a launch's opening pool is sized on its first two boot times "
                    "(shift the trace to start at 0 if the service goes live with its first session)",
                    soft_wrap=True, highlight=False, markup=False)
+    _memory_note(tr, model, gpu_type, path)
     return tr
 
 
@@ -179,10 +179,10 @@ def _memory_note(tr: Any, model: Any, gpu_type: str, path: Path) -> None:
     import statistics
 
     sizes = [e.state_bytes for e in tr.events if e.state_bytes > 0]
-    p = model[gpu_type]
-    if sizes and p.capacity * statistics.median(sizes) > p.memory_bytes:
-        held = p.capacity * statistics.median(sizes)
-        _err.print(f"note: {path}: {p.capacity} sessions of this trace's median state ({statistics.median(sizes) / 1e9:.1f} GB) "
+    p, median = model[gpu_type], statistics.median(sizes) if sizes else 0
+    held = p.capacity * median
+    if held > p.memory_bytes:
+        _err.print(f"note: {path}: {p.capacity} sessions of this trace's median state ({median / 1e9:.1f} GB) "
                    f"hold {held / 1e9:,.0f} GB, past a {gpu_type}'s {p.memory_bytes / 2**30:g} GiB; the simulator bounds a GPU "
                    f"by its {p.capacity} session slots, not by memory, so such a pool holds more than the GPU could",
                    soft_wrap=True, highlight=False, markup=False)
@@ -403,9 +403,7 @@ def evaluate_cmd(
         if split is not None and split not in splits:
             raise ConfigError("split", "heldout, launch, outside, probe, review, surge or tune", split)
         model, gpu_type = _priced_pool(profile, gpu_type)
-        specs = splits[split] if split is not None else tuple(_read_trace(p) for p in trace)
-        for p, tr in zip(trace, specs if split is None else ()):
-            _memory_note(tr, model, gpu_type, p)
+        specs = splits[split] if split is not None else tuple(_read_trace(p, model, gpu_type) for p in trace)
         if only is not None:
             want = {x.strip() for x in only.split(",")} - {""}
             if not want:  # an empty --only ran the whole split
