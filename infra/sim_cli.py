@@ -498,7 +498,12 @@ def _levels(spec: str) -> list[int]:
 
 def register(app: typer.Typer) -> None:
     """Add ``trace gen``, ``simulate``, ``evaluate`` and ``tune`` to ``app``."""
-    trace_app = typer.Typer(help="Session traces.", no_args_is_help=True)
+    from infra.sim.trace import MAX_STATE_MB, MAX_T_S
+
+    trace_app = typer.Typer(help="Session traces: CSV files with the header t_s,session_id,event[,state_mb] (events open, "
+                            f"active, idle, close, sorted by t_s from 0; times up to {MAX_T_S:,.0f} s, states up to "
+                            f"{MAX_STATE_MB:,} MB; the README's \"Traces and the simulator\" gives every rule), replayed by "
+                            "`chunkserve simulate` and `chunkserve evaluate --trace`.", no_args_is_help=True)
     trace_app.command("gen")(trace_gen)
     app.add_typer(trace_app, name="trace")
     app.command("simulate")(simulate_cmd)
