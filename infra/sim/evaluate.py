@@ -26,7 +26,7 @@ from infra.sim.simulator import SimConfig
 from infra.sim.trace import Trace
 from infra.sim.tracegen import GenConfig, generate
 
-__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "SURGE_SPLIT", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
+__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "SURGE_SPLIT", "HOUR", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
 
 EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turboserve-no-migration",
                  "turboserve-no-autoscale", "oracle", "infra.sim.peers:TeleFuser")
@@ -61,6 +61,11 @@ PROBE = tuple(TraceSpec(f, 0) for f in PROBES)
 REVIEW_SPLIT = tuple(TraceSpec(f, 2024) for f in REVIEW)
 # The sixth model (a third outside reviewer's, from the README alone: surges within seconds), seen by no setting.
 SURGE_SPLIT = tuple(TraceSpec(f, 7) for f in SURGES)
+# One hour each, seed 4, from all six models (every other split is 20 minutes), seen by no
+# setting: the project's generator and the second and third models at the same arrival rate
+# as their 20-minute traces (4,800 expected arrivals), the reviewers' models at their own rates.
+HOUR = (TraceSpec("gen-10", 4, 3600.0, 4800), *(TraceSpec(f, 4, 3600.0, 4800) for f in ("calm", "flash", "mass-idle", "longtail", "diurnal", "mmpp", "spiky")),
+        *(TraceSpec(f, 4, 3600.0, 1600) for f in ("weekly", "recall", "office", "batchy", "heavyvid")))
 
 
 def make_trace(spec: TraceSpec) -> Trace:

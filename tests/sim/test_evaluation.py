@@ -532,3 +532,25 @@ def test_evaluate_takes_a_users_own_traces_with_the_splits_bars(tmp_path):
                        (["--trace", str(tmp_path / "none.csv")], "cannot read")):
         bad = CliRunner().invoke(_app(), ["evaluate", *args])
         assert bad.exit_code == 2 and said in bad.output and "Traceback" not in bad.output, (args, bad.output)
+
+
+def test_the_hour_split_is_one_hour_from_each_of_the_six_models():
+    """``--split hour``: 13 one-hour traces (every other split's are 20 minutes) from all six
+    workload models at seed 4, at their 20-minute traces' arrival rates."""
+    from typer.testing import CliRunner
+
+    from infra.cli import app
+    from infra.sim.evaluate import HOUR, make_trace
+    from infra.sim.families import FAMILIES
+    from infra.sim.launches import LAUNCHES
+    from infra.sim.outside import OUTSIDE
+    from infra.sim.review import REVIEW
+    from infra.sim.surges import SURGES
+
+    assert len(HOUR) == 13 and {s.seed for s in HOUR} == {4} and {s.duration_s for s in HOUR} == {3600.0}
+    fams = {s.family for s in HOUR}
+    assert "gen-10" in fams and all(fams & set(m) for m in (FAMILIES, LAUNCHES, OUTSIDE, REVIEW, SURGES))
+    calm = make_trace(next(s for s in HOUR if s.family == "calm"))
+    assert 3500 <= calm.events[-1].t <= 3600
+    only = CliRunner().invoke(app, ["evaluate", "--split", "hour", "--only", "calm/s0"])
+    assert only.exit_code == 2 and "calm/s4" in only.output  # the split's seed is named
