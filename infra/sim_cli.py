@@ -401,7 +401,8 @@ def evaluate_cmd(
             raise ConfigError("--trace", f"{twice} is given twice", "command line")
         split = split if split is not None or trace else "heldout"
         if split is not None and split not in splits:
-            raise ConfigError("split", "heldout, launch, outside, probe, review, surge, tune or hour", split)
+            *names, last = splits
+            raise ConfigError("split", f"{', '.join(names)} or {last}", split)
         model, gpu_type = _priced_pool(profile, gpu_type)
         specs = splits[split] if split is not None else tuple(_read_trace(p, model, gpu_type) for p in trace)
         if only is not None:
