@@ -199,7 +199,7 @@ def _plot_format(plot: Path | None) -> None:
         raise ConfigError("plot", f"the file name's suffix names no image format ({', '.join(sorted(formats))})", str(plot))
 
 
-# why the simulator refuses a command of each kind (the README's list, per kind)
+# why the simulator refuses a command of each kind (docs/scheduling.md's list, per kind)
 _WHY = {
     "malformed": "a field of the wrong type, or an admission count that is not finite",
     "boot": "no whole count from 1, a GPU type the profile lacks, or past 4,096 GPUs",
