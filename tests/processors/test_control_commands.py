@@ -265,7 +265,7 @@ def test_an_admission_count_past_any_gpu_is_held_to_a_bound_and_an_infinite_one_
 
 
 def test_the_live_round_gives_a_policy_idle_ages_and_the_events_since_the_last_round():
-    """What the README says a plug-in sees live, as in the simulator: each session's ``since``
+    """What docs/scheduling.md ("The policies, and writing one") says a plug-in sees live, as in the simulator: each session's ``since``
     (its last session event) and the session events folded since the previous round."""
     _Recorder.seen.clear()
     shell = ControlShell(ControlConfig(policy=f"{__name__}:_Recorder"), clock=lambda: 100.0)
