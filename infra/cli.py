@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.outputs import folder_option, folder_problem, json_option, write_output
+from infra.outputs import folder_option, folder_problem, json_option, writable, write_output
 from schemas.errors import ChunkserveError, ConfigError
 from schemas.records import ID_MAX_LEN, Record, WorkerProvisioned
 from streams.config import PROVISIONER_ENV, Settings
@@ -144,11 +144,12 @@ def schemas_asyncapi(output: Optional[Path] = typer.Option(None, "-o", "--output
     """Print the AsyncAPI document of every topic, key and message."""
     from schemas.asyncapi import asyncapi_json
 
+    writable(output=output)
     text = asyncapi_json()
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
+        write_output("output", output, text)
         console.print(f"wrote {output}")
 
 
@@ -289,6 +290,7 @@ def provisioner(metrics_port: Optional[int] = MetricsPort, metrics_host: str = M
     """Run the local process provisioner: starts, drains and stops workers on scaling commands."""
     from workers.provisioner import run_provisioner
 
+    writable(targets=targets)  # kept up to date while it runs: checked before it starts
     _check_log_dir(os.environ)
     settings = _settings()
     _logging(log_format)
@@ -375,7 +377,7 @@ def demo(
         try:
             load_trace(trace)  # a bad file is named with its line before anything starts
         except ChunkserveError as exc:
-            _stderr.print(f"[red]{exc}[/red]")
+            _stderr.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # as simulate says it
             raise typer.Exit(2)
     from processors.policy import load_policy
 
@@ -677,9 +679,18 @@ def watch_cmd(
         _write_json(result, json_out)
 
 
+def _replayable(value: str) -> str:
+    """A processor whose state replay rebuilds, checked as the command line is read (before
+    any setting is: a bad name was answered with the missing broker's message)."""
+    if value not in ("control", "dispatch", "detector"):
+        raise typer.BadParameter(f"unknown processor {value!r}: choose control, dispatch or detector")
+    return value
+
+
 @app.command("replay")
 def replay_cmd(
-    processor: str = typer.Argument("control", help="Whose state to rebuild: control, dispatch, detector."),
+    processor: str = typer.Argument("control", help="Whose state to rebuild: control, dispatch, detector.",
+                                    callback=_replayable),
     offset: int = typer.Option(0, min=0, help="Start at this offset in every partition (0: the beginning)."),
     json_out: Optional[Path] = json_option("Write the rebuilt state here."),
 ) -> None:
@@ -898,6 +909,7 @@ def bench_worker(
     from infra.bench.worker import run, write_profile
     from infra.embedded import EmbeddedRedis
 
+    writable(**{"profile-out": profile_out})  # before the run, not after it
     settings = _settings(require_endpoints=False)
     embedded = None if settings.redis.url else EmbeddedRedis().start()
     try:

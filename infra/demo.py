@@ -145,7 +145,8 @@ def drain_migrations(records: list[Record]) -> int:
 
 
 def _folded(reason: str) -> str:
-    return re.sub(r"'[^']*'|\b\d+(\.\d+)?\b", "N", reason)[:120]
+    # quoted words, numbers and words with a digit in them (ids such as s000050, default-3)
+    return re.sub(r"'[^']*'|\b[\w.-]*\d[\w.-]*\b", "N", reason)[:120]
 
 
 def dead_letter_reasons(records: list[Record]) -> dict[str, int]:

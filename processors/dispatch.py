@@ -197,7 +197,9 @@ def on_session_event(view: DispatchView, rec: Record, facts: Facts,
     _, action = transition(state, kind)
     if action is Action.PLACE:
         return next_candidate(view, _admission(view, sid, prompt=getattr(rec, "prompt", ""), for_event=True), now)
-    if state is SessionState.TERMINATED and kind in (EventKind.OPEN, EventKind.ACTIVE):
+    closing = state is SessionState.TERMINATED or (sv is not None and sv.close_requested)
+    if closing and kind in (EventKind.OPEN, EventKind.ACTIVE):  # a close asked for is a close: its
+        # owner releases it at its next chunk boundary, and a Resume sent meanwhile found none
         return view, [RefuseEvent(_CLOSED_ID.format(sid=sid))]
     if sv is None:  # an idle or a close of a session never opened (or closed and forgotten): said
         return view, [RefuseEvent(f"{rec.TAG} for session {sid}, which the store does not know "
@@ -285,9 +287,12 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
     """Route an input to its session's owner, stamped with the generation. One for an
     offloaded session wakes it (restored, then routed); one whose owner is down is held in
     the log (the recovery replays it, or the close refuses it); an unknown session is read
-    again for a while (its open may be in flight); a closed one refuses it."""
+    again for a while (its open may be in flight), and for as long as its open waits for
+    room (up to the admission timeout, as the open does); a closed one refuses it."""
     sv, refused = facts.session, inp.refused
-    if sv is None and inp.rereads_left > 0:
+    if sv is None and facts.open_waits:  # waits with its open, its own rereads kept for after
+        return view, [ReadAgain(Seen(inp, facts), RETRY_S)]
+    if sv is None and inp.rereads_left > 0 and inp.session_id not in view.gave_up:  # its open refused: no wait
         return view, [ReadAgain(Seen(replace(inp, rereads_left=inp.rereads_left - 1), facts), REREAD_S)]
     resting = sv is not None and sv.state in (StoreState.CLOSED, StoreState.SUSPENDED)
     if resting and inp.seq <= (sv.input_seq or 0):  # at or below the last applied: nothing to wake it for
@@ -305,8 +310,9 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
     if sv is None or sv.state == StoreState.CLOSED:  # closed: whether it came after the close or was
         # handed back by the owner the close released, the same words (an outside producer read
         # "unknown or closed" for its own inputs racing a close)
-        why = "no owner for session: never opened, or closed past its retention" if sv is None \
-            else f"session closed before input {inp.seq} was applied"
+        why = f"session closed before input {inp.seq} was applied" if sv is not None else \
+            f"no owner for session: its open was refused (no worker had room for session {inp.session_id})" \
+            if inp.session_id in view.gave_up else "no owner for session: never opened, or closed past its retention"
         return view, [Refuse(inp, _refusal(inp, why))]
     if refused is not None and refused.reason not in ("stale_epoch", "not_owner"):
         return view, [Refuse(inp, _refusal(inp, f"input {inp.seq} refused by its owner"))]

@@ -48,6 +48,7 @@ class Facts:
 
     session: SessionView | None
     owner_down: bool = False
+    open_waits: bool = False  # an open (or return) of the session waits for room in this dispatch
 
 
 @dataclass(frozen=True, slots=True)

@@ -260,7 +260,14 @@ TOPIC_NOTES: dict[str, str] = {
                       "but the scheduler and the metrics count the session idle until its "
                       "SessionActive: send one when the user is back. While every worker is "
                       "full such an input waits for room as an open does (session-events) and is "
-                      "refused the same way.",
+                      "refused the same way. An input of a session whose open is not yet in the store "
+                      "is read again for up to 10 s (the open may be on its way), and for as long as "
+                      "its open waits for room (up to the admission timeout, 30 s): then it is routed "
+                      "once the open is admitted, or refused with the reason `its open was refused` "
+                      "when the open finds no room. That holds where one dispatch process reads the "
+                      "session's events and inputs: with session-events and session-inputs of equal "
+                      "partition counts (8 each by default), as faust gives a process the same "
+                      "partitions of both.",
     "worker-commands": "A worker reads the partition its id hashes to and skips other "
                        "workers' records; commands of one worker arrive in order, and a "
                        "command whose generation is no longer current is refused "

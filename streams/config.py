@@ -222,8 +222,9 @@ class Settings:
             key = f"record_bytes.{topic}"
             if topic not in TOPICS:
                 raise ConfigError(key, "unknown topic")
-            if not isinstance(n, int) or not 1024 <= n <= self.max_record_bytes:
-                raise ConfigError(key, f"must be an integer from 1024 to max_record_bytes "
+            low = DEAD_LETTER_ENVELOPE_BYTES + 1024 if topic == DEAD_LETTERS else 1024  # as checked below
+            if not isinstance(n, int) or not low <= n <= self.max_record_bytes:
+                raise ConfigError(key, f"must be an integer from {low} to max_record_bytes "
                                        f"({self.max_record_bytes}), got {n!r}")
         for key, value, ok in (("max_input_bytes", self.max_input_bytes, self.max_input_bytes >= 1),
                                ("input_rate_per_s", self.input_rate_per_s, self.input_rate_per_s > 0),

@@ -387,8 +387,9 @@ class RecordConsumer:
                           key: bytes | None, reason: str) -> None:
         """Publish one record this consumer could not take, with its source and reason."""
         self.dead_lettered += 1
-        if self.producer is None:  # read-only: the topic's own consumers dead-letter it
-            log.warning("%s: skipping undecodable %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
+        if self.producer is None:  # read-only: the topic's own consumers dead-letter it (once; a
+            # reader counts it in ``dead_lettered``, and a replay or story says how many)
+            log.debug("%s: skipping undecodable %s[%d]@%d: %s", self.name, topic, partition, offset, reason)
             logical = self.catalogue.logical(topic)
             if (named := refused_input(raw, key, self.catalogue.limit(logical))) is not None:
                 self.passed_over.append((logical, partition, offset, *named))

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Awaitable, Callable, Protocol
 
 from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
-from schemas.records import (CommandRejected, Frozen, Generation, Heartbeat, InputPushed, Record, RoutedInput,
+from schemas.records import (CommandRejected, Frozen, Heartbeat, InputPushed, Record, RoutedInput,
                              SessionOpened, WorkerDown, WorkerUp)
 
 from schemas.codec import encode, refused_input
@@ -23,7 +23,7 @@ from schemas.topics import SESSION_INPUTS, misfiled
 from streams.kafka import dead_letter_record
 from streams.topics import misplaced
 
-from ..admission import WorkerLoad, candidate
+from ..admission import WorkerLoad
 from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Commit, Committed,
                         CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, Note, Publish,
                         ReadAgain, Refuse, RefuseEvent, RequestClose, Retry, RetryLater, Seen, counted, decide)
@@ -110,7 +110,8 @@ class DispatchShell:
 
     async def facts(self, sid: str) -> Facts:
         sv = await self.store.session(sid)
-        return Facts(sv, sv is not None and await self.is_down(sv.generation.worker_id))
+        return Facts(sv, sv is not None and await self.is_down(sv.generation.worker_id),
+                     open_waits=sv is None and self.chains.waits(f"events:{sid}"))
 
     async def feed(self, event: Event) -> list[str]:
         """Decide on ``event``, carry out the commands and feed their outcomes back, until
@@ -118,6 +119,7 @@ class DispatchShell:
         refused: list[str] = []
         queue: deque[Event] = deque([event])
         waits = False  # an open or a return of this event waits for room: counted until it ends
+        parks = False
         with contextlib.ExitStack() as waiting:
             try:
                 while queue:
@@ -128,6 +130,9 @@ class DispatchShell:
                         if isinstance(cmd, RetryLater) and cmd.admission.waiting and not waits:
                             waits, self.waiting = True, self.waiting + 1
                             waiting.enter_context(self.chains.waiting_for_room())  # what follows it parks
+                        if isinstance(cmd, ReadAgain) and cmd.event.facts.open_waits and not parks:
+                            parks = True  # an input waiting with its open: the session's next inputs park
+                            waiting.enter_context(self.chains.waiting_for_room())
                         outcome = await self.carry_out(cmd, refused)
                         if outcome is not None:
                             queue.append(outcome)
@@ -153,8 +158,9 @@ class DispatchShell:
                 await asyncio.sleep(pause)
                 self.invalidate_view()
                 return Retry(adm, await self.facts(adm.session_id))
-            case ReadAgain(event=Seen(what=Input() as inp), after_s=pause):
-                await self.rereads.pause(inp, pause)
+            case ReadAgain(event=Seen(what=Input() as inp, facts=facts), after_s=pause):  # waiting with its
+                # open: bounded by the open's wait, not by the budget of unknown sessions' inputs
+                await (asyncio.sleep(pause) if facts.open_waits else self.rereads.pause(inp, pause))
                 return Seen(inp, await self.facts(inp.session_id))
             case RequestClose(session_id=sid):
                 await self.store.request_close(sid)
@@ -273,22 +279,6 @@ class DispatchShell:
         with self.rereads.ended((sid, seq, partition, offset)):
             refused = await self.feed(Seen(inp, await self.facts(sid)))
         return refused[0] if refused else None
-
-    async def commit_planned(self, sid: str, expected_epoch: int) -> Generation | None:
-        """The recovery's commit, on the worker an admission would take (the policy's plan,
-        :func:`~processors.admission.candidate`), the next one when that one is full; None
-        when none is left (the next sweep tries again, by then maybe with the policy's pin).
-        Refusals other than capacity raise."""
-        tried: set[str] = set()
-        while True:
-            workers = await self.load_view(force=bool(tried))
-            best = candidate(self.view.plan, workers, sid, frozenset(tried))
-            if best is None:
-                return None
-            try:
-                return await self.store.commit(sid, expected_epoch, best)
-            except NoCapacityError:
-                tried.add(best)
 
     async def report(self, worker: str, began: float) -> None:
         """Count a slot the recovery filled by a commit sent at ``began`` (``time.monotonic``;

@@ -193,6 +193,10 @@ class Chains:
         self.parked: Counter[str] = Counter()  # key -> pieces waiting behind a wait for room
         self._waiting: set[str] = set()  # keys whose running piece waits for room
 
+    def waits(self, key: str) -> bool:
+        """Whether ``key``'s running piece waits for room (an open, a return)."""
+        return key in self._waiting
+
     @contextlib.contextmanager
     def waiting_for_room(self) -> Iterator[None]:
         """Called from inside a piece's work while it waits for room (no-op outside a chain)."""

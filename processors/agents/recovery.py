@@ -19,7 +19,7 @@ from schemas.errors import NoCapacityError, OwnershipError
 from schemas.records import Assign, Generation
 from streams.generations import StoreState
 
-from ..admission import WorkerLoad
+from ..admission import WorkerLoad, candidate
 from ..recovery import CLAIM_GRACE_S, Step, next_step
 
 
@@ -28,6 +28,7 @@ class Shell(Protocol):
 
     store: Any
     publisher: Any
+    view: Any  # its DispatchView: the policy's admission plan
     name: str
     clock: Callable[[], float]
     read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None
@@ -35,7 +36,6 @@ class Shell(Protocol):
     async def load_view(self, force: bool = False) -> dict[str, WorkerLoad]: ...
     def invalidate_view(self) -> None: ...
     async def is_down(self, worker: str) -> bool: ...
-    async def commit_planned(self, sid: str, expected_epoch: int) -> Generation | None: ...
     async def report(self, worker: str, began: float) -> None: ...
     async def refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
                            why: str, partition: int = 0, offset: int = 0) -> None: ...
@@ -123,7 +123,7 @@ class Recovery:
             began = time.monotonic()  # the slot's commit: counted once in dispatch's cached loads
             try:  # an owner that is up again (restarted) takes it back in its own slot
                 gen = None if owner_down else await self._commit_in_place(sid, sv.generation)
-                gen = gen or await self.shell.commit_planned(sid, sv.generation.epoch)
+                gen = gen or await self._commit_planned(sid, sv.generation.epoch)
             except OwnershipError:  # another replica moved it, or its user closed it
                 return True
             if gen is None:
@@ -135,6 +135,22 @@ class Recovery:
         await store.recovery_mark(sid, now + CLAIM_GRACE_S)  # RESEND
         await self._assign_recovered(sid, sv.generation, -math.inf)  # its slot was counted when committed
         return True
+
+    async def _commit_planned(self, sid: str, expected_epoch: int) -> Generation | None:
+        """The recovery's commit, on the worker an admission would take (the policy's plan,
+        :func:`~processors.admission.candidate`), the next one when that one is full; None
+        when none is left (the next sweep tries again, by then maybe with the policy's pin).
+        Refusals other than capacity raise."""
+        tried: set[str] = set()
+        while True:
+            workers = await self.shell.load_view(force=bool(tried))
+            best = candidate(self.shell.view.plan, workers, sid, frozenset(tried))
+            if best is None:
+                return None
+            try:
+                return await self.shell.store.commit(sid, expected_epoch, best)
+            except NoCapacityError:
+                tried.add(best)
 
     async def _commit_in_place(self, sid: str, gen: Generation) -> Generation | None:
         try:

@@ -197,6 +197,27 @@ def test_a_log_or_report_folder_it_cannot_make_is_named_before_anything_starts(t
     assert rc == 2 and "/proc/chunkserve: --data: cannot make the folder" in _one_line(out), out
 
 
+
+def test_other_outputs_it_cannot_write_are_named_before_the_work(tmp_path):
+    """`schemas asyncapi -o`, `bench worker --profile-out` and `provisioner --targets` were a
+    traceback: at once, after the benchmark, or when the provisioner stopped; `-o` did not
+    make the folders missing on its path either."""
+    a_file = tmp_path / "x.csv"
+    a_file.write_text("")
+    for command, option in ((["schemas", "asyncapi", "-o"], "--output"),
+                            (["bench", "worker", "--profile-out"], "--profile-out"),
+                            (["provisioner", "--worker-metrics-port", "9500", "--targets"], "--targets")):
+        for target, said in ((a_file / "y.json", f"{a_file / 'y.json'}: {option}: cannot make its folder: "
+                                                 f"{a_file} is a file, not a folder"),
+                             (tmp_path, f"{tmp_path}: {option}: is a folder; give a file name")):
+            rc, out = _run([*command, str(target)], {})
+            assert rc == 2 and "Traceback" not in out, (command, out)
+            assert said in _one_line(out), (command, out)
+    made = tmp_path / "new" / "sub" / "asyncapi.json"
+    rc, out = _run(["schemas", "asyncapi", "-o", str(made)], {})
+    assert rc == 0 and made.read_text().startswith("{"), out
+
+
 def test_a_json_output_that_fails_at_the_end_still_gives_the_result(tmp_path, capsys):
     """Checked before the work, the file can still fail when written: the result goes to
     stdout, then one line (exit code 2 through ConfigError), no traceback."""

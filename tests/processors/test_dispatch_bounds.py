@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -398,3 +399,73 @@ def test_an_input_refused_behind_its_sessions_wait_is_dead_lettered_and_named_on
     asyncio.run(shell.refuse_parked(rec, "the record", "s waits for room", Publisher()))
     assert letters == [("the record", "refused: s waits for room", "dispatch")]
     assert 7 in shell.gate.refused_before("s")
+
+
+async def _waiting_open_fleet(admission_timeout_s: float) -> tuple[Any, DispatchShell, Sent]:
+    """One worker of one slot, taken by session ``full``; dispatch waits ``owner_wait_s`` 0.2 s
+    for an unknown session's open."""
+    from schemas.records import SessionOpened
+    from streams.generations_memory import MemoryGenerationStore
+
+    store, sent = MemoryGenerationStore("t"), Sent()
+    shell = DispatchShell(store, sent, view_ttl_s=0.0, admission_timeout_s=admission_timeout_s, owner_wait_s=0.2)
+    await store.register_worker("w1", 1)
+    await shell.on_session_event(SessionOpened(session_id="full", ts=0.0, prompt="p"))
+    return store, shell, sent
+
+
+def test_an_input_behind_an_open_that_waits_for_room_waits_with_it_and_is_routed_once_admitted() -> None:
+    """An outside producer's open and first input, sent together while every worker is full:
+    the input waits as long as its open waits for room (not only the 0.2 s an unknown
+    session's input is read again for), the session's next inputs wait behind it, and all
+    are routed once a slot frees up and the open is admitted."""
+    from schemas.records import Assign, RoutedInput, SessionOpened
+
+    async def run() -> tuple[list[int], list[str]]:
+        store, shell, sent = await _waiting_open_fleet(admission_timeout_s=5.0)
+        refused: list[str] = []
+
+        async def event(rec: object) -> None:
+            why = await shell.on_session_event(rec)
+            if why is not None:
+                refused.append(why)
+
+        async def refuse(why: str) -> None:
+            refused.append(why)
+
+        await shell.submit("events:s", lambda: event(SessionOpened(session_id="s", ts=0.0, prompt="p")), refused=refuse)
+        for seq in (1, 2, 3):
+            rec = InputPushed(session_id="s", seq=seq, kind="text", payload="x", ts=0.0)
+            await shell.submit("inputs:s", lambda rec=rec: shell.on_input(rec), refused=refuse)
+        await asyncio.sleep(1.0)  # five times the unknown session's wait
+        assert not sent.of(RoutedInput) and not refused
+        gen = (await store.session("full")).generation
+        await store.claim("full", gen)
+        await store.release("full", gen, close=True)  # the user of `full` leaves: a slot frees up
+        await asyncio.gather(*list(shell.chains.tasks.values()))
+        assert [a.session_id for a in sent.of(Assign)] == ["full", "s"]
+        return [r.seq for r in sent.of(RoutedInput)], refused
+
+    routed, refused = asyncio.run(run())
+    assert routed == [1, 2, 3] and refused == []
+
+
+def test_an_input_behind_an_open_that_found_no_room_is_refused_with_the_open_and_says_why() -> None:
+    from schemas.records import DeadLetter, SessionOpened
+
+    async def run() -> tuple[list[str], list[str]]:
+        store, shell, sent = await _waiting_open_fleet(admission_timeout_s=0.6)
+        opens: list[str] = []
+
+        async def event(rec: object) -> None:
+            opens.append(await shell.on_session_event(rec) or "")
+
+        await shell.submit("events:s", lambda: event(SessionOpened(session_id="s", ts=0.0, prompt="p")))
+        rec = InputPushed(session_id="s", seq=1, kind="text", payload="x", ts=0.0)
+        await shell.submit("inputs:s", lambda: shell.on_input(rec))
+        await asyncio.gather(*list(shell.chains.tasks.values()))
+        return opens, [d.reason for d in sent.of(DeadLetter)]
+
+    opens, inputs = asyncio.run(run())
+    assert len(opens) == 1 and "no worker had room for session s" in opens[0]
+    assert len(inputs) == 1 and "its open was refused (no worker had room for session s)" in inputs[0], inputs

@@ -378,3 +378,22 @@ def test_an_input_older_than_the_stores_full_list_of_given_up_seqs_is_refused_no
     short = Facts(replace(_sv(StoreState.CLOSED), input_seq=5001, skipped=full[1:]))  # not full: it tells
     _, cmds = decide(VIEW, Seen(Input("s", 2, "text", "x"), short), 2.0)
     assert _kinds(cmds) == ["Note"]
+
+
+def test_an_input_waits_with_its_waiting_open_without_using_up_its_rereads():
+    inp = Input("s", 1, "text", "x", rereads_left=1)
+    _, cmds = decide(VIEW, Seen(inp, Facts(None, open_waits=True)), 1.0)
+    assert _kinds(cmds) == ["ReadAgain"] and cmds[0].event.what.rereads_left == 1
+    gave_up = replace(VIEW, gave_up={"s": 0.5})  # its open found no room: refused at once, saying so
+    _, cmds = decide(gave_up, Seen(inp, Facts(None)), 1.0)
+    assert _kinds(cmds) == ["Refuse"] and "its open was refused" in cmds[0].why
+
+
+@pytest.mark.parametrize("kind", [EventKind.OPEN, EventKind.ACTIVE])
+def test_an_open_or_a_return_after_a_close_was_asked_for_is_refused_as_closed(kind):
+    """The close is asked for in the store at once, and the owner releases the session at its
+    next chunk boundary: an event in between is refused as one after the close (a Resume sent
+    to the closing owner found nothing to resume, and the event had no verdict)."""
+    closing = replace(_sv(StoreState.ACTIVE), close_requested=True)
+    _, cmds = decide(VIEW, Seen(EVENTS[kind], Facts(closing)), 1.0)
+    assert _kinds(cmds) == ["RefuseEvent"] and "was closed" in cmds[0].why

@@ -242,6 +242,9 @@ def test_dead_letters_bound_holds_a_dead_letter_and_cuts_the_copy_to_fit():
     with pytest.raises(ConfigError) as info:
         Settings(record_bytes={"dead-letters": 4096})
     assert info.value.key == "record_bytes.dead-letters"
+    for too_small in (100, 4096):  # one bound named, whichever way it is missed (it said 1024 for 100)
+        with pytest.raises(ConfigError, match=f"from {DEAD_LETTER_ENVELOPE_BYTES + 1024} to"):
+            Settings(record_bytes={"dead-letters": too_small})
     limit = DEAD_LETTER_ENVELOPE_BYTES + 2048
     letter = dead_letter_record("t", 0, 1, b"x" * 100_000, b"k" * 5000, "why " * 2000, "c", limit)
     assert len(letter.raw) == 2048 and letter.raw_size == 100_000

@@ -1,0 +1,66 @@
+"""Inputs and events around a full fleet, through the running dispatch processor on the real
+broker and Redis: an outside producer sends a session's open and its first input together
+while every worker is full, then closes a session and returns to it at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from infra.flow import EventLog
+from infra.local import LocalFleet
+from schemas.records import (Assign, DeadLetter, InputAccepted, InputPushed, SessionActive, SessionClosed,
+                             SessionOpened, WorkerUp)
+from schemas.topics import DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS
+from streams.config import Settings
+from streams.kafka import RecordProducer
+from streams.topics import ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+def test_an_input_waits_with_its_open_for_room_and_a_return_after_a_close_is_refused(kafka_bootstrap, redis_url,
+                                                                                     namespace, tmp_path):
+    """The input of a session whose open waits for room (one worker of one slot, held by
+    ``full``) is neither refused nor lost while the open waits past the 10 s an unknown
+    session's input is read again for: once ``full`` closes, the open is admitted and the
+    input applied (it was refused as "never opened" at 10 s, and the session ran without it).
+    A return sent right after its session's close is refused to dead-letters as one after the
+    close (it went to the closing owner as a Resume and got no verdict)."""
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
+    fleet = LocalFleet(settings, tmp_path / "logs")
+
+    def accepted(rs: list, sid: str) -> list[int]:
+        return [x.seq for x in rs if isinstance(x, InputAccepted) and x.session_id == sid]
+
+    async def run() -> tuple[list, list[str], list[str]]:
+        await ensure_topics(settings)
+        fleet.start_processor("dispatch")
+        fleet.start_worker("w", capacity=1)
+        async with RecordProducer(settings) as producer, \
+                EventLog(settings, producer, topics=(DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS)) as log:
+            await log.until(lambda rs: any(isinstance(x, WorkerUp) for x in rs), 90, "the worker up")
+            await producer.send(SessionOpened(session_id="full", ts=time.time()))
+            await log.until(lambda rs: any(isinstance(x, Assign) and x.session_id == "full" for x in rs), 60,
+                            "the first session placed")
+            await producer.send(SessionOpened(session_id="late", ts=time.time()))
+            await producer.send(InputPushed(session_id="late", seq=1, kind="text", payload="hello", ts=time.time()))
+            await asyncio.sleep(12.0)  # past the 10 s an unknown session's input is read again for
+            waited = [x.reason for x in log.records if isinstance(x, DeadLetter)]
+            await producer.send(SessionClosed(session_id="full", ts=time.time()))
+            await log.until(lambda rs: accepted(rs, "late") == [1], 60, "the waiting session's input applied")
+            await producer.send(SessionClosed(session_id="late", ts=time.time()))
+            await producer.send(SessionActive(session_id="late", ts=time.time()))
+            await log.until(lambda rs: any(isinstance(x, DeadLetter) and "late was closed" in x.reason for x in rs),
+                            60, "the return after the close refused")
+            return log.records, waited, [x.reason for x in log.records if isinstance(x, DeadLetter)]
+
+    try:
+        records, waited, refused = asyncio.run(run())
+    finally:
+        fleet.stop_all()
+    assert waited == []  # nothing refused while the open waited for room
+    assert [a.session_id for a in records if isinstance(a, Assign)][:2] == ["full", "late"]
+    assert len(refused) == 1 and "session late was closed: a session id is not used again" in refused[0], refused
