@@ -218,6 +218,18 @@ def test_other_outputs_it_cannot_write_are_named_before_the_work(tmp_path):
     assert rc == 0 and made.read_text().startswith("{"), out
 
 
+
+def test_a_bad_argument_is_named_before_any_setting_and_a_bad_trace_as_simulate_names_it(tmp_path):
+    """`replay nope` without a broker configured answered with the missing broker's message;
+    `demo --trace` on a missing file printed the reason without simulate's `error:`."""
+    rc, out = _run(["replay", "nope"], {})
+    assert rc == 2 and "unknown processor 'nope': choose control, dispatch or detector" in _one_line(out), out
+    missing = tmp_path / "nothere.csv"
+    for command in (["demo", "--trace", str(missing)], ["simulate", str(missing)]):
+        rc, out = _run(command, {})
+        assert rc == 2 and _one_line(out) == f"error: {missing}: cannot read (No such file or directory)", out
+
+
 def test_a_json_output_that_fails_at_the_end_still_gives_the_result(tmp_path, capsys):
     """Checked before the work, the file can still fail when written: the result goes to
     stdout, then one line (exit code 2 through ConfigError), no traceback."""
