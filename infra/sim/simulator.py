@@ -578,7 +578,7 @@ class _Sim:
             raise PolicyError(f"policy {self.policy.name!r}: decide at t={now:.1f} s raised "
                               f"{type(exc).__name__}: {exc}"[:500]) from exc
         if not isinstance(d, Decision):
-            raise PolicyError(f"policy {self.policy.name!r}: decide returned {type(d).__name__}, not a Decision")
+            raise PolicyError(f"policy {self.policy.name!r}: decide at t={now:.1f} s returned {type(d).__name__}, not a Decision")
         if not isinstance(d.commands, (tuple, list)):
             raise PolicyError(f"policy {self.policy.name!r}: decide returned commands as {type(d.commands).__name__}, "
                               "not a tuple of commands")

@@ -371,3 +371,28 @@ def test_a_pinned_baseline_holds_a_slot_for_a_session_that_opens_idle(policy):
     assert pinned.invalid_commands == 0 and pinned.worst_chunk_latency_s == pytest.approx(19.0)
     offload = simulate(load_policy("least-loaded-offload", model=MODEL), ev, MODEL, SimConfig(initial_gpus=1, round_s=0))
     assert offload.worst_chunk_latency_s == pytest.approx(0.30)  # idle sessions hold nothing there
+
+
+def test_the_plot_draws_the_runs_the_table_reports(tmp_path):
+    """A fixed pool's timeline is its run at matched cost, the one its row and JSON give (the
+    plot drew whichever of its runs the cache held first: `rr` at its SLO pool of 29 GPUs
+    beside a row for 12)."""
+    from infra.sim.report import Runner, compare, timelines
+    from infra.sim.trace import load_trace
+    from processors.autoscaler import AutoscalerConfig
+    from processors.volatility import load_volatility_table
+    from infra.sim_cli import _builtin_options
+
+    run, app = CliRunner(), _app()
+    trace = _generated(run, app, tmp_path / "t.csv", level=5, duration=240, sessions=150, seed=2)
+    vt, auto = load_volatility_table(), AutoscalerConfig()
+    runner = Runner(load_trace(trace), load_profiles("paper"), SimConfig(), _builtin_options(vt, auto),
+                    offer={"table": vt, "autoscaler": auto})
+    names = ["rr", "least-loaded-offload", "turboserve"]
+    doc = compare(runner, names, jobs=2)  # the runs made in a process pool, the SLO searches first
+    lines = timelines(runner, names)
+    for name in ("rr", "least-loaded-offload"):
+        pool = doc["matched_cost"]["pool_size"][name]
+        assert set(lines[name]["gpus"]) == {pool}, (name, pool)
+        assert pool != doc["slo"]["pool_size"][name]  # the run the plot drew before
+    assert lines["turboserve"] == runner.reported["turboserve"].timeline
