@@ -310,9 +310,7 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
     if sv is None or sv.state == StoreState.CLOSED:  # closed: whether it came after the close or was
         # handed back by the owner the close released, the same words (an outside producer read
         # "unknown or closed" for its own inputs racing a close)
-        why = f"session closed before input {inp.seq} was applied" if sv is not None else \
-            f"no owner for session: its open was refused (no worker had room for session {inp.session_id})" \
-            if inp.session_id in view.gave_up else "no owner for session: never opened, or closed past its retention"
+        why = f"session closed before input {inp.seq} was applied" if sv is not None else _no_owner(view, inp.session_id)
         return view, [Refuse(inp, _refusal(inp, why))]
     if refused is not None and refused.reason not in ("stale_epoch", "not_owner"):
         return view, [Refuse(inp, _refusal(inp, f"input {inp.seq} refused by its owner"))]
@@ -327,6 +325,13 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
                       _routed(inp, sv.generation, now)]
     return view, [_routed(inp, sv.generation, now)]
 
+
+
+def _no_owner(view: DispatchView, sid: str) -> str:
+    """Why an input of a session the store does not know is refused."""
+    if sid in view.gave_up:  # its open waited for room and found none
+        return f"no owner for session: its open was refused (no worker had room for session {sid})"
+    return "no owner for session: never opened, or closed past its retention"
 
 def _unassigned(sv: SessionView) -> bool:
     """Placed again (a restore, a move, a recovery: any generation after the first) and not
