@@ -155,13 +155,19 @@ def schemas_asyncapi(output: Optional[Path] = typer.Option(None, "-o", "--output
 
 @app.command("topics")
 def topics() -> None:
-    """Create every chunkserve topic that is missing on the configured broker."""
-    from streams.topics import ensure_topics
+    """Create every chunkserve topic that is missing on the configured broker, and list them
+    with the partitions the broker gives each (a topic made before keeps its own count)."""
+    from streams.topics import ensure_topics, partition_counts
 
     settings = _settings()
     catalogue = asyncio.run(ensure_topics(settings))
-    for name, n in catalogue.all().items():
-        console.print(f"{name}  partitions={n}")
+    configured = catalogue.all()
+    actual = asyncio.run(partition_counts(settings, list(configured)))
+    for name, n in configured.items():
+        has = actual.get(name)
+        console.print(f"{name}  partitions={has if has is not None else '?'}"
+                      + (f"  (configured {n}: partitions are set when a topic is made)" if has is not None and has != n else ""),
+                      highlight=False)
 
 
 @app.command("worker")
@@ -642,6 +648,8 @@ def up(
         # no new scaling decision, then the provisioner drains and stops its workers, then the rest
         fleet.stop_all(first=("control-0", "provisioner"), grace_s=UP_STOP_GRACE_S)
         lease.release()
+        if metrics_port:  # no target left to scrape, as the provisioner leaves its workers' file
+            (logs / "prometheus-targets.json").write_text("[]\n")
         console.print("up: stopped")
 
 

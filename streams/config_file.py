@@ -206,8 +206,13 @@ def _build(values: dict[str, Any], sources: dict[str, str]) -> Settings:
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
-    """Settings from ``CHUNKSERVE_*`` variables; unset ones keep their defaults."""
-    return load_settings(None, os.environ if env is None else env)
+    """Settings from ``CHUNKSERVE_*`` variables over the file ``CHUNKSERVE_CONFIG`` names, as
+    the CLI reads them (a producer written from the README's example ignored the file: its
+    sessions went to the default prefix's topics, which no processor read); unset ones keep
+    their defaults."""
+    env = os.environ if env is None else env
+    path = env.get(f"{ENV_PREFIX}CONFIG")
+    return load_settings(Path(path) if path else None, env)
 
 
 def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -10,7 +10,7 @@ from schemas.topics import SESSION_INPUTS, TOPIC_FRAMING_BYTES, TOPICS
 from .config import Settings
 
 __all__ = ["TopicCatalogue", "ensure_topics", "partition_for_key", "misplaced", "replication_for", "broker_count",
-           "until_led", "logical_or_physical",
+           "until_led", "logical_or_physical", "partition_counts",
            "TOPIC_FRAMING_BYTES"]
 
 _TOPIC_AUTHORIZATION_FAILED = 29
@@ -116,6 +116,20 @@ async def ensure_topics(settings: Settings) -> TopicCatalogue:
     if created:
         await until_led(settings.kafka.client_kwargs(), created)
     return catalogue
+
+
+async def partition_counts(settings: Settings, names: list[str]) -> dict[str, int]:
+    """How many partitions each of these topics has on the broker (as it says, not as
+    configured: a topic made before keeps its count); a topic it does not list is left out."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs())
+    await admin.start()
+    try:
+        return {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(names)
+                if t.get("error_code", 0) == 0 and t["partitions"]}
+    finally:
+        await admin.close()
 
 
 async def until_led(client: dict[str, Any], topics: dict[str, int], timeout_s: float = 30.0) -> None:

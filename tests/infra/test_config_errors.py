@@ -230,6 +230,20 @@ def test_a_bad_argument_is_named_before_any_setting_and_a_bad_trace_as_simulate_
         assert rc == 2 and _one_line(out) == f"error: {missing}: cannot read (No such file or directory)", out
 
 
+
+def test_topics_lists_the_partitions_the_broker_gives_not_the_configured_ones(kafka_bootstrap, redis_url, namespace):
+    """A topic made before keeps its count: `topics` printed the configured one (8 for a topic
+    of 4) and said nothing of the difference."""
+    env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url,
+           "CHUNKSERVE_TOPIC_PREFIX": f"{namespace}.", "CHUNKSERVE_PARTITIONS_SESSION_EVENTS": "2"}
+    rc, out = _run(["topics"], env)
+    assert rc == 0 and f"{namespace}.session-events  partitions=2\n" in out, out
+    rc, out = _run(["topics"], {**env, "CHUNKSERVE_PARTITIONS_SESSION_EVENTS": "4"})
+    assert rc == 0, out
+    assert f"{namespace}.session-events  partitions=2  (configured 4: partitions are set when a topic is made)" in out, out
+    assert f"{namespace}.session-inputs  partitions=8\n" in out, out  # as configured: no remark
+
+
 def test_a_json_output_that_fails_at_the_end_still_gives_the_result(tmp_path, capsys):
     """Checked before the work, the file can still fail when written: the result goes to
     stdout, then one line (exit code 2 through ConfigError), no traceback."""

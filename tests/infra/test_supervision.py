@@ -183,6 +183,8 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path, reap
         p.kill()
     assert alive == [], f"still running {elapsed:.1f} s after SIGTERM: {[p.cmdline() for p in alive]}"
     assert up.wait(timeout=1) == 0
+    for listed in ("prometheus-targets.json", "prometheus-workers.json"):  # nothing left to scrape
+        assert json.loads((tmp_path / "logs" / listed).read_text()) == [], listed
     # the killed child said nothing: `up` names the signal, not its log's last (older) line
     assert "up: detector-0 exited with code -9 (killed by SIGKILL); starting it again" in (tmp_path / "up.out").read_text()
     print(f"SIGTERM to up: {len(tree)} children gone in {elapsed:.1f} s")

@@ -61,6 +61,18 @@ def test_environment_overrides_file_and_supplies_secrets(tmp_path):
     assert "s3cret" not in repr(s)
 
 
+def test_a_producer_reading_the_environment_reads_the_file_it_names_too(tmp_path):
+    """`SessionClient(settings_from_env())`, the README's producer: with the operator's
+    `CHUNKSERVE_CONFIG` set it read the environment alone, and sent to the default prefix's
+    topics, which no processor read."""
+    from streams.config_file import settings_from_env
+
+    path = write(tmp_path, VALID)
+    s = settings_from_env({"CHUNKSERVE_CONFIG": str(path), "CHUNKSERVE_NAMESPACE": "us"})
+    assert s.topic_prefix == "prod." and s.partitions["worker-commands"] == 64  # the file's
+    assert s.namespace == "us"  # the environment over it, as for the CLI
+    assert settings_from_env({}).topic_prefix == load_settings(None, env={}).topic_prefix
+
 def test_no_file_means_environment_only():
     s = load_settings(None, env={"CHUNKSERVE_REDIS_URL": "redis://r:6379"})
     assert s.redis.url == "redis://r:6379" and s.kafka.bootstrap == ""
