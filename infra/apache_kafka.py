@@ -283,6 +283,10 @@ class EmbeddedKafka:
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(node.folder / "data"),
             "num.partitions": "1",
+            # a topic is made by `chunkserve topics` (or a process's start) with its partitions and
+            # bounds, never by a client naming it: a producer on the wrong prefix fails, not
+            # writes where no processor reads
+            "auto.create.topics.enable": "false",
             "default.replication.factor": rf,
             "min.insync.replicas": isr,
             "offsets.topic.replication.factor": rf,
