@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from schemas.errors import ConfigError
 from schemas.records import (InputPushed, SessionActive, SessionClosed, SessionIdle,
                              SessionOpened)
+from schemas.topics import SESSION_EVENTS, SESSION_INPUTS
 
 from .config import Settings
 from .kafka import RecordProducer
+from .topics import TopicCatalogue, partition_counts
 
 __all__ = ["SessionClient"]
 
@@ -23,10 +26,20 @@ class SessionClient:
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self._producer = RecordProducer(settings, client_id="chunkserve-client")
-        self._clock = clock
+        self._settings, self._clock = settings, clock
         self._seq: dict[str, int] = {}
 
     async def __aenter__(self) -> "SessionClient":
+        """Start; the topics it writes must be on the broker (made by `chunkserve topics` or
+        the fleet's start): on another prefix it is refused here, in one line, not after a
+        send's 40 s metadata wait."""
+        catalogue = TopicCatalogue.from_settings(self._settings)
+        names = [catalogue.name(t) for t in (SESSION_EVENTS, SESSION_INPUTS)]
+        missing = [n for n in names if n not in await partition_counts(self._settings, names)]
+        if missing:
+            raise ConfigError("topic_prefix", f"no topic {', '.join(missing)} on the broker: the fleet's prefix "
+                              "differs (CHUNKSERVE_TOPIC_PREFIX, or the file CHUNKSERVE_CONFIG names), or "
+                              "`chunkserve topics` has not made them", "SessionClient")
         await self._producer.start()
         return self
 

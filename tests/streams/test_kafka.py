@@ -106,6 +106,23 @@ def test_session_client_numbers_inputs(kafka_bootstrap, redis_url, namespace):
     asyncio.run(run())
 
 
+
+def test_a_session_client_on_a_prefix_with_no_topics_is_refused_at_once(kafka_bootstrap, redis_url, namespace):
+    """A producer on the wrong prefix (the fleet's set in a file it did not read) wrote to
+    topics no processor reads, which the broker made on first use; it is refused in one line."""
+    from schemas.errors import ConfigError
+
+    settings = _settings(kafka_bootstrap, redis_url, f"{namespace}-elsewhere")
+
+    async def run() -> str:
+        with pytest.raises(ConfigError) as info:
+            async with SessionClient(settings) as client:
+                await client.open("a")
+        return str(info.value)
+
+    said = asyncio.run(run())
+    assert f"no topic {namespace}-elsewhere.session-events, {namespace}-elsewhere.session-inputs on the broker" in said
+
 def test_the_broker_refuses_a_record_over_its_topics_bound(kafka_bootstrap, redis_url, namespace):
     """A producer that skips chunkserve's own size check meets the topic's max.message.bytes."""
     from aiokafka import AIOKafkaProducer
