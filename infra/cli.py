@@ -562,6 +562,9 @@ def up(
         "provisioner starts take free ports from ten past its own (in <log-dir>/prometheus-workers.json)."),
     metrics_host: str = MetricsHost,
     log_format: str = LogFormat,
+    adopt_store: bool = typer.Option(False, "--adopt-store", help="Take the configured Redis as the store of "
+                                     "the topics' sessions although it records nothing of them (see the README's "
+                                     "\"The broker\"); without it such a Redis is refused."),
 ) -> None:
     """Run every processor and the provisioner against the configured cluster until Ctrl-C or
     SIGTERM, which stop them in order (control, the provisioner draining its workers, the rest).
@@ -571,6 +574,8 @@ def up(
 
     from workers.supervision import port_free, prometheus_targets
     from infra.local import FleetLease, LocalFleet, after_exit, last_words
+    from streams.config_file import load_with_sources
+    from streams.log_binding import bind_store
     from streams.topics import ensure_topics
 
     _check_children_env(_settings(require_endpoints=False))  # what only a child reads is refused here, before any starts
@@ -585,6 +590,11 @@ def up(
     asyncio.run(ensure_topics(settings))
     lease = FleetLease(settings)
     lease.take()  # one fleet per topic prefix: a second is refused before it starts anything
+    try:  # a Redis that lost the log's sessions (or serves other topics) is refused before anything starts
+        asyncio.run(bind_store(settings, adopt=adopt_store, sources=load_with_sources(_CONFIG["path"], os.environ)[1]))
+    except BaseException:
+        lease.release()
+        raise
     logs = _logs_at(log_dir, "chunkserve-up-")
     fleet = LocalFleet(settings, logs)
     _metrics_server(metrics_port, metrics_host)
@@ -647,6 +657,8 @@ def up(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         # no new scaling decision, then the provisioner drains and stops its workers, then the rest
         fleet.stop_all(first=("control-0", "provisioner"), grace_s=UP_STOP_GRACE_S)
+        with contextlib.suppress(Exception):  # how far the log reached: topics made anew are told apart
+            asyncio.run(asyncio.wait_for(bind_store(settings, adopt=True), 3.0))
         lease.release()
         if metrics_port:  # no target left to scrape, as the provisioner leaves its workers' file
             (logs / "prometheus-targets.json").write_text("[]\n")

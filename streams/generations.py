@@ -171,6 +171,14 @@ class GenerationStore:
         expires ``ttl_ms`` from now. Held by another token: that holder and its time left."""
         return await _drive_async(self._backend, self._ops.acquire_lease(name, token, ttl_ms))
 
+    async def bind_log(self, prefix: str, end: int, retained: bool, adopt: bool = False) -> tuple[str, int]:
+        """Check that this store serves the log of topic prefix ``prefix`` whose
+        ``session-events`` end offsets now sum to ``end`` (``retained``: some record is still
+        in it), and record ``end``: ``("ok", recorded before)``, ``("behind", recorded)``
+        when the store served a longer log (the topics were made anew), or ``("unknown", 0)``
+        when the log holds records the store knows nothing of (``adopt`` takes it anyway)."""
+        return await _drive_async(self._backend, self._ops.bind_log(prefix, end, retained, adopt))
+
     async def release_lease(self, name: str, token: str) -> bool:
         """Delete the lease while ``token`` holds it (True when it did)."""
         return await _drive_async(self._backend, self._ops.release_lease(name, token))
@@ -283,6 +291,9 @@ class SyncGenerationStore:
 
     def acquire_lease(self, name: str, token: str, ttl_ms: int) -> LeaseAnswer:
         return _drive_sync(self._backend, self._ops.acquire_lease(name, token, ttl_ms))
+
+    def bind_log(self, prefix: str, end: int, retained: bool, adopt: bool = False) -> tuple[str, int]:
+        return _drive_sync(self._backend, self._ops.bind_log(prefix, end, retained, adopt))
 
     def release_lease(self, name: str, token: str) -> bool:
         return _drive_sync(self._backend, self._ops.release_lease(name, token))

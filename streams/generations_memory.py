@@ -73,7 +73,36 @@ class Keyspace:
         return member in (self.data.get(key) or ())
 
 
-class MemoryScripts(Keyspace):
+class _Leases(Keyspace):
+    """The scripts of the namespace's own records: leases and the log it serves."""
+
+    def _acquire_lease(self, k: list[str], a: list[Any]) -> Reply:
+        holder = self.data.get(k[0])
+        if holder is None or holder == a[0]:
+            self.data[k[0]], self.ttl[k[0]] = a[0], int(a[1])
+            return ["refreshed" if holder else "acquired", a[0], a[1]]
+        return ["held", holder, str(self.ttl.get(k[0], -1))]
+
+    def _bind_log(self, k: list[str], a: list[Any]) -> Reply:
+        cur = self._h(k[0]).get(str(a[0]))
+        now = int(a[1])
+        if cur is None:
+            if int(a[2]) and not int(a[3]) and not self._h(k[1]):
+                return ["unknown", "0"]
+        elif now < int(cur):
+            return ["behind", cur]
+        if cur is None or now > int(cur):
+            self._hset(k[0], **{str(a[0]): str(now)})
+        return ["ok", cur or "0"]
+
+    def _release_lease(self, k: list[str], a: list[Any]) -> Reply:
+        if self.data.get(k[0]) == a[0]:
+            self._del(k[0])
+            return ["ok", "1"]
+        return ["ok", "0"]
+
+
+class MemoryScripts(_Leases):
     """The scripts over the keyspace; a script runs atomically."""
 
     def call(self, name: str, keys: list[str], args: list[Any]) -> Reply:
@@ -305,19 +334,6 @@ class MemoryScripts(Keyspace):
 
     def _sessions_of(self, k: list[str], a: list[Any]) -> Reply:
         return sorted(self.data.get(k[0]) or ())
-
-    def _acquire_lease(self, k: list[str], a: list[Any]) -> Reply:
-        holder = self.data.get(k[0])
-        if holder is None or holder == a[0]:
-            self.data[k[0]], self.ttl[k[0]] = a[0], int(a[1])
-            return ["refreshed" if holder else "acquired", a[0], a[1]]
-        return ["held", holder, str(self.ttl.get(k[0], -1))]
-
-    def _release_lease(self, k: list[str], a: list[Any]) -> Reply:
-        if self.data.get(k[0]) == a[0]:
-            self._del(k[0])
-            return ["ok", "1"]
-        return ["ok", "0"]
 
 
 class _AsyncScripts:

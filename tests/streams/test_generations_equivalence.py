@@ -197,3 +197,21 @@ def test_leases_answer_alike_on_redis_and_in_memory_and_expire_on_redis(redis_ur
         for key in client.scan_iter(f"{{{namespace}}}*"):
             client.delete(key)
         client.close()
+
+
+def test_log_binding_answers_alike_on_redis_and_in_memory(redis_url: str, namespace: str) -> None:
+    """The script and the twin give the same verdicts on the same steps."""
+    from streams.generations import SyncGenerationStore
+
+    client = redis.Redis.from_url(redis_url)
+    real, twin = SyncGenerationStore(client, namespace), SyncMemoryGenerationStore(namespace)
+    steps = [("p", 5, True, False), ("p", 0, False, False), ("p", 5, True, True), ("p", 8, True, False),
+             ("p", 2, True, False), ("q", 0, False, False), ("q", 4, True, False), ("r", 0, False, False)]
+    try:
+        answers = [[store.bind_log(*step) for step in steps] for store in (real, twin)]
+        assert answers[0] == answers[1]
+        assert answers[0][0] == ("unknown", 0) and answers[0][4] == ("behind", 8), answers[0]
+    finally:
+        for key in client.scan_iter(f"{{{namespace}}}*"):
+            client.delete(key)
+        client.close()

@@ -176,3 +176,23 @@ def test_the_twin_counts_each_acquire_as_one_script_call() -> None:
         s.acquire_lease("metrics", "a:1:x", 5000)
     s.release_lease("metrics", "a:1:x")
     assert s.scripts.calls == 4
+
+
+def test_a_store_is_bound_to_how_far_its_log_reached() -> None:
+    """A store records, per topic prefix, the ``session-events`` end offset it served up to:
+    a log holding records it knows nothing of (and no worker) is refused, unless adopted; a
+    log shorter than recorded (topics made anew) is refused; otherwise the offset grows."""
+    s = SyncMemoryGenerationStore("ns")
+    assert s.bind_log("p", 0, False) == ("ok", 0)  # a new log and a new store
+    assert s.bind_log("p", 7, True) == ("ok", 0) and s.bind_log("p", 9, True) == ("ok", 7)
+    assert s.bind_log("p", 3, True) == ("behind", 9)  # the topics were made anew
+    assert s.bind_log("p", 9, True) == ("ok", 9)
+    lost = SyncMemoryGenerationStore("ns")  # a Redis that lost its data
+    assert lost.bind_log("p", 9, True) == ("unknown", 0) and lost.scripts.data == {}
+    assert lost.bind_log("p", 9, False) == ("ok", 0)  # retention removed every record: nothing to know
+    other = SyncMemoryGenerationStore("ns")
+    assert other.bind_log("p", 9, True, adopt=True) == ("ok", 0) and other.bind_log("p", 9, True) == ("ok", 9)
+    known = SyncMemoryGenerationStore("ns")  # a store from before the binding, with its workers
+    known.register_worker("w1", 2)
+    assert known.bind_log("p", 9, True) == ("ok", 0)
+    assert known.bind_log("q", 0, False) == ("ok", 0)  # another prefix, its own record
