@@ -17,8 +17,9 @@ from typing import Any, AsyncIterator, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import (CommitFailedError, GroupAuthorizationFailedError, IllegalGenerationError,
-                             IllegalStateError, RebalanceInProgressError, TopicAuthorizationFailedError,
-                             UnknownMemberIdError)
+                             IllegalStateError, InvalidProducerEpoch, OutOfOrderSequenceNumber, ProducerFenced,
+                             RebalanceInProgressError, TopicAuthorizationFailedError, UnknownMemberIdError,
+                             UnknownProducerId)
 
 from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, key_for, refused_input
 from schemas.errors import AccessDeniedError, InfraError, SchemaError
@@ -92,8 +93,20 @@ def refusal(username: str | None, operation: str, what: str, exc: Exception) -> 
     return AccessDeniedError(f"User:{username or 'ANONYMOUS'}", operation, what, type(exc).__name__)
 
 
+# the broker no longer follows the producer's sequence (its producer state was lost with an
+# unclean stop, or a batch failed between two it took): no send of that producer id to the
+# partition can succeed again, and aiokafka does not take a new id by itself
+SEQUENCE_LOST = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch, ProducerFenced)
+
+
 class RecordProducer:
-    """Publishes records on their own topic under their own key (at-least-once)."""
+    """Publishes records on their own topic under their own key (at-least-once).
+
+    An idempotent producer whose sequence the broker no longer follows (``SEQUENCE_LOST``)
+    is replaced by a new one, a new producer id, and a send it refused is sent again once
+    through the new one: the broker wrote nothing of it. Before, every later send to that
+    partition failed the same way until the process restarted (an outside run: a producer
+    and two workers after the cluster restarted, the workers resending for minutes)."""
 
     def __init__(self, settings: Settings, catalogue: TopicCatalogue | None = None,
                  client_id: str = "chunkserve", **overrides: Any) -> None:
@@ -104,7 +117,11 @@ class RecordProducer:
                                     client_id=client_id,
                                     max_request_size=max(settings.max_record_bytes * 2, 1 << 20))
         opts.update(overrides)
-        self._producer = AIOKafkaProducer(**settings.kafka.client_kwargs(), **opts)
+        self._opts = {**settings.kafka.client_kwargs(), **opts}
+        self._producer = AIOKafkaProducer(**self._opts)
+        self._broken: Any = None  # a producer a send without waiting saw refused for its sequence
+        self._renewing = asyncio.Lock()
+        self.renewals = 0
 
     async def start(self) -> "RecordProducer":
         try:
@@ -123,6 +140,49 @@ class RecordProducer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    async def _renew(self, broken: Any, exc: BaseException) -> None:
+        """Put a new producer in ``broken``'s place, unless another send did already."""
+        async with self._renewing:
+            if self._producer is not broken:
+                return
+            log.warning("producer %s: the broker refused its sequence (%s): starting a new producer (a new "
+                        "producer id) and sending again", self._opts.get("client_id"), type(exc).__name__)
+            fresh = AIOKafkaProducer(**self._opts)
+            try:
+                await fresh.start()
+            except BaseException:
+                await fresh.stop()
+                raise
+            self._producer, self._broken = fresh, None
+            self.renewals += 1
+        try:
+            await asyncio.wait_for(broken.stop(), 5.0)  # its batches fail as they are refused
+        except Exception:  # noqa: BLE001 - the old producer's end is no news
+            pass
+
+    def _watch(self, fut: Any, producer: Any) -> None:
+        if not fut.cancelled() and isinstance(fut.exception(), SEQUENCE_LOST):
+            self._broken = producer  # the next send replaces it
+
+    async def _send(self, topic: str, data: bytes, key: bytes | None, headers: list, wait: bool) -> Any:
+        if self._broken is not None and self._broken is self._producer:
+            await self._renew(self._producer, OutOfOrderSequenceNumber())
+        for attempt in (0, 1):
+            producer = self._producer
+            try:
+                if wait:
+                    return await producer.send_and_wait(topic, data, key=key, headers=headers)
+                fut = await producer.send(topic, data, key=key, headers=headers)
+                fut.add_done_callback(lambda f, p=producer: self._watch(f, p))
+                return fut
+            except SEQUENCE_LOST as exc:
+                if attempt:
+                    raise
+                await self._renew(producer, exc)
+            except TopicAuthorizationFailedError as exc:
+                raise refusal(self.settings.kafka.sasl_username, "write", f"topic {topic}", exc) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def send(self, rec: Record, wait: bool = True) -> Any:
         """Encode and publish ``rec``; with ``wait`` returns once the broker acknowledged it."""
         logical = topic_of(rec)
@@ -130,12 +190,7 @@ class RecordProducer:
         data = encode(rec, self.catalogue.limit(logical))
         count_sent(self.catalogue, rec, logical)
         headers = [(TYPE_HEADER, rec.TAG.encode()), *self.settings.command_keys.sign(logical, data)]
-        try:
-            if wait:
-                return await self._producer.send_and_wait(topic, data, key=key_for(rec), headers=headers)
-            return await self._producer.send(topic, data, key=key_for(rec), headers=headers)
-        except TopicAuthorizationFailedError as exc:
-            raise refusal(self.settings.kafka.sasl_username, "write", f"topic {topic}", exc) from None
+        return await self._send(topic, data, key_for(rec), headers, wait)
 
     async def send_many(self, recs: Iterable[Record]) -> None:
         """Publish several records and wait until all are acknowledged."""
@@ -145,11 +200,7 @@ class RecordProducer:
 
     async def send_raw(self, logical_topic: str, value: bytes, key: bytes | None = None) -> Any:
         """Publish bytes as they are (tools and tests that need malformed records)."""
-        topic = self.catalogue.name(logical_topic)
-        try:
-            return await self._producer.send_and_wait(topic, value, key=key)
-        except TopicAuthorizationFailedError as exc:
-            raise refusal(self.settings.kafka.sasl_username, "write", f"topic {topic}", exc) from None
+        return await self._send(self.catalogue.name(logical_topic), value, key, [], True)
 
     async def flush(self) -> None:
         await self._producer.flush()

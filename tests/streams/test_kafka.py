@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import replace
 
 import pytest
+from aiokafka.errors import OutOfOrderSequenceNumber
 
 from schemas.records import DeadLetter, InputPushed, SessionOpened
 from schemas.topics import DEAD_LETTERS, SESSION_EVENTS, SESSION_INPUTS
@@ -210,5 +212,47 @@ def test_a_groupless_read_starts_where_asked_and_stops_at_the_end(kafka_bootstra
         assert await seqs("end") == []
         with pytest.raises(ValueError, match="start must be"):
             await seqs("middle")
+
+    asyncio.run(run())
+
+
+def test_a_producer_whose_sequence_the_broker_refuses_takes_a_new_id_and_sends_again(
+        kafka_bootstrap, redis_url, namespace):
+    """On the real broker: a gap in an idempotent producer's sequence (as a batch that failed
+    between two the broker took leaves) makes the broker refuse every later batch to that
+    partition (OutOfOrderSequenceNumber; an outside run's producer and workers failed so for
+    minutes after the cluster restarted). The send is taken through a new producer id, once,
+    and so are the sends after it, waited for or not."""
+    from aiokafka import TopicPartition
+
+    settings = _settings(kafka_bootstrap, redis_url, namespace)
+
+    async def run() -> None:
+        catalogue = await ensure_topics(settings)
+        topic = catalogue.name(SESSION_INPUTS)
+        rec = InputPushed(session_id="s1", ts=time.time(), seq=1, kind="text", payload="hi")
+        async with RecordProducer(settings) as producer:
+            first = await producer.send(rec)
+            tp, old = TopicPartition(topic, first.partition), producer._producer
+            old._txn_manager.increment_sequence_number(tp, 3)  # a gap the broker never saw
+            again = await producer.send(replace(rec, seq=2))
+            assert producer.renewals == 1 and producer._producer is not old
+            assert producer._producer._txn_manager.producer_id != old._txn_manager.producer_id
+            assert again.partition == first.partition and again.offset > first.offset
+            fresh = producer._producer
+            fresh._txn_manager.increment_sequence_number(tp, 3)
+            fut = await producer.send(replace(rec, seq=3), wait=False)
+            with pytest.raises(OutOfOrderSequenceNumber):
+                await fut  # refused: the caller sends it again, as the workers' outbox does
+            assert (await producer.send(replace(rec, seq=3))).partition == first.partition
+            assert producer.renewals == 2
+        consumer = RecordConsumer(settings, [SESSION_INPUTS], None, name="t")
+        await consumer.start(subscribe=False)
+        try:
+            ends = await consumer.assign({SESSION_INPUTS: None}, "beginning")
+            seqs = [d.record.seq async for d in consumer.read_to(ends)]  # type: ignore[attr-defined]
+        finally:
+            await consumer.stop()
+        assert seqs == [1, 2, 3], seqs  # each once: nothing the broker refused was written
 
     asyncio.run(run())
