@@ -64,12 +64,54 @@ def start(
                   f"{time.monotonic() - started:.1f} s; data and logs in {data}")
     console.print(f"export CHUNKSERVE_KAFKA_BOOTSTRAP={cluster.bootstrap}")
     try:
-        stopped = _serve(lambda: all(n.running for n in cluster.nodes), stop)
+        if brokers > 1:
+            stopped = _serve_nodes(cluster, stop)
+        else:
+            stopped = _serve(lambda: all(n.running for n in cluster.nodes), stop)
+            if not stopped:
+                _err.print("[red]a broker exited[/red]: see server.log under the data folder")
     finally:
         cluster.stop()
     if not stopped:
-        _err.print("[red]a broker exited[/red]: see server.log under the data folder")
         raise typer.Exit(1)
+
+
+def _serve_nodes(cluster: object, stop: dict[str, bool]) -> bool:
+    """Serve a cluster of several nodes until Ctrl-C or SIGTERM (True), starting a node that
+    exits again on its own folder while the others serve (its partitions have other leaders
+    meanwhile) unless it exits over and over (False). Before, one node's exit stopped them
+    all, and an outside run's fleet waited on an operator for two minutes."""
+    import signal as signals
+
+    from infra.local import after_exit
+
+    restarts: dict[int, list[float]] = {}
+    try:
+        while not stop["now"]:
+            for node in cluster.nodes:  # type: ignore[attr-defined]
+                if node.running:
+                    continue
+                code = node.proc.returncode if node.proc is not None else None
+                said = f"killed by {signals.Signals(-code).name}" if code is not None and code < 0 \
+                    and -code in signals.valid_signals() else f"exit code {code}"
+                why = after_exit(None, restarts.setdefault(node.node_id, []), time.monotonic())
+                if why is not None:
+                    _err.print(f"[red]broker node {node.node_id} exited ({said}); {why}[/red]: see "
+                               f"{node.folder / 'server.log'}")
+                    return False
+                console.print(f"broker node {node.node_id} exited ({said}); starting it again on {node.folder}")
+                restarts[node.node_id].append(time.monotonic())
+                started = time.monotonic()
+                try:
+                    cluster.restart(node.node_id)  # type: ignore[attr-defined]
+                except InfraError as exc:
+                    _err.print(f"[red]broker node {node.node_id} did not come back: {exc}[/red]")
+                    return False
+                console.print(f"broker node {node.node_id} serves again ({time.monotonic() - started:.1f} s)")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return True
+    return True
 
 
 def _stop_on_sigterm() -> dict[str, bool]:

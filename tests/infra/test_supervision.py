@@ -322,6 +322,55 @@ def test_a_broker_started_by_hand_dies_with_its_killed_parent(tmp_path):
             cli.kill()
 
 
+@pytest.mark.skipif(not java_available(), reason="needs Java for the embedded Apache Kafka")
+def test_broker_start_of_three_starts_a_killed_node_again_and_serves_on(tmp_path):
+    """`chunkserve broker start --brokers 3` whose node is killed starts it again on its folder
+    while the other two serve (before, one node's exit stopped all three, and a fleet waited on
+    its operator); the cluster lists three brokers again, and SIGTERM still stops it cleanly."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    env = {k: v for k, v in os.environ.items() if k != "CHUNKSERVE_KAFKA_BOOTSTRAP"}
+    cli = subprocess.Popen([sys.executable, "-m", "infra", "broker", "start", "--data", str(tmp_path / "kafka"),
+                            "--brokers", "3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+
+    def said(wanted: bytes, timeout_s: float = 150.0) -> bytes:
+        deadline, line = time.monotonic() + timeout_s, b""
+        while wanted not in line and time.monotonic() < deadline and cli.poll() is None:
+            line = cli.stdout.readline()  # type: ignore[union-attr]
+        assert wanted in line, (wanted, line)
+        return line
+
+    try:
+        bootstrap = said(b"CHUNKSERVE_KAFKA_BOOTSTRAP=").decode().strip().split("=", 1)[1]
+        nodes = [p for p in psutil.Process(cli.pid).children(recursive=True) if "kafka.Kafka" in " ".join(p.cmdline())]
+        assert len(nodes) == 3
+        victim = next(p for p in nodes if "node-2" in " ".join(p.cmdline()))
+        victim.kill()
+        assert b"broker node 2 exited (killed by SIGKILL); starting it again" in said(b"broker node 2 exited")
+        said(b"broker node 2 serves again")
+        assert all(p.is_running() for p in nodes if p.pid != victim.pid) and cli.poll() is None
+
+        async def brokers() -> int:
+            listed, deadline = 0, time.monotonic() + 60
+            while listed != 3 and time.monotonic() < deadline:  # a client may first ask a node not back yet
+                admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+                try:
+                    await admin.start()
+                    listed = len((await admin.describe_cluster())["brokers"])
+                except Exception:  # noqa: BLE001 - asked again
+                    await asyncio.sleep(1.0)
+                finally:
+                    await admin.close()
+            return listed
+
+        assert asyncio.run(brokers()) == 3
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(60) == 0
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
 def test_a_child_spawned_from_a_worker_thread_dies_with_its_killed_parent():
     """The death signal follows the thread that forked, so a child started from a worker
     thread has none: a broker node a chaos run restarted from one ran on, orphaned, once the
