@@ -1,7 +1,7 @@
 """The Redis ACL a chunkserve deployment needs: its own key namespace, and only the commands
-the generation store runs (EVALSHA / SCRIPT LOAD, and inside its Lua scripts a few hash, set
-and string commands: the strings are the leases); on a Redis Cluster also the slot map and
-the replica count it reads to find its slot's master and to acknowledge fenced writes
+the generation store runs (EVALSHA / SCRIPT LOAD, and inside its Lua scripts a few hash, set,
+sorted-set and string commands: the sorted set is the recovery queue, the strings the leases);
+on a Redis Cluster also the slot map and the replica count it reads to find its slot's master and to acknowledge fenced writes
 (``CLUSTER SLOTS``, ``CLUSTER NODES``, ``ROLE``, ``WAIT``). Nothing else: no FLUSHALL, no
 KEYS, no CONFIG, no other namespace's keys.
 """
@@ -12,7 +12,8 @@ __all__ = ["COMMANDS", "CLUSTER_COMMANDS", "acl_rules"]
 
 COMMANDS = ("evalsha", "script|load", "ping", "hello",
             "hget", "hset", "hmget", "hdel", "hexists", "hgetall", "hkeys", "hincrby",
-            "sadd", "srem", "sismember", "smembers", "del", "pexpire", "get", "set", "pttl")
+            "sadd", "srem", "sismember", "smembers", "zadd", "zrem", "zrangebyscore", "zcard",
+            "del", "pexpire", "get", "set", "pttl")
 CLUSTER_COMMANDS = ("cluster|slots", "cluster|nodes", "role", "wait")
 
 

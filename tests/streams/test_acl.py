@@ -79,3 +79,55 @@ def test_a_user_without_a_command_the_store_runs_is_refused_in_one_line(redis_ur
         for key in admin.scan_iter(f"{{{namespace}}}*"):
             admin.delete(key)
         admin.close()
+
+
+def test_acl_user_runs_the_recovery_queue(redis_url, namespace):
+    """A dead worker's sessions are queued and swept under the documented ACL (its rules
+    lacked the sorted-set commands the queue runs: an outside run's dispatch crashed when a
+    worker died, and no session of it was recovered)."""
+    import asyncio
+
+    from streams.generations import GenerationStore
+
+    admin = redis.Redis.from_url(redis_url)
+    user, password = f"cs-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", *acl_rules(namespace))
+
+    async def run() -> None:
+        import redis.asyncio as aredis
+
+        client = aredis.Redis.from_url(redis_url, username=user, password=password)
+        store = GenerationStore(client, namespace)
+        try:
+            await store.register_worker("w1", 2)
+            gen = await store.commit("s1", 0, "w1")
+            await store.claim("s1", gen)
+            await store.set_down("w1", time.time())
+            assert await store.strand("w1", time.time()) == 1  # ZADD
+            count, due = await store.recovery_due(time.time() + 1, 8)  # ZCARD, ZRANGEBYSCORE
+            assert count == 1 and [sid for sid, _ in due] == ["s1"]
+            await store.recovery_mark("s1", None)  # ZREM
+            assert (await store.recovery_due(time.time() + 1, 8))[0] == 0
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        for key in admin.scan_iter(f"{{{namespace}}}*"):
+            admin.delete(key)
+        admin.close()
+
+
+def test_the_acl_grants_every_command_the_store_scripts_run():
+    """Every ``redis.call`` in the store's Lua scripts is one the rules allow (the rules
+    missed the recovery queue's four)."""
+    import re
+    from pathlib import Path
+
+    from streams.acl import COMMANDS
+
+    lua = Path(__file__).resolve().parents[2] / "streams" / "lua"
+    called = {m.lower() for f in lua.glob("*.lua") for m in re.findall(r"redis\.call\('([A-Za-z]+)'", f.read_text())}
+    assert called and called <= set(COMMANDS), sorted(called - set(COMMANDS))
