@@ -249,7 +249,10 @@ async def _fold_log(settings: Any, catalogue: Any, shell: "ControlShell", caught
         ends = await consumer.assign(dict.fromkeys(_FOLDED))
         while True:
             for delivered in await consumer.poll(timeout_ms=200):
-                if misfiled(delivered.record, delivered.key) is None:  # dispatch refuses a misfiled one
+                if delivered.refused is not None:  # the provisioner and dispatch refuse it too
+                    log.warning("control: refused %s on %s (%s): not folded", delivered.record.TAG,
+                                delivered.topic, delivered.refused)
+                elif misfiled(delivered.record, delivered.key) is None:  # dispatch refuses a misfiled one
                     shell.fold(delivered.record)
             if not caught_up["done"]:
                 caught_up["done"] = await consumer.reached(ends)

@@ -80,3 +80,36 @@ def store_generation_of(url: str, ns: str, sid: str) -> Generation | None:
         return store.current(sid)
     finally:
         store.client.close()
+
+
+def test_control_folds_no_unauthentic_scaling_command(kafka_bootstrap, redis_url, namespace):
+    """The control processor's view takes only signed scaling commands, as the provisioner
+    does (an outside run's unsigned Drain took a worker out of its admission plans, an unsigned
+    ScaleOut held its scale-out for 120 s, an unsigned PolicyState stopped its scaling)."""
+    from processors.agents.control import ControlShell, _fold_log
+    from schemas.records import Drain
+
+    keys = CommandKeys.from_env({"CHUNKSERVE_COMMAND_KEYS": f"new:{NEW}"})
+    signed = replace(Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
+        kafka_bootstrap, redis_url), command_keys=keys)
+    shell = ControlShell()
+
+    async def run() -> None:
+        catalogue = await ensure_topics(signed)
+        for settings, worker in ((replace(signed, command_keys=CommandKeys()), "w-unsigned"),
+                                 (replace(signed, command_keys=CommandKeys.from_env(
+                                     {"CHUNKSERVE_COMMAND_KEYS": f"new:{OTHER}"})), "w-forged"),
+                                 (signed, "w-signed")):
+            async with RecordProducer(settings) as p:
+                await p.send(Drain(pool="default", worker_id=worker, ts=time.time()))
+        caught_up = {"done": False}
+        fold = asyncio.create_task(_fold_log(signed, catalogue, shell, caught_up))
+        deadline = time.monotonic() + 60
+        while not caught_up["done"] and time.monotonic() < deadline and not fold.done():
+            await asyncio.sleep(0.2)
+        fold.cancel()
+        await asyncio.gather(fold, return_exceptions=True)
+        assert caught_up["done"]
+
+    asyncio.run(run())
+    assert set(shell.view.workers) == {"w-signed"}, shell.view.workers
