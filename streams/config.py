@@ -75,6 +75,11 @@ class KafkaSettings:
         if self.sasl_mechanism is not None and self.sasl_mechanism not in _SASL_MECHANISMS:
             raise ConfigError("kafka.sasl_mechanism",
                               f"must be one of {list(_SASL_MECHANISMS)}, got {self.sasl_mechanism!r}")
+        if self.security_protocol.startswith("SASL"):  # the client failed deep inside with a traceback
+            for key, value in (("kafka.sasl_username", self.sasl_username), ("kafka.sasl_password", self.sasl_password)):
+                if not value:
+                    raise ConfigError("kafka.security_protocol", f"{self.security_protocol} signs in with a user name "
+                                      f"and password, and {key} is not set (CHUNKSERVE_{key.upper().replace('.', '_')})")
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for aiokafka producers, consumers and admin clients."""

@@ -41,9 +41,12 @@ class CommandKeys:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "CommandKeys":
         env = os.environ if env is None else env
-        raw = env.get(_ENV_KEYS, "").strip()
-        if not raw:
+        if _ENV_KEYS not in env:
             return cls()
+        raw = env[_ENV_KEYS].strip()
+        if not raw:  # a template whose secret did not arrive: refused, not signing turned off
+            raise ConfigError(_ENV_KEYS, "set but empty: give KEY_ID:HEX entries, or unset it to turn "
+                              "signing off", "environment")
         keys: dict[str, bytes] = {}
         for n, item in enumerate(raw.split(","), start=1):
             kid, sep, secret = item.strip().partition(":")
@@ -54,6 +57,8 @@ class CommandKeys:
             if not sep or not kid or len(key) < 16:
                 raise ConfigError(_ENV_KEYS, f"entry {n}: expected KEY_ID:HEX with at least 16 "
                                   "bytes of key", "environment")
+            if kid in keys:  # the last would win, and commands signed with the first be refused as forged
+                raise ConfigError(_ENV_KEYS, f"entry {n}: key id {kid!r} is given twice", "environment")
             keys[kid] = key
         active = env.get(_ENV_ACTIVE) or next(iter(keys))
         if active not in keys:

@@ -280,3 +280,14 @@ def test_a_broker_error_is_one_line_not_a_traceback(monkeypatch, capsys, kafka_b
     said = capsys.readouterr()
     assert ended.value.code == 1 and "Traceback" not in said.out + said.err and not said.out.strip()
     assert said.err.strip().splitlines() == ["error: the broker: RequestTimedOutError ([Error 7] RequestTimedOutError)"]
+
+
+@pytest.mark.parametrize("given", ["CHUNKSERVE_KAFKA_SASL_USERNAME", "CHUNKSERVE_KAFKA_SASL_PASSWORD"])
+def test_sasl_with_a_user_name_or_a_password_alone_is_named_in_one_line(given):
+    """Either without the other failed inside the Kafka client with an 80-line traceback."""
+    missing = ({"CHUNKSERVE_KAFKA_SASL_USERNAME", "CHUNKSERVE_KAFKA_SASL_PASSWORD"} - {given}).pop()
+    rc, out = _run(["topics"], {"CHUNKSERVE_KAFKA_BOOTSTRAP": "127.0.0.1:9", "CHUNKSERVE_REDIS_URL": "redis://127.0.0.1:9",
+                                "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", given: "x"})
+    line = _one_line(out)
+    assert rc == 2 and line.startswith("configuration error: env CHUNKSERVE_KAFKA_SECURITY_PROTOCOL: "), line
+    assert f"is not set ({missing})" in line, line

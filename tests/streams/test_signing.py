@@ -38,9 +38,21 @@ def test_unsigned_topics_and_disabled_keys() -> None:
     assert on.sign("session-events", b"x") == [] and on.verify("session-events", b"x", None) is None
 
 
-@pytest.mark.parametrize("spec", ["a", "a:zz", f"a:{A[:10]}", ":" + A, "a:" + A + ",b"])
+@pytest.mark.parametrize("spec", ["a", "a:zz", f"a:{A[:10]}", ":" + A, "a:" + A + ",b", "", "  ",
+                                  f"a:{A},a:{'22' * 16}"])
 def test_bad_key_config_names_the_variable(spec: str) -> None:
     with pytest.raises(ConfigError, match="CHUNKSERVE_COMMAND_KEYS"):
         keys(spec)
     with pytest.raises(ConfigError, match="CHUNKSERVE_COMMAND_KEY_ID"):
         keys(f"a:{A}", active="c")
+
+
+def test_an_empty_or_repeated_key_setting_is_refused_not_taken() -> None:
+    """Set but empty (a template whose secret did not arrive) turned signing off with a
+    warning; a key id given twice kept the last key, and commands signed with the first were
+    refused as forged. Both are refused in one line; unset, signing is off."""
+    with pytest.raises(ConfigError, match="set but empty"):
+        CommandKeys.from_env({"CHUNKSERVE_COMMAND_KEYS": ""})
+    with pytest.raises(ConfigError, match="entry 2: key id 'a' is given twice"):
+        CommandKeys.from_env({"CHUNKSERVE_COMMAND_KEYS": f"a:{A},a:{'22' * 16}"})
+    assert not CommandKeys.from_env({}).enabled
