@@ -168,6 +168,14 @@ def topics() -> None:
         console.print(f"{name}  partitions={has if has is not None else '?'}"
                       + (f"  (configured {n}: partitions are set when a topic is made)" if has is not None and has != n else ""),
                       highlight=False)
+    missing = [name for name in configured if name not in actual]
+    if missing:  # it said nothing and exited 0 (a principal that may neither see nor make them)
+        who = settings.kafka.sasl_username
+        _stderr.print(f"[red]error: {len(missing)} of {len(configured)} topics are not on the broker, or not visible "
+                      f"to {'principal User:' + who if who else 'this client'}, and could not be made[/red] "
+                      "(creating them takes Create on the cluster, seeing them Describe: run `chunkserve topics` "
+                      "as the admin, see `chunkserve acls`)", soft_wrap=True)
+        raise typer.Exit(2)
 
 
 @app.command("worker")

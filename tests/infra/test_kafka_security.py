@@ -342,3 +342,14 @@ def test_workers_the_provisioner_starts_run_as_the_worker_principal(secured: Sec
     assert "Authenticated as provisioner via SCRAM-SHA-512" in said and "as worker" not in said, said[-2000:]
     assert ("error: the broker refused principal 'User:provisioner' describe on topic sec.worker-commands "
             "(TopicAuthorizationFailedError)") in said and "Traceback" not in said, said[-2000:]
+
+
+def test_topics_run_by_a_principal_that_may_not_make_them_says_so(secured: Secured) -> None:
+    """`chunkserve topics` as the worker, on a prefix whose topics are not there, listed them
+    with `partitions=?` and exited 0; it now says none could be made, naming the principal."""
+    env = {**os.environ, **_cli_env(secured), "CHUNKSERVE_KAFKA_SASL_PASSWORD": secured.security.users["worker"],
+           "CHUNKSERVE_TOPIC_PREFIX": "nowhere."}
+    done = subprocess.run([sys.executable, "-m", "infra", "topics"], env=env, capture_output=True, text=True, timeout=120)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "Traceback" not in said, done.stdout + done.stderr
+    assert "error: 7 of 7 topics are not on the broker, or not visible to principal User:worker" in said, said
