@@ -75,16 +75,23 @@ class KafkaSettings:
         if self.sasl_mechanism is not None and self.sasl_mechanism not in _SASL_MECHANISMS:
             raise ConfigError("kafka.sasl_mechanism",
                               f"must be one of {list(_SASL_MECHANISMS)}, got {self.sasl_mechanism!r}")
-        if self.security_protocol.startswith("SASL"):  # the client failed deep inside with a traceback
+
+    def sasl_missing(self) -> str | None:
+        """Why a SASL protocol cannot sign in (a user name or password not set), or None."""
+        if self.security_protocol.startswith("SASL"):
             for key, value in (("kafka.sasl_username", self.sasl_username), ("kafka.sasl_password", self.sasl_password)):
                 if not value:
-                    raise ConfigError("kafka.security_protocol", f"{self.security_protocol} signs in with a user name "
-                                      f"and password, and {key} is not set (CHUNKSERVE_{key.upper().replace('.', '_')})")
+                    return (f"{self.security_protocol} signs in with a user name and password, and {key} is not "
+                            f"set (CHUNKSERVE_{key.upper().replace('.', '_')})")
+        return None
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for aiokafka producers, consumers and admin clients."""
         if not self.bootstrap:
             raise ConfigError("kafka.bootstrap", "no broker configured")
+        missing = self.sasl_missing()
+        if missing:  # the client failed deep inside with a traceback
+            raise ConfigError("kafka.security_protocol", missing)
         kwargs: dict[str, Any] = {"bootstrap_servers": self.bootstrap,
                                   "security_protocol": self.security_protocol}
         if "SSL" in self.security_protocol:

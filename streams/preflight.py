@@ -102,6 +102,9 @@ async def _broker(settings: Settings, sources: Mapping[str, str], timeout_s: flo
     from aiokafka.errors import KafkaError
 
     _files(settings, sources, _KAFKA_FILES)
+    missing = settings.kafka.sasl_missing()
+    if missing:
+        raise ConfigError("kafka.security_protocol", missing, origin("kafka.security_protocol", sources))
     try:
         kwargs = settings.kafka.client_kwargs()
     except ssl.SSLError as exc:  # a file that is there but holds no usable PEM
