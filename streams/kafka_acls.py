@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from schemas.errors import InfraError
+from schemas.errors import AccessDeniedError, InfraError
 from schemas.topics import (DEAD_LETTERS, METRICS, SCALING_COMMANDS, SESSION_EVENTS,
                             SESSION_INPUTS, WORKER_COMMANDS, WORKER_EVENTS)
 
@@ -58,6 +58,7 @@ ROLES: dict[str, Role] = {
 _RESOURCE = {"Topic": 2, "Group": 3}
 _OPERATION = {"Read": 3, "Write": 4, "Create": 5, "Describe": 8}
 _PATTERN_LITERAL, _ALLOW, _ANY = 3, 3, 1
+_CLUSTER_AUTHORIZATION_FAILED = 31  # the Kafka protocol's error code
 
 
 @dataclass(frozen=True, order=True)
@@ -131,6 +132,11 @@ async def apply_acls(settings: Settings, wanted: list[Binding]) -> int:
             _OPERATION[b.operation], _ALLOW), node) for b in wanted))
     finally:
         await admin.close()
+    codes = {code for resp in answers for code, _ in resp.creation_responses}
+    if _CLUSTER_AUTHORIZATION_FAILED in codes:  # every binding refused alike: say it once
+        who = f"User:{settings.kafka.sasl_username or 'ANONYMOUS'}"
+        raise AccessDeniedError(who, "Alter", "the cluster (creating ACLs)",
+                                "ClusterAuthorizationFailedError: run acls --apply with the admin's credentials")
     for b, resp in zip(wanted, answers):
         for code, message in resp.creation_responses:
             if code:

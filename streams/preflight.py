@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
 from typing import Any, Iterator, Mapping
 from urllib.parse import urlsplit
@@ -81,6 +82,14 @@ class _Quiet:
         self.logger.propagate = self.propagate
 
 
+def _closed(protocol: str, bootstrap: str) -> str:
+    """A listener took the connection and closed it: it speaks another security protocol."""
+    wants = [w for w, has in (("TLS", "SSL" in protocol), ("SASL", "SASL" in protocol)) if not has]
+    return (f"the listener at {bootstrap} took the connection and closed it at the first request "
+            f"over {protocol}: it may ask for {' and '.join(wants) or 'another protocol'}; set it as "
+            "the broker's listener is configured (PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL)")
+
+
 def _kafka_blame(settings: Settings, sources: Mapping[str, str], said: str) -> Iterator[ConfigError]:
     """The setting a failed bootstrap points at, from what the client logged."""
     k = settings.kafka
@@ -92,6 +101,9 @@ def _kafka_blame(settings: Settings, sources: Mapping[str, str], said: str) -> I
         yield ConfigError("kafka.ssl_cafile", f"TLS with the broker at {k.bootstrap} failed: the "
                           "certificate authority does not verify its certificate (or it does not "
                           "speak TLS)", origin("kafka.ssl_cafile", sources))
+    elif re.search(r"KafkaConnectionError: Connection at \S+ closed", said):
+        yield ConfigError("kafka.security_protocol", _closed(k.security_protocol, k.bootstrap),
+                          origin("kafka.security_protocol", sources))
     yield ConfigError("kafka.bootstrap", f"no broker answers at {k.bootstrap}"
                       + (f" over {k.security_protocol}" if k.security_protocol != "PLAINTEXT" else ""),
                       origin("kafka.bootstrap", sources))

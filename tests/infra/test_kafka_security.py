@@ -98,6 +98,22 @@ def test_the_cluster_holds_exactly_the_acl_table(secured: Secured) -> None:
     assert not any("User:worker" in ln and "Write" in ln and "worker-commands" in ln for ln in lines)
 
 
+def test_acls_apply_by_a_principal_not_the_admin_is_one_short_line(secured: Secured) -> None:
+    k = secured.settings("worker").kafka
+    env = {**os.environ, "CHUNKSERVE_KAFKA_BOOTSTRAP": k.bootstrap, "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+           "CHUNKSERVE_KAFKA_SASL_MECHANISM": k.sasl_mechanism, "CHUNKSERVE_KAFKA_SASL_USERNAME": "worker",
+           "CHUNKSERVE_KAFKA_SASL_PASSWORD": k.sasl_password, "CHUNKSERVE_KAFKA_SSL_CAFILE": k.ssl_cafile,
+           "CHUNKSERVE_TOPIC_PREFIX": "sec-other."}
+    before = asyncio.run(current_acls(secured.settings()))
+    done = subprocess.run([sys.executable, "-m", "infra", "acls", "--apply"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    out = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 1 and len(out) == 1, done.stdout + done.stderr
+    assert "refused principal 'User:worker' Alter on the cluster (creating ACLs)" in out[0], out
+    assert "admin's credentials" in out[0] and len(out[0]) < 240 and "Traceback" not in done.stderr
+    assert asyncio.run(current_acls(secured.settings())) == before  # nothing was made
+
+
 @pytest.mark.parametrize("mechanism", KafkaSecurity.MECHANISMS)
 def test_each_mechanism_signs_in_and_records_flow_under_the_acls(secured: Secured, mechanism: str) -> None:
     async def run() -> list[str]:
@@ -169,7 +185,9 @@ def test_a_wrong_password_or_an_untrusted_certificate_is_refused(secured: Secure
     said = refusal(secured.settings("worker", ssl_cafile=str(secured.other_ca)))
     assert "kafka.ssl_cafile: TLS with the broker" in said and "does not verify its certificate" in said
     said = refusal(secured.settings("worker", security_protocol="PLAINTEXT"))  # no TLS, no SASL
-    assert "kafka.bootstrap: no broker answers" in said
+    assert "kafka.security_protocol: the listener at" in said and "may ask for TLS and SASL" in said
+    said = refusal(secured.settings("worker", security_protocol="SSL"))  # TLS without SASL
+    assert "kafka.security_protocol: the listener at" in said and "over SSL: it may ask for SASL;" in said
 
     # and from the command line: one line, exit code 2, the principal named
     env = {**os.environ, **_cli_env(secured), "CHUNKSERVE_KAFKA_SASL_PASSWORD": "not-it"}
