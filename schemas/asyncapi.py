@@ -73,6 +73,10 @@ def _example(cls: Any) -> dict[str, Any]:
     return {k: v for k, v in wire.items() if not isinstance(v, bytes)}
 
 
+#: AsyncAPI's security scheme type for each SASL mechanism chunkserve's clients offer
+SASL_SCHEMES = {"plain": "PLAIN", "scramSha256": "SCRAM-SHA-256", "scramSha512": "SCRAM-SHA-512"}
+
+
 def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
     """The document as a plain dict (stable ordering, no timestamps)."""
     channels: dict[str, Any] = {}
@@ -130,6 +134,20 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
                            "(an aborted transaction's are never acted on; an open one holds back what "
                            "follows it on its partitions until it ends).",
             "variables": {"bootstrap": {"description": "host:port of a broker", "examples": ["127.0.0.1:9092"]}},
+        }, "cluster-sasl-ssl": {
+            "host": "{bootstrap}",
+            "protocol": "kafka-secure",
+            "description": "The same cluster with TLS and SASL (`kafka.security_protocol = SASL_SSL`; "
+                           "SASL_PLAINTEXT is SASL without TLS). The client verifies the broker's certificate "
+                           "against the cluster's CA (`kafka.ssl_cafile`) and signs in with one of the "
+                           "mechanisms below (`kafka.sasl_mechanism`, PLAIN when unset) as its role's "
+                           "principal. With the broker's authorizer on, each role may touch only its own "
+                           "topics and consumer groups: `chunkserve acls --print` lists the bindings. A "
+                           "producer needs Write on session-events and session-inputs, and a Read binding "
+                           "on any topic it also reads (such as worker-events, to see its inputs accepted).",
+            "variables": {"bootstrap": {"description": "host:port of a broker's SASL_SSL listener",
+                                        "examples": ["127.0.0.1:9093"]}},
+            "security": [{"$ref": f"#/components/securitySchemes/{name}"} for name in SASL_SCHEMES],
         }},
         "info": {
             "title": "chunkserve topics",
@@ -143,7 +161,10 @@ def asyncapi_document(version: str = "0.1.0") -> dict[str, Any]:
         "defaultContentType": "application/msgpack",
         "channels": channels,
         "operations": _operations(channels),
-        "components": {"messages": messages, "schemas": _described_components(schemas)},
+        "components": {"messages": messages, "schemas": _described_components(schemas),
+                       "securitySchemes": {name: {"type": name, "description": f"SASL/{mechanism}: the "
+                                                  "user name and password of the role's principal"}
+                                           for name, mechanism in SASL_SCHEMES.items()}},
     }
 
 

@@ -46,6 +46,31 @@ function parseArgs (argv) {
   return opts
 }
 
+// TLS and SASL from the same environment variables chunkserve reads (the contract's
+// cluster-sasl-ssl server): the security protocol, the CA that signed the broker's
+// certificate, and the mechanism, user name and password
+function security (env) {
+  const protocol = env.CHUNKSERVE_KAFKA_SECURITY_PROTOCOL || 'PLAINTEXT'
+  if (!['PLAINTEXT', 'SSL', 'SASL_PLAINTEXT', 'SASL_SSL'].includes(protocol)) {
+    usage(`CHUNKSERVE_KAFKA_SECURITY_PROTOCOL: ${protocol} is none of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL`)
+  }
+  const out = {}
+  if (protocol.endsWith('SSL')) {
+    out.ssl = env.CHUNKSERVE_KAFKA_SSL_CAFILE ? { ca: [fs.readFileSync(env.CHUNKSERVE_KAFKA_SSL_CAFILE, 'utf8')] } : true
+  }
+  if (protocol.startsWith('SASL')) {
+    const mechanism = (env.CHUNKSERVE_KAFKA_SASL_MECHANISM || 'PLAIN').toLowerCase()
+    if (!['plain', 'scram-sha-256', 'scram-sha-512'].includes(mechanism)) {
+      usage(`CHUNKSERVE_KAFKA_SASL_MECHANISM: ${mechanism} is none of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512`)
+    }
+    const username = env.CHUNKSERVE_KAFKA_SASL_USERNAME
+    const password = env.CHUNKSERVE_KAFKA_SASL_PASSWORD
+    if (!username || !password) usage(`${protocol} needs CHUNKSERVE_KAFKA_SASL_USERNAME and CHUNKSERVE_KAFKA_SASL_PASSWORD`)
+    out.sasl = { mechanism, username, password }
+  }
+  return out
+}
+
 function usage (why) {
   process.stderr.write(`node-producer: ${why}\n`)
   process.exit(2)
@@ -204,7 +229,8 @@ async function main () {
   const deadline = Date.now() + opts.timeoutS * 1000
   const log = msg => process.stderr.write(`node-producer: ${msg}\n`)
 
-  const kafka = new Kafka({ clientId: 'node-producer', brokers: opts.bootstrap.split(','), logLevel: logLevel.WARN })
+  const kafka = new Kafka({ clientId: 'node-producer', brokers: opts.bootstrap.split(','), logLevel: logLevel.WARN,
+    ...security(process.env) })
   // keyed records go where the contract says: murmur2 of the key modulo the partition count,
   // which is kafkajs' DefaultPartitioner; one in-flight request keeps a session's order
   const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner,

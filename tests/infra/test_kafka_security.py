@@ -8,6 +8,7 @@ the broker and reported in one line. One secured broker serves the whole module.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import subprocess
@@ -34,6 +35,7 @@ from streams.kafka import RecordConsumer, RecordProducer
 from streams.kafka_acls import ROLES, bindings, current_acls
 from streams.preflight import check
 from streams.topics import ensure_topics
+from tests.infra.test_node_producer import ROOT, _node_example
 from tests.tls import make_pki
 
 pytestmark = [pytest.mark.integration,
@@ -249,6 +251,37 @@ def test_end_to_end_with_every_role_as_its_own_principal(secured: Secured, names
     for log in [*(tmp_path / "others").glob("*.log"), *(tmp_path / "flow").glob("*.log")]:
         text = log.read_text(errors="replace")
         assert "AuthorizationFailed" not in text and "refused principal" not in text, log.name
+
+
+def test_the_node_producer_signs_in_over_sasl_ssl(secured: Secured, namespace: str, tmp_path: Path) -> None:
+    """The kafkajs example, configured as the contract's ``cluster-sasl-ssl`` server says (the
+    cluster's CA, SCRAM), serves sessions with dispatch and a worker signed in as their own
+    principals. It signs in as the admin: it reads worker-events and its own consumer group,
+    which the producer role may not."""
+    script = _node_example(tmp_path)
+    prefix = f"{namespace}."
+    admin = secured.settings(prefix=prefix)
+    asyncio.run(ensure_topics(admin))
+    _apply(admin)
+    fleet = LocalFleet(admin, tmp_path / "logs", role_env={role: secured.env(role) for role in ROLES})
+    k = admin.kafka
+    env = {**os.environ, "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "CHUNKSERVE_KAFKA_SSL_CAFILE": str(k.ssl_cafile),
+           "CHUNKSERVE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256", "CHUNKSERVE_KAFKA_SASL_USERNAME": "admin",
+           "CHUNKSERVE_KAFKA_SASL_PASSWORD": secured.security.users["admin"]}
+    command = ["node", str(script), "--bootstrap", k.bootstrap, "--prefix", prefix, "--sessions", "2",
+               "--inputs", "2", "--timeout-s", "90", "--contract", str(ROOT / "docs" / "asyncapi.json")]
+    try:
+        fleet.start_processor("dispatch")
+        fleet.start_worker("worker-0", capacity=3, chunk_interval_s=0.05)
+        node = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
+        wrong = subprocess.run(command, env={**env, "CHUNKSERVE_KAFKA_SASL_PASSWORD": "not-it"},
+                               capture_output=True, text=True, timeout=150)
+    finally:
+        fleet.stop_all()
+    assert node.returncode == 0, f"stdout: {node.stdout[-2000:]}\nstderr: {node.stderr[-4000:]}"
+    summary = json.loads(node.stdout.strip().splitlines()[-1])
+    assert summary["pushed"] == summary["accepted"] == 4 and summary["closed"] == 2 and summary["refused"] == []
+    assert wrong.returncode != 0 and "SASL" in wrong.stdout + wrong.stderr, wrong.stdout + wrong.stderr
 
 
 async def _metrics_until(settings: Settings, done: Callable[[list[Record]], bool],

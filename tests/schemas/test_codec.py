@@ -162,6 +162,18 @@ def test_asyncapi_document_is_current() -> None:
     assert set(doc["components"]["messages"]) == {c.__name__ for c in record_types().values()}
 
 
+def test_asyncapi_security_schemes_are_the_mechanisms_clients_offer() -> None:
+    from schemas.asyncapi import SASL_SCHEMES, asyncapi_document
+    from streams.config import _SASL_MECHANISMS
+
+    doc = asyncapi_document()
+    assert sorted(SASL_SCHEMES.values()) == sorted(_SASL_MECHANISMS)
+    schemes = doc["components"]["securitySchemes"]
+    assert {name: v["type"] for name, v in schemes.items()} == {name: name for name in SASL_SCHEMES}
+    refs = [r["$ref"].rsplit("/", 1)[1] for r in doc["servers"]["cluster-sasl-ssl"]["security"]]
+    assert refs == list(schemes) and "security" not in doc["servers"]["cluster"]
+
+
 def test_type_header_names_the_record_type():
     from schemas.codec import TYPE_HEADER, header_tag
 
