@@ -246,6 +246,23 @@ def _check_children_env(settings: Settings) -> None:
         raise ConfigError(exc.key, str(exc).split(": ", 2)[-1], "env CHUNKSERVE_WORKER_CAPACITY") from None
 
 
+def _role_env(settings: Settings) -> dict[str, dict[str, str]]:
+    """Each processor's and the provisioner's own Kafka principal, from
+    ``CHUNKSERVE_<ROLE>_KAFKA_SASL_USERNAME`` / ``_PASSWORD`` (both or neither: then it signs
+    in as ``up`` does); the workers' are the provisioner's to hand out."""
+    from streams.config_file import SASL_ROLES, env_var, role_credentials, role_sasl_env
+
+    out: dict[str, dict[str, str]] = {}
+    for role in SASL_ROLES:
+        credentials = role_credentials(os.environ, role)
+        if credentials is not None and "SASL" not in settings.kafka.security_protocol:
+            raise ConfigError(role_sasl_env(role)[0], f"a principal of its own needs SASL, and "
+                              f"kafka.security_protocol is {settings.kafka.security_protocol}", "environment")
+        if credentials is not None and role != "worker":
+            out[role] = dict(zip((env_var("kafka.sasl_username"), env_var("kafka.sasl_password")), credentials))
+    return out
+
+
 def _logs_at(log_dir: Optional[Path], prefix: str) -> Path:
     """``--log-dir``, made now that nothing was refused (the command line only checked that it
     could be), or a new temporary folder."""
@@ -586,7 +603,9 @@ def up(
     from streams.log_binding import bind_store
     from streams.topics import ensure_topics
 
-    _check_children_env(_settings(require_endpoints=False))  # what only a child reads is refused here, before any starts
+    early = _settings(require_endpoints=False)
+    _check_children_env(early)  # what only a child reads is refused here, before any starts
+    role_env = _role_env(early)
     children = dispatchers + 4  # the processors and the provisioner; its workers from ten past its port
     if metrics_port and metrics_port + children + 10 > 65535:
         raise ConfigError("--metrics-port", f"{metrics_port} leaves too few ports after it: its {children} children "
@@ -604,7 +623,7 @@ def up(
         lease.release()
         raise
     logs = _logs_at(log_dir, "chunkserve-up-")
-    fleet = LocalFleet(settings, logs)
+    fleet = LocalFleet(settings, logs, role_env=role_env)
     _metrics_server(metrics_port, metrics_host)
     running = Gauge("chunkserve_up_process_running", "1 while the child of `up` runs", ["process"])
     restarted = Counter("chunkserve_up_restarts_total", "Times `up` started an exited child again", ["process"])

@@ -18,7 +18,7 @@ from typing import Sequence
 from schemas.errors import ChunkserveError, LeaseHeldError
 from streams.config import PROVISIONER_ENV, Settings
 from streams.lease import PROCESSOR_LEASE_S, Lease, holder_of
-from streams.config_file import child_env
+from streams.config_file import SASL_ROLES, child_env, role_sasl_env
 from workers.supervision import spawn, stop_in_order
 
 __all__ = ["LocalFleet", "FleetLease", "child_env", "after_exit", "RESTARTS", "RESTART_WINDOW_S"]
@@ -112,10 +112,13 @@ class LocalFleet:
                role: str = "") -> subprocess.Popen[bytes]:
         self.specs[name] = (args, env, role)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        given = {**child_env(self.settings), **self.extra_env, **(env or {})}
+        for other in SASL_ROLES:  # every role's password stays with the one that needs it
+            if not (role == "provisioner" and other == "worker"):  # it hands its workers theirs
+                for var in role_sasl_env(other):
+                    given.pop(var, None)
         with open(self.log_dir / f"{name}.log", "ab") as log:
-            proc = spawn([sys.executable, "-m", "infra", *args],
-                         {**child_env(self.settings), **self.extra_env, **(env or {}),
-                          **self.role_env.get(role, {})},
+            proc = spawn([sys.executable, "-m", "infra", *args], {**given, **self.role_env.get(role, {})},
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.procs[name] = proc
         return proc

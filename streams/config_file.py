@@ -33,7 +33,7 @@ from .config import (DEFAULT_PARTITIONS, ENV_PREFIX, PARENT_PID_ENV, PROVISIONER
                      Settings)
 
 __all__ = ["load_settings", "load_with_sources", "settings_from_env", "child_env", "KEYS", "SECRETS", "env_var",
-           "env_number"]
+           "env_number", "SASL_ROLES", "role_sasl_env", "role_credentials"]
 
 _KAFKA = ("bootstrap", "security_protocol", "sasl_mechanism", "sasl_username", "ssl_cafile",
           "ssl_certfile", "ssl_keyfile", "idempotence")
@@ -213,6 +213,27 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     path = env.get(f"{ENV_PREFIX}CONFIG")
     return load_settings(Path(path) if path else None, env)
+
+
+#: the roles whose processes `up` (and, for its workers, the provisioner) may start as a
+#: Kafka principal of their own: CHUNKSERVE_<ROLE>_KAFKA_SASL_USERNAME / _PASSWORD
+SASL_ROLES = ("dispatch", "detector", "control", "metrics", "provisioner", "worker")
+
+
+def role_sasl_env(role: str) -> tuple[str, str]:
+    """The variables holding ``role``'s own SASL user name and password."""
+    return (f"{ENV_PREFIX}{role.upper()}_KAFKA_SASL_USERNAME", f"{ENV_PREFIX}{role.upper()}_KAFKA_SASL_PASSWORD")
+
+
+def role_credentials(env: Mapping[str, str], role: str) -> tuple[str, str] | None:
+    """``role``'s own SASL user and password from ``env``: both variables or neither (then
+    it signs in as the process that starts it)."""
+    names = role_sasl_env(role)
+    user, password = (env.get(k) or None for k in names)
+    if (user is None) != (password is None):
+        given, missing = names if password is None else names[::-1]
+        raise ConfigError(given, f"set {missing} with it (the {role} role's own Kafka principal)", "environment")
+    return (user, password) if user and password else None
 
 
 def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:

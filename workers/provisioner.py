@@ -29,10 +29,10 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from schemas import records as r
 from schemas.codec import encode
-from schemas.errors import ConfigError, OwnershipError
+from schemas.errors import OwnershipError
 from schemas.topics import SCALING_COMMANDS
 from streams.config import PROVISIONER_ENV, Settings
-from streams.config_file import child_env, env_number, env_var
+from streams.config_file import child_env, env_number, env_var, role_credentials, role_sasl_env
 
 from .supervision import port_free, prometheus_targets, spawn, stop_in_order
 
@@ -68,17 +68,13 @@ def next_index(pool: str, worker_ids: Iterable[str]) -> int:
 
 # the Kafka SASL user and password the provisioner's workers run as (the worker principal of
 # streams.kafka_acls), so they do not inherit the provisioner's own
-WORKER_SASL_ENV = ("CHUNKSERVE_WORKER_KAFKA_SASL_USERNAME", "CHUNKSERVE_WORKER_KAFKA_SASL_PASSWORD")
+WORKER_SASL_ENV = role_sasl_env("worker")
 
 
 def worker_credentials(env: Mapping[str, str]) -> tuple[str, str] | None:
     """The workers' own SASL user and password from ``env``: both variables or neither
     (then the workers run as the provisioner's principal)."""
-    user, password = (env.get(k) or None for k in WORKER_SASL_ENV)
-    if (user is None) != (password is None):
-        given, missing = WORKER_SASL_ENV if password is None else WORKER_SASL_ENV[::-1]
-        raise ConfigError(given, f"set {missing} with it (the workers' own Kafka principal)", "environment")
-    return (user, password) if user and password else None
+    return role_credentials(env, "worker")
 
 
 class LocalProcessProvisioner:

@@ -291,3 +291,16 @@ def test_sasl_with_a_user_name_or_a_password_alone_is_named_in_one_line(given):
     line = _one_line(out)
     assert rc == 2 and line.startswith("configuration error: env CHUNKSERVE_KAFKA_SECURITY_PROTOCOL: "), line
     assert f"is not set ({missing})" in line, line
+
+
+def test_a_role_principal_given_by_halves_or_without_sasl_is_refused_by_up(redis_url):
+    base = {"CHUNKSERVE_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}", "CHUNKSERVE_REDIS_URL": redis_url}
+    rc, out = _run(["up"], {**base, "CHUNKSERVE_DISPATCH_KAFKA_SASL_USERNAME": "dispatch"})
+    assert rc == 2 and _one_line(out).endswith("environment: CHUNKSERVE_DISPATCH_KAFKA_SASL_USERNAME: set "
+                                               "CHUNKSERVE_DISPATCH_KAFKA_SASL_PASSWORD with it (the dispatch "
+                                               "role's own Kafka principal)"), out
+    rc, out = _run(["up"], {**base, "CHUNKSERVE_CONTROL_KAFKA_SASL_USERNAME": "control",
+                            "CHUNKSERVE_CONTROL_KAFKA_SASL_PASSWORD": "secret-pw"})
+    line = _one_line(out)
+    assert rc == 2 and "CHUNKSERVE_CONTROL_KAFKA_SASL_USERNAME: a principal of its own needs SASL" in line, out
+    assert "PLAINTEXT" in line and "secret-pw" not in out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from streams.config_file import KEYS, env_var
+from streams.config_file import KEYS, SASL_ROLES, env_var, role_sasl_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("schemas", "streams", "processors", "workers", "infra")
@@ -16,7 +16,7 @@ _NAMED = re.compile(r"""["'](CHUNKSERVE_[A-Z0-9_]*[A-Z0-9])["']""")
 
 
 def read_by_code() -> set[str]:
-    names = {env_var(k) for k in KEYS}
+    names = {env_var(k) for k in KEYS} | {v for role in SASL_ROLES for v in role_sasl_env(role)}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             text = path.read_text()
@@ -45,14 +45,16 @@ def documented() -> list[str]:
 
 
 def test_every_variable_the_code_reads_is_documented():
-    patterns = [re.compile(re.escape(n).replace(re.escape("<TOPIC>"), "[A-Z_]+") + "$") for n in documented()]
+    patterns = [re.compile(re.escape(n).replace(re.escape("<TOPIC>"), "[A-Z_]+").replace(re.escape("<ROLE>"), "[A-Z]+")
+                           + "$") for n in documented()]
     missing = sorted(n for n in read_by_code() if not any(p.match(n) for p in patterns))
     assert not missing, f"read by the code, not in README.md's configuration table: {missing}"
 
 
 def test_the_table_names_nothing_the_code_does_not_read():
     code = read_by_code()
-    stale = [n for n in documented() if "<TOPIC>" not in n and n not in code]
+    stale = [n for n in documented() if "<TOPIC>" not in n and n not in code
+             and not ("<ROLE>" in n and any(n.replace("<ROLE>", r.upper()) in code for r in SASL_ROLES))]
     assert not stale, f"in the README's table, read nowhere: {stale}"
 
 

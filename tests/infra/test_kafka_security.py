@@ -8,9 +8,11 @@ the broker and reported in one line. One secured broker serves the whole module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -393,6 +395,72 @@ def test_workers_the_provisioner_starts_run_as_the_worker_principal(secured: Sec
     assert "Authenticated as provisioner via SCRAM-SHA-512" in said and "as worker" not in said, said[-2000:]
     assert ("error: the broker refused principal 'User:provisioner' describe on topic sec.worker-commands "
             "(TopicAuthorizationFailedError)") in said and "Traceback" not in said, said[-2000:]
+
+
+def _descendants(pid: int) -> list[tuple[str, dict[str, str]]]:
+    """The command line and environment of each live descendant of ``pid``."""
+    import psutil
+
+    out = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            out.append((" ".join(child.cmdline()), child.environ()))
+    return out
+
+
+def test_up_starts_each_role_as_its_own_principal(secured: Secured, namespace: str, tmp_path: Path) -> None:
+    """`up` signed in as the admin, given CHUNKSERVE_<ROLE>_KAFKA_SASL_USERNAME / _PASSWORD,
+    starts each processor, the provisioner and (through it) a worker as the role's principal
+    under the table's ACLs, and no child holds another principal's password."""
+    prefix = f"{namespace}."
+    admin = secured.settings(prefix=prefix)
+    asyncio.run(ensure_topics(admin))
+    _apply(admin)
+    users = secured.security.users
+    k = admin.kafka
+    env = {**os.environ, "CHUNKSERVE_KAFKA_BOOTSTRAP": k.bootstrap, "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+           "CHUNKSERVE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "CHUNKSERVE_KAFKA_SASL_USERNAME": "admin",
+           "CHUNKSERVE_KAFKA_SASL_PASSWORD": users["admin"], "CHUNKSERVE_KAFKA_SSL_CAFILE": str(k.ssl_cafile),
+           "CHUNKSERVE_REDIS_URL": secured.redis_url, "CHUNKSERVE_TOPIC_PREFIX": prefix,
+           "CHUNKSERVE_NAMESPACE": namespace, "CHUNKSERVE_MIN_WORKERS": "1", "CHUNKSERVE_MAX_WORKERS": "1",
+           "CHUNKSERVE_WORKER_CAPACITY": "2"}
+    roles = ("dispatch", "detector", "control", "metrics", "provisioner", "worker")
+    for role in roles:
+        env[f"CHUNKSERVE_{role.upper()}_KAFKA_SASL_USERNAME"] = role
+        env[f"CHUNKSERVE_{role.upper()}_KAFKA_SASL_PASSWORD"] = users[role]
+    logs, said = tmp_path / "logs", tmp_path / "up.out"
+    with open(said, "w") as out:
+        up = subprocess.Popen([sys.executable, "-m", "infra", "up", "--log-dir", str(logs)], env=env,
+                              stdout=out, stderr=subprocess.STDOUT)
+    given: dict[str, str] = {}  # each descendant's Kafka user name
+    held: dict[str, set[str]] = {}  # and the passwords among its variables
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("--worker-id" in name for name, _ in _descendants(up.pid)):
+            assert up.poll() is None, said.read_text()[-3000:]
+            time.sleep(1)
+        time.sleep(15)  # a child refused by the broker exits meanwhile, and `up` (or the provisioner) says so
+        for name, environ in _descendants(up.pid):
+            name = " ".join(name.split()[3:5])
+            given[name] = environ.get("CHUNKSERVE_KAFKA_SASL_USERNAME", "")
+            held[name] = {v for v in environ.values() if v in users.values()}
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=90)
+    text = said.read_text()
+    assert given == {"processor dispatch": "dispatch", "processor detector": "detector",
+                     "processor control": "control", "processor metrics": "metrics",
+                     "provisioner --worker-metrics-port": "provisioner", "worker --worker-id": "worker"} or \
+        given == {"processor dispatch": "dispatch", "processor detector": "detector",
+                  "processor control": "control", "processor metrics": "metrics",
+                  "provisioner": "provisioner", "worker --worker-id": "worker"}, (given, text[-3000:])
+    assert all(v == {users[given[k]]} for k, v in held.items() if not k.startswith("provisioner")), held
+    assert held[next(k for k in held if k.startswith("provisioner"))] == {users["provisioner"], users["worker"]}
+    assert "exited" not in text and "refused principal" not in text and up.returncode == 0, text[-3000:]
+    assert "exited on its own" not in (logs / "provisioner.log").read_text(errors="replace")
+    for log in logs.glob("*.log"):
+        log_text = log.read_text(errors="replace")
+        assert "refused principal" not in log_text and "AuthorizationFailed" not in log_text, (log.name, log_text[-2000:])
 
 
 def test_topics_run_by_a_principal_that_may_not_make_them_says_so(secured: Secured) -> None:
