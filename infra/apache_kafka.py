@@ -234,13 +234,19 @@ class EmbeddedKafka:
             if len(doc["nodes"]) != self.brokers:
                 raise InfraError(f"{self.root} holds a cluster of {len(doc['nodes'])} brokers, "
                                  f"not {self.brokers}")
+            if doc.get("secure", False) != (self.security is not None):  # its users are made at format time
+                raise InfraError(f"{self.root} holds a cluster made "
+                                 + ("with --secure: start it with --secure" if doc.get("secure") else
+                                    "without --secure (plaintext, no users): start it without, or give "
+                                    "another folder"))
             self.cluster_id = doc["cluster_id"]
             pairs = [tuple(n) for n in doc["nodes"]]
         else:
             ports = _free_ports(2 * self.brokers)
             pairs = [(ports[2 * i], ports[2 * i + 1]) for i in range(self.brokers)]
             self.root.mkdir(parents=True, exist_ok=True)
-            saved.write_text(json.dumps({"cluster_id": self.cluster_id, "nodes": pairs}))
+            saved.write_text(json.dumps({"cluster_id": self.cluster_id, "nodes": pairs,
+                                         "secure": self.security is not None}))
         self.nodes = [KafkaNode(i + 1, port, cport, self.root / f"node-{i + 1}")
                       for i, (port, cport) in enumerate(pairs)]
 

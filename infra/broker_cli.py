@@ -38,6 +38,9 @@ def start(
     data: Path = typer.Option(Path(".chunkserve/kafka"), help="Folder of the brokers' logs and data; "
                               "started again on the same folder, the topics are still there."),
     brokers: int = typer.Option(1, min=1, max=9, help="Brokers (3: replication factor 3, min.insync.replicas 2)."),
+    secure: bool = typer.Option(False, "--secure", help="Clients on SASL_SSL only, under ACLs: a CA, the "
+                                "brokers' certificate and a user per role (passwords in DATA/secrets, "
+                                "made once), with the ACL table applied for the configured topic prefix."),
 ) -> None:
     """Run Apache Kafka in KRaft mode on loopback until Ctrl-C, and print how to point chunkserve at it."""
     from infra.apache_kafka import EmbeddedKafka
@@ -46,8 +49,10 @@ def start(
     problem = folder_problem(data.resolve(), make=False)
     if problem:
         raise ConfigError("--data", problem, str(data))
+    prefix = _configured_prefix()  # a bad setting is refused before anything starts
     try:
-        cluster = EmbeddedKafka(root=data.resolve(), brokers=brokers)
+        security = _local_security(data.resolve() / "secrets") if secure else None
+        cluster = EmbeddedKafka(root=data.resolve(), brokers=brokers, security=security)
     except OSError as exc:  # a folder the checks let through that the system refuses (/proc)
         raise ConfigError("--data", f"cannot make the folder ({exc.strerror or exc})", str(data)) from None
     except InfraError as exc:
@@ -64,6 +69,8 @@ def start(
                   f"{time.monotonic() - started:.1f} s; data and logs in {data}")
     console.print(f"export CHUNKSERVE_KAFKA_BOOTSTRAP={cluster.bootstrap}")
     try:
+        if security is not None:
+            _secured(cluster, security, data.resolve() / "secrets", prefix)
         if brokers > 1:
             stopped = _serve_nodes(cluster, stop)
         else:
@@ -74,6 +81,57 @@ def start(
         cluster.stop()
     if not stopped:
         raise typer.Exit(1)
+
+
+def _configured_prefix() -> str:
+    """The topic prefix of the configuration ``up`` will read (--config, the environment)."""
+    import os
+
+    from infra.cli import _CONFIG
+    from streams.config_file import load_with_sources
+
+    return load_with_sources(_CONFIG["path"], os.environ)[0].topic_prefix
+
+
+def _local_security(folder: Path) -> object:
+    from infra.apache_kafka import KafkaSecurity
+    from infra.pki import local_security
+
+    pki, files = local_security(folder)
+    return KafkaSecurity(pki.ca, pki.cert, pki.key, {u: f.read_text().strip() for u, f in files.items()})
+
+
+def _secured(cluster: object, security: object, folder: Path, prefix: str) -> None:
+    """Apply the ACL table for ``prefix`` as the admin, and print the variables that sign in
+    as the admin and give each role of ``up`` its own principal (passwords read from their
+    files, never printed)."""
+    import asyncio
+    import shlex
+
+    from infra.pki import LOCAL_USERS
+    from streams.config import KafkaSettings, Settings
+    from streams.config_file import role_sasl_env
+    from streams.kafka_acls import apply_acls, bindings
+
+    admin = KafkaSettings(cluster.bootstrap, **security.client())  # type: ignore[attr-defined]
+    n = asyncio.run(apply_acls(Settings(kafka=admin, topic_prefix=prefix), bindings(prefix)))
+
+    def password(user: str) -> str:
+        return f'"$(cat {shlex.quote(str(folder / f"{user}.password"))})"'
+
+    for line in ("export CHUNKSERVE_KAFKA_SECURITY_PROTOCOL=SASL_SSL",
+                 "export CHUNKSERVE_KAFKA_SASL_MECHANISM=SCRAM-SHA-512",
+                 f"export CHUNKSERVE_KAFKA_SSL_CAFILE={shlex.quote(str(folder / 'ca.pem'))}",
+                 "export CHUNKSERVE_KAFKA_SASL_USERNAME=admin",
+                 f"export CHUNKSERVE_KAFKA_SASL_PASSWORD={password('admin')}"):
+        console.print(line, highlight=False)
+    console.print(f"# {n} ACL bindings applied for the topic prefix {prefix!r} (other prefixes: `chunkserve "
+                  "acls --apply` as the admin); each role of `up` as its own principal:", highlight=False)
+    for role in LOCAL_USERS[1:]:
+        if role in ("producer", "watcher"):
+            continue  # no process of `up`: a SessionClient's, and `watch`'s
+        user, pw = role_sasl_env(role)
+        console.print(f"export {user}={role} {pw}={password(role)}", highlight=False)
 
 
 def _serve_nodes(cluster: object, stop: dict[str, bool]) -> bool:

@@ -2,9 +2,8 @@
 
 The embedded Tansu broker speaks plaintext only, so TLS is tested the way many deployments
 run it: a terminating proxy in front of the broker, with the broker advertising the proxy's
-address. The same proxy puts TLS in front of Redis. Certificates come from the openssl
-command line (``make_pki`` also gives the secured Apache Kafka of
-``tests/infra/test_kafka_security.py`` its certificate); nothing here is used outside tests.
+address. The same proxy puts TLS in front of Redis. Certificates come from ``infra.pki``
+(the openssl command line), as ``chunkserve broker start --secure``'s do.
 """
 
 from __future__ import annotations
@@ -12,45 +11,13 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from infra.embedded import wait_for_port
+from infra.pki import Pki, make_pki
 
 __all__ = ["Pki", "make_pki", "stunnel"]
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: Path          # the CA that signed the server certificate
-    other_ca: Path    # an unrelated CA: clients trusting only this must refuse the server
-    cert: Path
-    key: Path
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _self_signed_ca(folder: Path, name: str) -> tuple[Path, Path]:
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2",
-             "-subj", f"/CN=chunkserve test {name}", cwd=folder)
-    return folder / f"{name}.pem", folder / f"{name}.key"
-
-
-def make_pki(folder: Path) -> Pki:
-    """A CA, a server certificate for 127.0.0.1 / localhost signed by it, and a second CA."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ca, ca_key = _self_signed_ca(folder, "ca")
-    other, _ = _self_signed_ca(folder, "other-ca")
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1", cwd=folder)
-    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", ca.name, "-CAkey", ca_key.name,
-             "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.ext", cwd=folder)
-    return Pki(ca=ca, other_ca=other, cert=folder / "server.pem", key=folder / "server.key")
 
 
 @contextlib.contextmanager
