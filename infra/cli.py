@@ -439,6 +439,10 @@ def _live_table(state: dict) -> Table:
     return table
 
 
+def _clipped(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
 def _print_demo(s: dict, report: Path) -> None:
     table = Table(title="chunkserve demo")
     table.add_column("figure")
@@ -451,7 +455,8 @@ def _print_demo(s: dict, report: Path) -> None:
             ("scale events", s["scale_events"]), ("offloads / restores", f"{s['offloads']} / {s['restores']}"),
             ("cost", s["cost"]),
             ("dead letters", "; ".join([str(s["dead_letters"])] + [
-                f"{n} x {why} (first: {s['dead_letter_examples'].get(why, why)})" for why, n in s["dead_letter_reasons"].items()][:4])),
+                f"{n} x {why} (first: {_clipped(s['dead_letter_examples'].get(why, why), 160)})"
+                for why, n in s["dead_letter_reasons"].items()][:4])),
             ("inputs refused with a reason", s["inputs_refused"]), ("wall", f"{s['wall_s']} s")]
     for k, v in rows:
         table.add_row(k, str(v))

@@ -145,8 +145,10 @@ def drain_migrations(records: list[Record]) -> int:
 
 
 def _folded(reason: str) -> str:
-    # quoted words, numbers and words with a digit in them (ids such as s000050, default-3)
-    return re.sub(r"'[^']*'|\b[\w.-]*\d[\w.-]*\b", "N", reason)[:120]
+    # the reason up to its first detail in brackets (which worker refused it, and why, is the
+    # example's to show), with quoted words, numbers and words with a digit in them (ids such
+    # as s000050, default-3) folded
+    return re.sub(r"'[^']*'|\b[\w.-]*\d[\w.-]*\b", "N", reason.split(" (", 1)[0])[:120]
 
 
 def dead_letter_reasons(records: list[Record]) -> dict[str, int]:
