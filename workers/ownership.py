@@ -113,7 +113,16 @@ class Held:
                            f"(from {self.untold_below}: more were given up on than are kept); if it was "
                            "applied before, its InputAccepted stands")
         if rec.seq <= self.applied_seq:
-            return None  # already applied (a duplicate delivery)
+            part, offset = self.input_pos
+            if rec.source_partition == part and rec.source_offset > offset >= 0:
+                # a record later in the log than the last input applied: not this input delivered
+                # again but another that uses its seq again (a producer that restarted from 1);
+                # it was dropped without a word before
+                return Refusal("late", f"input {rec.seq} was applied already and this record, later in the log "
+                               f"(session-inputs partition {part}, offset {rec.source_offset} after {offset}), uses "
+                               f"its seq again: a session's seq goes on from its last input (after a producer's "
+                               f"restart, from its last InputAccepted + 1: SessionClient.push(..., next_seq=N))")
+            return None  # already applied (the same record delivered again)
         if len(self.pending) >= MAX_PENDING_INPUTS:
             self.withdraw((rec.seq,))  # refused for good: not waited for, nor applied from the log
             return Refusal("too_many_pending", "pending input buffer full")

@@ -95,3 +95,28 @@ def test_a_full_list_from_a_snapshot_refuses_what_is_older_than_it():
     assert held.offer(_input(999), 5.0).reason == "late"
     assert held.offer(_input(1500), 5.0) is None  # within the list's reach, not in it: applied
     assert Held(GEN, _State(input_seq=2000), skipped=set(list(listed)[1:])).untold_below == 0
+
+
+def test_a_seq_used_again_by_a_later_record_is_refused_and_the_same_record_again_is_not():
+    """A producer that restarted numbering from 1 wrote seqs 1-3 again after 1-5 were applied:
+    dispatch routed them and the owner dropped them without a word (taken for duplicate
+    deliveries), so they were neither accepted nor refused. A record later in the log than the
+    last applied input is refused; the applied record delivered again stays a silent duplicate."""
+    def at(seq: int, offset: int, partition: int = 3) -> RoutedInput:
+        return RoutedInput(worker_id="w1", session_id="s", generation=GEN, seq=seq, kind="text", payload="x",
+                           ts=0.0, source_partition=partition, source_offset=offset)
+
+    held = Held(GEN, _State(input_seq=0))
+    for seq in range(1, 6):
+        assert held.offer(at(seq, 10 + seq), 5.0) is None
+        got = held.next_input(0.0)
+        held.state.input_seq = got.seq
+        held.applied(got)
+    assert held.input_pos == (3, 15)
+    assert held.offer(at(5, 15), 5.0) is None and held.offer(at(2, 12), 5.0) is None  # delivered again
+    refused = held.offer(at(1, 16), 5.0)  # seq 1 once more, after the last applied input
+    assert refused is not None and refused.reason == "late" and "uses its seq again" in refused.detail
+    assert "next_seq" in refused.detail
+    assert held.offer(at(6, 17), 5.0) is None  # the seq that goes on is taken
+    fresh = Held(GEN, _State(input_seq=5))  # restored from a snapshot without a position: as before
+    assert fresh.offer(at(1, 16), 5.0) is None

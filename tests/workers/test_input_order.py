@@ -212,3 +212,30 @@ def test_a_workers_released_chunks_series_is_there_at_zero_from_its_start() -> N
     Worker(Settings(), WorkerConfig(worker_id="w-idle", capacity=2), ReferenceModel(ModelConfig(), seed=1),
            MemoryGenerationStore("w-idle"))
     assert REGISTRY.get_sample_value("chunkserve_chunks_released_total", {"worker": "w-idle"}) == 0.0
+
+
+def test_a_producer_that_numbers_again_from_1_gets_its_inputs_refused_not_dropped() -> None:
+    """A front end restarted with a new SessionClient numbered the session's inputs from 1
+    again: its records came later in session-inputs than the inputs applied, and the owner
+    dropped them without a verdict (taken for duplicate deliveries). They are refused, naming
+    the way on; the applied records delivered again still produce nothing."""
+    def logged(gen: Generation, seq: int, offset: int, text: str) -> RoutedInput:
+        return RoutedInput(worker_id="w", session_id="s", generation=gen, seq=seq, kind="text", payload=text,
+                           ts=1.0, source_partition=2, source_offset=offset)
+
+    async def run() -> None:
+        worker, out, _mono, gen, store = await _worker()
+        for seq in (1, 2, 3):
+            await worker.handle(logged(gen, seq, 40 + seq, f"first {seq}"))
+        assert out.accepted() == [1, 2, 3]
+        await worker.handle(logged(gen, 2, 42, "first 2"))  # the same record again: nothing
+        assert out.refused() == {}
+        for seq, offset in ((1, 50), (2, 51)):  # the restarted producer's
+            await worker.handle(logged(gen, seq, offset, f"after restart {seq}"))
+        refusals = [r for r in out.records if isinstance(r, CommandRejected)]
+        assert [(r.seq, r.reason) for r in refusals] == [(1, "late"), (2, "late")]
+        assert all("uses its seq again" in r.detail and "offset 5" in r.detail for r in refusals)
+        await worker.handle(logged(gen, 4, 52, "goes on"))  # numbered on from the last accepted
+        assert out.accepted() == [1, 2, 3, 4] and (await store.session("s")).input_seq == 4
+
+    asyncio.run(run())
