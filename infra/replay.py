@@ -8,17 +8,18 @@ pure folds the live processors run (``processors.cluster.apply`` for dispatch/co
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import os
-from typing import Any
+from typing import Any, Iterable
 
 from processors.cluster import ClusterView, apply
 from schemas.codec import names
 from schemas.records import ChunkDone, DeadLetter, Handoff, InputAccepted, Record, WorkerDown
 from schemas.topics import DEAD_LETTERS, SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WORKER_EVENTS, misfiled
 from streams.config import Settings
-from streams.kafka import RecordConsumer
+from streams.kafka import Delivered, RecordConsumer
 
-__all__ = ["read_log", "cluster_summary", "cluster_view", "detector_signal", "replay", "session_story", "session_log"]
+__all__ = ["read_log", "in_time_order", "cluster_summary", "cluster_view", "detector_signal", "replay", "session_story", "session_log"]
 
 CLUSTER_TOPICS = (SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS, WORKER_COMMANDS)
 STORY_TOPICS = (SESSION_EVENTS, WORKER_EVENTS, WORKER_COMMANDS, DEAD_LETTERS)
@@ -33,10 +34,26 @@ async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0)
     try:
         ends = await consumer.assign(dict.fromkeys(topics), max(0, offset), deployed=True)
         # a session's record keyed otherwise was refused by dispatch: no processor folds it
-        return [d.record async for d in consumer.read_to(ends) if misfiled(d.record, d.key) is None], \
-            consumer.dead_lettered
+        read = [d async for d in consumer.read_to(ends) if misfiled(d.record, d.key) is None]
+        return [d.record for d in in_time_order(read)], consumer.dead_lettered
     finally:
         await consumer.stop()
+
+
+def in_time_order(read: Iterable[Delivered]) -> list[Delivered]:
+    """The partitions' records merged by their Kafka timestamps, each partition's kept in its
+    own order: the same list however the fetches interleaved them. Folded in fetch order, two
+    runs of ``replay control --offset 1`` on one log disagreed (an idle before or after the
+    owner's claim that made its session known: ``suspended`` or ``unseen``)."""
+    parts: dict[tuple[str, int], list[Delivered]] = {}
+    for d in read:
+        parts.setdefault((d.topic, d.partition), []).append(d)
+    ordered = [sorted(ds, key=lambda d: d.offset) for _, ds in sorted(parts.items())]
+    return list(heapq.merge(*ordered, key=_stamp_ms))
+
+
+def _stamp_ms(d: Delivered) -> float:
+    return d.timestamp_ms if d.timestamp_ms is not None else d.record.ts * 1000
 
 
 def cluster_summary(view: ClusterView) -> dict[str, Any]:

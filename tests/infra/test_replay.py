@@ -129,6 +129,30 @@ def test_a_session_known_only_from_owner_records_reads_unseen():
     assert summary["sessions"]["b"]["state"] == "unseen" and summary["session_states"] == {"execution": 1, "unseen": 1}
 
 
+def test_replay_folds_the_same_order_however_the_fetches_came():
+    """Two runs of `replay control --offset 1` on one log disagreed (an outside run): the idle
+    of a session opened before the offset came before or after its owner's claim, whichever
+    topic's fetch came first, and the session read `unseen` or `suspended`. The partitions are
+    merged by their Kafka timestamps, each kept in its own order."""
+    import itertools
+
+    from infra.replay import cluster_summary, cluster_view, in_time_order
+    from schemas import records as r
+    from streams.kafka import Delivered
+
+    gen = r.Generation(worker_id="w-0", epoch=1)
+    claimed = Delivered(r.Claimed(worker_id="w-0", session_id="s", generation=gen, ts=2.0), "worker-events", 0, 7,
+                        b"w-0", timestamp_ms=2000)
+    idle = Delivered(r.SessionIdle(session_id="s", ts=3.0), "session-events", 3, 1, b"s", timestamp_ms=3000)
+    other = Delivered(r.SessionOpened(session_id="t", ts=1.0), "session-events", 3, 2, b"t", timestamp_ms=2500)
+    states = set()
+    for fetched in itertools.permutations([claimed, idle, other]):
+        ordered = in_time_order(fetched)
+        assert [d.offset for d in ordered if d.partition == 3] == [1, 2]  # a partition keeps its order
+        states.add(cluster_summary(cluster_view([d.record for d in ordered]))["sessions"]["s"]["state"])
+    assert states == {"suspended"}
+
+
 def test_a_story_tells_the_letters_keyed_otherwise_and_its_owners_death():
     """An operator missed two things in a session's story: its inputs refused for coming keyed
     by another id (the key is not the session's, the record inside is), and its owner
