@@ -17,9 +17,11 @@ from typing import Any, Callable, Mapping
 
 from schemas.errors import ChunkserveError
 from schemas.records import Handoff
+from schemas.topics import WORKER_COMMANDS
 from streams.config import Settings
 from streams.generations import GenerationStore, SessionView, StoreState, WorkerLoad
 from streams.kafka import RecordProducer
+from streams.topics import require_topics
 
 __all__ = ["handoff_refusal", "hand_off"]
 
@@ -59,6 +61,7 @@ async def hand_off(settings: Settings, sid: str, target: str, wait_s: float = 30
                    monotonic: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Send the session's owner a ``Handoff`` to ``target``; then, for up to ``wait_s``, read
     the store until a newer generation is claimed. ChunkserveError (one line) when refused."""
+    await require_topics(settings, [WORKER_COMMANDS], "handoff")  # on another prefix: one line at once
     store = GenerationStore.from_settings(settings)
     try:
         view = await store.session(sid)

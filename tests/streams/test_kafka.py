@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from dataclasses import replace
@@ -124,6 +125,17 @@ def test_a_session_client_on_a_prefix_with_no_topics_is_refused_at_once(kafka_bo
 
     said = asyncio.run(run())
     assert f"no topic {namespace}-elsewhere.session-events, {namespace}-elsewhere.session-inputs on the broker" in said
+    # and no producer is left unclosed behind the refusal (aiokafka said so after the line)
+    import subprocess
+    import sys
+
+    script = ("import asyncio\nfrom streams.client import SessionClient\nfrom streams.config_file import settings_from_env\n"
+              "async def main():\n    try:\n        async with SessionClient(settings_from_env()):\n            pass\n"
+              "    except Exception as exc:\n        print(type(exc).__name__)\nasyncio.run(main())\n")
+    env = {**os.environ, "CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_TOPIC_PREFIX": f"{namespace}-elsewhere.",
+           "PYTHONWARNINGS": "always"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ConfigError" and "Unclosed" not in done.stderr, done.stdout + done.stderr
 
 def test_the_broker_refuses_a_record_over_its_topics_bound(kafka_bootstrap, redis_url, namespace):
     """A producer that skips chunkserve's own size check meets the topic's max.message.bytes."""
