@@ -8,7 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import typer
 
@@ -79,16 +79,21 @@ def lock_holder(lock: Path) -> str | None:
         os.close(fd)
 
 
-def writable(**paths: Path | None) -> None:
-    """Each output (``option=path``) a file this process can write: not a folder, in a folder
-    that is there or can be made (it is made now, with its parents), and one it may create or
-    append to (tried, and a file made for the try removed); else a ``ConfigError`` naming
-    ``--option``."""
+def writable(reads: Sequence[Path] = (), **paths: Path | None) -> None:
+    """Each output (``option=path``) a file this process can write: not a folder, not one of
+    the files it ``reads`` (a results file written over the trace or snapshot it came from),
+    in a folder that is there or can be made (it is made now, with its parents), and one it
+    may create or append to (tried, and a file made for the try removed); else a
+    ``ConfigError`` naming ``--option``."""
     for option, path in paths.items():
         if path is None:
             continue
         if path.is_dir():
             raise ConfigError(f"--{option}", "is a folder; give a file name", str(path))
+        read = next((r for r in reads if _same_file(r, path)), None)
+        if read is not None:
+            raise ConfigError(f"--{option}", f"is the input {read} itself: writing it would replace what it "
+                              "reads; give another file name", str(path))
         problem = folder_problem(path.parent)
         if problem:
             raise ConfigError(f"--{option}", f"cannot make its folder: {problem}", str(path))
@@ -100,6 +105,13 @@ def writable(**paths: Path | None) -> None:
                 path.unlink()
         except OSError as exc:
             raise ConfigError(f"--{option}", f"cannot write ({exc.strerror or exc})", str(path)) from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is not there (yet): the same path, written otherwise
+        return a.resolve() == b.resolve()
 
 
 def write_output(option: str, path: Path, text: str) -> None:

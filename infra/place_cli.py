@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from infra.outputs import json_option
+from infra.outputs import json_option, writable
 from processors.decisions import Migrate
 from processors.latency import MAX_BATCH, MAX_CAPACITY, MAX_POINTS, MAX_TYPES, GpuProfile, LatencyModel, batch_key
 from processors.oracles import plan_objective
@@ -203,6 +203,7 @@ def place_cmd(
     """One placement decision: where every session goes, what moves, worst latency, objective."""
     src = str(snapshot)
     try:
+        writable(reads=[snapshot], json=json_out)
         try:
             if snapshot.stat().st_size > MAX_FILE_BYTES:
                 raise ConfigError("file", f"larger than {MAX_FILE_BYTES >> 20} MiB (split a batch into files)", src)

@@ -113,7 +113,7 @@ def simulate_cmd(
 
     start = time.perf_counter()
     try:
-        _writable(json=json_out, plot=plot)
+        _writable(reads=[trace], json=json_out, plot=plot)
         _plot_format(plot)
         names = _expand(policy)
         check_policies(names)
@@ -383,7 +383,7 @@ def evaluate_cmd(
     from infra.sim.simulator import SimConfig
 
     try:
-        _writable(json=json_out)
+        _writable(reads=trace, json=json_out)
         extra = [p for p in _expand(policy) if p not in EVAL_POLICIES]
         if extra:
             check_policies(extra)

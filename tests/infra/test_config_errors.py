@@ -304,3 +304,21 @@ def test_a_role_principal_given_by_halves_or_without_sasl_is_refused_by_up(redis
     line = _one_line(out)
     assert rc == 2 and "CHUNKSERVE_CONTROL_KAFKA_SASL_USERNAME: a principal of its own needs SASL" in line, out
     assert "PLAINTEXT" in line and "secret-pw" not in out
+
+
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path):
+    """`simulate T --json T`, `evaluate --trace T --json T` and `place S --json S` replaced the
+    trace or snapshot they read with their results, exit 0 (an outside run)."""
+    trace = tmp_path / "t.csv"
+    text = "t_s,session_id,event,state_mb\n0,u1,open,2000\n200,u1,close,\n"
+    trace.write_text(text)
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text('{"eta": 1}')
+    for command, read, written in ((["simulate", str(trace), "--policy", "rr"], trace, "--json"),
+                                   (["simulate", str(trace), "--policy", "rr"], trace, "--plot"),
+                                   (["evaluate", "--trace", str(trace)], trace, "--json"),
+                                   (["place", str(snapshot)], snapshot, "--json")):
+        before = read.read_text()
+        rc, out = _run([*command, written, str(tmp_path / "." / read.name)], {})
+        assert rc == 2 and f"{written}: is the input {read} itself" in _one_line(out), (command, out)
+        assert read.read_text() == before
