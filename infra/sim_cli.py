@@ -352,9 +352,8 @@ def _print_table(out: dict) -> None:
                        + "; " + ", ".join(f"{n} no pool up to the search's cap meets it" if slo["pool_size"].get(n, 0) is None
                                           else f"{n} {c:.1f}{'' if slo['met'][n] else _missed(slo, n)}" for n, c in slo["cost"].items()))
         b = slo["elastic_bound"]
-        if b["fixed_gpus"] < 1.0:  # a share of one GPU: any real pool holds a whole one, so the percentage says nothing
-            _console.print(f"SLO bound: the load is under one GPU's ({b['fixed_gpus']:.2f} GPUs for a fixed pool in the fluid "
-                           "model); no bound on what elasticity saves")
+        if b["no_bound"]:  # a share of one GPU, or an SLO no pool meets: the percentage says nothing
+            _console.print(f"SLO bound: {b['no_bound']}; no bound on what elasticity saves")
         else:
             _console.print(f"SLO bound: a perfectly elastic pool saves at most {b['saving_pct']:.1f}% against a fixed one here "
                            f"({b['elastic_gpus']:.1f} GPUs on average against {b['fixed_gpus']:.1f}, fluid model)")
@@ -432,7 +431,7 @@ def evaluate_cmd(
     for name, r in out.items():
         b, p = r["bars"], r["comparison"]["paper"]
         t.add_row(name, str(b["beats_paper_baselines"]), str(b["beats_least_loaded_offload"]), str(b["ablations_cost_more"]), f"{p['oracle_gap_pct']:.1f}",
-                  "misses SLO" if not b["slo_met"] else f"{b['slo_saving_pct']:.1f}", f"{b['slo_saving_bound_pct']:.1f}",
+                  "misses SLO" if not b["slo_met"] else f"{b['slo_saving_pct']:.1f}", "-" if b["slo_saving_bound_pct"] is None else f"{b['slo_saving_bound_pct']:.1f}",
                   *(f"{x['cost']:.1f} / {x['worst_s']:.2f}" if (x := b.get("peers", {}).get(n)) else "-" for n in peers))
     _console.print(t)
     for n in peers:  # a plug-in's commands the simulator could not carry out: its figures are of what it did carry out

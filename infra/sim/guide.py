@@ -41,6 +41,16 @@ class ElasticBound:
     fixed_gpus: float
     elastic_gpus: float
     saving_pct: float
+    feasible: bool = True  # False: no pool up to the search's cap meets the rate in the model
+
+    def no_bound(self) -> str | None:
+        """Why the saving bounds nothing a user can read (None when it does): the load is a
+        share of one GPU (any real pool holds a whole one), or no pool meets the rate."""
+        if not self.feasible:
+            return "no fixed pool meets the SLO in the fluid model"
+        if self.fixed_gpus < 1.0:
+            return f"the load is under one GPU's ({self.fixed_gpus:.2f} GPUs for a fixed pool in the fluid model)"
+        return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,7 +166,10 @@ class MissGuide:
             best = max(best, value)
             a, b = (mid, b) if missed > budget else (a, mid)
         elastic = min(fixed, max(0.0, best) / end_s)
-        return ElasticBound(fixed, elastic, 100.0 * (1.0 - elastic / fixed) if fixed > 0 else 0.0)
+        # the model counts first chunks only: a deadline below one session's chunk (every chunk
+        # late on any pool) is none that a pool meets either
+        feasible = self._rate_at(fixed) <= miss_rate and float(self.curve[1]) <= self.deadline_s
+        return ElasticBound(fixed, elastic, 100.0 * (1.0 - elastic / fixed) if fixed > 0 else 0.0, feasible=feasible)
 
     def _least_pool(self, miss_rate: float, lo: float, cap: float) -> float:
         """The smallest pool (a real number from ``lo`` up to ``cap``) whose estimate is within

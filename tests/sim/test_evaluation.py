@@ -200,6 +200,22 @@ def test_slo_fixed_pool_is_the_cheapest_that_meets_it():
     bound = doc["elastic_bound"]  # the fluid model's fixed pool is near the real one, and no elastic pool beats the bound
     assert 0 <= bound["elastic_gpus"] <= bound["fixed_gpus"] and abs(bound["fixed_gpus"] - pool) <= 0.25 * pool
     assert bound["saving_pct"] == pytest.approx(100 * (1 - bound["elastic_gpus"] / bound["fixed_gpus"]))
+    assert bound["no_bound"] is None and bound["feasible"]
+
+
+def test_the_elastic_bound_names_no_figure_under_one_gpu_or_where_no_pool_meets_the_slo():
+    """Two sessions for a few minutes read a 42.5% bound, and a deadline below one session's
+    chunk 97.5%, in evaluate's bars too (an outside run): the figure bounds nothing there."""
+    from infra.sim.guide import miss_guide
+    from infra.sim.report import _bound
+
+    two = [SessionEvent(0.0, "u1", O), SessionEvent(0.0, "u2", O), SessionEvent(200.0, "u1", C)]
+    small = _bound(miss_guide(two, MODEL["b300"], 1.0).elastic_bound(0.001, 40, 200.0))
+    assert small["saving_pct"] is None and small["no_bound"].startswith("the load is under one GPU's")
+    never = _bound(miss_guide(two, MODEL["b300"], 0.001).elastic_bound(0.001, 40, 200.0))
+    assert never["saving_pct"] is None and never["no_bound"] == "no fixed pool meets the SLO in the fluid model"
+    steady = _bound(miss_guide(_churning(300, 600.0, 4.0), MODEL["b300"], 1.0).elastic_bound(0.001, 40, 600.0))
+    assert steady["no_bound"] is None and steady["saving_pct"] is not None
 
 
 def test_all_runs_plugins_beside_the_builtins():
