@@ -13,6 +13,7 @@ import os
 from typing import Any, Iterable
 
 from processors.cluster import ClusterView, apply
+from schemas.errors import ConfigError
 from schemas.codec import names
 from schemas.records import ChunkDone, DeadLetter, Handoff, InputAccepted, Record, WorkerDown
 from schemas.topics import DEAD_LETTERS, SCALING_COMMANDS, SESSION_EVENTS, WORKER_COMMANDS, WORKER_EVENTS, misfiled
@@ -33,6 +34,10 @@ async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0)
     await consumer.start(subscribe=False)
     try:
         ends = await consumer.assign(dict.fromkeys(topics), max(0, offset), deployed=True)
+        if offset > 0 and all(offset >= end for end in ends.values()):  # it read as an empty cluster, exit 0
+            raise ConfigError("--offset", f"{offset} is past the end of every partition of {', '.join(topics)} "
+                              f"(the longest holds {max(ends.values(), default=0)} records): nothing to read",
+                              "command line")
         # a session's record keyed otherwise was refused by dispatch: no processor folds it
         read = [d async for d in consumer.read_to(ends) if misfiled(d.record, d.key) is None]
         return [d.record for d in in_time_order(read)], consumer.dead_lettered

@@ -177,3 +177,29 @@ def test_a_story_tells_the_letters_keyed_otherwise_and_its_owners_death():
     story = session_story(records, "s1", 0.5)
     assert story == ["+0.0 - session.opened", "+0.2 w1#1 worker.claimed", "+1.5 DeadLetter refused: key b'x'",
                      "+2.5 w1 worker.down missed heartbeats", "no chunk"]
+
+
+@pytest.mark.integration
+def test_replay_from_an_offset_past_every_partitions_end_says_so(kafka_bootstrap, redis_url, namespace):
+    """It printed `0 records at or after offset 999999999; sessions by state: none`, exit 0,
+    as an empty cluster reads (an outside run)."""
+    from tests.infra.test_config_errors import _one_line, _run
+    from schemas.records import SessionOpened
+    from streams.kafka import RecordProducer
+    from streams.topics import ensure_topics
+
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
+
+    async def one() -> None:
+        await ensure_topics(settings)
+        async with RecordProducer(settings) as producer:
+            await producer.send(SessionOpened(session_id="s-1", ts=1.0), wait=True)
+
+    asyncio.run(one())
+    env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url,
+           "CHUNKSERVE_TOPIC_PREFIX": f"{namespace}.", "CHUNKSERVE_NAMESPACE": namespace}
+    rc, out = _run(["replay", "control", "--offset", "999999999"], env)
+    assert rc == 2 and "--offset: 999999999 is past the end of every partition of" in _one_line(out), out
+    assert "(the longest holds 1 records)" in out
+    rc, out = _run(["replay", "control", "--offset", "0"], env)
+    assert rc == 0 and "1 records" in out, out
