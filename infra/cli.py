@@ -727,6 +727,10 @@ def watch_cmd(
         result = asyncio.run(main())
     except KeyboardInterrupt:  # before the handlers above were in place: nothing read yet
         return
+    if result.get("unread"):
+        _stderr.print(f"[yellow]watch: stopped {result['unread']} records short of the log's end as it was at the "
+                      "start (--from-offset): the summary is of the part read; a longer --duration reads on[/yellow]",
+                      soft_wrap=True)
     if json_out is not None or no_render:
         _write_json(result, json_out)
 

@@ -105,6 +105,12 @@ def test_watch_reads_the_real_topics(kafka_bootstrap, redis_url, namespace):
 
     out = asyncio.run(main())
     assert out["workers"]["w9"]["sessions"] == 3 and out["cost"] == 0.25
+    assert out["unread"] == 0  # it read to the log's end
+
+    async def cut_short():  # stopped before its first read: what it left unread is said
+        return await watch(settings, duration_s=0.0, render=False, from_offset=0)
+
+    assert asyncio.run(cut_short())["unread"] == 2
 
 
 def test_prometheus_metrics_and_server():
