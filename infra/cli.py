@@ -801,7 +801,12 @@ def handoff_cmd(
     from infra.handoff import hand_off
 
     settings = _settings()
-    result = asyncio.run(hand_off(settings, session_id, target, wait))
+    try:
+        result = asyncio.run(hand_off(settings, session_id, target, wait))
+    except ChunkserveError as exc:  # refused: the outcome is written too (it wrote nothing)
+        if json_out is not None and not isinstance(exc, ConfigError):
+            _write_json({"session": session_id, "to": target, "moved": False, "refused": str(exc)}, json_out)
+        raise
     said = "moved" if result["moved"] else ("sent" if wait == 0 else f"not moved within {wait:g} s")
     console.print(f"{session_id}: {said} ({result['from']} -> {target}; now {result['now']})", highlight=False)
     if json_out is not None:

@@ -20,7 +20,7 @@ from schemas.topics import DEAD_LETTERS, SCALING_COMMANDS, SESSION_EVENTS, WORKE
 from streams.config import Settings
 from streams.kafka import Delivered, RecordConsumer
 
-__all__ = ["read_log", "in_time_order", "cluster_summary", "cluster_view", "detector_signal", "replay", "session_story", "session_log"]
+__all__ = ["read_log", "in_time_order", "story_entries", "cluster_summary", "cluster_view", "detector_signal", "replay", "session_story", "session_log"]
 
 CLUSTER_TOPICS = (SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS, WORKER_COMMANDS)
 STORY_TOPICS = (SESSION_EVENTS, WORKER_EVENTS, WORKER_COMMANDS, DEAD_LETTERS)
@@ -121,19 +121,24 @@ async def replay(settings: Settings, processor: str = "control", offset: int = 0
     raise ValueError(f"unknown processor {processor!r}: choose control, dispatch or detector")
 
 
-def session_story(records: list[Record], sid: str, t0: float, last: int = 12) -> list[str]:
-    """What the log says happened to one session: each event, command, claim, freeze,
-    release, refusal and dead letter (``+t worker#epoch Tag reason``), the last ``last`` of
-    them (after a line saying how many earlier ones were left out), then when its last chunk
-    was released."""
-    told, chunk_at, owners = [], None, _owners(records, sid)
+def story_entries(records: list[Record], sid: str, t0: float) -> tuple[list[dict[str, Any]], float | None]:
+    """What the log says happened to one session, as data: each event, command, claim, freeze,
+    release, refusal and dead letter (``t`` seconds after ``t0``, ``who``: the generation's
+    ``worker#epoch``, a worker or ``-``, ``what``: the record's type tag, ``detail``: its reason
+    or target), and when its last chunk was released (None: no chunk)."""
+    told: list[dict[str, Any]] = []
+    chunk_at, owners = None, _owners(records, sid)
+
+    def tell(rec: Record, who: str, what: str, detail: str) -> None:
+        told.append({"t": round(getattr(rec, "ts", t0) - t0, 3), "who": who, "what": what, "detail": detail})
+
     for rec in records:
         if isinstance(rec, DeadLetter):
             if _letter_of(rec, sid):
-                told.append(f"+{rec.ts - t0:.1f} DeadLetter {rec.reason[:80]}")
+                tell(rec, "-", "DeadLetter", rec.reason)
             continue
         if isinstance(rec, WorkerDown) and rec.worker_id in owners:  # its owner (or a past one) declared dead
-            told.append(f"+{rec.ts - t0:.1f} {rec.worker_id} {rec.TAG} {rec.reason}".rstrip())
+            tell(rec, rec.worker_id, rec.TAG, rec.reason)
             continue
         if getattr(rec, "session_id", None) != sid or isinstance(rec, InputAccepted):
             continue
@@ -142,11 +147,20 @@ def session_story(records: list[Record], sid: str, t0: float, last: int = 12) ->
             continue
         gen = getattr(rec, "generation", None)
         who = f"{gen.worker_id}#{gen.epoch}" if gen is not None else getattr(rec, "worker_id", "-")
-        why = getattr(rec, "reason", "") or getattr(rec, "target_worker", "")
-        told.append(f"+{getattr(rec, 'ts', t0) - t0:.1f} {who} {rec.TAG} {why}".rstrip())
+        tell(rec, who, rec.TAG, getattr(rec, "reason", "") or getattr(rec, "target_worker", ""))
+    return told, None if chunk_at is None else round(chunk_at - t0, 3)
+
+
+def session_story(records: list[Record], sid: str, t0: float, last: int = 12) -> list[str]:
+    """:func:`story_entries` as text (``+t worker#epoch Tag reason``; a dead letter's reason
+    cut at 80 characters), the last ``last`` of them (after a line saying how many earlier ones
+    were left out), then when its last chunk was released."""
+    entries, chunk_at = story_entries(records, sid, t0)
+    told = [f"+{e['t']:.1f} {e['who'] + ' ' if e['what'] != 'DeadLetter' else ''}{e['what']} "
+            f"{e['detail'][:80] if e['what'] == 'DeadLetter' else e['detail']}".rstrip() for e in entries]
     n = len(told) - last
     cut = [f"({n} earlier {'entry' if n == 1 else 'entries'} left out; --last {len(told)} shows them all)"] if n > 0 else []
-    return [*cut, *told[-last:], "no chunk" if chunk_at is None else f"last chunk +{chunk_at - t0:.1f}"]
+    return [*cut, *told[-last:], "no chunk" if chunk_at is None else f"last chunk +{chunk_at:.1f}"]
 
 
 def _owners(records: list[Record], sid: str) -> set[str]:
@@ -182,4 +196,11 @@ async def session_log(settings: Settings, sid: str, last: int = 50) -> dict[str,
     return {"session": sid, "records": len(mine), "undecodable": undecodable, "from_ts": t0,
             "chunks": len({r.chunk_index for r in mine if isinstance(r, ChunkDone)}),  # a redelivery counted once
             "inputs_accepted": len({r.seq for r in mine if isinstance(r, InputAccepted)}),
-            "story": session_story(mine, sid, t0, last) if mine else []}
+            "story": session_story(mine, sid, t0, last) if mine else [],
+            # the same as data: the last `last` entries, how many earlier ones were left out
+            **_entries(mine, sid, t0, last)}
+
+
+def _entries(mine: list[Record], sid: str, t0: float, last: int) -> dict[str, Any]:
+    entries, chunk_at = story_entries(mine, sid, t0) if mine else ([], None)
+    return {"entries": entries[-last:], "left_out": max(0, len(entries) - last), "last_chunk_t": chunk_at}

@@ -56,6 +56,13 @@ def test_the_command_refuses_an_unknown_session_in_one_line(kafka_bootstrap, red
            "CHUNKSERVE_TOPIC_PREFIX": f"{namespace}.", "CHUNKSERVE_NAMESPACE": namespace}
     rc, out = _run(["handoff", "nope", "worker-1"], env)
     assert rc == 1 and "handoff refused: session nope is not known to the store" in _one_line(out), out
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:  # --json writes the refusal as the outcome (it wrote nothing)
+        rc, out = _run(["handoff", "nope", "worker-1", "--json", f"{folder}/o.json"], env)
+        got = json.loads(open(f"{folder}/o.json").read())
+    assert rc == 1 and got["moved"] is False and "is not known to the store" in got["refused"], (out, got)
     # on a prefix with no topics: one line at once (it took 41 s and 394 lines of aiokafka's warnings)
     began = time.monotonic()
     rc, out = _run(["handoff", "nope", "worker-1"], {**env, "CHUNKSERVE_TOPIC_PREFIX": f"{namespace}-none."})

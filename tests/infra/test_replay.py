@@ -46,6 +46,13 @@ def test_processor_restart_and_replayed_view(kafka_bootstrap, redis_url, namespa
     tags = " ".join(story["story"])
     assert "session.opened" in tags and "worker.claimed" in tags and "session.closed" in tags, story["story"]
     assert story["story"][-1].startswith("last chunk +")
+    # and as data (--json): the same entries, each a time, an owner, a type and a detail
+    whats = [e["what"] for e in story["entries"]]
+    assert whats[0] == "session.opened" and "worker.claimed" in whats and "session.closed" in whats
+    assert all(set(e) == {"t", "who", "what", "detail"} for e in story["entries"]) and story["left_out"] == 0
+    assert story["last_chunk_t"] is not None and story["story"][-1] == f"last chunk +{story['last_chunk_t']:.1f}"
+    cut = asyncio.run(session_log(settings, sid, last=2))
+    assert cut["entries"] == story["entries"][-2:] and cut["left_out"] == len(story["entries"]) - 2
     # from the command line: the story as text alone, the rebuilt state as JSON alone
     import json
     import os
