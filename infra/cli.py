@@ -127,8 +127,9 @@ def _settings(require_endpoints: bool = True) -> Settings:
         if require_endpoints and missing:
             where = " or ".join(([f"{', '.join(missing)} in {path}"] if path else [])
                                 + [", ".join(env_var(k) for k in missing)])
-            _stderr.print(f"[red]set {where}[/red] (or run `chunkserve demo`, which starts embedded ones)",
-                          soft_wrap=True)
+            _stderr.print(f"[red]configuration error:[/red] {', '.join(missing)}: not set (set {where}; `chunkserve "
+                          "broker start` and `chunkserve redis start` run them on this machine, `chunkserve demo` "
+                          "starts embedded ones)", soft_wrap=True, markup=True, highlight=False)
             raise typer.Exit(2)
         if require_endpoints and not os.environ.get(PARENT_PID_ENV):
             asyncio.run(check(settings, sources))
