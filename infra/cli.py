@@ -712,6 +712,7 @@ def watch_cmd(
     from infra.watch import watch
 
     settings = _settings()
+    _logging("text", "WARNING")  # a broker's outage said once per 30 s, not 40 lines a second over the table
     _metrics_server(metrics_port, metrics_host)
 
     async def main() -> dict:

@@ -58,3 +58,28 @@ def test_a_processor_logs_json_lines_to_its_file(kafka_bootstrap, redis_url, nam
     (letter,) = [x for x in lines if "dead-lettering" in x["message"]]
     assert letter["level"] == "WARNING" and letter["logger"] == "streams.faust_app"
     assert any("command signing is off" in x["message"] for x in lines)
+
+
+def test_a_message_repeated_within_the_window_is_held_back_and_counted():
+    """A client retrying a broker that is down logged `Unable connect to node` about 40 times
+    a second; the same text from the same logger shows once per window, then with a count."""
+    import logging
+
+    from infra.logs import Repeats
+
+    now = [0.0]
+    kept = Repeats(window_s=30.0, clock=lambda: now[0])
+
+    def said(msg: str, *args: object, name: str = "aiokafka") -> str | None:
+        rec = logging.LogRecord(name, logging.ERROR, __file__, 1, msg, args, None)
+        return rec.getMessage() if kept.filter(rec) else None
+
+    assert said("Unable connect to node %d", 1) == "Unable connect to node 1"
+    for step in range(40):
+        now[0] += 0.5
+        assert said("Unable connect to node %d", 1) is None
+    assert said("Unable connect to node %d", 2) == "Unable connect to node 2"  # another text passes
+    assert said("Unable connect to node %d", 1, name="other") == "Unable connect to node 1"  # another logger too
+    now[0] = 30.0
+    assert said("Unable connect to node %d", 1) == "Unable connect to node 1 (40 more like it in the last 30 s)"
+    assert logging_config("text")["handlers"]["default"]["filters"] == ["repeats"]
