@@ -20,13 +20,14 @@ from infra.sim.families import FamilyConfig, generate_family
 from infra.sim.launches import LAUNCHES, PROBES, LaunchConfig, generate_launch
 from infra.sim.outside import OUTSIDE, OutsideConfig, generate_outside
 from infra.sim.review import REVIEW, ReviewConfig, generate_review
+from infra.sim.steps import STEPS, StepsConfig, generate_steps
 from infra.sim.surges import SURGES, SurgeConfig, generate_surge
 from infra.sim.report import PAPER_BASELINES, Runner, compare
 from infra.sim.simulator import SimConfig
 from infra.sim.trace import Trace
 from infra.sim.tracegen import GenConfig, generate
 
-__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "SURGE_SPLIT", "HOUR", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
+__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "SURGE_SPLIT", "STEPS_SPLIT", "HOUR", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
 
 EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turboserve-no-migration",
                  "turboserve-no-autoscale", "oracle", "infra.sim.peers:TeleFuser")
@@ -61,6 +62,9 @@ PROBE = tuple(TraceSpec(f, 0) for f in PROBES)
 REVIEW_SPLIT = tuple(TraceSpec(f, 2024) for f in REVIEW)
 # The sixth model (a third outside reviewer's, from the README alone: surges within seconds), seen by no setting.
 SURGE_SPLIT = tuple(TraceSpec(f, 7) for f in SURGES)
+# The seventh model (a fourth outside reviewer's, from the README alone: plateaus, churn waves and
+# Pareto spells), seen by no setting: its seeds 1 and 2, as the reviewer ran them.
+STEPS_SPLIT = tuple(TraceSpec(f, seed) for seed in (1, 2) for f in STEPS)
 # One hour each, seed 4, from all six models (every other split is 20 minutes), seen by no
 # setting: the project's generator and the second and third models at the same arrival rate
 # as their 20-minute traces (4,800 expected arrivals), the reviewers' models at their own rates.
@@ -80,6 +84,8 @@ def make_trace(spec: TraceSpec) -> Trace:
         return Trace(tuple(generate_review(ReviewConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed))), spec.name)
     if spec.family in SURGES:  # its rates and populations scale with the sessions asked for, as the fourth model's
         return Trace(tuple(generate_surge(SurgeConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed))), spec.name)
+    if spec.family in STEPS:  # its rates scale with the sessions asked for (1,600: the reviewer's)
+        return Trace(tuple(generate_steps(StepsConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed))), spec.name)
     if spec.family in LAUNCHES + PROBES:
         return Trace(tuple(generate_launch(LaunchConfig(spec.family, spec.duration_s, spec.sessions, spec.seed))), spec.name)
     fam = FamilyConfig(spec.family, spec.duration_s, spec.sessions, spec.seed)
