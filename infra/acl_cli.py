@@ -76,6 +76,28 @@ def acls_cmd(
                   soft_wrap=True)
 
 
+def command_key_cmd(
+    key_id: str = typer.Argument(..., help="The new key's id (letters, digits, - and _)."),
+    hmac_key: bool = typer.Option(False, "--hmac", help="A 32-byte HMAC key instead (every process that "
+                                  "verifies it could sign with it)."),
+) -> None:
+    """Make a command-signing key: an Ed25519 pair by default. Prints two CHUNKSERVE_COMMAND_KEYS
+    entries: the private one for the processes that write commands (dispatch, control, and an
+    operator's handoff), the public one for those that only read them (workers, the
+    provisioner); `up` and the provisioner hand their readers the public one themselves."""
+    import re
+
+    from streams.signing import new_key
+
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", key_id):
+        raise typer.BadParameter(f"{key_id!r}: letters, digits, - and _ (at most 64)", param_hint="KEY_ID")
+    private, public = new_key(key_id, "hmac" if hmac_key else "ed25519")
+    typer.echo(f"signs and verifies (keep it secret): {private}")
+    if not hmac_key:
+        typer.echo(f"verifies only:                      {public}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``acls`` to ``app``."""
+    """Add ``acls`` and ``command-key`` to ``app``."""
     app.command("acls")(acls_cmd)
+    app.command("command-key")(command_key_cmd)

@@ -74,6 +74,50 @@ def test_worker_refuses_unauthentic_commands(kafka_bootstrap, redis_url, namespa
     assert Generation("w-auth", 1) == store_generation_of(redis_url, namespace, "s-forged")
 
 
+def test_a_worker_handed_an_ed25519_key_holds_its_public_half_and_verifies_with_it(
+        kafka_bootstrap, redis_url, namespace, tmp_path):
+    """Given the private key of an Ed25519 pair, the fleet hands a worker only the public half
+    (a worker taken over holds nothing that signs a command); with it the worker takes an
+    Assign the private key signed and refuses one signed by another key under the same id."""
+    import psutil
+
+    from streams.signing import new_key
+
+    private, public = new_key("e1")
+    intruder, _ = new_key("e1")
+    base = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
+    signer = replace(base, command_keys=CommandKeys.from_env({"CHUNKSERVE_COMMAND_KEYS": private}))
+    forger = replace(base, command_keys=CommandKeys.from_env({"CHUNKSERVE_COMMAND_KEYS": intruder}))
+    store = SyncGenerationStore.from_url(redis_url, namespace)
+    fleet = LocalFleet(base, tmp_path / "logs", extra_env={"CHUNKSERVE_COMMAND_KEYS": private})
+
+    async def run() -> tuple[list, str]:
+        await ensure_topics(base)
+        fleet.start_worker("w-ed", capacity=4, chunk_interval_s=0.5)
+        held = psutil.Process(fleet.procs["w-ed"].pid).environ()["CHUNKSERVE_COMMAND_KEYS"]
+        async with RecordProducer(base) as reader_producer:
+            log = EventLog(base, reader_producer)
+            await log.start()
+            await log.until(lambda rs: any(isinstance(r, WorkerUp) for r in rs), 90, "the worker")
+            for sid, settings in (("s-signed", signer), ("s-intruder", forger)):
+                gen = store.commit(sid, 0, "w-ed")
+                async with RecordProducer(settings) as p:
+                    await p.send(Assign(worker_id="w-ed", session_id=sid, generation=gen, ts=time.time()))
+            await log.until(lambda rs: sum(isinstance(r, (CommandRejected, Claimed)) for r in rs) >= 2,
+                            60, "the worker's answers")
+            await log.stop()
+            return log.records, held
+
+    try:
+        records, held = asyncio.run(run())
+    finally:
+        fleet.stop_all()
+        store.client.close()
+    assert held == public and private.split(":")[-1] not in held
+    assert {r.session_id: r.reason for r in records if isinstance(r, CommandRejected)} == {"s-intruder": "forged"}
+    assert {r.session_id for r in records if isinstance(r, Claimed)} == {"s-signed"}
+
+
 def store_generation_of(url: str, ns: str, sid: str) -> Generation | None:
     store = SyncGenerationStore.from_url(url, ns)
     try:

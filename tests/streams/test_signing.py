@@ -56,3 +56,34 @@ def test_an_empty_or_repeated_key_setting_is_refused_not_taken() -> None:
     with pytest.raises(ConfigError, match="entry 2: key id 'a' is given twice"):
         CommandKeys.from_env({"CHUNKSERVE_COMMAND_KEYS": f"a:{A},a:{'22' * 16}"})
     assert not CommandKeys.from_env({}).enabled
+
+
+def test_ed25519_keys_sign_where_private_and_only_verify_where_public() -> None:
+    """An Ed25519 pair: the private key signs and verifies, its public half verifies and cannot
+    sign, so a worker handed the public half holds nothing that makes a command (HMAC keys
+    verify and sign alike). A forged signature, another key's and another topic's are refused."""
+    from streams.signing import new_key
+
+    private, public = new_key("e1")
+    assert private.startswith("e1:ed25519:") and public.startswith("e1:ed25519-pub:") and private != public
+    signer, reader = keys(private), keys(public)
+    value = b"an encoded ScaleOut"
+    signed = signer.sign("scaling-commands", value)
+    assert reader.verify("scaling-commands", value, signed) is None and signer.verify("scaling-commands", value, signed) is None
+    assert reader.verify("scaling-commands", value + b"!", signed) == "forged"
+    assert reader.verify("worker-commands", value, signed) == "forged"  # bound to its topic
+    other, _ = new_key("e1")
+    assert reader.verify("scaling-commands", value, keys(other).sign("scaling-commands", value)) == "forged"
+    with pytest.raises(ConfigError, match="cannot sign"):
+        reader.sign("scaling-commands", value)
+    assert reader.sign("worker-events", value) == []  # what a worker writes is not signed
+    # verify_only: every Ed25519 key by its public half, HMAC keys as they are, active id kept
+    mixed = keys(f"a:{A},{private}", active="e1")
+    assert mixed.verify_only() == f"a:{A},{public}" and CommandKeys.from_env({}).verify_only() is None
+    assert keys(mixed.verify_only(), active="e1").verify("scaling-commands", value, mixed.sign("scaling-commands", value)) is None
+
+
+@pytest.mark.parametrize("spec", ["a:ed25519:" + "11" * 31, "a:ed25519-pub:zz", "a:rsa:" + "11" * 32, "a:ed25519:"])
+def test_a_bad_ed25519_entry_names_the_variable(spec: str) -> None:
+    with pytest.raises(ConfigError, match="CHUNKSERVE_COMMAND_KEYS: entry 1"):
+        keys(spec)
