@@ -98,7 +98,8 @@ def _local_security(folder: Path) -> object:
     from infra.pki import local_security
 
     pki, files = local_security(folder)
-    return KafkaSecurity(pki.ca, pki.cert, pki.key, {u: f.read_text().strip() for u, f in files.items()})
+    return KafkaSecurity(pki.ca, pki.cert, pki.key, {u: f.read_text().strip() for u, f in files.items()
+                                                     if u != "command-keys"})
 
 
 def _secured(cluster: object, security: object, folder: Path, prefix: str) -> None:
@@ -123,7 +124,9 @@ def _secured(cluster: object, security: object, folder: Path, prefix: str) -> No
                  "export CHUNKSERVE_KAFKA_SASL_MECHANISM=SCRAM-SHA-512",
                  f"export CHUNKSERVE_KAFKA_SSL_CAFILE={shlex.quote(str(folder / 'ca.pem'))}",
                  "export CHUNKSERVE_KAFKA_SASL_USERNAME=admin",
-                 f"export CHUNKSERVE_KAFKA_SASL_PASSWORD={password('admin')}"):
+                 f"export CHUNKSERVE_KAFKA_SASL_PASSWORD={password('admin')}",
+                 f"export CHUNKSERVE_COMMAND_KEYS=\"$(cat {shlex.quote(str(folder / 'command-keys'))})\"  "
+                 "# an Ed25519 key: up hands all but dispatch and control its public half"):
         console.print(line, highlight=False)
     console.print(f"# {n} ACL bindings applied for the topic prefix {prefix!r} (other prefixes: `chunkserve "
                   "acls --apply` as the admin); each role of `up` as its own principal:", highlight=False)

@@ -2,7 +2,8 @@
 
 ``make_pki`` makes a CA and a server certificate for 127.0.0.1 / localhost signed by it (and a
 second, unrelated CA that tests trust to check a refusal). ``local_security`` gives
-``chunkserve broker start --secure`` its CA, certificate and one password per role, made once
+``chunkserve broker start --secure`` its CA, certificate, one password per role and a
+command-signing key, made once
 in a private folder and read again on every later start, so the users made when the broker's
 storage was formatted keep signing in.
 """
@@ -15,9 +16,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from schemas.errors import InfraError
 from streams.kafka_acls import ROLES
+from streams.signing import new_key
 
 __all__ = ["Pki", "make_pki", "local_security", "LOCAL_USERS"]
 
@@ -74,10 +77,16 @@ def local_security(folder: Path) -> tuple[Pki, dict[str, Path]]:
         pki = make_pki(folder, days=825)
     files = {}
     for user in LOCAL_USERS:
-        path = folder / f"{user}.password"
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(secrets.token_hex(16) + "\n")
-        files[user] = path
+        files[user] = _secret(folder / f"{user}.password", lambda: secrets.token_hex(16))
+    # the command-signing key (an Ed25519 pair's private entry): `up` hands its readers the public half
+    files["command-keys"] = _secret(folder / "command-keys", lambda: new_key("local")[0])
     return pki, files
+
+
+def _secret(path: Path, make: Callable[[], str]) -> Path:
+    """``path``, written once with ``make()`` (mode 0600, never over a file that is there)."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(make() + "\n")
+    return path

@@ -22,6 +22,7 @@ from schemas.records import ScaleOut, SessionOpened
 from streams.config import KafkaSettings, Settings
 from streams.kafka import RecordProducer
 from streams.preflight import check
+from streams.signing import CommandKeys
 from streams.topics import ensure_topics
 
 pytestmark = [pytest.mark.integration,
@@ -93,8 +94,11 @@ def test_broker_start_secure(tmp_path: Path) -> None:
     text = "".join(lines)
     secrets = data / "secrets"
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
-    for path in secrets.glob("*.password"):
+    for path in [*secrets.glob("*.password"), secrets / "command-keys"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_text().strip() not in text
+    # signed commands by default: an Ed25519 key whose public half `up` hands its readers
+    assert env["CHUNKSERVE_COMMAND_KEYS"].startswith("local:ed25519:")
+    assert CommandKeys.from_env(env).verify_only().startswith("local:ed25519-pub:")
     assert f"ACL bindings applied for the topic prefix '{PREFIX}'" in text
 
     # started again on its folder: the same users sign in
