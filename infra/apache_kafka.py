@@ -199,6 +199,20 @@ class KafkaSecurity:
                 "ssl_cafile": str(cafile or self.ca)}
 
 
+def security_mismatch(root: Path, secure: bool) -> str | None:
+    """Why a cluster folder cannot be started ``secure`` (or not): its users and listeners are
+    made when its storage is formatted. None when it can (or holds no cluster yet)."""
+    saved = root / "cluster.json"
+    if not saved.exists():
+        return None
+    made = bool(json.loads(saved.read_text()).get("secure", False))
+    if made == secure:
+        return None
+    return f"{root} holds a cluster made " + ("with --secure: start it with --secure" if made else
+                                              "without --secure (plaintext, no users): start it without, or give "
+                                              "another folder")
+
+
 @dataclass
 class EmbeddedKafka:
     """Apache Kafka in KRaft combined mode: ``brokers`` nodes with their folders under ``root``.
@@ -234,11 +248,9 @@ class EmbeddedKafka:
             if len(doc["nodes"]) != self.brokers:
                 raise InfraError(f"{self.root} holds a cluster of {len(doc['nodes'])} brokers, "
                                  f"not {self.brokers}")
-            if doc.get("secure", False) != (self.security is not None):  # its users are made at format time
-                raise InfraError(f"{self.root} holds a cluster made "
-                                 + ("with --secure: start it with --secure" if doc.get("secure") else
-                                    "without --secure (plaintext, no users): start it without, or give "
-                                    "another folder"))
+            mismatch = security_mismatch(self.root, self.security is not None)
+            if mismatch:
+                raise InfraError(mismatch)
             self.cluster_id = doc["cluster_id"]
             pairs = [tuple(n) for n in doc["nodes"]]
         else:
@@ -437,9 +449,16 @@ class EmbeddedKafka:
     # -- private --------------------------------------------------------------------------
 
     def _write_config(self, node: KafkaNode) -> None:
-        node.folder.mkdir(parents=True, exist_ok=True)
+        # the node's folder is its owner's alone: its properties hold every SASL user's password
+        # (JAAS), its data every record (both were readable by any local account)
+        node.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        node.folder.chmod(0o700)
         text = "".join(f"{k}={v}\n" for k, v in self.properties(node).items())
-        (node.folder / "server.properties").write_text(text)
+        path = node.folder / "server.properties"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        path.chmod(0o600)
         level = os.environ.get("CHUNKSERVE_KAFKA_LOG_LEVEL", "info")
         (node.folder / "log4j2.properties").write_text(
             _LOG4J.format(path=node.folder / "server.log", level=level))

@@ -43,7 +43,7 @@ def start(
                                 "made once), with the ACL table applied for the configured topic prefix."),
 ) -> None:
     """Run Apache Kafka in KRaft mode on loopback until Ctrl-C, and print how to point chunkserve at it."""
-    from infra.apache_kafka import EmbeddedKafka
+    from infra.apache_kafka import EmbeddedKafka, security_mismatch
     from infra.outputs import folder_problem
 
     problem = folder_problem(data.resolve(), make=False)
@@ -51,6 +51,9 @@ def start(
         raise ConfigError("--data", problem, str(data))
     prefix = _configured_prefix()  # a bad setting is refused before anything starts
     try:
+        mismatch = security_mismatch(data.resolve(), secure)
+        if mismatch:  # before any secret is made for a folder that cannot take it
+            raise InfraError(mismatch)
         security = _local_security(data.resolve() / "secrets") if secure else None
         cluster = EmbeddedKafka(root=data.resolve(), brokers=brokers, security=security)
     except OSError as exc:  # a folder the checks let through that the system refuses (/proc)
@@ -132,9 +135,12 @@ def _secured(cluster: object, security: object, folder: Path, prefix: str) -> No
                   "acls --apply` as the admin); each role of `up` as its own principal:", highlight=False)
     for role in LOCAL_USERS[1:]:
         if role in ("producer", "watcher"):
-            continue  # no process of `up`: a SessionClient's, and `watch`'s
+            continue  # no process of `up`: a SessionClient's, and `watch`'s (below)
         user, pw = role_sasl_env(role)
         console.print(f"export {user}={role} {pw}={password(role)}", highlight=False)
+    for role, who in (("producer", "a producer (SessionClient)"), ("watcher", "`chunkserve watch`")):
+        console.print(f"# {who} signs in as its own principal with: CHUNKSERVE_KAFKA_SASL_USERNAME={role} "
+                      f"CHUNKSERVE_KAFKA_SASL_PASSWORD={password(role)}", highlight=False)
 
 
 def _serve_nodes(cluster: object, stop: dict[str, bool]) -> bool:

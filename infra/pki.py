@@ -28,7 +28,7 @@ __all__ = ["Pki", "make_pki", "local_security", "LOCAL_USERS"]
 @dataclass(frozen=True)
 class Pki:
     ca: Path          # the CA that signed the server certificate
-    other_ca: Path    # an unrelated CA: clients trusting only this must refuse the server
+    other_ca: Path | None  # an unrelated CA (tests): clients trusting only this must refuse the server
     cert: Path
     key: Path
 
@@ -48,11 +48,12 @@ def _self_signed_ca(folder: Path, name: str, days: int) -> tuple[Path, Path]:
     return folder / f"{name}.pem", folder / f"{name}.key"
 
 
-def make_pki(folder: Path, days: int = 2) -> Pki:
-    """A CA, a server certificate for 127.0.0.1 / localhost signed by it, and a second CA."""
+def make_pki(folder: Path, days: int = 2, other: bool = True) -> Pki:
+    """A CA, a server certificate for 127.0.0.1 / localhost signed by it, and (``other``, for
+    tests) a second CA."""
     folder.mkdir(parents=True, exist_ok=True)
     ca, ca_key = _self_signed_ca(folder, "ca", days)
-    other, _ = _self_signed_ca(folder, "other-ca", days)
+    other_ca = _self_signed_ca(folder, "other-ca", days)[0] if other else None
     _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1", cwd=folder)
     (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
@@ -60,7 +61,9 @@ def make_pki(folder: Path, days: int = 2) -> Pki:
              "-CAcreateserial", "-out", "server.pem", "-days", str(days), "-extfile", "san.ext", cwd=folder)
     for key in folder.glob("*.key"):
         key.chmod(0o600)
-    return Pki(ca=ca, other_ca=other, cert=folder / "server.pem", key=folder / "server.key")
+    for scratch in ("server.csr", "san.ext", "ca.srl"):  # the signing's own files
+        (folder / scratch).unlink(missing_ok=True)
+    return Pki(ca=ca, other_ca=other_ca, cert=folder / "server.pem", key=folder / "server.key")
 
 
 #: the users of ``broker start --secure``: its admin and one per role of ``chunkserve acls``
@@ -72,9 +75,9 @@ def local_security(folder: Path) -> tuple[Pki, dict[str, Path]]:
     0600), made on the first call and read on later ones."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     folder.chmod(0o700)
-    pki = Pki(folder / "ca.pem", folder / "other-ca.pem", folder / "server.pem", folder / "server.key")
+    pki = Pki(folder / "ca.pem", None, folder / "server.pem", folder / "server.key")
     if not all(p.exists() for p in (pki.ca, pki.cert, pki.key)):
-        pki = make_pki(folder, days=825)
+        pki = make_pki(folder, days=825, other=False)
     files = {}
     for user in LOCAL_USERS:
         files[user] = _secret(folder / f"{user}.password", lambda: secrets.token_hex(16))

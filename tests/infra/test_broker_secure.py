@@ -94,12 +94,19 @@ def test_broker_start_secure(tmp_path: Path) -> None:
     text = "".join(lines)
     secrets = data / "secrets"
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+    assert not list(secrets.glob("other-ca*")) and not (secrets / "server.csr").exists()  # tests' and signing's files
     for path in [*secrets.glob("*.password"), secrets / "command-keys"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_text().strip() not in text
     # signed commands by default: an Ed25519 key whose public half `up` hands its readers
     assert env["CHUNKSERVE_COMMAND_KEYS"].startswith("local:ed25519:")
     assert CommandKeys.from_env(env).verify_only().startswith("local:ed25519-pub:")
     assert f"ACL bindings applied for the topic prefix '{PREFIX}'" in text
+    # the node's properties hold every user's password (JAAS), its data every record: both the
+    # owner's alone (they were 644 in 755 folders, readable by any local account)
+    node = data / "node-1"
+    assert stat.S_IMODE(node.stat().st_mode) == 0o700
+    assert stat.S_IMODE((node / "server.properties").stat().st_mode) == 0o600
+    assert env["CHUNKSERVE_KAFKA_SASL_PASSWORD"] in (node / "server.properties").read_text()
 
     # started again on its folder: the same users sign in
     cli, lines = _start(data, "--secure")
@@ -113,3 +120,16 @@ def test_broker_start_secure(tmp_path: Path) -> None:
                            capture_output=True, text=True, env=_env(), timeout=120)
     out = [ln for ln in plain.stderr.splitlines() if ln.strip()]
     assert plain.returncode == 2 and len(out) == 1 and "made with --secure: start it with --secure" in out[0], out
+
+
+def test_a_plaintext_folder_is_refused_with_secure_before_any_secret_is_made(tmp_path: Path) -> None:
+    """Refused, it had written a CA and its key, the server's key and nine passwords first."""
+    from infra.apache_kafka import EmbeddedKafka
+
+    EmbeddedKafka(tmp_path / "plain")  # its cluster.json: a plaintext cluster's folder
+    done = subprocess.run([sys.executable, "-m", "infra", "broker", "start", "--data", str(tmp_path / "plain"),
+                           "--secure"], capture_output=True, text=True, env=_env(), timeout=120)
+    out = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 2 and len(out) == 1 and "made without --secure" in out[0], done.stdout + done.stderr
+    assert not (tmp_path / "plain" / "secrets").exists()
+
