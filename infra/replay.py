@@ -13,6 +13,7 @@ import os
 from typing import Any, Iterable
 
 from processors.cluster import ClusterView, apply
+from processors.lifecycle import SessionState
 from schemas.errors import ConfigError
 from schemas.codec import names
 from schemas.records import ChunkDone, DeadLetter, Handoff, InputAccepted, Record, WorkerDown
@@ -68,9 +69,12 @@ def cluster_summary(view: ClusterView) -> dict[str, Any]:
               "owner": s.placed_on, "epoch": s.owner[0]}
         for sid, s in sorted(view.sessions.items())
     }
+    # a worker heard from after it was declared dead counts again (a heartbeat after the
+    # WorkerDown: it was shown down), and a session that ended is no worker's any more
     workers = {
-        wid: {"capacity": w.up[1], "down": w.down_ts > w.up[0],
-              "sessions": sum(1 for s in view.sessions.values() if s.placed_on == wid)}
+        wid: {"capacity": w.up[1], "down": not w.alive,
+              "sessions": sum(1 for s in view.sessions.values()
+                              if s.placed_on == wid and s.lifecycle != SessionState.TERMINATED)}
         for wid, w in sorted(view.workers.items())
     }
     states: dict[str, int] = {}

@@ -136,6 +136,26 @@ def test_a_session_known_only_from_owner_records_reads_unseen():
     assert summary["sessions"]["b"]["state"] == "unseen" and summary["session_states"] == {"execution": 1, "unseen": 1}
 
 
+def test_a_worker_heard_from_after_its_death_is_up_and_ended_sessions_are_nobodys():
+    """`replay dispatch` showed a worker resumed after a SIGSTOP (declared dead, then beating
+    again and serving) as down, and counted closed sessions on a worker long gone (an outside
+    run)."""
+    from infra.replay import cluster_summary, cluster_view
+    from schemas import records as r
+
+    gen = r.Generation(worker_id="w-1", epoch=1)
+    view = cluster_view([
+        r.WorkerUp(worker_id="w-1", capacity=4, ts=1.0),
+        r.SessionOpened(session_id="a", ts=1.5), r.Claimed(worker_id="w-1", session_id="a", generation=gen, ts=2.0),
+        r.SessionOpened(session_id="b", ts=2.5),
+        r.Claimed(worker_id="w-1", session_id="b", generation=r.Generation(worker_id="w-1", epoch=1), ts=3.0),
+        r.SessionClosed(session_id="b", ts=4.0),
+        r.WorkerDown(worker_id="w-1", ts=10.0, reason="heartbeat timeout"),
+        r.Heartbeat(worker_id="w-1", ts=12.0, sessions=1, executing=1, capacity=4)])
+    w = cluster_summary(view)["workers"]["w-1"]
+    assert w["down"] is False and w["sessions"] == 1
+
+
 def test_replay_folds_the_same_order_however_the_fetches_came():
     """Two runs of `replay control --offset 1` on one log disagreed (an outside run): the idle
     of a session opened before the offset came before or after its owner's claim, whichever
