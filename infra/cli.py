@@ -811,6 +811,9 @@ def handoff_cmd(
         raise
     said = "moved" if result["moved"] else ("sent" if wait == 0 else f"not moved within {wait:g} s")
     console.print(f"{session_id}: {said} ({result['from']} -> {target}; now {result['now']})", highlight=False)
+    if not settings.command_keys.enabled and not result["moved"]:  # a signing fleet refused it as unsigned
+        _stderr.print("handoff: it was sent unsigned (CHUNKSERVE_COMMAND_KEYS is not set): a fleet that signs "
+                      "its commands refuses it (`chunkserve story` shows `worker.rejected unsigned`)", soft_wrap=True)
     if json_out is not None:
         _write_json(result, json_out)
     if wait > 0 and not result["moved"]:
