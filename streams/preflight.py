@@ -143,6 +143,26 @@ async def _redis(settings: Settings, sources: Mapping[str, str], timeout_s: floa
         raise ConfigError("redis.url", str(exc), origin("redis.url", sources)) from None
     url = _redacted(settings.redis.url)
     try:
+        await _ping(client, settings, sources, url, timeout_s)
+        try:  # a mode the Redis does not have was an 88-line traceback (on), or a late MovedError (off)
+            enabled = bool(int((await asyncio.wait_for(client.info("cluster"), timeout_s)).get("cluster_enabled", 0)))
+        except (rx.RedisError, OSError, asyncio.TimeoutError, ValueError):
+            enabled = None  # INFO not granted to this user: the store's own read says what it finds
+    finally:
+        await client.aclose()
+    if enabled is not None and enabled != (settings.redis.cluster == "on"):
+        raise ConfigError("redis.cluster", f"{settings.redis.cluster}, and the Redis at {url} is "
+                          + ("a Redis Cluster node: set it on (CHUNKSERVE_REDIS_CLUSTER=on)" if enabled else
+                             "not a cluster node (cluster support disabled): set it off"),
+                          origin("redis.cluster", sources))
+    if settings.redis.cluster == "on":
+        await _store_access(settings, sources, timeout_s)
+
+
+async def _ping(client: Any, settings: Settings, sources: Mapping[str, str], url: str, timeout_s: float) -> None:
+    import redis.exceptions as rx
+
+    try:
         await asyncio.wait_for(client.ping(), timeout_s)
     except rx.AuthenticationError:
         key = "redis.username" if settings.redis.username else "redis.url"
@@ -156,10 +176,6 @@ async def _redis(settings: Settings, sources: Mapping[str, str], timeout_s: floa
     except rx.ResponseError as exc:  # e.g. NOAUTH: a password is required
         raise ConfigError("redis.url", f"Redis at {url} said {str(exc)[:160]}",
                           origin("redis.url", sources)) from None
-    finally:
-        await client.aclose()
-    if settings.redis.cluster == "on":
-        await _store_access(settings, sources, timeout_s)
 
 
 async def _store_access(settings: Settings, sources: Mapping[str, str], timeout_s: float) -> None:

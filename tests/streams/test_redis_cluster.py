@@ -169,3 +169,21 @@ def test_without_a_replica_a_fenced_write_is_not_counted_and_without_acks_it_can
 
     survived = asyncio.run(read())
     assert survived is not None and survived.epoch < unacked.epoch, (survived, unacked)
+
+
+def test_a_redis_cluster_setting_the_redis_does_not_have_is_one_line(cluster: EmbeddedRedisCluster, redis_url: str) -> None:
+    """`redis.cluster = on` against a plain Redis was an 88-line traceback; off against a
+    cluster node passed the check and failed later (MovedError). Both name the setting."""
+    from schemas.errors import ConfigError
+    from streams.preflight import check
+
+    def refused(url: str, mode: str) -> str:
+        with pytest.raises(ConfigError) as exc:
+            asyncio.run(check(Settings(redis=RedisSettings(url=url, cluster=mode)), {}, kafka=False, timeout_s=10))
+        return str(exc.value)
+
+    said = refused(redis_url, "on")
+    assert "redis.cluster: on, and the Redis at" in said and "not a cluster node" in said, said
+    said = refused(cluster.url, "off")
+    assert "redis.cluster: off, and the Redis at" in said and "a Redis Cluster node: set it on" in said, said
+    asyncio.run(check(Settings(redis=RedisSettings(url=cluster.url, cluster="on")), {}, kafka=False, timeout_s=10))
