@@ -52,9 +52,19 @@ class InputGate:
                 seqs[:] = seqs[-(MAX_REFUSED - 1):] + [seq]
                 bound(kept)
 
-    def refused_before(self, sid: str) -> tuple[int, ...]:
-        """The session's refused seqs since the last call (its next routed input names them)."""
-        return tuple(self._refused.pop(sid, ()))
+    def refused_before(self, sid: str, below: int | None = None) -> tuple[int, ...]:
+        """The session's refused seqs since the last call (its next routed input names them);
+        with ``below`` (the routed input's seq), only those before it: an owner withdraws no
+        seq after the input that names it, so a later one is kept for the next input (an input
+        parked behind its open and routed after the ones refused there named them, and the
+        owner applied them from the log although each was dead-lettered)."""
+        seqs = self._refused.pop(sid, [])
+        if below is None:
+            return tuple(seqs)
+        later = [seq for seq in seqs if seq >= below]
+        if later:
+            self._refused[sid] = later
+        return tuple(seq for seq in seqs if seq < below)
 
     def recently_refused(self, sid: str, below: int) -> tuple[int, ...]:
         """The session's last refused seqs below ``below``, named or not: an input routed again

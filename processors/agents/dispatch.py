@@ -273,7 +273,7 @@ class DispatchShell:
     async def route_input(self, sid: str, seq: int, kind: str, payload: str, partition: int = -1,
                           offset: int = -1, ts: float = 0.0, origin: Any = None) -> str | None:
         inp = Input(sid, seq, kind, payload, ts, partition, offset, rereads_left=self.rereads.allowance(),
-                    refused_before=self.gate.refused_before(sid), origin=origin)
+                    refused_before=self.gate.refused_before(sid, seq), origin=origin)
         if partition >= 0:
             self.places.put((sid, seq), (partition, offset))
         with self.rereads.ended((sid, seq, partition, offset)):

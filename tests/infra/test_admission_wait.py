@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgpack
 import pytest
 
 from infra.flow import EventLog
@@ -64,3 +65,50 @@ def test_an_input_waits_with_its_open_for_room_and_a_return_after_a_close_is_ref
     assert waited == []  # nothing refused while the open waited for room
     assert [a.session_id for a in records if isinstance(a, Assign)][:2] == ["full", "late"]
     assert len(refused) == 1 and "session late was closed: a session id is not used again" in refused[0], refused
+
+
+def test_inputs_refused_behind_a_waiting_open_are_never_applied(kafka_bootstrap, redis_url, namespace, tmp_path):
+    """Twenty inputs behind an open that waits for room: past the records a session may park,
+    they are refused to dead-letters; once the open is admitted, an input sent later must not
+    bring them back. The parked input routed first named them, its owner withdrew none (they
+    came after it), the next named none, and the owner applied the refused ones from the log
+    (an outside run: each both dead-lettered and accepted). Each input ends one way only."""
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
+    fleet = LocalFleet(settings, tmp_path / "logs")
+
+    def accepted(rs: list) -> list[int]:
+        return [x.seq for x in rs if isinstance(x, InputAccepted) and x.session_id == "late"]
+
+    async def run() -> list:
+        await ensure_topics(settings)
+        fleet.start_processor("dispatch")
+        fleet.start_worker("w", capacity=1)
+        async with RecordProducer(settings) as producer, \
+                EventLog(settings, producer, topics=(DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS)) as log:
+            await log.until(lambda rs: any(isinstance(x, WorkerUp) for x in rs), 90, "the worker up")
+            await producer.send(SessionOpened(session_id="full", ts=time.time()))
+            await log.until(lambda rs: any(isinstance(x, Assign) and x.session_id == "full" for x in rs), 60,
+                            "the first session placed")
+            await producer.send(SessionOpened(session_id="late", ts=time.time()))
+            for seq in range(1, 21):  # as a front end types: one every 0.2 s
+                await producer.send(InputPushed(session_id="late", seq=seq, kind="text", payload=f"p{seq}", ts=time.time()))
+                await asyncio.sleep(0.2)
+            await log.until(lambda rs: any(isinstance(x, DeadLetter) and "late waits for room" in x.reason for x in rs),
+                            20, "the inputs past what a session parks refused")
+            await producer.send(SessionClosed(session_id="full", ts=time.time()))
+            await log.until(lambda rs: len(accepted(rs)) >= 1, 60, "the parked inputs applied")
+            await asyncio.sleep(1.0)
+            await producer.send(InputPushed(session_id="late", seq=21, kind="text", payload="p21", ts=time.time()))
+            await log.until(lambda rs: 21 in accepted(rs), 60, "the later input applied")
+            await asyncio.sleep(8.0)  # past the owner's 5 s gap wait: what it would fill from the log, it has
+            return log.records
+
+    try:
+        records = asyncio.run(run())
+    finally:
+        fleet.stop_all()
+    refused = {msgpack.unpackb(x.raw)["seq"] for x in records
+               if isinstance(x, DeadLetter) and "late waits for room" in x.reason}  # the letter keeps the input's bytes
+    applied = accepted(records)
+    assert refused and not refused & set(applied), (sorted(refused), applied)
+    assert sorted(refused | set(applied)) == list(range(1, 22)) and len(applied) == len(set(applied))

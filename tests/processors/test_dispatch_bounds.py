@@ -146,6 +146,18 @@ def test_the_gate_hands_its_refused_seqs_to_the_next_routed_input_once() -> None
     assert len(kept) == MAX_REFUSED and kept[-1] == 199
 
 
+def test_a_refused_seq_after_the_routed_input_waits_for_a_later_one() -> None:
+    """Inputs 18-20 refused behind a session's open (16 records parked already), then 17, parked,
+    routed once the open was admitted: it named 18-20, which its owner does not withdraw (they
+    come after it), and 21 named nothing, so the owner applied 18-20 from the log although
+    each was dead-lettered (an outside run). A seq is named on the first input routed after it."""
+    gate = InputGate(max_bytes=10, rate=1000.0, burst=1000.0)
+    for seq in (18, 19, 20):
+        gate.note_refused("s", seq)
+    assert gate.refused_before("s", 17) == ()  # 17 names none of them
+    assert gate.refused_before("s", 21) == (18, 19, 20) and gate.refused_before("s", 22) == ()
+
+
 def test_an_input_refused_on_its_route_is_named_on_the_next_routed_one() -> None:
     """An input for a session dispatch did not know yet (its open still admitting) is refused
     on its route, not at the gate: it is named too, so its owner neither waits for it nor
