@@ -112,3 +112,40 @@ def test_inputs_refused_behind_a_waiting_open_are_never_applied(kafka_bootstrap,
     applied = accepted(records)
     assert refused and not refused & set(applied), (sorted(refused), applied)
     assert sorted(refused | set(applied)) == list(range(1, 22)) and len(applied) == len(set(applied))
+
+
+def test_an_open_waiting_for_room_outlives_its_dispatch(kafka_bootstrap, redis_url, namespace, tmp_path):
+    """An open and its input wait for room; the dispatch process is SIGKILLed meanwhile. Its
+    offsets were committed while they waited (faust acked each as the next was read), so the
+    restarted dispatch never read them again: no verdict, the session lost (an outside run).
+    Acked only once handled, they are read again, admitted when room comes, the input applied."""
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
+    fleet = LocalFleet(settings, tmp_path / "logs")
+
+    async def run() -> list:
+        await ensure_topics(settings)
+        fleet.start_processor("dispatch")
+        fleet.start_worker("w", capacity=1)
+        async with RecordProducer(settings) as producer, \
+                EventLog(settings, producer, topics=(DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS)) as log:
+            await log.until(lambda rs: any(isinstance(x, WorkerUp) for x in rs), 90, "the worker up")
+            await producer.send(SessionOpened(session_id="full", ts=time.time()))
+            await log.until(lambda rs: any(isinstance(x, Assign) and x.session_id == "full" for x in rs), 60,
+                            "the first session placed")
+            await producer.send(SessionOpened(session_id="late", ts=time.time()))
+            await producer.send(InputPushed(session_id="late", seq=1, kind="text", payload="hello", ts=time.time()))
+            await asyncio.sleep(8.0)  # past faust's commit interval: what it acked is committed
+            fleet.kill("dispatch-0")
+            fleet.restart("dispatch-0")
+            await asyncio.sleep(5.0)
+            await producer.send(SessionClosed(session_id="full", ts=time.time()))
+            await log.until(lambda rs: any(isinstance(x, InputAccepted) and x.session_id == "late" for x in rs), 90,
+                            "the waiting session admitted and its input applied")
+            return log.records
+
+    try:
+        records = asyncio.run(run())
+    finally:
+        fleet.stop_all()
+    assert [x.seq for x in records if isinstance(x, InputAccepted) and x.session_id == "late"] == [1]
+    assert not [x for x in records if isinstance(x, DeadLetter)], [x.reason for x in records if isinstance(x, DeadLetter)]
