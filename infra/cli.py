@@ -264,6 +264,31 @@ def _role_env(settings: Settings) -> dict[str, dict[str, str]]:
     return out
 
 
+def _check_role_principals(settings: Settings) -> None:
+    """Each role's own principal (``CHUNKSERVE_<ROLE>_KAFKA_SASL_*``) signs in to the broker, or
+    ``up`` stops here in one line naming its variables: a wrong one had its child exit six
+    times (`Unable to bootstrap`) before the fleet stopped, the reason in the child's log only."""
+    import dataclasses
+
+    from streams.config_file import SASL_ROLES, role_credentials, role_sasl_env
+    from streams.preflight import check
+
+    for role in SASL_ROLES:
+        credentials = role_credentials(os.environ, role)
+        if credentials is None:
+            continue
+        kafka = dataclasses.replace(settings.kafka, sasl_username=credentials[0], sasl_password=credentials[1])
+        try:
+            asyncio.run(check(dataclasses.replace(settings, kafka=kafka), {}, redis=False))
+        except ConfigError as exc:
+            user_var, password_var = role_sasl_env(role)
+            said = str(exc).split(": ", 2)[-1]
+            if "refused the SASL" in said:
+                said = (f"the broker refused the SASL {kafka.sasl_mechanism or 'PLAIN'} credentials of "
+                        f"{credentials[0]!r} (password from {password_var})")
+            raise ConfigError(user_var, f"the {role} role's own principal: {said}", "environment") from None
+
+
 def _logs_at(log_dir: Optional[Path], prefix: str) -> Path:
     """``--log-dir``, made now that nothing was refused (the command line only checked that it
     could be), or a new temporary folder."""
@@ -618,6 +643,7 @@ def up(
                           f"take the next free ones and the provisioner's workers those from ten past its own "
                           f"(give one up to {65535 - children - 10})", "command line")
     settings = _settings()
+    _check_role_principals(settings)  # a role's wrong password: one line now, not six restarts of a child
     _logging(log_format)  # and its children's, through CHUNKSERVE_LOG_FORMAT
     _warn_unsigned(settings)
     asyncio.run(ensure_topics(settings))

@@ -463,6 +463,28 @@ def test_up_starts_each_role_as_its_own_principal(secured: Secured, namespace: s
         assert "refused principal" not in log_text and "AuthorizationFailed" not in log_text, (log.name, log_text[-2000:])
 
 
+def test_up_names_a_role_whose_principal_the_broker_refuses(secured: Secured, namespace: str, tmp_path: Path) -> None:
+    """A wrong role password had `up` start every child and its dispatch exit six times
+    (`Unable to bootstrap`) before the fleet stopped, SASL named in the child's log only. `up`
+    signs in as each role first: one line naming the role's variables, exit code 2, no child."""
+    k = secured.settings().kafka
+    users = secured.security.users
+    env = {**os.environ, "CHUNKSERVE_KAFKA_BOOTSTRAP": k.bootstrap, "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+           "CHUNKSERVE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "CHUNKSERVE_KAFKA_SASL_USERNAME": "admin",
+           "CHUNKSERVE_KAFKA_SASL_PASSWORD": users["admin"], "CHUNKSERVE_KAFKA_SSL_CAFILE": str(k.ssl_cafile),
+           "CHUNKSERVE_REDIS_URL": secured.redis_url, "CHUNKSERVE_TOPIC_PREFIX": f"{namespace}.",
+           "CHUNKSERVE_NAMESPACE": namespace, "CHUNKSERVE_CONTROL_KAFKA_SASL_USERNAME": "control",
+           "CHUNKSERVE_CONTROL_KAFKA_SASL_PASSWORD": users["control"],
+           "CHUNKSERVE_DISPATCH_KAFKA_SASL_USERNAME": "dispatch", "CHUNKSERVE_DISPATCH_KAFKA_SASL_PASSWORD": "not-it"}
+    done = subprocess.run([sys.executable, "-m", "infra", "up", "--log-dir", str(tmp_path / "logs")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    out = [ln for ln in done.stderr.splitlines() if ln.strip() and "command signing is off" not in ln]
+    assert done.returncode == 2 and len(out) == 1, done.stdout + done.stderr
+    assert ("CHUNKSERVE_DISPATCH_KAFKA_SASL_USERNAME: the dispatch role's own principal: the broker refused the "
+            "SASL SCRAM-SHA-512 credentials of 'dispatch' (password from CHUNKSERVE_DISPATCH_KAFKA_SASL_PASSWORD)") in out[0]
+    assert "not-it" not in done.stdout + done.stderr and not (tmp_path / "logs").exists()
+
+
 def test_topics_run_by_a_principal_that_may_not_make_them_says_so(secured: Secured) -> None:
     """`chunkserve topics` as the worker, on a prefix whose topics are not there, listed them
     with `partitions=?` and exited 0; it now says none could be made, naming the principal."""
