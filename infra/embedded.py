@@ -224,6 +224,7 @@ class EmbeddedRedis:
                               f"({len(os.fsencode(sock))} bytes with /{_SOCKET_NAME}, at most {_MAX_SOCKET_PATH}): "
                               "give a shorter one", str(self.data))
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        folder.chmod(0o700)  # its socket answers anyone who reaches it as the default user
         self._held = hold_folder(folder / "redis.lock", "a running redis start")
         if sock.exists():
             orphan = _serving(sock)
