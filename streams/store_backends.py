@@ -6,6 +6,7 @@ replica-acknowledged fenced writes; and the drivers that run the store's sans-IO
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from importlib import resources
 from typing import Any, Generator
@@ -276,7 +277,14 @@ class _ClusterSlotBackend:
         return self._replica_count
 
     async def _run(self, master: Any, name: str, keys: list[str], args: list[Any]) -> Any:
-        need = min(self.acks, await self._replicas(master)) if name in FENCED_WRITES and self.acks else 0
+        fenced = name in FENCED_WRITES and self.acks > 0
+        replicas = await self._replicas(master) if fenced else 0
+        need = min(self.acks, replicas)
+        if fenced and self.acks > replicas and replicas != getattr(self, "_capped_at", None):  # once per count
+            self._capped_at = replicas
+            logging.getLogger(__name__).warning(
+                "redis.replica_acks is %d, and the namespace's master has %d replica(s) now: a fenced write "
+                "waits for %d", self.acks, replicas, need)
         if need == 0:
             return await master.evalsha(self.shas[name], len(keys), *keys, *args)
         pipe = master.pipeline(transaction=False)

@@ -187,3 +187,23 @@ def test_a_redis_cluster_setting_the_redis_does_not_have_is_one_line(cluster: Em
     said = refused(cluster.url, "off")
     assert "redis.cluster: off, and the Redis at" in said and "a Redis Cluster node: set it on" in said, said
     asyncio.run(check(Settings(redis=RedisSettings(url=cluster.url, cluster="on")), {}, kafka=False, timeout_s=10))
+
+
+def test_replica_acks_past_the_replicas_there_are_is_said(cluster: EmbeddedRedisCluster,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """`redis.replica_acks` 2 on masters of one replica each: a fenced write waits for the one
+    there is, as before, and it is said once (it was lowered without a word)."""
+    async def run() -> Generation:
+        store = _store(cluster, "acks2", acks=2)
+        try:
+            await store.register_worker("w1", 4)
+            gen = await store.commit("s", 0, "w1")
+            await store.commit("t", 0, "w1")
+            return gen
+        finally:
+            await store.aclose()
+
+    with caplog.at_level("WARNING", logger="streams.store_backends"):
+        assert asyncio.run(run()) == Generation("w1", 1)
+    said = [r.getMessage() for r in caplog.records if "replica_acks" in r.getMessage()]
+    assert said == ["redis.replica_acks is 2, and the namespace's master has 1 replica(s) now: a fenced write waits for 1"]
