@@ -130,6 +130,7 @@ class RedisSettings:
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     cluster: str = "off"  # "on": url is a seed node of a Redis Cluster
+    seeds: str = ""  # more nodes of that cluster (host:port, comma-separated), asked when url's does not answer
     # replicas that must hold a write conferring or exercising authority before it counts
     # (WAIT); None: one on a cluster, none on a single server
     replica_acks: int | None = None
@@ -138,10 +139,23 @@ class RedisSettings:
     def __post_init__(self) -> None:
         if self.cluster not in ("on", "off"):
             raise ConfigError("redis.cluster", f"must be on or off, got {self.cluster!r}")
+        if self.seeds and self.cluster != "on":
+            raise ConfigError("redis.seeds", "set, but redis.cluster is off: seeds are a Redis Cluster's nodes")
+        for seed in self.seed_nodes():
+            if not seed[0] or not 0 < seed[1] < 65536:
+                raise ConfigError("redis.seeds", f"{self.seeds!r}: give host:port entries, comma-separated")
         for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):  # TLS needs rediss://
             if self.url and getattr(self, name) and not self.url.startswith("rediss://"):
                 raise ConfigError(f"redis.{name}", "set, but redis.url is not a rediss:// URL: the "
                                   "connection would not use TLS")
+
+    def seed_nodes(self) -> list[tuple[str, int]]:
+        """``seeds`` as (host, port) pairs (a port that is no number reads as 0)."""
+        out = []
+        for item in filter(None, (x.strip() for x in self.seeds.split(","))):
+            host, _, port = item.rpartition(":")
+            out.append((host, int(port) if port.isdigit() else 0))
+        return out
 
     @property
     def acks(self) -> int:

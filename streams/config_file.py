@@ -48,7 +48,7 @@ KEYS: dict[str, type] = {
     "input_burst": float, "max_snapshot_bytes": int, "max_sessions_per_worker": int,
     "fetch_wait_ms": int,
     **{f"kafka.{k}": str for k in _KAFKA + ("sasl_password",)},
-    **{f"redis.{k}": str for k in _REDIS + ("password", "cluster")},
+    **{f"redis.{k}": str for k in _REDIS + ("password", "cluster", "seeds")},
     "redis.replica_acks": int, "redis.replica_ack_timeout_ms": int,
     **{f"{table}.{t}": int for table in _PER_TOPIC for t in TOPICS},
 }

@@ -93,7 +93,7 @@ class GenerationStore:
         r = settings.redis
         if r.cluster == "on":
             backend = _ClusterSlotBackend(r.url, Keys(settings.namespace).workers, r.acks,
-                                          r.replica_ack_timeout_ms, r.client_kwargs())
+                                          r.replica_ack_timeout_ms, r.client_kwargs(), seeds=r.seed_nodes())
             return cls(None, settings.namespace, backend=backend, max_snapshot_bytes=settings.max_snapshot_bytes,
                        retention_s=settings.store_retention_s)
         return cls(r.async_client(), settings.namespace, max_snapshot_bytes=settings.max_snapshot_bytes,

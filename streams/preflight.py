@@ -143,7 +143,12 @@ async def _redis(settings: Settings, sources: Mapping[str, str], timeout_s: floa
         raise ConfigError("redis.url", str(exc), origin("redis.url", sources)) from None
     url = _redacted(settings.redis.url)
     try:
-        await _ping(client, settings, sources, url, timeout_s)
+        try:
+            await _ping(client, settings, sources, url, timeout_s)
+        except ConfigError as exc:  # its node down: a cluster's other seeds are asked by the store's read
+            if not (settings.redis.seeds and exc.key == "redis.url" and "no Redis answers" in str(exc)):
+                raise
+            return await _store_access(settings, sources, timeout_s)
         try:  # a mode the Redis does not have was an 88-line traceback (on), or a late MovedError (off)
             enabled = bool(int((await asyncio.wait_for(client.info("cluster"), timeout_s)).get("cluster_enabled", 0)))
         except (rx.RedisError, OSError, asyncio.TimeoutError, ValueError):

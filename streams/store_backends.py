@@ -145,7 +145,7 @@ class _ClusterSlotBackend:
 
     def __init__(self, seed_url: str, namespace_key: str, acks: int, ack_timeout_ms: int,
                  client_kwargs: dict[str, Any], sources: dict[str, str] | None = None,
-                 failover_s: float = 30.0) -> None:
+                 failover_s: float = 30.0, seeds: list[tuple[str, int]] | None = None) -> None:
         from urllib.parse import urlsplit
 
         from redis.crc import key_slot
@@ -153,6 +153,7 @@ class _ClusterSlotBackend:
         seed = urlsplit(seed_url)
         self._seed_url = seed_url
         self._seeds = [(seed.hostname or "127.0.0.1", seed.port or 6379)]
+        self._seeds += [node for node in seeds or () if node not in self._seeds]  # redis.seeds: asked after it
         self._slot = key_slot(namespace_key.encode())
         self._namespace_key = namespace_key
         self.acks, self.ack_timeout_ms, self.failover_s = acks, ack_timeout_ms, failover_s

@@ -207,3 +207,38 @@ def test_replica_acks_past_the_replicas_there_are_is_said(cluster: EmbeddedRedis
         assert asyncio.run(run()) == Generation("w1", 1)
     said = [r.getMessage() for r in caplog.records if "replica_acks" in r.getMessage()]
     assert said == ["redis.replica_acks is 2, and the namespace's master has 1 replica(s) now: a fenced write waits for 1"]
+
+
+def test_with_its_seed_node_dead_a_process_starts_through_the_other_seeds(cluster: EmbeddedRedisCluster) -> None:
+    """`redis.url` was the only node a starting process asked: with it dead, a healthy cluster
+    refused every new worker and stalled a restarted dispatch (an outside run). `redis.seeds`
+    names more: the start-up check and the store go through them."""
+    from schemas.errors import ConfigError
+    from streams.preflight import check
+
+    seed = int(cluster.url.rsplit(":", 1)[1])
+    ns = next(f"seeded{i}" for i in range(100) if cluster.master_of(Keys(f"seeded{i}").workers) != seed)
+    others = ",".join(f"127.0.0.1:{p}" for p in cluster.ports if p != seed)
+    url = cluster.url
+    cluster.kill(seed)
+
+    def settings(seeds: str) -> Settings:
+        return Settings(namespace=ns, redis=RedisSettings(url=url, cluster="on", seeds=seeds))
+
+    with pytest.raises(ConfigError, match="redis.url: no Redis answers"):
+        asyncio.run(check(settings(""), {}, kafka=False, timeout_s=5))
+    asyncio.run(check(settings(others), {}, kafka=False, timeout_s=10))
+
+    async def commit() -> Generation:
+        store = GenerationStore.from_settings(settings(others))
+        try:
+            await store.register_worker("w1", 4)
+            return await store.commit("s", 0, "w1")
+        finally:
+            await store.aclose()
+
+    assert asyncio.run(commit()) == Generation("w1", 1)
+    with pytest.raises(ConfigError, match="redis.seeds"):
+        RedisSettings(url=url, seeds=others)  # a cluster's nodes: refused with the cluster off
+    with pytest.raises(ConfigError, match="give host:port entries"):
+        RedisSettings(url=url, cluster="on", seeds="127.0.0.1")
