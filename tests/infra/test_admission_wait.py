@@ -5,7 +5,9 @@ while every worker is full, then closes a session and returns to it at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from typing import AsyncIterator
 
 import msgpack
 import pytest
@@ -20,6 +22,22 @@ from streams.kafka import RecordProducer
 from streams.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
+
+
+@contextlib.asynccontextmanager
+async def _one_slot_taken(settings: Settings, fleet: LocalFleet) -> AsyncIterator[tuple[RecordProducer, EventLog]]:
+    """Dispatch and one worker of one slot, held by the session ``full``; a producer and a log
+    of dead-letters, worker-commands and worker-events."""
+    await ensure_topics(settings)
+    fleet.start_processor("dispatch")
+    fleet.start_worker("w", capacity=1)
+    async with RecordProducer(settings) as producer, \
+            EventLog(settings, producer, topics=(DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS)) as log:
+        await log.until(lambda rs: any(isinstance(x, WorkerUp) for x in rs), 90, "the worker up")
+        await producer.send(SessionOpened(session_id="full", ts=time.time()))
+        await log.until(lambda rs: any(isinstance(x, Assign) and x.session_id == "full" for x in rs), 60,
+                        "the first session placed")
+        yield producer, log
 
 
 def test_an_input_waits_with_its_open_for_room_and_a_return_after_a_close_is_refused(kafka_bootstrap, redis_url,
@@ -37,15 +55,7 @@ def test_an_input_waits_with_its_open_for_room_and_a_return_after_a_close_is_ref
         return [x.seq for x in rs if isinstance(x, InputAccepted) and x.session_id == sid]
 
     async def run() -> tuple[list, list[str], list[str]]:
-        await ensure_topics(settings)
-        fleet.start_processor("dispatch")
-        fleet.start_worker("w", capacity=1)
-        async with RecordProducer(settings) as producer, \
-                EventLog(settings, producer, topics=(DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS)) as log:
-            await log.until(lambda rs: any(isinstance(x, WorkerUp) for x in rs), 90, "the worker up")
-            await producer.send(SessionOpened(session_id="full", ts=time.time()))
-            await log.until(lambda rs: any(isinstance(x, Assign) and x.session_id == "full" for x in rs), 60,
-                            "the first session placed")
+        async with _one_slot_taken(settings, fleet) as (producer, log):
             await producer.send(SessionOpened(session_id="late", ts=time.time()))
             await producer.send(InputPushed(session_id="late", seq=1, kind="text", payload="hello", ts=time.time()))
             await asyncio.sleep(12.0)  # past the 10 s an unknown session's input is read again for
@@ -80,15 +90,7 @@ def test_inputs_refused_behind_a_waiting_open_are_never_applied(kafka_bootstrap,
         return [x.seq for x in rs if isinstance(x, InputAccepted) and x.session_id == "late"]
 
     async def run() -> list:
-        await ensure_topics(settings)
-        fleet.start_processor("dispatch")
-        fleet.start_worker("w", capacity=1)
-        async with RecordProducer(settings) as producer, \
-                EventLog(settings, producer, topics=(DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS)) as log:
-            await log.until(lambda rs: any(isinstance(x, WorkerUp) for x in rs), 90, "the worker up")
-            await producer.send(SessionOpened(session_id="full", ts=time.time()))
-            await log.until(lambda rs: any(isinstance(x, Assign) and x.session_id == "full" for x in rs), 60,
-                            "the first session placed")
+        async with _one_slot_taken(settings, fleet) as (producer, log):
             await producer.send(SessionOpened(session_id="late", ts=time.time()))
             for seq in range(1, 21):  # as a front end types: one every 0.2 s
                 await producer.send(InputPushed(session_id="late", seq=seq, kind="text", payload=f"p{seq}", ts=time.time()))
@@ -123,15 +125,7 @@ def test_an_open_waiting_for_room_outlives_its_dispatch(kafka_bootstrap, redis_u
     fleet = LocalFleet(settings, tmp_path / "logs")
 
     async def run() -> list:
-        await ensure_topics(settings)
-        fleet.start_processor("dispatch")
-        fleet.start_worker("w", capacity=1)
-        async with RecordProducer(settings) as producer, \
-                EventLog(settings, producer, topics=(DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS)) as log:
-            await log.until(lambda rs: any(isinstance(x, WorkerUp) for x in rs), 90, "the worker up")
-            await producer.send(SessionOpened(session_id="full", ts=time.time()))
-            await log.until(lambda rs: any(isinstance(x, Assign) and x.session_id == "full" for x in rs), 60,
-                            "the first session placed")
+        async with _one_slot_taken(settings, fleet) as (producer, log):
             await producer.send(SessionOpened(session_id="late", ts=time.time()))
             await producer.send(InputPushed(session_id="late", seq=1, kind="text", payload="hello", ts=time.time()))
             await asyncio.sleep(8.0)  # past faust's commit interval: what it acked is committed
