@@ -174,8 +174,11 @@ class Recovery:
             rec = got.record
             if rec.seq in done:
                 continue
-            await self.shell.refuse_input(sid, rec.seq, rec.kind, rec.payload, rec.ts,
-                                          f"session closed before input {rec.seq} was applied "
-                                          "(its worker was lost and no new owner took it)",
-                                          got.partition, got.offset)
+            self.shell.gate.note_refused(sid, rec.seq)  # refused again later (handed back): not twice
+            await self.shell.dead_letters.send(  # once per place, as every other refusal of this process
+                (self.shell.inputs_topic, got.partition, got.offset),
+                lambda rec=rec, got=got: self.shell.refuse_input(
+                    sid, rec.seq, rec.kind, rec.payload, rec.ts,
+                    f"session closed before input {rec.seq} was applied (its worker was lost and no new owner "
+                    "took it)", got.partition, got.offset))
 

@@ -193,6 +193,27 @@ def test_the_close_sweep_does_not_refuse_again_what_was_refused_at_the_close() -
     asyncio.run(run())
 
 
+def test_inputs_the_sweep_refused_are_not_dead_lettered_again_when_handed_back() -> None:
+    """The close sweep refused a stranded session's inputs from the log; its owner, resumed
+    after all, handed them back refused (`not_owner`), and the same replica dead-lettered each
+    a second time (an outside run: 51 dead letters for 19 records). One each."""
+    from processors.dispatch import Input
+
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 1}, ["a"])
+        _log_holds(shell, "a", (1, 2))
+        await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats"))
+        await shell.on_session_event(SessionClosed(session_id="a", ts=clock()))
+        await shell.sweep()
+        assert sorted(refused_inputs(sent.of(DeadLetter))) == [("a", 1), ("a", 2)]
+        for seq in (1, 2):  # handed back by the owner that was alive after all, from where the log holds them
+            await shell.refuse(Input("a", seq, "text", f"in {seq}", partition=0, offset=seq),
+                               f"session closed before input {seq} was applied")
+        assert len(sent.of(DeadLetter)) == 2
+
+    asyncio.run(run())
+
+
 def test_a_lost_assign_is_sent_again_after_the_grace() -> None:
     """The replica that committed a recovery died before its Assign went out (or the Assign
     was lost): once the grace passes, any replica sends it again."""
