@@ -30,6 +30,7 @@ class Role:
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     group: str | None = None  # a consumer group of its own: ``{prefix}{group}``
+    group_prefix: str | None = None  # consumer groups of its own, one per run: ``{prefix}{group_prefix}*``
     faust_app: str | None = None  # a faust app: group ``{prefix}{app}``, leader topic ``...-__assignor-__leader``
 
 
@@ -53,22 +54,29 @@ ROLES: dict[str, Role] = {
                         group="provisioner"),
     # chunkserve watch: read-only, without a group
     "watcher": Role(reads=(METRICS, WORKER_EVENTS)),
+    # a producer that reads its inputs' verdicts (examples/node-producer): the producer's
+    # writes, worker-events and dead-letters, and consumer groups named <prefix>client-*
+    "client": Role(reads=(WORKER_EVENTS, DEAD_LETTERS), writes=(SESSION_EVENTS, SESSION_INPUTS),
+                   group_prefix="client-"),
 }
 
 _RESOURCE = {"Topic": 2, "Group": 3}
 _OPERATION = {"Read": 3, "Write": 4, "Create": 5, "Describe": 8}
 _PATTERN_LITERAL, _ALLOW, _ANY = 3, 3, 1
+_PATTERN = {"literal": _PATTERN_LITERAL, "prefixed": 4}
 _CLUSTER_AUTHORIZATION_FAILED = 31  # the Kafka protocol's error code
 
 
 @dataclass(frozen=True, order=True)
 class Binding:
-    """One ALLOW rule: ``principal`` may ``operation`` the ``resource`` named ``name`` (literal)."""
+    """One ALLOW rule: ``principal`` may ``operation`` the ``resource`` named ``name`` (or, with
+    ``pattern`` prefixed, every one whose name starts with it)."""
 
     principal: str
     resource: str  # Topic | Group
     name: str
     operation: str  # Read | Write | Create
+    pattern: str = "literal"  # literal | prefixed
 
 
 def _role_bindings(principal: str, role: Role, prefix: str) -> Iterable[Binding]:
@@ -78,6 +86,8 @@ def _role_bindings(principal: str, role: Role, prefix: str) -> Iterable[Binding]
         yield Binding(principal, "Topic", prefix + topic, "Write")
     if role.group is not None:
         yield Binding(principal, "Group", prefix + role.group, "Read")
+    if role.group_prefix is not None:
+        yield Binding(principal, "Group", prefix + role.group_prefix, "Read", "prefixed")
     if role.faust_app is not None:
         app = prefix + role.faust_app
         yield Binding(principal, "Group", app, "Read")
@@ -107,7 +117,7 @@ def kafka_acls_line(b: Binding, bootstrap: str = "$BOOTSTRAP") -> str:
     """The ``kafka-acls.sh`` command that creates ``b``."""
     return (f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config admin.properties --add "
             f"--allow-principal {b.principal} --operation {b.operation} "
-            f"--{b.resource.lower()} {b.name} --resource-pattern-type literal")
+            f"--{b.resource.lower()} {b.name} --resource-pattern-type {b.pattern}")
 
 
 def _admin(settings: Settings) -> Any:
@@ -128,7 +138,7 @@ async def apply_acls(settings: Settings, wanted: list[Binding]) -> int:
     try:
         node = admin._client.get_random_node()
         answers = await asyncio.gather(*(admin._send_request(CreateAclsRequest(
-            _RESOURCE[b.resource], b.name, _PATTERN_LITERAL, b.principal, "*",
+            _RESOURCE[b.resource], b.name, _PATTERN[b.pattern], b.principal, "*",
             _OPERATION[b.operation], _ALLOW), node) for b in wanted))
     finally:
         await admin.close()
@@ -146,7 +156,7 @@ async def apply_acls(settings: Settings, wanted: list[Binding]) -> int:
 
 
 async def current_acls(settings: Settings) -> set[Binding]:
-    """Every literal ALLOW binding on the cluster's topics and groups."""
+    """Every ALLOW binding (literal or prefixed) on the cluster's topics and groups."""
     from aiokafka.errors import for_code
     from aiokafka.protocol.admin import DescribeAclsRequest
 
@@ -158,12 +168,13 @@ async def current_acls(settings: Settings) -> set[Binding]:
         found: set[Binding] = set()
         for resource in _RESOURCE.values():
             resp = await admin._send_request(DescribeAclsRequest(
-                resource, None, _PATTERN_LITERAL, None, None, _ANY, _ALLOW))  # type: ignore[arg-type]
+                resource, None, _ANY, None, None, _ANY, _ALLOW))  # type: ignore[arg-type]
             if resp.error_code:
                 raise InfraError(f"DescribeAcls: {for_code(resp.error_code).__name__} {resp.error_message or ''}")
-            for rtype, name, _pattern, acls in resp.resources:
+            for rtype, name, pattern, acls in resp.resources:
+                kind = next((k for k, v in _PATTERN.items() if v == pattern), str(pattern))
                 for principal, _host, op, _perm in acls:
-                    found.add(Binding(principal, names[rtype], name, ops.get(op, str(op))))
+                    found.add(Binding(principal, names[rtype], name, ops.get(op, str(op)), kind))
         return found
     finally:
         await admin.close()

@@ -235,7 +235,8 @@ async function main () {
   // which is kafkajs' DefaultPartitioner; one in-flight request keeps a session's order
   const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner,
     allowAutoTopicCreation: false, idempotent: true, maxInFlightRequests: 1 })
-  const consumer = kafka.consumer({ groupId: `node-producer-${run}`, allowAutoTopicCreation: false })
+  // a group of its own per run, named as the client role's ACLs allow (`chunkserve acls --role client`)
+  const consumer = kafka.consumer({ groupId: `${contract.prefix}client-${run}`, allowAutoTopicCreation: false })
   const delivered = [] // [topic, partition, key]
   let lastTs = 0
 

@@ -258,8 +258,8 @@ def test_end_to_end_with_every_role_as_its_own_principal(secured: Secured, names
 def test_the_node_producer_signs_in_over_sasl_ssl(secured: Secured, namespace: str, tmp_path: Path) -> None:
     """The kafkajs example, configured as the contract's ``cluster-sasl-ssl`` server says (the
     cluster's CA, SCRAM), serves sessions with dispatch and a worker signed in as their own
-    principals. It signs in as the admin: it reads worker-events and its own consumer group,
-    which the producer role may not."""
+    principals, as the client role: the producer's writes, worker-events, dead-letters and its
+    groups (one prefixed binding). It signed in as the admin before that role was there."""
     script = _node_example(tmp_path)
     prefix = f"{namespace}."
     admin = secured.settings(prefix=prefix)
@@ -268,8 +268,8 @@ def test_the_node_producer_signs_in_over_sasl_ssl(secured: Secured, namespace: s
     fleet = LocalFleet(admin, tmp_path / "logs", role_env={role: secured.env(role) for role in ROLES})
     k = admin.kafka
     env = {**os.environ, "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "CHUNKSERVE_KAFKA_SSL_CAFILE": str(k.ssl_cafile),
-           "CHUNKSERVE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256", "CHUNKSERVE_KAFKA_SASL_USERNAME": "admin",
-           "CHUNKSERVE_KAFKA_SASL_PASSWORD": secured.security.users["admin"]}
+           "CHUNKSERVE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256", "CHUNKSERVE_KAFKA_SASL_USERNAME": "client",
+           "CHUNKSERVE_KAFKA_SASL_PASSWORD": secured.security.users["client"]}
     command = ["node", str(script), "--bootstrap", k.bootstrap, "--prefix", prefix, "--sessions", "2",
                "--inputs", "2", "--timeout-s", "90", "--contract", str(ROOT / "docs" / "asyncapi.json")]
     try:

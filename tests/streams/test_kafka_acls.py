@@ -17,7 +17,7 @@ def _writers(topic: str) -> set[str]:
 def test_only_dispatch_and_control_command_workers_and_only_control_scales():
     assert _writers(WORKER_COMMANDS) == {"dispatch", "control"}
     assert _writers(SCALING_COMMANDS) == {"control"}
-    assert _writers(SESSION_EVENTS) == _writers(SESSION_INPUTS) == {"producer"}
+    assert _writers(SESSION_EVENTS) == _writers(SESSION_INPUTS) == {"producer", "client"}
     assert ROLES["worker"].reads == (WORKER_COMMANDS, SESSION_INPUTS)
     assert set(ROLES["worker"].writes) == {WORKER_EVENTS, DEAD_LETTERS}
     assert ROLES["watcher"].writes == ()
@@ -31,6 +31,11 @@ def test_bindings_name_physical_topics_groups_and_faust_leader_topics():
     assert Binding("User:dispatch", "Topic", "p.dispatch-__assignor-__leader", "Create") in got
     assert Binding("User:provisioner", "Group", "p.provisioner", "Read") in got
     assert not any(b.operation == "Create" and "__leader" not in b.name for b in got)
+    client = set(bindings("p.", roles=["client"]))  # its groups, one per run: one prefixed binding
+    assert Binding("User:client", "Group", "p.client-", "Read", "prefixed") in client
+    assert {b.name for b in client if b.resource == "Topic" and b.operation == "Read"} == {"p.worker-events", "p.dead-letters"}
+    assert "--group p.client- --resource-pattern-type prefixed" in kafka_acls_line(
+        Binding("User:client", "Group", "p.client-", "Read", "prefixed"))
     with pytest.raises(KeyError):
         bindings("p.", roles=["admin"])
     with pytest.raises(KeyError, match="--principal: unknown role 'wroker'"):  # not silently User:worker
