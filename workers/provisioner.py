@@ -194,9 +194,9 @@ class LocalProcessProvisioner:
         """Stop every child still running (all at once, each with its grace period)."""
         procs = list(self.procs.values())
         self.procs.clear()
+        self._write_targets()  # none listed, before the wait: a provisioner stopped meanwhile leaves none
         log.info("provisioner: stopping %d workers", len(procs))
         await asyncio.to_thread(stop_in_order, [procs], self.stop_timeout_s)
-        self._write_targets()  # none listed: Prometheus stops scraping them
 
 
 class ProvisionerService:
