@@ -37,7 +37,8 @@ def test_traces_are_seeded_valid_and_round_trip(family, tmp_path):
 def test_the_port_draws_the_reviewers_traces():
     """The reviewer's own files (its generator, run as it ran it) held these: `plateau` seed 1
     3,330 sessions in 20,122 rows, `combo` (here `mixed`) seed 2 over an hour 7,540 sessions in
-    47,651 rows; the port's rows and sessions are the same, row for row as compared once."""
+    47,651 rows; the port's counts are the same (the twenty-minute files matched it row for row,
+    as compared once)."""
     plateau = generate_steps(StepsConfig("plateau", 1200.0, 1.0, 1))
     assert (len(plateau), sum(e.kind is OPEN for e in plateau)) == (20_122, 3_330)
     mixed = generate_steps(StepsConfig("mixed", 3600.0, 1.0, 2))
