@@ -1,17 +1,20 @@
-"""What the outside reviewers' generators (``infra.sim.review``, ``infra.sim.surges``) share:
-a thinned Poisson process and their drawn rows made trace events."""
+"""What the outside reviewers' generators (``infra.sim.review``, ``infra.sim.surges``,
+``infra.sim.steps``) share: a thinned Poisson process, their drawn rows made trace events, and
+the check of a trace's settings."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 import numpy as np
 
 from processors.lifecycle import EventKind, SessionEvent
+from schemas.errors import ConfigError
 
-from infra.sim.trace import MB
+from infra.sim.trace import MAX_T_S, MB
 
-__all__ = ["Row", "poisson_arrivals", "row_events"]
+__all__ = ["Row", "poisson_arrivals", "row_events", "check_config"]
 
 # (time, session index, its own order, session id, event word, state MB or None)
 Row = tuple[float, int, int, str, str, "float | None"]
@@ -34,3 +37,16 @@ def row_events(rows: Iterable[Row]) -> list[SessionEvent]:
     trace file keeps them."""
     return [SessionEvent(t, sid, EventKind(ev), int(float(f"{mb:.1f}") * MB) if mb is not None else 0)
             for t, _, _, sid, ev, mb in sorted(rows, key=lambda r: r[:3])]
+
+
+def check_config(families: tuple[str, ...], family: str, duration_s: float, scale: float, seed: int) -> None:
+    """A reviewer model's trace settings, refused in one line naming ``trace gen``: a family of
+    ``families``, a duration up to a trace's longest, a finite scale above 0 (NaN fails too),
+    a seed of at least 0."""
+    if family not in families:
+        raise ConfigError("family", f"one of {', '.join(families)}", "trace gen")
+    if not (0 < duration_s <= MAX_T_S and 0 < scale < math.inf):
+        raise ConfigError("family", "need duration > 0 and sessions >= 1", "trace gen")
+    if seed < 0:
+        raise ConfigError("seed", "must be >= 0", "trace gen")
+

@@ -40,9 +40,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from processors.lifecycle import EventKind, SessionEvent
-from schemas.errors import ConfigError
 
-from infra.sim.trace import MAX_T_S
+from infra.sim.draws import check_config
 
 __all__ = ["STEPS", "StepsConfig", "generate_steps"]
 
@@ -71,12 +70,7 @@ class StepsConfig:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        if self.family not in STEPS:
-            raise ConfigError("family", f"one of {', '.join(STEPS)}", "trace gen")
-        if not (0 < self.duration_s <= MAX_T_S and 0 < self.scale < math.inf):  # NaN fails too
-            raise ConfigError("family", "need duration > 0 and sessions >= 1", "trace gen")
-        if self.seed < 0:
-            raise ConfigError("seed", "must be >= 0", "trace gen")
+        check_config(STEPS, self.family, self.duration_s, self.scale, self.seed)
 
 
 class _Model:

@@ -47,10 +47,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from processors.lifecycle import SessionEvent
-from schemas.errors import ConfigError
 
-from infra.sim.draws import poisson_arrivals, row_events
-from infra.sim.trace import MAX_T_S
+from infra.sim.draws import check_config, poisson_arrivals, row_events
 
 __all__ = ["SURGES", "SurgeConfig", "generate_surge"]
 
@@ -116,12 +114,7 @@ class SurgeConfig:
     seed: int = 7
 
     def __post_init__(self) -> None:
-        if self.family not in SURGES:
-            raise ConfigError("family", f"one of {', '.join(SURGES)}", "trace gen")
-        if not (0 < self.duration_s <= MAX_T_S and 0 < self.scale < math.inf):  # NaN fails too
-            raise ConfigError("family", "need duration > 0 and sessions >= 1", "trace gen")
-        if self.seed < 0:
-            raise ConfigError("seed", "must be >= 0", "trace gen")
+        check_config(SURGES, self.family, self.duration_s, self.scale, self.seed)
 
 
 class _Trace:
