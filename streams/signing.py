@@ -67,11 +67,7 @@ class Key:
 
     def public(self) -> bytes:
         """An Ed25519 key's public key."""
-        if self.kind == "ed25519-pub":
-            return self.raw
-        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
-        return _private(self.raw).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return self.raw if self.kind == "ed25519-pub" else _public_of(self.raw)
 
 
 @functools.lru_cache(maxsize=64)
@@ -79,6 +75,14 @@ def _private(raw: bytes) -> Any:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     return Ed25519PrivateKey.from_private_bytes(raw)
+
+
+@functools.lru_cache(maxsize=64)
+def _public_of(private: bytes) -> bytes:
+    """A private key's public key (derived once per key, not at every command verified)."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    return _private(private).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
 @functools.lru_cache(maxsize=64)
