@@ -148,6 +148,13 @@ class GenerationStore:
         """Look at a queued session again at ``at``; None drops it from the queue."""
         await _drive_async(self._backend, self._ops.recovery_mark(session_id, at))
 
+    async def recovery_take(self, session_id: str, now: float, until: float) -> bool:
+        """Take a queued session due by ``now`` for this replica until ``until`` (its next look
+        moves there): True for the one replica that took it, False when it is not queued or
+        not due (another replica took it). A step with effects outside the store (dead
+        letters) is carried out by one replica, and again after ``until`` if that one died."""
+        return await _drive_async(self._backend, self._ops.recovery_take(session_id, now, until))
+
     async def request_close(self, session_id: str) -> None:
         """The user closed the session: commits refuse it from now on (UnknownSessionError
         when the session was never opened)."""

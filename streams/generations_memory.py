@@ -205,6 +205,13 @@ class MemoryScripts(_Leases):
                 queue[a[0]] = float(a[1])
         return ["ok"]
 
+    def _recovery_take(self, k: list[str], a: list[Any]) -> Reply:
+        queue = self.data.get(k[0]) or {}
+        if a[0] not in queue or queue[a[0]] > float(a[1]):
+            return ["ok", "0"]
+        queue[a[0]] = float(a[2])
+        return ["ok", "1"]
+
     def _request_close(self, k: list[str], a: list[Any]) -> Reply:
         cur = self._h(k[0])
         if "e" not in cur:

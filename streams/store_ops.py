@@ -172,6 +172,11 @@ class _Ops:
         _check((yield "recovery_mark", [self.keys.recovery],
                 [session_id, "" if at is None else repr(float(at))]))
 
+    def recovery_take(self, session_id: str, now: float, until: float) -> Op:
+        reply = _check((yield "recovery_take", [self.keys.recovery],
+                        [session_id, repr(float(now)), repr(float(until))]))
+        return _s(reply[1]) == "1"
+
     def request_close(self, session_id: str) -> Op:
         _check((yield "request_close", [self.keys.session(session_id)], [session_id]))
 

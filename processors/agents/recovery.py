@@ -44,6 +44,8 @@ __all__ = ["Recovery"]
 
 log = logging.getLogger(__name__)
 
+# how long a replica that took a closed session's refusals has them before another may redo them
+CLOSE_TAKE_S = 30.0
 # how often a replica deregisters the workers down for longer than the store's retention
 FORGET_EVERY_S = 60.0
 
@@ -110,14 +112,20 @@ class Recovery:
             await store.recovery_mark(sid, None)
             return True
         if step is Step.CLOSE:
+            # one replica refuses the inputs (each replica's dead letters are its own), and the
+            # entry leaves the queue only once they are sent: a replica dying midway leaves
+            # them to the next one's sweep after CLOSE_TAKE_S (sent again: at least once)
+            if not await store.recovery_take(sid, now, now + CLOSE_TAKE_S):
+                return True  # another replica's sweep has it
             if sv.state != StoreState.CLOSED:
                 try:
                     await store.release(sid, sv.generation, close=True)
                 except OwnershipError:
-                    return False  # moved meanwhile: the next sweep reads it again
-            await store.recovery_mark(sid, None)
+                    await store.recovery_mark(sid, now)  # moved meanwhile: the next sweep reads it again
+                    return False
             final = await store.session(sid)  # closed now: no owner can apply more (the sweep's read may be older)
             await self._refuse_unapplied(sid, (final or sv).input_seq or 0)
+            await store.recovery_mark(sid, None)
             return True
         if step is Step.RECOVER:
             began = time.monotonic()  # the slot's commit: counted once in dispatch's cached loads

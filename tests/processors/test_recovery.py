@@ -214,6 +214,63 @@ def test_inputs_the_sweep_refused_are_not_dead_lettered_again_when_handed_back()
     asyncio.run(run())
 
 
+def test_two_replicas_sweeping_a_closed_stranded_session_refuse_its_inputs_once() -> None:
+    """Every dispatch replica sweeps the queue; two that meet the same closed session while
+    each reads its inputs back from the log refused each input once apiece (each replica's
+    dead letters are its own). One replica takes the entry; the other passes it by."""
+
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 1}, ["a"])
+        other = DispatchShell(store, Sent(), clock=clock, view_ttl_s=0.0)  # a second replica
+        for replica in (shell, other):
+            _log_holds(replica, "a", (1, 2))
+        due = store.recovery_due
+
+        async def due_then_wait(now: float, limit: int = 64) -> Any:
+            got = await due(now, limit)
+            await asyncio.sleep(0.01)  # a round trip to Redis: the other replica's sweep reads it too
+            return got
+
+        store.recovery_due = due_then_wait  # type: ignore[method-assign]
+        await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats"))
+        await shell.on_session_event(SessionClosed(session_id="a", ts=clock()))
+        await asyncio.gather(shell.sweep(), other.sweep())
+        letters = sent.of(DeadLetter) + other.publisher.of(DeadLetter)
+        assert sorted(refused_inputs(letters)) == [("a", 1), ("a", 2)] and len(letters) == 2
+        assert (await store.recovery_due(clock() + 1e6))[0] == 0
+
+    asyncio.run(run())
+
+
+def test_a_replica_dying_while_it_refuses_a_closed_sessions_inputs_leaves_them_to_another() -> None:
+    """The entry leaves the queue only once its inputs are refused: a replica whose read of
+    the log fails (it dies) leaves the session queued, and another replica refuses them after
+    the take's time (before, the entry was dropped first and the inputs ended neither way)."""
+    from processors.agents.recovery import CLOSE_TAKE_S
+
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 1}, ["a"])
+
+        async def dies(wanted: str, after: int) -> list[LoggedInput]:
+            raise ConnectionError("the replica's broker connection is gone")
+
+        shell.read_inputs = dies
+        await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats"))
+        await shell.on_session_event(SessionClosed(session_id="a", ts=clock()))
+        with pytest.raises(ConnectionError):
+            await shell.sweep()
+        other = DispatchShell(store, Sent(), clock=clock, view_ttl_s=0.0)
+        _log_holds(other, "a", (1, 2))
+        await other.sweep()
+        assert not other.publisher.of(DeadLetter)  # still the first replica's for now
+        clock.now += CLOSE_TAKE_S + 0.1
+        await other.sweep()
+        assert sorted(refused_inputs(other.publisher.of(DeadLetter))) == [("a", 1), ("a", 2)]
+        assert (await store.recovery_due(clock.now + 1e6))[0] == 0
+
+    asyncio.run(run())
+
+
 def test_a_lost_assign_is_sent_again_after_the_grace() -> None:
     """The replica that committed a recovery died before its Assign went out (or the Assign
     was lost): once the grace passes, any replica sends it again."""

@@ -106,6 +106,9 @@ def test_acl_user_runs_the_recovery_queue(redis_url, namespace):
             assert await store.strand("w1", time.time()) == 1  # ZADD
             count, due = await store.recovery_due(time.time() + 1, 8)  # ZCARD, ZRANGEBYSCORE
             assert count == 1 and [sid for sid, _ in due] == ["s1"]
+            now = time.time() + 1
+            assert await store.recovery_take("s1", now, now + 30)  # ZADD XX INCR 0: the score read
+            assert not await store.recovery_take("s1", now, now + 30)  # taken: not due again
             await store.recovery_mark("s1", None)  # ZREM
             assert (await store.recovery_due(time.time() + 1, 8))[0] == 0
         finally:
