@@ -39,7 +39,7 @@ def acls_cmd(
                                "command for the configured namespace (and Redis Cluster, redis.cluster)."),
 ) -> None:
     """The Kafka ACLs each role needs (producer, dispatch, control, detector, metrics, worker,
-    provisioner, watcher, client), for the configured topic prefix: printed, or applied; or the
+    provisioner, watcher, auditor, client), for the configured topic prefix: printed, or applied; or the
     Redis ACL user's command (run it on every node, with the password in place of PASSWORD)."""
     from streams.config_file import load_with_sources
     from streams.kafka_acls import apply_acls, bindings, kafka_acls_line

@@ -134,11 +134,12 @@ def _secured(cluster: object, security: object, folder: Path, prefix: str) -> No
     console.print(f"# {n} ACL bindings applied for the topic prefix {prefix!r} (other prefixes: `chunkserve "
                   "acls --apply` as the admin); each role of `up` as its own principal:", highlight=False)
     for role in LOCAL_USERS[1:]:
-        if role in ("producer", "watcher", "client"):
-            continue  # no process of `up`: a SessionClient's, `watch`'s and an outside client's (below)
+        if role in ("producer", "watcher", "auditor", "client"):
+            continue  # no process of `up`: a SessionClient's, `watch`'s, `replay`'s and an outside client's (below)
         user, pw = role_sasl_env(role)
         console.print(f"export {user}={role} {pw}={password(role)}", highlight=False)
     for role, who in (("producer", "a producer (SessionClient)"), ("watcher", "`chunkserve watch`"),
+                      ("auditor", "`chunkserve replay` and `story`"),
                       ("client", "a producer that reads its verdicts (examples/node-producer)")):
         console.print(f"# {who} signs in as its own principal with: CHUNKSERVE_KAFKA_SASL_USERNAME={role} "
                       f"CHUNKSERVE_KAFKA_SASL_PASSWORD={password(role)}", highlight=False)

@@ -54,6 +54,8 @@ ROLES: dict[str, Role] = {
                         group="provisioner"),
     # chunkserve watch: read-only, without a group
     "watcher": Role(reads=(METRICS, WORKER_EVENTS)),
+    # chunkserve replay and story: read-only, without a group, the log an operator folds
+    "auditor": Role(reads=(SESSION_EVENTS, WORKER_EVENTS, WORKER_COMMANDS, SCALING_COMMANDS, DEAD_LETTERS)),
     # a producer that reads its inputs' verdicts (examples/node-producer): the producer's
     # writes, worker-events and dead-letters, and consumer groups named <prefix>client-*
     "client": Role(reads=(WORKER_EVENTS, DEAD_LETTERS), writes=(SESSION_EVENTS, SESSION_INPUTS),

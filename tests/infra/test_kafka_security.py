@@ -177,6 +177,42 @@ def test_a_write_outside_the_role_is_refused_by_the_broker(secured: Secured, use
     assert _end_offsets(secured.settings(), logical) == before  # nothing reached the log
 
 
+def _cli_env(secured: Secured, user: str = "worker", password: bool = False) -> dict[str, str]:
+    """The CLI's variables for ``user`` on the module's broker (``password``: its own too)."""
+    k = secured.settings(user).kafka
+    env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": k.bootstrap, "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+           "CHUNKSERVE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "CHUNKSERVE_KAFKA_SASL_USERNAME": user,
+           "CHUNKSERVE_KAFKA_SSL_CAFILE": str(k.ssl_cafile), "CHUNKSERVE_REDIS_URL": secured.redis_url,
+           "CHUNKSERVE_TOPIC_PREFIX": "sec.", "COLUMNS": "400"}
+    return env | ({"CHUNKSERVE_KAFKA_SASL_PASSWORD": secured.security.users[user]} if password else {})
+
+
+def test_replay_and_story_run_as_the_read_only_auditor(secured: Secured, tmp_path: Path) -> None:
+    """An operator folds the log as the auditor principal, which reads what `replay` and
+    `story` read and writes nothing; the watcher, which reads only `watch`'s two topics, is
+    refused in one line (before, the README said to run them as the admin)."""
+    sid = f"s-audit-{secrets.token_hex(3)}"
+
+    async def open_one() -> None:
+        async with RecordProducer(secured.settings("producer")) as producer:
+            await producer.send(SessionOpened(session_id=sid, ts=time.time(), prompt="p"))
+
+    asyncio.run(open_one())
+    runner = CliRunner()
+    story = runner.invoke(app, ["story", sid, "--json", str(tmp_path / "story.json")], env=_cli_env(secured, "auditor", password=True))
+    assert story.exit_code == 0, story.output
+    told = json.loads((tmp_path / "story.json").read_text())
+    assert told["records"] >= 1 and told["undecodable"] == 0
+    replay = runner.invoke(app, ["replay", "control", "--json", str(tmp_path / "replay.json")],
+                           env=_cli_env(secured, "auditor", password=True))
+    assert replay.exit_code == 0, replay.output
+    assert sid in (tmp_path / "replay.json").read_text()
+    refused = subprocess.run([sys.executable, "-m", "infra", "story", sid], capture_output=True, text=True,
+                             env={**os.environ, **_cli_env(secured, "watcher", password=True)}, timeout=120)
+    assert refused.returncode == 1 and "refused principal 'User:watcher'" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
 def test_a_wrong_password_or_an_untrusted_certificate_is_refused(secured: Secured) -> None:
     def refusal(settings: Settings) -> str:
         with pytest.raises(ConfigError) as exc:
@@ -205,12 +241,6 @@ def test_a_wrong_password_or_an_untrusted_certificate_is_refused(secured: Secure
     assert "Traceback" not in done.stderr
 
 
-def _cli_env(secured: Secured) -> dict[str, str]:
-    k = secured.settings("worker").kafka
-    return {"CHUNKSERVE_KAFKA_BOOTSTRAP": k.bootstrap, "CHUNKSERVE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-            "CHUNKSERVE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "CHUNKSERVE_KAFKA_SASL_USERNAME": "worker",
-            "CHUNKSERVE_KAFKA_SSL_CAFILE": str(k.ssl_cafile), "CHUNKSERVE_REDIS_URL": secured.redis_url,
-            "CHUNKSERVE_TOPIC_PREFIX": "sec.", "COLUMNS": "400"}
 
 
 def test_end_to_end_with_every_role_as_its_own_principal(secured: Secured, namespace: str,

@@ -20,7 +20,14 @@ def test_only_dispatch_and_control_command_workers_and_only_control_scales():
     assert _writers(SESSION_EVENTS) == _writers(SESSION_INPUTS) == {"producer", "client"}
     assert ROLES["worker"].reads == (WORKER_COMMANDS, SESSION_INPUTS)
     assert set(ROLES["worker"].writes) == {WORKER_EVENTS, DEAD_LETTERS}
-    assert ROLES["watcher"].writes == ()
+    assert ROLES["watcher"].writes == () == ROLES["auditor"].writes
+
+
+def test_the_auditor_reads_every_topic_replay_and_story_fold():
+    from infra.replay import CLUSTER_TOPICS, STORY_TOPICS
+
+    assert set(ROLES["auditor"].reads) == set(CLUSTER_TOPICS) | set(STORY_TOPICS)
+    assert ROLES["auditor"].group is ROLES["auditor"].group_prefix is ROLES["auditor"].faust_app is None
 
 
 def test_bindings_name_physical_topics_groups_and_faust_leader_topics():
