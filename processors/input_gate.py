@@ -48,8 +48,8 @@ class InputGate:
         """Keep ``seq`` as refused elsewhere (a misfiled key) too."""
         if seq >= 1:
             for kept in (self._refused, self._recent):
-                seqs = kept.setdefault(sid, [])
-                seqs[:] = seqs[-(MAX_REFUSED - 1):] + [seq]
+                seqs = kept.pop(sid, [])  # put last: the bound forgets the sessions refused longest ago
+                kept[sid] = seqs[-(MAX_REFUSED - 1):] + [seq]
                 bound(kept)
 
     def refused_before(self, sid: str, below: int | None = None) -> tuple[int, ...]:
@@ -58,13 +58,24 @@ class InputGate:
         seq after the input that names it, so a later one is kept for the next input (an input
         parked behind its open and routed after the ones refused there named them, and the
         owner applied them from the log although each was dead-lettered)."""
-        seqs = self._refused.pop(sid, [])
-        if below is None:
-            return tuple(seqs)
-        later = [seq for seq in seqs if seq >= below]
-        if later:
-            self._refused[sid] = later
-        return tuple(seq for seq in seqs if seq < below)
+        named = self.pending(sid, below)
+        self.named(sid, named)
+        return named
+
+    def pending(self, sid: str, below: int | None = None) -> tuple[int, ...]:
+        """:meth:`refused_before` without letting them go: an input names them, and they are
+        let go (:meth:`named`) once it is routed; a try that fails before (the store or the
+        broker away) names them again, where it had lost them."""
+        return tuple(seq for seq in self._refused.get(sid, ()) if below is None or seq < below)
+
+    def named(self, sid: str, seqs: tuple[int, ...]) -> None:
+        """A routed input named these: they are not named again (but by an input routed again)."""
+        if seqs and sid in self._refused:
+            left = [seq for seq in self._refused[sid] if seq not in seqs]
+            if left:
+                self._refused[sid] = left
+            else:
+                del self._refused[sid]
 
     def recently_refused(self, sid: str, below: int) -> tuple[int, ...]:
         """The session's last refused seqs below ``below``, named or not: an input routed again

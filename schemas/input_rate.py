@@ -19,7 +19,7 @@ from .topics import misfiled
 
 __all__ = ["MAX_SESSIONS", "rate_window", "rate_counted", "RateCount", "bound"]
 
-MAX_SESSIONS = 100_000  # past this many, the oldest sessions' counts (and refusals) are forgotten
+MAX_SESSIONS = 100_000  # past this many, the counts (and refusals) of the sessions seen longest ago are forgotten
 
 
 def rate_counted(rec: InputPushed, key: bytes | None, max_bytes: int) -> bool:
@@ -81,12 +81,15 @@ class RateCount:
             ok = n <= self.limit
             if len(seen) < 4 * self.limit + 64:  # bounded: past it, a repeat counts again
                 seen[seq] = ok
+        self._counts.pop(sid, None)  # put last: the bound forgets the sessions counted longest ago
         self._counts[sid] = (w, n, seen)
         return ok
 
 
 def bound(per_session: dict[str, object]) -> None:
-    """Forget the oldest tenth of the sessions once there are more than ``MAX_SESSIONS``."""
+    """Forget the tenth of the sessions seen longest ago once there are more than
+    ``MAX_SESSIONS`` (each is put last when it is seen: a busy session is never the one
+    forgotten, whose count then started again mid-window, as a review found)."""
     if len(per_session) > MAX_SESSIONS:
         for old in list(per_session)[:MAX_SESSIONS // 10]:
             del per_session[old]

@@ -144,9 +144,11 @@ class GenerationStore:
         """The recovery queue's size and its entries due by ``now``, earliest first."""
         return await _drive_async(self._backend, self._ops.recovery_due(now, limit))
 
-    async def recovery_mark(self, session_id: str, at: float | None) -> None:
-        """Look at a queued session again at ``at``; None drops it from the queue."""
-        await _drive_async(self._backend, self._ops.recovery_mark(session_id, at))
+    async def recovery_mark(self, session_id: str, at: float | None, expected: float | None = None) -> bool:
+        """Look at a queued session again at ``at``; None drops it from the queue. With
+        ``expected`` (the entry's time as read), only while the entry is still that one: a
+        session queued again meanwhile keeps its newer entry. Whether it was marked."""
+        return await _drive_async(self._backend, self._ops.recovery_mark(session_id, at, expected))
 
     async def recovery_take(self, session_id: str, now: float, until: float) -> bool:
         """Take a queued session due by ``now`` for this replica until ``until`` (its next look

@@ -196,14 +196,15 @@ class MemoryScripts(_Leases):
 
     def _recovery_mark(self, k: list[str], a: list[Any]) -> Reply:
         queue = self.data.get(k[0])
-        if queue is not None and a[0] in queue:
-            if a[1] == "":
-                del queue[a[0]]
-                if not queue:
-                    self._del(k[0])
-            else:
-                queue[a[0]] = float(a[1])
-        return ["ok"]
+        if queue is None or a[0] not in queue or (a[2] != "" and queue[a[0]] != float(a[2])):
+            return ["ok", "0"]
+        if a[1] == "":
+            del queue[a[0]]
+            if not queue:
+                self._del(k[0])
+        else:
+            queue[a[0]] = float(a[1])
+        return ["ok", "1"]
 
     def _recovery_take(self, k: list[str], a: list[Any]) -> Reply:
         queue = self.data.get(k[0]) or {}

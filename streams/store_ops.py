@@ -168,9 +168,11 @@ class _Ops:
         due = [(_s(reply[i]), float(_s(reply[i + 1]))) for i in range(1, len(reply), 2)]
         return int(_s(reply[0])), due
 
-    def recovery_mark(self, session_id: str, at: float | None) -> Op:
-        _check((yield "recovery_mark", [self.keys.recovery],
-                [session_id, "" if at is None else repr(float(at))]))
+    def recovery_mark(self, session_id: str, at: float | None, expected: float | None = None) -> Op:
+        reply = _check((yield "recovery_mark", [self.keys.recovery],
+                        [session_id, "" if at is None else repr(float(at)),
+                         "" if expected is None else repr(float(expected))]))
+        return _s(reply[1]) == "1"
 
     def recovery_take(self, session_id: str, now: float, until: float) -> Op:
         reply = _check((yield "recovery_take", [self.keys.recovery],

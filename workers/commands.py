@@ -66,6 +66,55 @@ async def initial_state(p: Ports, host_cache: Any, rec: Assign) -> snapshots.Res
     return p.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id)), (-1, -1), ()
 
 
+OWED = "its recovery's inputs are not read from session-inputs yet (the broker away): it stays here until they are"
+
+
+class Replays:
+    """A session's inputs read back from ``session-inputs``: a recovery's after its snapshot,
+    owed (the session waits: no chunk, no input applied) while the broker cannot be read and
+    read again each heartbeat, and a gap's (:meth:`fill_gap`). A failed read ended the worker
+    before (a review found it): a broker blip during a recovery took down each survivor."""
+
+    def __init__(self, ports: Ports, schedule: Schedule) -> None:
+        self.p, self.schedule = ports, schedule
+
+    async def read(self, sid: str, sess: Held) -> list[Any] | None:
+        """The session's inputs after its last applied one; None when the broker cannot be read."""
+        try:
+            return await self.p.replay(sid, sess.applied_seq, sess.input_pos if sess.input_pos[0] >= 0 else None)
+        except Exception as exc:  # noqa: BLE001 - the broker away
+            log.warning("%s: reading %s's inputs from the log failed: %s", self.p.worker_id, sid, exc)
+            return None
+
+    async def recover(self, sid: str, sess: Held) -> bool:
+        """Offer a recovery's inputs after the snapshot; False while they are owed."""
+        logged = await self.read(sid, sess)
+        if logged is None:
+            sess.owe_replay()
+            return False
+        sess.offer_logged(logged, self.p.worker_id, self.p.clock(), self.p.gap_wait_s)
+        if sess.replay_owed:
+            sess.replayed(self.p.monotonic())
+            self.schedule.add(sid, sess)
+        return True
+
+    async def settled(self, sid: str, sess: Held) -> bool:
+        """Whether the session owes no replay (read now if it did): an offload or a handoff
+        waits for it, as its snapshot must hold every input."""
+        return not sess.replay_owed or await self.recover(sid, sess)
+
+    async def owed(self, sessions: dict[str, Held]) -> list[str]:
+        """Read the owed replays again; the sessions they are done for."""
+        return [sid for sid, sess in list(sessions.items()) if sess.replay_owed and await self.recover(sid, sess)]
+
+    async def fill_gap(self, sid: str, sess: Held) -> None:
+        """Offer the inputs up to the last one waiting as ``session-inputs`` holds them: a routed
+        copy is lost when the owner it went to (one the session had just left) is killed before
+        handing it back. Only when the broker cannot be read is the gap given up on without it."""
+        if sess.has_gap() and (logged := await self.read(sid, sess)) is not None:
+            sess.offer_logged(logged, self.p.worker_id, self.p.clock(), self.p.gap_wait_s, upto=max(sess.pending))
+
+
 class CommandHandler:
     """The sessions a worker holds and the commands on them."""
 
@@ -74,6 +123,7 @@ class CommandHandler:
         self.sessions: dict[str, Held] = {}
         self.schedule = Schedule(self.sessions)
         self.early = EarlyInputs()
+        self.replays = Replays(ports, self.schedule)
         # offloaded sessions kept in host memory, by snapshot id: a resume here skips Redis
         self.host_cache: OrderedDict[str, tuple[str, snapshots.Restored]] = OrderedDict()
 
@@ -142,9 +192,8 @@ class CommandHandler:
         sess = Held(rec.generation, state, next_due=self.p.monotonic(), input_pos=input_pos, skipped=set(skipped))
         self.sessions[sid] = sess
         self.schedule.add(sid, sess)
-        if rec.recover:  # the inputs after the snapshot, from the log
-            sess.offer_logged(await self.p.replay(sid, sess.applied_seq, input_pos if input_pos[0] >= 0 else None),
-                              self.p.worker_id, self.p.clock(), self.p.gap_wait_s)
+        if rec.recover:  # the inputs after the snapshot, from the log (owed while it cannot be read)
+            await self.replays.recover(sid, sess)
         await self.p.send(Claimed(worker_id=self.p.worker_id, session_id=sid,
                                   generation=rec.generation, ts=self.p.clock()))
         for other in self.early.hand_over(sid, sess):
@@ -158,6 +207,9 @@ class CommandHandler:
         """Offload: device -> host -> fenced snapshot in Redis, then free the slot."""
         sid = rec.session_id
         if (sess := await self.current(rec)) is None:
+            return
+        if not await self.replays.settled(sid, sess):
+            await self.reject(rec, "error", OWED)
             return
         sess.frozen_since = None  # an offload overrides a handoff: it keeps the inputs
         # a snapshot keeps no waiting input: what waits on a gap is applied past it (the seqs given up on travel)
@@ -187,6 +239,9 @@ class CommandHandler:
         dispatch commits the move (then revokes this generation) or resumes it here."""
         sid = rec.session_id
         if (sess := await self.current(rec)) is None:
+            return
+        if not await self.replays.settled(sid, sess):
+            await self.reject(rec, "error", OWED)
             return
         if sess.frozen_since is None:  # a duplicate Handoff while frozen reports again
             await self.apply_pending(sid, sess)  # what is in order goes into the snapshot
@@ -250,7 +305,7 @@ class CommandHandler:
         """Apply the waiting inputs in order, each fenced in the store first; ``skip_gaps``
         (after the gap wait, or at an offload) past a missing one not found in the log."""
         if skip_gaps:
-            await self.fill_from_log(sid, sess)
+            await self.replays.fill_gap(sid, sess)
         while (rec := sess.next_input(self.p.monotonic(), skip_gaps)) is not None:
             try:  # with the seqs given up on, when there are new ones (see Held.skipped_news)
                 await self.p.store.set_input_seq(sid, sess.generation, rec.seq, sess.skipped_news())
@@ -266,24 +321,15 @@ class CommandHandler:
     async def expire_gaps(self) -> int:
         """Sessions whose missing input was waited for long enough: apply the inputs after it
         (a missing one that arrives later is refused as late). Returns how many."""
+        for sid in await self.replays.owed(self.sessions):  # read at last: what waited goes in
+            if (sess := self.sessions.get(sid)) is not None:
+                await self.apply_pending(sid, sess)
         now = self.p.monotonic()
         due = [(sid, s) for sid, s in self.sessions.items() if s.gap_expired(now, self.p.gap_wait_s)]
         for sid, sess in due:
             await self.apply_pending(sid, sess, skip_gaps=True)
         await self.reject_all(self.early.expired(now, self.p.gap_wait_s), "not_owner", "no Assign of its generation came in time")
         return len(due)
-
-    async def fill_from_log(self, sid: str, sess: Held) -> None:
-        """Offer the inputs up to the last one waiting as ``session-inputs`` holds them: a routed
-        copy is lost when the owner it went to (one the session had just left) is killed before
-        handing it back. Only when the broker cannot be read is the gap given up on without it."""
-        if sess.has_gap():
-            try:
-                logged = await self.p.replay(sid, sess.applied_seq, sess.input_pos if sess.input_pos[0] >= 0 else None)
-            except Exception as exc:  # the broker away: the gap is given up on as before
-                log.warning("%s: reading %s's inputs for a gap failed: %s", self.p.worker_id, sid, exc)
-                return
-            sess.offer_logged(logged, self.p.worker_id, self.p.clock(), self.p.gap_wait_s, upto=max(sess.pending))
 
     async def reject_all(self, recs: list[RoutedInput], reason: RejectReason, detail: str) -> None:
         """Refuse inputs this worker will not apply: dispatch routes each again or refuses it."""

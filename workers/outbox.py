@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 
 class Outbox:
-    """Events of one batch of commands go out together (in order per partition) and
+    """Events of one batch of commands go out together (in order per partition, but for one
+    sent again after the broker gave up on it: it goes after those taken since) and
     ``acknowledged`` waits once for all of them."""
 
     def __init__(self, producer: Any, name: str) -> None:

@@ -80,6 +80,7 @@ class Held:
     skipped_told: int = 0  # the highest seq given up on that the store was told of
     withdrawn: set[int] = field(default_factory=set)  # seqs dispatch refused: never waited for
     frozen_since: float | None = None  # frozen for a handoff: no chunk, no input applied
+    replay_owed: bool = False  # a recovery's inputs not read from the log yet: no chunk, no input applied
     released_chunk: int = -1  # the last chunk index released under this generation (-1: none)
 
     def __post_init__(self) -> None:
@@ -90,8 +91,16 @@ class Held:
         self.executing, self.frozen_since = False, now
 
     def thaw(self, now: float) -> None:
-        """Kept after all (the handoff refused, or it waited too long): runs again from ``now``."""
-        self.executing, self.frozen_since, self.next_due = True, None, now
+        """Kept after all (the handoff refused, or it waited too long): runs again from ``now``
+        (once its recovery's inputs are read, if they are owed)."""
+        self.executing, self.frozen_since, self.next_due = not self.replay_owed, None, now
+
+    def owe_replay(self) -> None:
+        """Its recovery's inputs could not be read from the log (the broker away): it waits."""
+        self.replay_owed, self.executing = True, False
+
+    def replayed(self, now: float) -> None:
+        self.replay_owed, self.executing, self.next_due = False, self.frozen_since is None, now
 
     def freeze_expired(self, now: float, wait_s: float) -> bool:
         return self.frozen_since is not None and self.frozen_since <= now - wait_s
@@ -161,7 +170,7 @@ class Held:
         """The next input to apply, in order, or None. A missing seq is waited for (from
         ``now``); with ``skip_gaps`` it is given up on and the next present one is returned.
         Nothing while frozen: the snapshot a handoff took must hold every input applied."""
-        if self.frozen_since is not None:
+        if self.frozen_since is not None or self.replay_owed:
             return None
         if not self.pending:
             self.gap_since = None

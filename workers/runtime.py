@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # between tries of a store call that failed with InfraError: doubling up to the last
 PATIENCE_WAITS_S = (0.5, 1.0, 2.0, 5.0)
+# at a stop, how long the events sent so far may take to be acknowledged (the broker away)
+STOP_SEND_S = 20.0
 
 
 class StoreOutage:
@@ -248,7 +250,7 @@ class Worker:
             if self.outbox is not None and self.lease_lost is None:
                 await self._send(WorkerDown(worker_id=self.config.worker_id, ts=self.clock(),
                                             reason=reason))
-                await self.outbox.acknowledged()
+                await _acknowledged_at_stop(self.outbox, self.config.worker_id)
             if self._consumer is not None:
                 await self._consumer.stop()
             if self._producer is not None:
@@ -438,3 +440,13 @@ def serve(settings: Settings, config: WorkerConfig, model: Any, worker_cls: type
             await store.aclose()
 
     asyncio.run(main())
+
+
+async def _acknowledged_at_stop(outbox: Outbox, worker_id: str) -> None:
+    """The events sent so far acknowledged, for at most ``STOP_SEND_S``: a stop during a broker
+    outage hung for ever before, holding the id's lease."""
+    try:
+        await asyncio.wait_for(outbox.acknowledged(), STOP_SEND_S)
+    except asyncio.TimeoutError:
+        log.warning("%s: stopped with events the broker did not take within %.0f s (its WorkerDown "
+                    "among them: control declares it dead when its heartbeats stop)", worker_id, STOP_SEND_S)

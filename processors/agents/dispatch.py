@@ -18,9 +18,8 @@ from schemas.errors import NoCapacityError, OwnershipError, StaleGenerationError
 from schemas.records import (CommandRejected, Frozen, Heartbeat, InputPushed, Record, RoutedInput,
                              SessionOpened, WorkerDown, WorkerUp)
 
-from schemas.codec import encode, refused_input
+from schemas.codec import refused_input
 from schemas.topics import SESSION_INPUTS, misfiled
-from streams.kafka import dead_letter_record
 from streams.topics import misplaced
 
 from ..admission import WorkerLoad
@@ -28,8 +27,9 @@ from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Com
                         CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, Note, Publish,
                         ReadAgain, Refuse, RefuseEvent, RequestClose, Retry, RetryLater, Seen, counted, decide)
 from ..input_gate import InputGate
-from .input_budgets import MAX_REREADING, Chains, DeadLetterOnce, RateWindows, Remembered, Rereads
+from .input_budgets import MAX_REREADING, Chains, DeadLetterOnce, RateWindows, Remembered, Rereads, until_done
 from .recovery import Recovery
+from .refusals import Refusals
 
 __all__ = ["Publisher", "DispatchShell", "build_app"]
 
@@ -53,10 +53,10 @@ class Publisher(Protocol):
     async def send(self, rec: Record, wait: bool = False) -> Any: ...
 
 
-class DispatchShell:
+class DispatchShell(Refusals):
     """Carries out the dispatch core's commands (``processors.dispatch.decide``): reads what
-    the store says about each event's session, commits, publishes, dead-letters, and feeds
-    the outcomes back to the core."""
+    the store says about each event's session, commits, publishes, dead-letters (its
+    :class:`~.refusals.Refusals`), and feeds the outcomes back to the core."""
 
     def __init__(self, store: Any, publisher: Publisher, clock: Callable[[], float] = time.time,
                  view_ttl_s: float = 0.25, admission_timeout_s: float = 30.0,
@@ -72,6 +72,7 @@ class DispatchShell:
         self.view = DispatchView({}, source=name, admission_retries=int(admission_timeout_s / RETRY_S))
         self.waiting = 0  # admissions for session events waiting for room (the view's max_waiting)
         self._view_at = -1e18
+        self._reading: asyncio.Future[None] | None = None  # the read of the loads on its way
         self.gate = InputGate(max_input_bytes, input_rate, input_burst)
         self.chains = Chains(max_in_flight, name)
         # the session's inputs after a seq, read back from the log (LoggedInput); the topic's full name
@@ -92,14 +93,30 @@ class DispatchShell:
     # --- the core's inputs ---------------------------------------------------------------
 
     async def load_view(self, force: bool = False) -> dict[str, WorkerLoad]:
+        """The workers' loads, read at most every ``view_ttl_s`` (``force``: now); callers that
+        find the view old while a read is on its way wait for that one (500 at once made 500
+        reads of the workers' hash before)."""
         now = time.monotonic()
         if force or now - self._view_at > self.view_ttl_s:
-            raw = await self.store.load_view()
-            self.view = replace(self.view, read_at=time.monotonic(), workers={
-                w: WorkerLoad(used=x.used, capacity=x.capacity, draining=x.draining, down=x.down)
-                for w, x in raw.items()})
-            self._view_at = now
+            reading = self._reading
+            if force or reading is None:  # a forced read starts after what it knows changed
+                reading = asyncio.ensure_future(self._read_view(now))
+                if not force:
+                    self._reading = reading
+                    reading.add_done_callback(self._read_done)
+            await asyncio.shield(reading)
         return dict(self.view.workers)
+
+    async def _read_view(self, now: float) -> None:
+        raw = await self.store.load_view()
+        self.view = replace(self.view, read_at=time.monotonic(), workers={
+            w: WorkerLoad(used=x.used, capacity=x.capacity, draining=x.draining, down=x.down)
+            for w, x in raw.items()})
+        self._view_at = now
+
+    def _read_done(self, task: asyncio.Future[None]) -> None:
+        if self._reading is task:
+            self._reading = None
 
     def invalidate_view(self) -> None:  # recovery: processors/agents/recovery.py
         self._view_at = -1e18
@@ -146,6 +163,8 @@ class DispatchShell:
                 await self.publisher.send(replace(rec, refused_before=self.gate.recently_refused(rec.session_id, rec.seq)))
             case Publish(record=rec):
                 await self.publisher.send(rec)
+                if isinstance(rec, RoutedInput):  # its names are out
+                    self.gate.named(rec.session_id, rec.refused_before)
             case Commit(admission=adm, worker=worker):
                 return await self.commit(adm, worker)
             case Move(session_id=sid, source=src, target=target):
@@ -187,54 +206,28 @@ class DispatchShell:
         except OwnershipError as exc:
             return CommitRefused(adm, worker, exc.reason_code, detail=str(exc))
 
-    async def dead_letter(self, publisher: Any, msg: Any, why: str) -> None:
-        """Dead-letter a record as it came, once per place in the log (``DeadLetterOnce``)."""
-        await self.dead_letters.send((getattr(msg, "topic", None), getattr(msg, "partition", None),
-                                      getattr(msg, "offset", None)), lambda: publisher.dead_letter(msg, why, self.name))
-
-    async def refuse(self, inp: Input, why: str) -> None:
-        self.gate.note_refused(inp.session_id, inp.seq)  # named on the next routed input: not waited for
-        why = f"refused: {why}"  # every dead letter's reason says schema: or refused: first
-        if inp.origin is not None:  # the record as it came: dead-lettered with its own bytes
-            await self.dead_letter(self.publisher, inp.origin, why)
-            return
-        partition, offset = inp.partition, inp.offset
-        if partition < 0:  # refused after routing (by its owner): where it was when it was routed
-            partition, offset = self.places.get((inp.session_id, inp.seq)) or (-1, -1)
-        if partition < 0 and self.read_inputs is not None:
-            # refused after routing (by its owner): the dead letter names where the input sits
-            found = [g for g in await self.read_inputs(inp.session_id, inp.seq - 1) if g.record.seq == inp.seq]
-            if found:
-                partition, offset = found[0].partition, found[0].offset
-            else:
-                why += " (its place in the log was not found)"
-        await self.dead_letters.send((self.inputs_topic, partition, offset),
-                                     lambda: self.refuse_input(inp.session_id, inp.seq, inp.kind, inp.payload,
-                                                               inp.ts, why, max(partition, 0), max(offset, 0)))
-
-    async def refuse_parked(self, rec: InputPushed, msg: Any, why: str, publisher: Any) -> None:
-        """An input refused behind its session's wait for room: dead-lettered as it came, and
-        named on the session's next routed input, so its owner does not wait for it."""
-        self.gate.note_refused(rec.session_id, rec.seq)
-        await self.dead_letter(publisher, msg, f"refused: {why}")
-
-    async def refuse_input(self, sid: str, seq: int, kind: str, payload: str, ts: float,
-                           why: str, partition: int = 0, offset: int = 0) -> None:
-        raw = encode(InputPushed(session_id=sid, seq=seq,
-                                 kind=kind if kind in ("text", "prompt", "control") else "text",  # type: ignore[arg-type]
-                                 payload=payload, ts=ts))
-        await self.publisher.send(dead_letter_record(
-            self.inputs_topic, partition, offset, raw, sid.encode(), why[:1000], self.name))
-
     # --- what the agents call --------------------------------------------------------------
 
-    async def on_session_event(self, rec: Record) -> str | None:
-        """Act on a session event; None, or why it is refused (the caller dead-letters it)."""
+    async def on_session_event(self, rec: Record, again: bool = False) -> str | None:
+        """Act on a session event; None, or why it is refused (the caller dead-letters it).
+        ``again``: a try after one that failed, whose commit may have landed."""
         # an open is taken as new: its commit (from epoch 0) is the read, and a session that
-        # exists already comes back as a stale refusal with what the store holds
+        # exists already comes back as a stale refusal with what the store holds; tried again,
+        # it reads the store first (its Assign owed: where the fleet was full, it waited for room)
         sid = rec.session_id  # type: ignore[attr-defined]
-        refused = await self.feed(Seen(rec, Facts(None) if isinstance(rec, SessionOpened) else await self.facts(sid)))
+        new = isinstance(rec, SessionOpened) and not again
+        refused = await self.feed(Seen(rec, Facts(None) if new else await self.facts(sid)))
         return refused[0] if refused else None
+
+    def session_work(self, rec: Record) -> Callable[[], Awaitable[str | None]]:
+        """The work of one session event, as its chain tries it (:meth:`on_session_event`)."""
+        tries = 0
+
+        async def work() -> str | None:
+            nonlocal tries
+            tries += 1
+            return await self.on_session_event(rec, again=tries > 1)
+        return work
 
     async def on_worker_event(self, rec: Record) -> None:
         """Recover a dead worker's sessions (the recovery agent), complete migrations, bring
@@ -272,12 +265,16 @@ class DispatchShell:
 
     async def route_input(self, sid: str, seq: int, kind: str, payload: str, partition: int = -1,
                           offset: int = -1, ts: float = 0.0, origin: Any = None) -> str | None:
-        inp = Input(sid, seq, kind, payload, ts, partition, offset, rereads_left=self.rereads.allowance(),
-                    refused_before=self.gate.refused_before(sid, seq), origin=origin)
         if partition >= 0:
             self.places.put((sid, seq), (partition, offset))
-        with self.rereads.ended((sid, seq, partition, offset)):
-            refused = await self.feed(Seen(inp, await self.facts(sid)))
+        key = (sid, seq, partition, offset)
+        with self.rereads.ended(key):
+            facts = await self.facts(sid)
+            unknown = facts.session is None and not facts.open_waits  # read again within the budget
+            inp = Input(sid, seq, kind, payload, ts, partition, offset, origin=origin,
+                        rereads_left=self.rereads.take(key) if unknown else self.rereads.allowance(),
+                        refused_before=self.gate.pending(sid, seq))
+            refused = await self.feed(Seen(inp, facts))
         return refused[0] if refused else None
 
     async def report(self, worker: str, began: float) -> None:
@@ -314,8 +311,9 @@ async def _session_events(stream: Any, shell: Callable[[], Awaitable[DispatchShe
             await sh.dead_letter(publisher, msg, f"refused: {misfiled_why}")
             event.ack()
             continue
-        async def handle(rec: Record = rec, msg: Any = msg, sh: DispatchShell = sh, event: Any = event) -> None:
-            why = await sh.on_session_event(rec)
+        async def handle(work: Any = sh.session_work(rec), msg: Any = msg, sh: DispatchShell = sh,
+                         event: Any = event) -> None:
+            why = await work()
             if why is not None:  # e.g. an open of a session id that was closed
                 await sh.dead_letter(publisher, msg, f"refused: {why}")
             event.ack()
@@ -393,17 +391,27 @@ async def _worker_events(stream: Any, shell: Callable[[], Awaitable[DispatchShel
     from schemas.topics import WORKER_EVENTS
     from streams.faust_app import decode_event
 
-    async for event in stream.events():
+    # acked by hand once acted on, as session events are: a Frozen or a refused input handed to
+    # a chain was acked when the next event was read, and a replica killed before it acted lost it
+    async for event in stream.noack().events():
         rec = await decode_event(event, WORKER_EVENTS, publisher, "dispatch", WORKER_EVENTS_ACTED_ON)
         if rec is None:
+            event.ack()
             continue
         sh = await shell()
         if isinstance(rec, (WorkerDown, Heartbeat, WorkerUp)):
-            # in the store before the event is marked read: the sweep does the rest
+            # in the store before the event is acked (tried until the store answers: a death
+            # is said once): the sweep does the rest
+            await until_done(lambda rec=rec, sh=sh: sh.on_worker_event(rec), sh.name, f"acting on {rec.TAG}")
+            event.ack()
+            continue
+
+        async def act(rec: Record = rec, sh: DispatchShell = sh, event: Any = event) -> None:
             await sh.on_worker_event(rec)
-        else:
-            key = f"workers:{getattr(rec, 'session_id', '') or rec.worker_id}"  # type: ignore[attr-defined]
-            await sh.submit(key, lambda rec=rec, sh=sh: sh.on_worker_event(rec))
+            event.ack()
+
+        key = f"workers:{getattr(rec, 'session_id', '') or rec.worker_id}"  # type: ignore[attr-defined]
+        await sh.submit(key, act, _then_ack(event, lambda exc, rec=rec, sh=sh: sh.gave_up(rec, exc)))
 
 
 async def _tail_plans(settings: Any, catalogue: Any, shell: Callable[[], Awaitable[DispatchShell]]) -> None:

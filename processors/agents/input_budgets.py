@@ -13,6 +13,8 @@ import logging
 from collections import Counter, OrderedDict
 from typing import Any, Awaitable, Callable, Generic, Iterator, TypeVar
 
+from aiokafka.errors import KafkaError
+
 from schemas.errors import InfraError
 from schemas.input_rate import rate_counted
 from schemas.records import InputPushed
@@ -20,16 +22,20 @@ from schemas.records import InputPushed
 from ..dispatch import Input
 from ..input_gate import InputGate
 
-__all__ = ["MAX_PARKED", "MAX_PARKED_PER_KEY", "MAX_REREADING", "MAX_REMEMBERED", "STORE_RETRY_S", "Chains",
-           "DeadLetterOnce", "RateWindows", "Remembered", "Rereads"]
+__all__ = ["MAX_PARKED", "MAX_PARKED_PER_KEY", "MAX_REREADING", "MAX_REMEMBERED", "STORE_RETRY_S", "TRANSIENT",
+           "Chains", "DeadLetterOnce", "RateWindows", "Remembered", "Rereads", "until_done"]
 
 log = logging.getLogger("processors.agents.dispatch")
 
 K = TypeVar("K")
 V = TypeVar("V")
 
-# pauses between tries of an event's handling while the store cannot serve it
+# pauses between tries of an event's handling while the store or the broker cannot serve it
 STORE_RETRY_S = (0.2, 0.5, 1.0, 2.0, 4.0)
+# what a try may meet that passes: Redis away (InfraError), the broker away (a send timed out)
+TRANSIENT = (InfraError, KafkaError, OSError)
+# a verdict (a dead letter) is sent again until it is out, at most this long apart
+VERDICT_RETRY_MAX_S = 5.0
 
 # inputs of unknown sessions read again at once (the rest are refused at once)
 MAX_REREADING = 64
@@ -145,10 +151,27 @@ class DeadLetterOnce:
             log.info("%s: %s[%s]@%s was dead-lettered already", self.name, topic, partition, offset)
             return
         try:
-            await send()
+            await until_done(send, self.name, "a dead letter")
         except BaseException:
             self.sent.forget(place)  # not sent: the next refusal sends it
             raise
+
+
+async def until_done(attempt: Callable[[], Awaitable[Any]], name: str, what: str) -> None:
+    """``attempt`` tried until it is done while the broker or the store is away (``TRANSIENT``):
+    a verdict (a dead letter), or a worker's death marked in the store, so that no record is
+    left neither acted on nor refused (faust commits no offset past an event not acked, and a
+    record dispatch gave up on was neither: a review found both). Other errors raise; at
+    shutdown it is cancelled, and the record is read again at the next start."""
+    pause = STORE_RETRY_S[0]
+    while True:
+        try:
+            await attempt()
+            return
+        except TRANSIENT as exc:
+            log.warning("%s: %s failed (%s); again in %.1f s", name, what, exc, pause)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, VERDICT_RETRY_MAX_S)
 
 
 class Rereads:
@@ -163,6 +186,16 @@ class Rereads:
 
     def allowance(self) -> int:
         return self.per_input if len(self.now) < self.budget else 0
+
+    def take(self, key: tuple[str, int, int, int]) -> int:
+        """The re-reads of an input whose session the store does not hold, its place in the
+        budget taken at once (given back by :meth:`ended`): taken only once it paused, every
+        input read in the meantime saw the budget free (a store that answers later: all of a
+        flood of made-up ids were read again, found when the loads' read began to yield)."""
+        left = self.allowance()
+        if left:
+            self.now.add(key)
+        return left
 
     async def pause(self, inp: Input, seconds: float) -> None:
         self.now.add((inp.session_id, inp.seq, inp.partition, inp.offset))
@@ -230,7 +263,7 @@ class Chains:
         """Run ``work`` after every earlier submission under the same key (a session's events,
         or its inputs), concurrently with other keys: one session waiting for capacity does not
         hold up the others, and each session's events (and inputs) keep their order. Returns
-        once the work is scheduled. Work the store could not serve (Redis away, InfraError) is
+        once the work is scheduled. Work the store or the broker could not serve (``TRANSIENT``) is
         tried again after each of ``STORE_RETRY_S``; what still fails is handed to ``failed``
         (an input is refused with the reason: never dropped). Behind a wait for room, a piece
         with a ``refused`` handler is parked (or, past the bounds, handed to it with why)."""
@@ -279,7 +312,8 @@ class Chains:
             try:
                 await work()
                 return
-            except InfraError as exc:
+            except TRANSIENT as exc:  # work tried again is safe: an open committed already
+                # (its Assign not sent) comes back stale, and its Assign is sent again
                 if pause is None:
                     raise
                 log.warning("%s: handling %s: %s; again in %.1f s", self.name, key, exc, pause)

@@ -3,8 +3,9 @@
 A worker declared dead is marked down in the store and every session it held is queued
 (``strand``); every dispatch replica sweeps the queue, earliest first, until each session has
 a new owner that claimed it or its user closed it (``processors.recovery.next_step`` decides
-each step). Nothing is kept in a replica's memory: a replica that dies mid-recovery leaves the
-queue to the others.
+each step). The obligations are kept in the store, not in a replica's memory: a replica that
+dies mid-recovery leaves the queue to the others. (What a replica remembers is which inputs it
+refused already: a close's sweep by another replica may refuse one of those again.)
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class Shell(Protocol):
     name: str
     clock: Callable[[], float]
     read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None
+    gate: Any  # its InputGate: the seqs refused already
+    dead_letters: Any  # its DeadLetterOnce
+    inputs_topic: str
 
     async def load_view(self, force: bool = False) -> dict[str, WorkerLoad]: ...
     def invalidate_view(self) -> None: ...
@@ -94,38 +98,42 @@ class Recovery:
         self.queued, due = await self.shell.store.recovery_due(now, limit)
         steps: Counter[str] = Counter()
         waiting = False
-        for sid, _at in due:
+        for sid, at in due:
             sv = await self.shell.store.session(sid)
             owner = view.get(sv.generation.worker_id) if sv is not None else None
             owner_down = owner is None or owner.down
             step = next_step(sv, owner_down)
             if step is Step.RECOVER and waiting:
                 continue
-            done = await self._carry_out(step, sid, sv, now, owner_down)
+            done = await self._carry_out(step, sid, sv, now, owner_down, at)
             waiting = waiting or (step is Step.RECOVER and not done)
             steps[step.value if done else "waiting"] += 1
         return steps
 
-    async def _carry_out(self, step: Step, sid: str, sv: Any, now: float, owner_down: bool) -> bool:
+    async def _carry_out(self, step: Step, sid: str, sv: Any, now: float, owner_down: bool, at: float) -> bool:
+        """Carry out one step decided on the entry queued for ``at``: every change of the queue
+        is made only while the entry is still that one (its new owner may have died meanwhile,
+        and ``strand`` queued it again: that newer entry stays)."""
         store = self.shell.store
         if step is Step.DROP:
-            await store.recovery_mark(sid, None)
+            await store.recovery_mark(sid, None, expected=at)
             return True
         if step is Step.CLOSE:
             # one replica refuses the inputs (each replica's dead letters are its own), and the
             # entry leaves the queue only once they are sent: a replica dying midway leaves
             # them to the next one's sweep after CLOSE_TAKE_S (sent again: at least once)
-            if not await store.recovery_take(sid, now, now + CLOSE_TAKE_S):
+            until = now + CLOSE_TAKE_S
+            if not await store.recovery_take(sid, now, until):
                 return True  # another replica's sweep has it
             if sv.state != StoreState.CLOSED:
                 try:
                     await store.release(sid, sv.generation, close=True)
                 except OwnershipError:
-                    await store.recovery_mark(sid, now)  # moved meanwhile: the next sweep reads it again
+                    await store.recovery_mark(sid, now, expected=until)  # moved meanwhile: the next sweep reads it again
                     return False
             final = await store.session(sid)  # closed now: no owner can apply more (the sweep's read may be older)
             await self._refuse_unapplied(sid, (final or sv).input_seq or 0)
-            await store.recovery_mark(sid, None)
+            await store.recovery_mark(sid, None, expected=until)
             return True
         if step is Step.RECOVER:
             began = time.monotonic()  # the slot's commit: counted once in dispatch's cached loads
@@ -136,12 +144,12 @@ class Recovery:
                 return True
             if gen is None:
                 return False
-            await store.recovery_mark(sid, now + CLAIM_GRACE_S)
+            await store.recovery_mark(sid, now + CLAIM_GRACE_S, expected=at)
             await self._assign_recovered(sid, gen, began)
             log.info("%s: session %s recovered on %s", self.shell.name, sid, gen)
             return True
-        await store.recovery_mark(sid, now + CLAIM_GRACE_S)  # RESEND
-        await self._assign_recovered(sid, sv.generation, -math.inf)  # its slot was counted when committed
+        if await store.recovery_mark(sid, now + CLAIM_GRACE_S, expected=at):  # RESEND (not when queued again)
+            await self._assign_recovered(sid, sv.generation, -math.inf)  # its slot was counted when committed
         return True
 
     async def _commit_planned(self, sid: str, expected_epoch: int) -> Generation | None:

@@ -230,6 +230,7 @@ def test_a_flood_of_inputs_for_sessions_nobody_opened_does_not_hold_up_the_other
 
     class Store:
         async def session(self, sid: str) -> SessionView | None:
+            await asyncio.sleep(0)  # answers later, as Redis does: every input is read before one pauses
             return SessionView(Generation("w1", 1), StoreState.ACTIVE, True, None, None, None) if sid == "live" else None
 
         async def load_view(self) -> dict:
@@ -481,3 +482,24 @@ def test_an_input_behind_an_open_that_found_no_room_is_refused_with_the_open_and
     opens, inputs = asyncio.run(run())
     assert len(opens) == 1 and "no worker had room for session s" in opens[0]
     assert len(inputs) == 1 and "its open was refused (no worker had room for session s)" in inputs[0], inputs
+
+
+def test_past_the_bound_a_busy_sessions_rate_count_is_kept_and_a_quiet_ones_forgotten(monkeypatch: Any) -> None:
+    """The bound forgot the sessions first seen longest ago, which in a long-lived fleet are
+    the ones still streaming: a busy session's count started again mid-window, and dispatch
+    routed inputs a recovery's replay of the log refuses (a review's repro). It forgets the
+    sessions seen longest ago."""
+    import schemas.input_rate as rate
+
+    monkeypatch.setattr(rate, "MAX_SESSIONS", 10)
+    counts = RateCount(rate=1.0, burst=5.0)  # windows of 5 s
+    assert all(counts.passes("hot", 0.1, seq) for seq in range(1, 6))
+    for i in range(12):  # other sessions come and go while the hot one keeps streaming
+        counts.passes(f"quiet-{i}", 0.2, 1)
+        assert not counts.passes("hot", 0.2, 6 + i)  # over its burst in this window: refused
+    assert not counts.known("quiet-0", 0)  # seen longest ago: forgotten
+    gate = InputGate(10, 1.0, 5.0)  # the refused seqs the next routed input names: the same bound
+    for i in range(12):
+        gate.note_refused("hot", i + 1)
+        gate.note_refused(f"quiet-{i}", 1)
+    assert gate.pending("hot") == tuple(range(1, 13)) and gate.pending("quiet-0") == ()

@@ -147,25 +147,35 @@ def test_a_refused_input_delivered_again_gets_one_dead_letter():
     assert len(sent.letters) == 4
 
 
-def test_a_dead_letter_that_could_not_be_sent_is_sent_on_the_next_refusal():
+def test_a_dead_letter_that_could_not_be_sent_is_sent_again_or_on_the_next_refusal(monkeypatch):
+    """The broker away: sent again until it is out (once). Any other failure (cancelled at
+    shutdown, say): not remembered as sent, so the next refusal of the record sends it."""
+    import processors.agents.input_budgets as budgets
+
+    monkeypatch.setattr(budgets, "STORE_RETRY_S", (0.01,))
+
     class Failing(Sent):
-        fail = True
+        fails: list[BaseException] = []
 
         async def dead_letter(self, msg: Any, reason: str, consumer: str) -> None:
-            if self.fail:
-                self.fail = False
-                raise ConnectionError("broker away")
+            if self.fails:
+                raise self.fails.pop(0)
             await super().dead_letter(msg, reason, consumer)
 
     sent = Failing()
     shell = DispatchShell(store=None, publisher=sent, inputs_topic=TOPIC)
-    msg = SimpleNamespace(topic=TOPIC, partition=0, offset=1)
+    sent.fails = [ConnectionError("broker away"), ConnectionError("broker away")]
+    asyncio.run(shell.dead_letter(sent, SimpleNamespace(topic=TOPIC, partition=0, offset=1), "refused: a"))
+    asyncio.run(shell.dead_letter(sent, SimpleNamespace(topic=TOPIC, partition=0, offset=1), "refused: b"))
+    assert [reason for _, reason in sent.letters] == ["refused: a"]  # tried until out; once
+    msg = SimpleNamespace(topic=TOPIC, partition=0, offset=2)
+    sent.fails = [RuntimeError("not the broker")]
     try:
-        asyncio.run(shell.dead_letter(sent, msg, "refused: a"))
-    except ConnectionError:
+        asyncio.run(shell.dead_letter(sent, msg, "refused: c"))
+    except RuntimeError:
         pass
-    asyncio.run(shell.dead_letter(sent, msg, "refused: b"))
-    assert [reason for _, reason in sent.letters] == ["refused: b"]
+    asyncio.run(shell.dead_letter(sent, msg, "refused: d"))
+    assert [reason for _, reason in sent.letters] == ["refused: a", "refused: d"]
 
 
 def test_what_dispatch_remembers_is_bounded():

@@ -271,6 +271,41 @@ def test_a_replica_dying_while_it_refuses_a_closed_sessions_inputs_leaves_them_t
     asyncio.run(run())
 
 
+def test_a_new_owner_dying_while_the_sweep_drops_the_old_entry_keeps_the_new_one() -> None:
+    """The sweep read a recovered session (claimed, owner up: nothing owed) and meanwhile its
+    new owner died and was queued again by another replica; the sweep's drop of what it read
+    erased that newer entry, and the session stayed on a dead worker for good (a review's
+    repro). Each change of the queue holds only for the entry the step was decided on."""
+
+    async def run() -> None:
+        store, shell, sent, clock = await _fleet({"w1": 1, "w2": 1, "w3": 1}, ["a"])
+        first = await _owner(store, "a")
+        await shell.on_worker_event(WorkerDown(worker_id=first, ts=clock(), reason="missed heartbeats"))
+        since = len(sent.records)
+        await shell.sweep()
+        await _claim_assigned(store, sent, since)
+        second = await _owner(store, "a")
+        assert second != first
+        clock.now += CLAIM_GRACE_S + 1
+        read = store.session
+
+        async def read_then_die(sid: str) -> Any:  # the new owner dies right after the sweep's read
+            got = await read(sid)
+            store.session = read  # type: ignore[method-assign]
+            await store.set_down(second, clock())
+            assert await store.strand(second, clock()) == 1
+            return got
+
+        store.session = read_then_die  # type: ignore[method-assign]
+        assert await shell.sweep() == {"drop": 1}
+        since = len(sent.records)
+        await shell.sweep()  # the newer entry is still there: recovered again
+        third = [a for a in sent.records[since:] if isinstance(a, Assign) and a.recover]
+        assert len(third) == 1 and third[0].generation.worker_id not in (first, second)
+
+    asyncio.run(run())
+
+
 def test_a_lost_assign_is_sent_again_after_the_grace() -> None:
     """The replica that committed a recovery died before its Assign went out (or the Assign
     was lost): once the grace passes, any replica sends it again."""

@@ -47,6 +47,7 @@ OPS = st.one_of(
     st.tuples(st.just("strand"), W, st.sampled_from([1.0, 2.5, 4.0])),
     st.tuples(st.just("recovery_due"), st.sampled_from([0.5, 2.5, 9.0]), st.integers(1, 3)),
     st.tuples(st.just("recovery_mark"), S, st.none() | st.sampled_from([3.0, 5.0])),
+    st.tuples(st.just("recovery_mark"), S, st.none() | st.sampled_from([3.0, 5.0]), st.sampled_from([1.0, 2.5, 3.0, 4.0])),
     st.tuples(st.just("recovery_take"), S, st.sampled_from([0.5, 2.5, 4.0]), st.sampled_from([3.0, 6.0])),
     st.tuples(st.just("request_close"), S),
     st.tuples(st.just("forget_down"), st.sampled_from([30.0, 52.5, 100.0])),  # retention 50 s

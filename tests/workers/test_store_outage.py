@@ -325,3 +325,18 @@ def test_a_worker_that_cannot_reach_redis_at_its_start_says_which_worker(tmp_pat
         serve(settings, WorkerConfig(worker_id=WID, capacity=2), NullModel())
     line = str(info.value)
     assert line.startswith(f"worker {WID}: generation store: Redis unreachable: ") and "\n" not in line
+
+
+def test_a_stop_while_the_broker_is_away_waits_for_its_events_a_bounded_time(monkeypatch) -> None:
+    """The outbox resends until the broker takes its events; at a stop that waited for ever
+    (a SIGTERM during a broker outage never returned, and the id's lease was never freed)."""
+    import asyncio
+
+    import workers.runtime as runtime
+
+    class Away:
+        async def acknowledged(self) -> None:
+            await asyncio.Event().wait()  # the broker never comes back
+
+    monkeypatch.setattr(runtime, "STOP_SEND_S", 0.05)
+    asyncio.run(asyncio.wait_for(runtime._acknowledged_at_stop(Away(), "w1"), 5))  # type: ignore[arg-type]

@@ -1,0 +1,219 @@
+"""Dispatch's shell when the broker or the store fails under it: every record still ends with
+one verdict, and a verdict is never given for work that took effect. The dispatch core on the
+in-memory store twin; the publisher fails on purpose (a review's findings)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka.errors import KafkaTimeoutError
+
+import processors.agents.input_budgets as budgets
+from processors.agents.dispatch import DispatchShell, _then_ack
+from processors.dispatch import Input
+from schemas.records import Assign, DeadLetter, InputPushed, Record, RoutedInput, SessionOpened
+from streams.generations_memory import MemoryGenerationStore
+
+
+class Flaky:
+    """A publisher whose first ``fails`` sends of records of ``kind`` time out, as a send does
+    while the broker is away."""
+
+    def __init__(self, kind: type, fails: int) -> None:
+        self.kind, self.fails, self.records = kind, fails, []  # type: ignore[var-annotated]
+
+    async def send(self, rec: Record, wait: bool = False) -> None:
+        if isinstance(rec, self.kind) and self.fails > 0:
+            self.fails -= 1
+            raise KafkaTimeoutError()
+        self.records.append(rec)
+
+
+class Event:
+    def __init__(self) -> None:
+        self.acked = 0
+
+    def ack(self) -> None:
+        self.acked += 1
+
+
+def _quick(monkeypatch: Any) -> None:
+    monkeypatch.setattr(budgets, "STORE_RETRY_S", (0.01, 0.01, 0.01))
+
+
+def test_an_open_whose_assign_could_not_be_sent_is_tried_again_not_refused(monkeypatch: Any) -> None:
+    """The commit landed and the Assign's send timed out: the open was dead-lettered as
+    refused and acked, while the store kept an active, unclaimed session holding a slot that
+    no Assign would reach. Tried again, the open finds its commit and sends the Assign."""
+    _quick(monkeypatch)
+
+    async def run() -> None:
+        store, pub = MemoryGenerationStore("t"), Flaky(Assign, fails=1)
+        await store.register_worker("w", 1)
+        shell, event, letters = DispatchShell(store, pub, view_ttl_s=0.0), Event(), []
+
+        work = shell.session_work(SessionOpened(session_id="s", ts=1.0, prompt="p"))
+
+        async def handle() -> None:  # as dispatch's agent has it
+            assert await work() is None
+            event.ack()
+
+        async def refuse(exc: Exception) -> None:
+            letters.append(exc)
+
+        await shell.submit("events:s", handle, _then_ack(event, refuse))
+        await asyncio.gather(*shell.chains.tasks.values())
+        assigned = [r for r in pub.records if isinstance(r, Assign)]
+        assert letters == [] and event.acked == 1
+        assert [a.generation for a in assigned] == [(await store.session("s")).generation]
+
+    asyncio.run(run())
+
+
+def test_a_dead_letter_the_broker_does_not_take_at_once_is_sent_again_until_it_is_out(monkeypatch: Any) -> None:
+    """The work failed for good and its dead letter timed out too: the record was neither
+    acked nor refused (faust commits no offset past it). The verdict is sent until it is out."""
+    _quick(monkeypatch)
+    monkeypatch.setattr(budgets, "VERDICT_RETRY_MAX_S", 0.01)
+
+    async def run() -> None:
+        pub = Flaky(DeadLetter, fails=3)
+        shell, event = DispatchShell(MemoryGenerationStore("t"), pub, view_ttl_s=0.0), Event()
+
+        async def work() -> None:
+            raise KafkaTimeoutError()
+
+        async def refuse(exc: Exception) -> None:
+            await shell.refuse(Input("s", 1, "text", "x", 1.0, partition=0, offset=5), f"could not route it ({exc!r})")
+
+        await shell.submit("inputs:s", work, _then_ack(event, refuse))
+        await asyncio.gather(*shell.chains.tasks.values())
+        assert event.acked == 1 and len([r for r in pub.records if isinstance(r, DeadLetter)]) == 1
+
+    asyncio.run(run())
+
+
+def test_an_input_tried_again_still_names_the_inputs_refused_before_it(monkeypatch: Any) -> None:
+    """The gate's refused seqs were taken when the input was read, before its route's first
+    await: a try that failed (the store or the broker away) lost them, and the owner waited
+    5 s for an input that was never coming. They are let go once a routed input names them."""
+    _quick(monkeypatch)
+
+    async def run() -> None:
+        store, pub = MemoryGenerationStore("t"), Flaky(RoutedInput, fails=1)
+        await store.register_worker("w", 1)
+        shell = DispatchShell(store, pub, view_ttl_s=0.0)
+        assert await shell.on_session_event(SessionOpened(session_id="s", ts=1.0, prompt="p")) is None
+        gen = (await store.session("s")).generation
+        await store.claim("s", gen)
+        shell.gate.note_refused("s", 1)  # refused for the rate, say
+        rec = InputPushed(session_id="s", seq=2, kind="text", payload="x", ts=1.0)
+        await shell.submit("inputs:s", lambda: shell.on_input(rec, 0, 7))
+        await asyncio.gather(*shell.chains.tasks.values())
+        routed = [r for r in pub.records if isinstance(r, RoutedInput)]
+        assert [(r.seq, r.refused_before) for r in routed] == [(2, (1,))]
+        assert shell.gate.refused_before("s") == ()  # named: let go
+
+    asyncio.run(run())
+
+
+class Stream:
+    """What dispatch's worker-events agent reads: faust's stream, its events acked by hand."""
+
+    def __init__(self, records: list[Record]) -> None:
+        from schemas.codec import TYPE_HEADER, encode
+
+        self.events_ = [SimpleEvent(encode(r), [(TYPE_HEADER, r.TAG.encode())]) for r in records]
+
+    def noack(self) -> "Stream":
+        return self
+
+    async def events(self) -> Any:
+        for e in self.events_:
+            yield e
+
+
+class SimpleEvent(Event):
+    def __init__(self, value: bytes, headers: list) -> None:
+        super().__init__()
+        from types import SimpleNamespace
+
+        self.message = SimpleNamespace(value=value, headers=headers, timestamp=None, topic="worker-events",
+                                       partition=0, offset=0, key=None)
+
+
+def test_a_worker_event_is_acked_once_acted_on_a_death_through_a_store_outage(monkeypatch: Any) -> None:
+    """Dispatch's worker events were acked as the next was read, before a chain acted on
+    them, and a death met by a store outage escaped the agent: a replica killed or a Redis
+    blip lost a WorkerDown, said once, and the worker's sessions were never recovered."""
+    from processors.agents.dispatch import _worker_events
+    from schemas.errors import InfraError
+    from schemas.records import CommandRejected, Generation, WorkerDown
+
+    _quick(monkeypatch)
+    monkeypatch.setattr(budgets, "VERDICT_RETRY_MAX_S", 0.01)
+
+    async def run() -> None:
+        store = MemoryGenerationStore("t")
+        await store.register_worker("w1", 1)
+        pub = Flaky(DeadLetter, fails=0)
+        pub.limit = lambda logical: 1 << 20  # type: ignore[attr-defined]
+        shell = DispatchShell(store, pub, view_ttl_s=0.0)
+        down = store.set_down
+        outage = [InfraError("redis away"), InfraError("redis away")]
+
+        async def set_down(worker: str, ts: float) -> bool:
+            if outage:
+                raise outage.pop(0)
+            return await down(worker, ts)
+
+        store.set_down = set_down  # type: ignore[method-assign]
+        rejected = CommandRejected(worker_id="w1", session_id="gone", command=RoutedInput.TAG, reason="not_owner",
+                                   ts=1.0, generation=Generation("w1", 1), seq=3, kind="text", payload="x")
+        stream = Stream([WorkerDown(worker_id="w1", ts=1.0, reason="missed heartbeats"), rejected])
+
+        async def the_shell() -> DispatchShell:
+            return shell
+
+        real = shell.on_worker_event
+
+        async def acting(rec: Record) -> None:
+            if isinstance(rec, WorkerDown):
+                return await real(rec)
+            raise InfraError("redis away for good")  # the refused input cannot be routed again
+
+        shell.on_worker_event = acting  # type: ignore[method-assign]
+        await _worker_events(stream, the_shell, pub)
+        await asyncio.gather(*shell.chains.tasks.values())
+        assert [e.acked for e in stream.events_] == [1, 1]
+        assert (await store.load_view())["w1"].down  # marked down through the outage
+        letters = [r for r in pub.records if isinstance(r, DeadLetter)]
+        assert len(letters) == 1 and "could not route it again" in letters[0].reason
+
+    asyncio.run(run())
+
+
+def test_callers_that_find_the_loads_old_share_one_read() -> None:
+    """500 callers at once made 500 reads of the workers' hash (a review's repro); one read
+    serves those that find the view old while it is on its way; a forced read is its own."""
+
+    async def run() -> None:
+        store = MemoryGenerationStore("t")
+        await store.register_worker("w", 4)
+        reads = [0]
+        real = store.load_view
+
+        async def counted() -> Any:
+            reads[0] += 1
+            await asyncio.sleep(0.01)
+            return await real()
+
+        store.load_view = counted  # type: ignore[method-assign]
+        shell = DispatchShell(store, Flaky(Assign, 0), view_ttl_s=0.0)
+        views = await asyncio.gather(*(shell.load_view() for _ in range(500)))
+        assert reads[0] == 1 and all(v["w"].capacity == 4 for v in views)
+        await asyncio.gather(shell.load_view(force=True), shell.load_view(force=True))
+        assert reads[0] == 3
+
+    asyncio.run(run())
