@@ -25,8 +25,16 @@ _console = Console(emoji=False, soft_wrap=True)
 _err = Console(stderr=True, emoji=False, soft_wrap=True)
 
 
+def _pct(x: float | None) -> str:
+    """A percentage of a table, or "-" where there is none (no bound, no pool: a trace that
+    lasts no time crashed the table after every run, and its JSON was never written)."""
+    return "-" if x is None else f"{x:.1f}"
+
+
 def _fail(exc: Exception) -> None:
-    _err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+    """One line, exit code 2, with the prefix ``chunkserve``'s own errors have."""
+    kind = "configuration error" if isinstance(exc, ConfigError) else "error"
+    _err.print(f"[red]{kind}:[/red] {exc}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -426,6 +434,11 @@ def evaluate_cmd(
                            on_runner=lambda r: _check_names(r, [*EVAL_POLICIES, *extra]))
     except ChunkserveError as exc:
         _fail(exc)
+    try:  # the results first: nothing printed after them can lose them
+        if json_out is not None:
+            _write_output("json", json_out, json.dumps(out, indent=2, sort_keys=True) + "\n")
+    except ChunkserveError as exc:
+        _fail(exc)
     t = Table(title=f"{split} traces" if split is not None else "given traces")
     peers = list(dict.fromkeys(n for r in out.values() for n in r["bars"].get("peers", {})))
     for col in ("trace", "beats rr/lag/mag", "beats least-loaded-offload", "ablations cost more", "oracle gap %", "SLO saving %", "SLO saving bound %",
@@ -433,8 +446,8 @@ def evaluate_cmd(
         t.add_column(col, overflow="fold")  # a long plug-in name wraps, not cut
     for name, r in out.items():
         b, p = r["bars"], r["comparison"]["paper"]
-        t.add_row(name, str(b["beats_paper_baselines"]), str(b["beats_least_loaded_offload"]), str(b["ablations_cost_more"]), f"{p['oracle_gap_pct']:.1f}",
-                  "misses SLO" if not b["slo_met"] else f"{b['slo_saving_pct']:.1f}", "-" if b["slo_saving_bound_pct"] is None else f"{b['slo_saving_bound_pct']:.1f}",
+        t.add_row(name, str(b["beats_paper_baselines"]), str(b["beats_least_loaded_offload"]), str(b["ablations_cost_more"]), _pct(p["oracle_gap_pct"]),
+                  "misses SLO" if not b["slo_met"] else _pct(b["slo_saving_pct"]), _pct(b["slo_saving_bound_pct"]),
                   *(f"{x['cost']:.1f} / {x['worst_s']:.2f}" if (x := b.get("peers", {}).get(n)) else "-" for n in peers))
     _console.print(t)
     for n in peers:  # a plug-in's commands the simulator could not carry out: its figures are of what it did carry out
@@ -443,11 +456,6 @@ def evaluate_cmd(
             _console.print(f"[yellow]{n}: commands the simulator could not carry out on {len(bad)} trace(s) "
                            f"({', '.join(f'{k} {v}' for k, v in bad.items())}; `invalid_commands_by_kind` in each "
                            "comparison's policies)[/yellow]", highlight=False)
-    try:
-        if json_out is not None:
-            _write_output("json", json_out, json.dumps(out, indent=2, sort_keys=True) + "\n")
-    except ChunkserveError as exc:
-        _fail(exc)
 
 
 def tune_cmd(

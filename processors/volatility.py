@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from schemas.errors import ConfigError
+from schemas.json_values import not_json
 
 __all__ = ["VolatilityTable", "DEFAULT_VOLATILITY_TABLE", "PAPER_VOLATILITY_TABLE", "load_volatility_table", "TABLE_FORMAT"]
 
@@ -71,7 +72,7 @@ def load_volatility_table(spec: str | Path = "default") -> VolatilityTable:
     except UnicodeDecodeError as exc:
         raise ConfigError("volatility_table", f"not UTF-8 (byte {exc.start})", str(path)) from None
     except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer past Python's digit limit
-        raise ConfigError("volatility_table", f"not JSON ({str(exc) or 'nested too deep'})"[:300], str(path)) from None
+        raise ConfigError("volatility_table", not_json(exc), str(path)) from None
     return _parse_table(doc, str(path))
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["number", "whole", "document"]
+__all__ = ["number", "whole", "document", "not_json"]
 
 
 def _span(lo: float | None, hi: float | None, above: bool = False) -> str:
@@ -71,4 +73,14 @@ def document(text: str, key: str, source: str) -> Any:
     except _Twice as exc:
         raise ConfigError(key, f"key {str(exc)[:60]!r} given twice in one object", source) from None
     except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer past Python's digit limit
-        raise ConfigError(key, f"not JSON ({str(exc) or 'nested too deep'})"[:300], source) from None
+        raise ConfigError(key, not_json(exc), source) from None
+
+
+def not_json(exc: BaseException) -> str:
+    """Why a text is not JSON, in the writer's words (not the interpreter's advice)."""
+    said = str(exc)
+    if "integer string conversion" in said:  # Python's digit limit, with advice to raise it
+        digits = re.search(r"value has (\d+) digits", said)
+        return (f"not JSON (an integer of {digits.group(1) if digits else 'too many'} digits, "
+                f"past the {sys.get_int_max_str_digits()} a number may have here)")
+    return f"not JSON ({said or 'nested too deep'})"[:300]

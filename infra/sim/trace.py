@@ -67,8 +67,11 @@ def parse_trace(rows: Iterable[list[str]], path: str = "trace") -> Trace:
         raise TraceError(path, 1, "the file is empty (a trace starts with the header t_s,session_id,event[,state_mb])")
     header = [h.strip() for h in first]
     missing = [c for c in _REQUIRED if c not in header]
-    if missing:
-        raise TraceError(path, 1, f"header lacks column(s) {', '.join(missing)} (need t_s,session_id,event[,state_mb])")
+    if missing:  # and what it names instead (`T_S`: column names are lowercase)
+        other = [repr(c[:40]) for c in header if c not in (*_REQUIRED, "state_mb")][:3]
+        raise TraceError(path, 1, f"header lacks column(s) {', '.join(missing)}"
+                         + (f" and names {', '.join(other)} instead" if other else "")
+                         + " (need t_s,session_id,event[,state_mb], lowercase)")
     unknown = [c for c in header if c not in (*_REQUIRED, "state_mb")]
     if unknown:  # a misspelt state_mb would leave every size at 0 without a word
         raise TraceError(path, 1, f"header names unknown column(s) {', '.join(repr(c[:40]) for c in unknown[:3])} "

@@ -79,7 +79,7 @@ def test_place_refuses_a_key_that_is_not_an_ascii_batch_size_and_a_number_past_t
     src.write_text(json.dumps(doc))
     _one_line(["place", str(src)], "is not a batch size from 1 to")
     src.write_text(json.dumps(doc).replace('"state_bytes": 1', '"state_bytes": ' + "9" * 5000))
-    _one_line(["place", str(src)], "not JSON")
+    _one_line(["place", str(src)], "not JSON (an integer of 5000 digits, past the 4300 a number may have here)")
 
 
 def test_options_past_their_ranges_are_refused(tmp_path) -> None:

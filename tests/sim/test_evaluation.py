@@ -586,3 +586,18 @@ def test_a_plugin_that_raises_stops_the_run_before_the_other_policies_run(tmp_pa
     with pytest.raises(PolicyError, match="policy 'raises': decide at t=0.0 s raised ValueError"):
         compare(runner, ["rr", "turboserve", "tests.sim.plugin:Raises"])
     assert [m.split(" (")[0] for m in made] == ["tests.sim.plugin:Raises"], made  # no other run made
+
+
+def test_evaluate_on_a_trace_that_lasts_no_time_prints_its_row_and_writes_its_json(tmp_path):
+    """A trace whose last row is at 0 s has no fixed pool to save against (its saving is
+    null): the table crashed on it after every run, and no trace's JSON was written (an
+    outside run)."""
+    path, good = tmp_path / "one-row.csv", tmp_path / "good.csv"
+    path.write_text("t_s,session_id,event,state_mb\n0,u1,open,2000\n")
+    write_trace(generate(GenConfig(level=5, duration_s=60.0, sessions=20, seed=4)), good)
+    out = tmp_path / "ev.json"
+    res = CliRunner().invoke(_app(), ["evaluate", "--trace", str(good), "--trace", str(path), "-j", "1",
+                                      "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert set(doc) == {str(good), str(path)} and doc[str(path)]["bars"]["slo_saving_pct"] is None

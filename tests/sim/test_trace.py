@@ -59,6 +59,10 @@ def test_trailing_empty_cells_are_accepted(tmp_path):
 def test_missing_header_column(tmp_path):
     with pytest.raises(TraceError, match="lacks column"):
         _load(tmp_path, "0,a\n", head="t_s,session_id\n")
+    with pytest.raises(TraceError) as err:  # what it names instead is said (an outside run's `T_S`)
+        _load(tmp_path, "0,a,open,1\n", head="T_S,Session_ID,Event,State_MB\n")
+    assert err.value.reason.startswith("header lacks column(s) t_s, session_id, event and names 'T_S', 'Session_ID', "
+                                       "'Event' instead (need t_s,session_id,event[,state_mb], lowercase)")
 
 
 def test_an_empty_file_is_named_as_empty(tmp_path):
