@@ -364,8 +364,8 @@ async def _session_inputs(stream: Any, shell: Callable[[], Awaitable[DispatchShe
 
         await sh.submit(f"inputs:{rec.session_id}",  # type: ignore[attr-defined]
                         route,
-                        _then_ack(event, lambda exc, msg=msg, sh=sh: sh.dead_letter(
-                            publisher, msg, f"refused: dispatch could not route it ({exc})")),
+                        _then_ack(event, lambda exc, rec=rec, msg=msg, sh=sh: sh.refuse_parked(
+                            rec, msg, f"dispatch could not route it ({exc})", publisher)),
                         _then_ack(event, lambda why, rec=rec, msg=msg, sh=sh: sh.refuse_parked(rec, msg, why, publisher)))
 
 

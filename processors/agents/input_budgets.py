@@ -30,12 +30,12 @@ log = logging.getLogger("processors.agents.dispatch")
 K = TypeVar("K")
 V = TypeVar("V")
 
-# pauses between tries of an event's handling while the store or the broker cannot serve it
+# pauses between tries of an event's handling (or a verdict's send) while the store or the
+# broker cannot serve it, then RETRY_MAX_S apart until they can
 STORE_RETRY_S = (0.2, 0.5, 1.0, 2.0, 4.0)
+RETRY_MAX_S = 5.0
 # what a try may meet that passes: Redis away (InfraError), the broker away (a send timed out)
 TRANSIENT = (InfraError, KafkaError, OSError)
-# a verdict (a dead letter) is sent again until it is out, at most this long apart
-VERDICT_RETRY_MAX_S = 5.0
 
 # inputs of unknown sessions read again at once (the rest are refused at once)
 MAX_REREADING = 64
@@ -163,15 +163,15 @@ async def until_done(attempt: Callable[[], Awaitable[Any]], name: str, what: str
     left neither acted on nor refused (faust commits no offset past an event not acked, and a
     record dispatch gave up on was neither: a review found both). Other errors raise; at
     shutdown it is cancelled, and the record is read again at the next start."""
-    pause = STORE_RETRY_S[0]
+    pauses = iter(STORE_RETRY_S)
     while True:
         try:
             await attempt()
             return
         except TRANSIENT as exc:
+            pause = next(pauses, RETRY_MAX_S)
             log.warning("%s: %s failed (%s); again in %.1f s", name, what, exc, pause)
             await asyncio.sleep(pause)
-            pause = min(2 * pause, VERDICT_RETRY_MAX_S)
 
 
 class Rereads:
@@ -264,8 +264,8 @@ class Chains:
         or its inputs), concurrently with other keys: one session waiting for capacity does not
         hold up the others, and each session's events (and inputs) keep their order. Returns
         once the work is scheduled. Work the store or the broker could not serve (``TRANSIENT``) is
-        tried again after each of ``STORE_RETRY_S``; what still fails is handed to ``failed``
-        (an input is refused with the reason: never dropped). Behind a wait for room, a piece
+        tried again until they can (``until_done``); work that fails otherwise (a bug) is handed
+        to ``failed`` (an input is refused with the reason: never dropped). Behind a wait for room, a piece
         with a ``refused`` handler is parked (or, past the bounds, handed to it with why)."""
         previous = self.tasks.get(key)
         parked = refused is not None and previous is not None and key in self._waiting
@@ -308,13 +308,9 @@ class Chains:
         self.tasks[key] = task
 
     async def _tries(self, key: str, work: Callable[[], Awaitable[Any]]) -> None:
-        for pause in (*STORE_RETRY_S, None):
-            try:
-                await work()
-                return
-            except TRANSIENT as exc:  # work tried again is safe: an open committed already
-                # (its Assign not sent) comes back stale, and its Assign is sent again
-                if pause is None:
-                    raise
-                log.warning("%s: handling %s: %s; again in %.1f s", self.name, key, exc, pause)
-                await asyncio.sleep(pause)
+        # tried until done while the store or the broker is away, holding its place (so the
+        # consumers wait: backpressure): given up on after 8 s, an outside run's Redis, down
+        # 20 s, had dispatch refuse closes (those sessions ran on for good), opens, and inputs
+        # their owners then applied; work tried again is safe (an open committed already, its
+        # Assign not sent, finds its generation and sends the Assign)
+        await until_done(work, self.name, f"handling {key}")

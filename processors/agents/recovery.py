@@ -195,6 +195,6 @@ class Recovery:
                 (self.shell.inputs_topic, got.partition, got.offset),
                 lambda rec=rec, got=got: self.shell.refuse_input(
                     sid, rec.seq, rec.kind, rec.payload, rec.ts,
-                    f"session closed before input {rec.seq} was applied (its worker was lost and no new owner "
-                    "took it)", got.partition, got.offset))
+                    f"refused: session closed before input {rec.seq} was applied (its worker was lost and no "
+                    "new owner took it)", got.partition, got.offset))
 

@@ -54,8 +54,10 @@ class Refusals:
                                                                inp.ts, why, max(partition, 0), max(offset, 0)))
 
     async def refuse_parked(self, rec: InputPushed, msg: Any, why: str, publisher: Any) -> None:
-        """An input refused behind its session's wait for room: dead-lettered as it came, and
-        named on the session's next routed input, so its owner does not wait for it."""
+        """An input refused before it was routed (behind its session's wait for room, or its
+        routing failed for good): dead-lettered as it came, and named on the session's next
+        routed input, so its owner neither waits for it nor applies it from the log (an
+        outside run: three inputs were refused so and applied too)."""
         self.gate.note_refused(rec.session_id, rec.seq)
         await self.dead_letter(publisher, msg, f"refused: {why}")
 

@@ -441,12 +441,15 @@ def test_next_index_follows_the_highest_worker_of_the_pool():
 
 def test_dispatch_tries_work_again_while_the_store_is_away_then_reports_it(monkeypatch):
     """An event whose handling meets the store away (InfraError) is handled again after a
-    pause; when every try fails, ``failed`` gets the error (an input is refused, not lost)."""
+    pause, as long as it is away (given up on after 8 s, an outside run's Redis, down 20 s,
+    had dispatch refuse closes, opens and inputs); work that fails otherwise (a bug) goes to
+    ``failed`` at once (an input is refused, not lost)."""
     from processors.agents import dispatch as agent
     from processors.agents import input_budgets
     from schemas.errors import InfraError
 
     monkeypatch.setattr(input_budgets, "STORE_RETRY_S", (0.0, 0.0))
+    monkeypatch.setattr(input_budgets, "RETRY_MAX_S", 0.0)
     shell = agent.DispatchShell(store=None, publisher=None)  # type: ignore[arg-type]
     tries: list[str] = []
     failures: list[Exception] = []
@@ -461,11 +464,16 @@ def test_dispatch_tries_work_again_while_the_store_is_away_then_reports_it(monke
     async def failed(exc: Exception) -> None:
         failures.append(exc)
 
+    async def bug() -> None:
+        tries.append("c")
+        raise RuntimeError("a bug")
+
     async def go() -> None:
         await shell.submit("a", work("a", 2), failed)  # fails twice, then is handled
-        await shell.submit("b", work("b", 9), failed)  # never: reported once, after 3 tries
+        await shell.submit("b", work("b", 40), failed)  # away for 40 tries: handled on the 41st
+        await shell.submit("c", bug, failed)  # not the store: reported at once
         await asyncio.gather(*list(shell.chains.tasks.values()))
 
     asyncio.run(go())
-    assert tries.count("a") == 3 and tries.count("b") == 3
-    assert [str(e) for e in failures] == ["generation store: Redis unreachable"]
+    assert tries.count("a") == 3 and tries.count("b") == 41 and tries.count("c") == 1
+    assert [str(e) for e in failures] == ["a bug"]

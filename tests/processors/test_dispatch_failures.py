@@ -40,6 +40,7 @@ class Event:
 
 def _quick(monkeypatch: Any) -> None:
     monkeypatch.setattr(budgets, "STORE_RETRY_S", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(budgets, "RETRY_MAX_S", 0.01)
 
 
 def test_an_open_whose_assign_could_not_be_sent_is_tried_again_not_refused(monkeypatch: Any) -> None:
@@ -72,17 +73,17 @@ def test_an_open_whose_assign_could_not_be_sent_is_tried_again_not_refused(monke
 
 
 def test_a_dead_letter_the_broker_does_not_take_at_once_is_sent_again_until_it_is_out(monkeypatch: Any) -> None:
-    """The work failed for good and its dead letter timed out too: the record was neither
+    """The work failed for good (a bug) and its dead letter timed out: the record was neither
     acked nor refused (faust commits no offset past it). The verdict is sent until it is out."""
     _quick(monkeypatch)
-    monkeypatch.setattr(budgets, "VERDICT_RETRY_MAX_S", 0.01)
+    monkeypatch.setattr(budgets, "RETRY_MAX_S", 0.01)
 
     async def run() -> None:
         pub = Flaky(DeadLetter, fails=3)
         shell, event = DispatchShell(MemoryGenerationStore("t"), pub, view_ttl_s=0.0), Event()
 
         async def work() -> None:
-            raise KafkaTimeoutError()
+            raise RuntimeError("a bug")
 
         async def refuse(exc: Exception) -> None:
             await shell.refuse(Input("s", 1, "text", "x", 1.0, partition=0, offset=5), f"could not route it ({exc!r})")
@@ -146,13 +147,14 @@ class SimpleEvent(Event):
 def test_a_worker_event_is_acked_once_acted_on_a_death_through_a_store_outage(monkeypatch: Any) -> None:
     """Dispatch's worker events were acked as the next was read, before a chain acted on
     them, and a death met by a store outage escaped the agent: a replica killed or a Redis
-    blip lost a WorkerDown, said once, and the worker's sessions were never recovered."""
+    blip lost a WorkerDown, said once, and the worker's sessions were never recovered. An
+    input handed back that cannot be routed again (a bug) is refused, not left neither way."""
     from processors.agents.dispatch import _worker_events
     from schemas.errors import InfraError
     from schemas.records import CommandRejected, Generation, WorkerDown
 
     _quick(monkeypatch)
-    monkeypatch.setattr(budgets, "VERDICT_RETRY_MAX_S", 0.01)
+    monkeypatch.setattr(budgets, "RETRY_MAX_S", 0.01)
 
     async def run() -> None:
         store = MemoryGenerationStore("t")
@@ -181,7 +183,7 @@ def test_a_worker_event_is_acked_once_acted_on_a_death_through_a_store_outage(mo
         async def acting(rec: Record) -> None:
             if isinstance(rec, WorkerDown):
                 return await real(rec)
-            raise InfraError("redis away for good")  # the refused input cannot be routed again
+            raise RuntimeError("a bug")  # the refused input cannot be routed again
 
         shell.on_worker_event = acting  # type: ignore[method-assign]
         await _worker_events(stream, the_shell, pub)
@@ -189,7 +191,7 @@ def test_a_worker_event_is_acked_once_acted_on_a_death_through_a_store_outage(mo
         assert [e.acked for e in stream.events_] == [1, 1]
         assert (await store.load_view())["w1"].down  # marked down through the outage
         letters = [r for r in pub.records if isinstance(r, DeadLetter)]
-        assert len(letters) == 1 and "could not route it again" in letters[0].reason
+        assert len(letters) == 1 and "could not route it again after its owner refused it (a bug)" in letters[0].reason
 
     asyncio.run(run())
 
