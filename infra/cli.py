@@ -672,6 +672,9 @@ def up(
         raise KeyboardInterrupt  # SIGTERM stops the fleet as Ctrl-C does
 
     signal.signal(signal.SIGTERM, interrupt)
+    # Ctrl-C too, even when started with SIGINT ignored (a script's `up &`: an outside run's
+    # SIGINT did nothing for 30 s)
+    signal.signal(signal.SIGINT, interrupt)
     try:
         for i in range(dispatchers):
             fleet.start_processor("dispatch", replica=str(i), options=exposed())

@@ -191,6 +191,25 @@ def test_sigterm_to_up_stops_the_whole_tree_within_10_s(settings, tmp_path, reap
     print(f"SIGTERM to up: {len(tree)} children gone in {elapsed:.1f} s")
 
 
+def test_ctrl_c_stops_up_started_with_sigint_ignored(settings, tmp_path, reaped):
+    """A script's `chunkserve up &` starts it with SIGINT ignored; Ctrl-C (SIGINT) then did
+    nothing for 30 s in an outside run, where SIGTERM stopped it. Both stop it."""
+    env = {**child_env(settings), "CHUNKSERVE_MIN_WORKERS": "0"}
+    with open(tmp_path / "up.out", "wb") as out:
+        up = subprocess.Popen([sys.executable, "-m", "infra", "up", "--log-dir", str(tmp_path / "logs")], env=env,
+                              stdout=out, stderr=subprocess.STDOUT,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    reaped.append(up)
+    deadline = time.monotonic() + 120
+    while "Ctrl-C or SIGTERM stops them" not in (tmp_path / "up.out").read_text() and time.monotonic() < deadline:
+        assert up.poll() is None, (tmp_path / "up.out").read_text()
+        time.sleep(0.5)
+    tree = psutil.Process(up.pid).children(recursive=True)
+    up.send_signal(signal.SIGINT)
+    elapsed, alive = _gone_within([psutil.Process(up.pid), *tree], 20.0)
+    assert alive == [], f"still running {elapsed:.1f} s after SIGINT"
+
+
 def test_children_of_a_killed_up_stop_by_themselves(settings, tmp_path):
     up, tree = _start_up(settings, tmp_path)
     os.kill(up.pid, signal.SIGKILL)
