@@ -41,6 +41,9 @@ __all__ = ["DispatchView", "Facts",
 
 _CLOSED_ID = ("session {sid} was closed: a session id is not used again while the store keeps "
               "the closed session (store_retention_s)")
+# an open read again (a rebalance, a restart: faust commits up to the first event not acked)
+# after its session was served and closed: it had its verdict (refused, it had two: an outside run)
+_READ_AGAIN = "the open of session {sid}, served and closed since, read again: passed over"
 RETRY_S = 0.2  # an admission that found every worker full tries again after this
 REREAD_S = 0.05
 REPORT_EVERY_S = 0.1
@@ -100,6 +103,9 @@ def commit_refused(view: DispatchView, event: CommitRefused, now: float) -> tupl
             if sv.state == StoreState.ACTIVE and not sv.stranded and not sv.claimed:
                 return view, [_assign(adm, sv.generation, now)]  # its Assign may never have gone out
             return view, [Note(f"session {adm.session_id} has {sv.generation} ({sv.state.value}) already")]
+        case CommitRefused(admission=adm, reason="unknown_session", facts=Facts(session=sv)) if _served(
+                sv, adm.opened_by):  # the open of a session served and closed since, read again
+            return view, [Note(_READ_AGAIN.format(sid=adm.session_id))]
         case CommitRefused(admission=adm, reason="unknown_session") if not (
                 adm.restore or adm.recover or adm.then_route):  # an open of an id the store keeps closed
             # (the commit script answers a closed session so before it compares epochs)
@@ -196,8 +202,11 @@ def on_session_event(view: DispatchView, rec: Record, facts: Facts,
     kind = EVENT_KIND[type(rec)]
     _, action = transition(state, kind)
     if action is Action.PLACE:
-        return next_candidate(view, _admission(view, sid, prompt=getattr(rec, "prompt", ""), for_event=True), now)
+        return next_candidate(view, _admission(view, sid, prompt=getattr(rec, "prompt", ""), for_event=True,
+                                               opened_by=facts.place), now)
     closing = state is SessionState.TERMINATED or (sv is not None and sv.close_requested)
+    if closing and kind is EventKind.OPEN and _served(sv, facts.place):
+        return view, [Note(_READ_AGAIN.format(sid=sid))]
     if closing and kind in (EventKind.OPEN, EventKind.ACTIVE):  # a close asked for is a close: its
         # owner releases it at its next chunk boundary, and a Resume sent meanwhile found none
         return view, [RefuseEvent(_CLOSED_ID.format(sid=sid))]
@@ -332,6 +341,11 @@ def _no_owner(view: DispatchView, sid: str) -> str:
     if sid in view.gave_up:  # its open waited for room and found none
         return f"no owner for session: its open was refused (no worker had room for session {sid})"
     return "no owner for session: never opened, or closed past its retention"
+
+def _served(sv: SessionView | None, place: str) -> bool:
+    """Whether the open at ``place`` is the one that opened ``sv`` (the store keeps where it sits)."""
+    return sv is not None and bool(place) and sv.opened_by == place
+
 
 def _unassigned(sv: SessionView) -> bool:
     """Placed again (a restore, a move, a recovery: any generation after the first) and not

@@ -49,6 +49,7 @@ class Facts:
     session: SessionView | None
     owner_down: bool = False
     open_waits: bool = False  # an open (or return) of the session waits for room in this dispatch
+    place: str = ""  # where the event sits in its topic (``partition:offset``), when the shell knows
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,7 @@ class Admission:
     then_route: Input | None = None  # an input that woke the session: routed once it is placed
     for_event: bool = False  # an open's or a return's (refused with the event when it gives up)
     waiting: bool = False  # it found no room and waits (counted in the view's ``waiting``)
+    opened_by: str = ""  # an open's: where it sits (the store keeps it: read again, it is told apart)
 
     @property
     def budgeted(self) -> bool:
@@ -114,7 +116,8 @@ class Committed:
 @dataclass(frozen=True, slots=True)
 class CommitRefused:
     """``reason``: ``no_capacity`` (that worker is full), ``stale`` (the session has another
-    generation already: ``facts`` as the shell read them then) or another ownership refusal."""
+    generation already: ``facts`` as the shell read them then) or another ownership refusal
+    (an open's of a closed session: with ``facts`` too)."""
 
     admission: Admission
     worker: str

@@ -196,9 +196,10 @@ class GenerationStore:
         """Sessions currently holding a slot on the worker (e.g. to recover a dead one)."""
         return await _drive_async(self._backend, self._ops.sessions_of(worker_id))
 
-    async def commit(self, session_id: str, expected_epoch: int, worker_id: str) -> Generation:
-        """Epoch e -> e+1 on ``worker_id`` iff stored epoch is e (0: none yet) and a slot is free."""
-        return await _drive_async(self._backend, self._ops.commit(session_id, expected_epoch, worker_id))
+    async def commit(self, session_id: str, expected_epoch: int, worker_id: str, opened_by: str = "") -> Generation:
+        """Epoch e -> e+1 on ``worker_id`` iff stored epoch is e (0: none yet) and a slot is free;
+        a first commit keeps ``opened_by`` (where its open sits: ``SessionView.opened_by``)."""
+        return await _drive_async(self._backend, self._ops.commit(session_id, expected_epoch, worker_id, opened_by))
 
     async def commit_migration(self, session_id: str, source: Generation, target_worker: str) -> Generation:
         """A commit that applies only while ``source`` is still the exact current generation."""

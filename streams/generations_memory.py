@@ -225,7 +225,7 @@ class MemoryScripts(_Leases):
         return [x for kv in self._h(k[0]).items() for x in kv]
 
     def _commit(self, k: list[str], a: list[Any]) -> Reply:
-        sid, exp, target, src, guess = a[0], int(a[1]), a[2], a[3], a[4]
+        sid, exp, target, src, guess, opened_by = a[0], int(a[1]), a[2], a[3], a[4], (a[5] if len(a) > 5 else "")
         cur = self._h(k[0])
         if cur.get("st") == "closed" or cur.get("cr") == "1":
             return ["err", "closed", sid]
@@ -257,6 +257,8 @@ class MemoryScripts(_Leases):
             self.data.setdefault(k[2], set()).add(sid)
             self._hincr(k[1], "u:" + target, 1)
         self._hset(k[0], w=target, e=str(e + 1), st="active", cl="0")
+        if e == 0 and opened_by:
+            self._hset(k[0], op=opened_by)
         return ["ok", target, str(e + 1)]
 
     def _claim(self, k: list[str], a: list[Any]) -> Reply:

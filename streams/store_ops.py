@@ -199,11 +199,11 @@ class _Ops:
     def sessions_of(self, worker_id: str) -> Op:
         return sorted(_s(x) for x in (yield "sessions_of", [self.keys.slots(_worker(worker_id))], []))
 
-    def _commit(self, sid: str, expected: int, target: str, source: str) -> Op:
+    def _commit(self, sid: str, expected: int, target: str, source: str, opened_by: str = "") -> Op:
         guess = source or (self._owner_hint.get(sid, "") if expected else "")
         for _ in range(4):
             k = [self.keys.session(sid), self.keys.workers, self.keys.slots(target), self.keys.slots(guess)]
-            reply = yield "commit", k, [sid, int(expected), target, source, guess]
+            reply = yield "commit", k, [sid, int(expected), target, source, guess, str(opened_by)[:200]]
             if _s(reply[0]) == "retry":
                 guess = _s(reply[1])
                 continue
@@ -212,8 +212,8 @@ class _Ops:
             return Generation(target, int(_s(reply[2])))
         raise InfraError(f"session {sid}: owner kept changing under commit")
 
-    def commit(self, session_id: str, expected_epoch: int, worker_id: str) -> Op:
-        return (yield from self._commit(session_id, expected_epoch, _worker(worker_id), ""))
+    def commit(self, session_id: str, expected_epoch: int, worker_id: str, opened_by: str = "") -> Op:
+        return (yield from self._commit(session_id, expected_epoch, _worker(worker_id), "", opened_by))
 
     def commit_migration(self, session_id: str, source: Generation, target_worker: str) -> Op:
         src = _worker(source.worker_id)
@@ -267,7 +267,8 @@ class _Ops:
                                     int(_s(f["sn_e"])), _opt_int(f.get("sn_ci")), _opt_int(f.get("sn_sq")))
         skipped = tuple(int(x) for x in _s(f.get("sk", "")).split(",") if x)
         return SessionView(gen, StoreState(_s(f["st"])), _s(f.get("cl", "0")) == "1", _opt_int(f.get("ci")),
-                           _opt_int(f.get("sq")), snap, _s(f.get("cr", "0")) == "1", _opt_int(f.get("rv")), skipped)
+                           _opt_int(f.get("sq")), snap, _s(f.get("cr", "0")) == "1", _opt_int(f.get("rv")), skipped,
+                           _s(f.get("op", "")))
 
     def put_snapshot(self, session_id: str, gen: Generation, data: bytes, chunk_index: int | None = None,
                      input_seq: int | None = None) -> Op:

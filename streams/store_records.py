@@ -80,6 +80,7 @@ class SessionView:
     close_requested: bool = False  # the user closed it: it is never moved again
     stranded_epoch: int | None = None  # this epoch's owner was lost: a recovery is owed
     skipped: tuple[int, ...] = ()  # seqs below input_seq given up on after the gap wait (the latest)
+    opened_by: str = ""  # where the event that opened it sits (``partition:offset``), as dispatch gave it
 
     @property
     def stranded(self) -> bool:

@@ -197,36 +197,40 @@ class DispatchShell(Refusals):
     async def commit(self, adm: Admission, worker: str) -> Event:
         try:
             began = time.monotonic()
-            return Committed(adm, await self.store.commit(adm.session_id, adm.expected_epoch, worker), began)
+            opened = {"opened_by": adm.opened_by} if adm.opened_by else {}  # kept by a first commit
+            return Committed(adm, await self.store.commit(adm.session_id, adm.expected_epoch, worker, **opened), began)
         except NoCapacityError:
             self.invalidate_view()
             return CommitRefused(adm, worker, "no_capacity")
         except StaleGenerationError:
             return CommitRefused(adm, worker, "stale", await self.facts(adm.session_id))
-        except OwnershipError as exc:
-            return CommitRefused(adm, worker, exc.reason_code, detail=str(exc))
+        except OwnershipError as exc:  # an open of a closed session: is it the one that opened it?
+            facts = await self.facts(adm.session_id) if adm.opened_by else Facts(None)
+            return CommitRefused(adm, worker, exc.reason_code, facts, detail=str(exc))
 
     # --- what the agents call --------------------------------------------------------------
 
-    async def on_session_event(self, rec: Record, again: bool = False) -> str | None:
+    async def on_session_event(self, rec: Record, again: bool = False, place: str = "") -> str | None:
         """Act on a session event; None, or why it is refused (the caller dead-letters it).
-        ``again``: a try after one that failed, whose commit may have landed."""
+        ``again``: a try after one that failed, whose commit may have landed; ``place``: where
+        the event sits (``partition:offset``: an open's is kept by the store)."""
         # an open is taken as new: its commit (from epoch 0) is the read, and a session that
         # exists already comes back as a stale refusal with what the store holds; tried again,
         # it reads the store first (its Assign owed: where the fleet was full, it waited for room)
         sid = rec.session_id  # type: ignore[attr-defined]
         new = isinstance(rec, SessionOpened) and not again
-        refused = await self.feed(Seen(rec, Facts(None) if new else await self.facts(sid)))
+        facts = Facts(None) if new else await self.facts(sid)
+        refused = await self.feed(Seen(rec, replace(facts, place=place)))
         return refused[0] if refused else None
 
-    def session_work(self, rec: Record) -> Callable[[], Awaitable[str | None]]:
+    def session_work(self, rec: Record, place: str = "") -> Callable[[], Awaitable[str | None]]:
         """The work of one session event, as its chain tries it (:meth:`on_session_event`)."""
         tries = 0
 
         async def work() -> str | None:
             nonlocal tries
             tries += 1
-            return await self.on_session_event(rec, again=tries > 1)
+            return await self.on_session_event(rec, again=tries > 1, place=place)
         return work
 
     async def on_worker_event(self, rec: Record) -> None:
@@ -311,7 +315,8 @@ async def _session_events(stream: Any, shell: Callable[[], Awaitable[DispatchShe
             await sh.dead_letter(publisher, msg, f"refused: {misfiled_why}")
             event.ack()
             continue
-        async def handle(work: Any = sh.session_work(rec), msg: Any = msg, sh: DispatchShell = sh,
+        async def handle(work: Any = sh.session_work(rec, f"{msg.partition}:{msg.offset}"), msg: Any = msg,
+                         sh: DispatchShell = sh,
                          event: Any = event) -> None:
             why = await work()
             if why is not None:  # e.g. an open of a session id that was closed

@@ -1,6 +1,7 @@
 -- KEYS: session, workers hash, target slot set, previous owner's slot set (as guessed).
 -- ARGV: sid, expected epoch (0: none yet), target, source worker ('' unless migration),
---       guessed previous owner ('' for none).
+--       guessed previous owner ('' for none), the opening event's place ('' for none: kept
+--       by the first commit as 'op', so that event read again after the close is told apart).
 -- e -> e+1 on target iff the stored epoch is e, the source (if given) still owns it, and the
 -- target is registered, not draining, not down and has a free slot; the old owner's slot is
 -- freed. A session whose user closed it ('cr') is never moved again.
@@ -31,4 +32,5 @@ if not already then
   redis.call('HINCRBY', wk, 'u:' .. target, 1)
 end
 redis.call('HSET', KEYS[1], 'w', target, 'e', tostring(e + 1), 'st', 'active', 'cl', '0')
+if e == 0 and (ARGV[6] or '') ~= '' then redis.call('HSET', KEYS[1], 'op', ARGV[6]) end
 return {'ok', target, tostring(e + 1)}

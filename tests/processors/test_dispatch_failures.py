@@ -219,3 +219,30 @@ def test_callers_that_find_the_loads_old_share_one_read() -> None:
         assert reads[0] == 3
 
     asyncio.run(run())
+
+
+def test_an_open_read_again_after_its_session_was_served_and_closed_is_passed_over() -> None:
+    """Faust commits up to the first event not acked, so a rebalance or a restart reads again
+    events already handled; an open read again after its session closed was refused as an
+    open of a closed id, its second verdict (an outside run's restart). The store keeps where
+    the open sits; that open is passed over, and any other open of the id refused as before."""
+    from schemas.records import SessionClosed
+
+    async def run() -> None:
+        store, pub = MemoryGenerationStore("t"), Flaky(Assign, fails=0)
+        await store.register_worker("w", 2)
+        shell = DispatchShell(store, pub, view_ttl_s=0.0)
+        opened = SessionOpened(session_id="s", ts=1.0, prompt="p")
+        assert await shell.on_session_event(opened, place="0:5") is None
+        assert (await store.session("s")).opened_by == "0:5"
+        await store.claim("s", (await store.session("s")).generation)
+        assert await shell.on_session_event(SessionClosed(session_id="s", ts=2.0), place="0:6") is None
+        await store.release("s", (await store.session("s")).generation, close=True)  # its owner ends it
+        sent = len(pub.records)
+        assert await shell.on_session_event(opened, place="0:5") is None  # read again: passed over
+        assert await shell.on_session_event(opened, again=True, place="0:5") is None  # tried again, the same
+        assert len(pub.records) == sent
+        refused = await shell.on_session_event(opened, place="0:9")  # an open of the id, later in the log
+        assert refused is not None and "was closed: a session id is not used again" in refused
+
+    asyncio.run(run())

@@ -30,7 +30,7 @@ OPS = st.one_of(
     st.tuples(st.just("set_draining"), W, st.booleans()),
     st.tuples(st.just("deregister_worker"), W, st.booleans()),
     st.tuples(st.just("commit"), S, E, W),
-    st.tuples(st.just("commit"), S, E, W),
+    st.tuples(st.just("commit"), S, E, W, st.sampled_from(["", "0:5", "1:7"])),
     st.tuples(st.just("commit"), S, E, W),
     st.tuples(st.just("commit_migration"), S, GEN, W),
     st.tuples(st.just("claim"), S, GEN),
