@@ -71,12 +71,14 @@ OWED = "its recovery's inputs are not read from session-inputs yet (the broker a
 
 class Replays:
     """A session's inputs read back from ``session-inputs``: a recovery's after its snapshot,
-    owed (the session waits: no chunk, no input applied) while the broker cannot be read and
-    read again each heartbeat, and a gap's (:meth:`fill_gap`). A failed read ended the worker
-    before (a review found it): a broker blip during a recovery took down each survivor."""
+    read beside the serving loop while the session waits (no chunk, no input applied; read
+    again each heartbeat while the broker cannot be read), and a gap's (:meth:`fill_gap`).
+    A failed read ended the worker before, and each read held up every session it served
+    (a review found both: a broker blip during a recovery took down each survivor)."""
 
     def __init__(self, ports: Ports, schedule: Schedule) -> None:
         self.p, self.schedule = ports, schedule
+        self.reading: dict[str, tuple[Held, asyncio.Future[list[Any] | None]]] = {}
 
     async def read(self, sid: str, sess: Held) -> list[Any] | None:
         """The session's inputs after its last applied one; None when the broker cannot be read."""
@@ -86,26 +88,45 @@ class Replays:
             log.warning("%s: reading %s's inputs from the log failed: %s", self.p.worker_id, sid, exc)
             return None
 
-    async def recover(self, sid: str, sess: Held) -> bool:
-        """Offer a recovery's inputs after the snapshot; False while they are owed."""
-        logged = await self.read(sid, sess)
-        if logged is None:
-            sess.owe_replay()
-            return False
+    def recover(self, sid: str, sess: Held) -> None:
+        """Start reading a recovery's inputs after the snapshot; the session waits until
+        they are offered (:meth:`done`)."""
+        sess.owe_replay()
+        self.reading[sid] = (sess, asyncio.ensure_future(self.read(sid, sess)))
+
+    def _offer(self, sid: str, sess: Held, logged: list[Any]) -> None:
         sess.offer_logged(logged, self.p.worker_id, self.p.clock(), self.p.gap_wait_s)
-        if sess.replay_owed:
-            sess.replayed(self.p.monotonic())
-            self.schedule.add(sid, sess)
-        return True
+        sess.replayed(self.p.monotonic())
+        self.schedule.add(sid, sess)
+
+    def done(self, sessions: dict[str, Held]) -> list[str]:
+        """Offer the recoveries' inputs read since: the sessions that run now (a read that
+        failed is started again by :meth:`owed`; one of a session gone meanwhile is dropped)."""
+        ready = []
+        for sid, (sess, reading) in list(self.reading.items()):
+            if reading.done():
+                del self.reading[sid]
+                if sessions.get(sid) is sess and sess.replay_owed and (logged := reading.result()) is not None:
+                    self._offer(sid, sess, logged)
+                    ready.append(sid)
+        return ready
 
     async def settled(self, sid: str, sess: Held) -> bool:
-        """Whether the session owes no replay (read now if it did): an offload or a handoff
-        waits for it, as its snapshot must hold every input."""
-        return not sess.replay_owed or await self.recover(sid, sess)
+        """Whether the session owes no replay (read now if it did, or the read on its way
+        waited for): an offload or a handoff waits for it, as its snapshot must hold every input."""
+        if not sess.replay_owed:
+            return True
+        on_way = self.reading.pop(sid, None)
+        logged = await on_way[1] if on_way is not None and on_way[0] is sess else await self.read(sid, sess)
+        if logged is not None:
+            self._offer(sid, sess, logged)
+        return logged is not None
 
-    async def owed(self, sessions: dict[str, Held]) -> list[str]:
-        """Read the owed replays again; the sessions they are done for."""
-        return [sid for sid, sess in list(sessions.items()) if sess.replay_owed and await self.recover(sid, sess)]
+    def owed(self, sessions: dict[str, Held]) -> None:
+        """Read again the recoveries' inputs whose read failed (each heartbeat)."""
+        for sid, sess in sessions.items():
+            if sess.replay_owed and sid not in self.reading:
+                self.recover(sid, sess)
 
     async def fill_gap(self, sid: str, sess: Held) -> None:
         """Offer the inputs up to the last one waiting as ``session-inputs`` holds them: a routed
@@ -192,8 +213,8 @@ class CommandHandler:
         sess = Held(rec.generation, state, next_due=self.p.monotonic(), input_pos=input_pos, skipped=set(skipped))
         self.sessions[sid] = sess
         self.schedule.add(sid, sess)
-        if rec.recover:  # the inputs after the snapshot, from the log (owed while it cannot be read)
-            await self.replays.recover(sid, sess)
+        if rec.recover:  # the inputs after the snapshot, from the log, read beside the serving loop
+            self.replays.recover(sid, sess)
         await self.p.send(Claimed(worker_id=self.p.worker_id, session_id=sid,
                                   generation=rec.generation, ts=self.p.clock()))
         for other in self.early.hand_over(sid, sess):
@@ -235,8 +256,7 @@ class CommandHandler:
         await self.released(sid, sess.generation, "suspended", sess.released_chunk)
 
     async def on_handoff(self, rec: Handoff) -> None:
-        """Migrate at this chunk boundary: freeze, take a fenced snapshot and report it;
-        dispatch commits the move (then revokes this generation) or resumes it here."""
+        """Migrate at this boundary: freeze, snapshot (fenced), report; dispatch moves or resumes it."""
         sid = rec.session_id
         if (sess := await self.current(rec)) is None:
             return
@@ -319,17 +339,21 @@ class CommandHandler:
                                             generation=sess.generation, seq=rec.seq, ts=self.p.clock()))
 
     async def expire_gaps(self) -> int:
-        """Sessions whose missing input was waited for long enough: apply the inputs after it
-        (a missing one that arrives later is refused as late). Returns how many."""
-        for sid in await self.replays.owed(self.sessions):  # read at last: what waited goes in
-            if (sess := self.sessions.get(sid)) is not None:
-                await self.apply_pending(sid, sess)
+        """Apply the inputs after a missing one waited for long enough (it is refused as late if
+        it comes), and read again the recoveries' inputs whose read failed. Returns how many gaps."""
+        self.replays.owed(self.sessions)
         now = self.p.monotonic()
         due = [(sid, s) for sid, s in self.sessions.items() if s.gap_expired(now, self.p.gap_wait_s)]
         for sid, sess in due:
             await self.apply_pending(sid, sess, skip_gaps=True)
         await self.reject_all(self.early.expired(now, self.p.gap_wait_s), "not_owner", "no Assign of its generation came in time")
         return len(due)
+
+    async def replayed(self) -> None:
+        """Sessions whose recovery's inputs were read since: offered, and what waited goes in."""
+        for sid in self.replays.done(self.sessions):
+            if (sess := self.sessions.get(sid)) is not None:
+                await self.apply_pending(sid, sess)
 
     async def reject_all(self, recs: list[RoutedInput], reason: RejectReason, detail: str) -> None:
         """Refuse inputs this worker will not apply: dispatch routes each again or refuses it."""

@@ -244,8 +244,7 @@ class Worker:
             stop.set()
 
     async def stop(self, reason: str = "shutdown") -> None:
-        """Say WorkerDown (not when another process holds the id now: it is up), stop the
-        clients, then free the id."""
+        """Say WorkerDown (not when another holds the id now: it is up), stop the clients, free the id."""
         try:
             if self.outbox is not None and self.lease_lost is None:
                 await self._send(WorkerDown(worker_id=self.config.worker_id, ts=self.clock(),
@@ -339,6 +338,7 @@ class Worker:
 
     async def tick(self) -> int:
         """Run every due session's next chunk as one batch; release only revalidated outputs."""
+        await self.commands.replayed()  # recovered sessions whose inputs were read run from now
         now = self.monotonic()
         due = self.schedule.pop_due(now)
         if not due:

@@ -230,6 +230,15 @@ class Chains:
         """Whether ``key``'s running piece waits for room (an open, a return)."""
         return key in self._waiting
 
+    async def drained(self, key: str, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the work submitted so far under ``key`` has ended;
+        whether it has."""
+        task = self.tasks.get(key)
+        if task is None or task.done():
+            return True
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        return bool(done)
+
     @contextlib.contextmanager
     def waiting_for_room(self) -> Iterator[None]:
         """Called from inside a piece's work while it waits for room (no-op outside a chain)."""

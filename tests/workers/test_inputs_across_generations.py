@@ -101,6 +101,9 @@ def test_a_recovery_does_not_wait_for_inputs_the_log_says_were_refused():
         run(store.register_worker("w", 4))
         gen = run(store.commit("s", 0, "w"))
         run(handler.handle(Assign(worker_id="w", session_id="s", generation=gen, ts=0.0, prompt="p", recover=True)))
+        assert _outcomes(sent) == ([], [])  # read beside the serving loop: the session waits for it
+        run(asyncio.sleep(0))
+        run(handler.replayed())
         assert _outcomes(sent) == ([1, 4], [])
         assert run(store.session("s")).input_seq == 4
     finally:
