@@ -49,9 +49,10 @@ WORKER_EVENTS_ACTED_ON = frozenset({WorkerDown.TAG, Frozen.TAG, CommandRejected.
 PLAN_LOOKBACK = 64
 
 # a close waits at most this long for the session's inputs this replica read before it to be
-# routed: after a store outage, the close (an event) woke before the inputs pushed before it
-# and refused them all (an outside run: 17-30% of the inputs of a run with Redis killed)
-CLOSE_WAITS_S = 5.0
+# routed (longer than a try's pause, RETRY_MAX_S): after a store outage, the close (an event)
+# woke before the inputs pushed before it and refused them (an outside run with Redis killed:
+# 17-30% of the inputs; waiting 5 s at its first try only, 0.7-1.8%)
+CLOSE_WAITS_S = 10.0
 
 # every replica looks at the recovery queue this often (a slot freed is used within it), and
 # after a sweep that found the store away, again after this pause
@@ -239,7 +240,8 @@ class DispatchShell(Refusals):
         async def work() -> str | None:
             nonlocal tries
             tries += 1
-            if isinstance(rec, SessionClosed) and tries == 1:  # after the inputs read before it
+            if isinstance(rec, SessionClosed):  # after the inputs read before it, at every try (the
+                # first may meet the store away, the inputs waiting for it as well)
                 await self.chains.drained(f"inputs:{rec.session_id}", CLOSE_WAITS_S)
             return await self.on_session_event(rec, again=tries > 1, place=place)
         return work
@@ -510,13 +512,18 @@ def build_app(settings: Any) -> Any:
 
 
 def _sweeper(shell: Callable[[], Awaitable[DispatchShell]]) -> Callable[[], Awaitable[None]]:
-    """The replica's recovery sweep, as its timer runs it: one that finds the store away says
-    so in one line and pauses (a traceback every 250 ms before)."""
-    paused = {"until": -math.inf}
+    """The replica's recovery sweep, as its timer runs it: beside the timer, one at a time (one
+    waiting on a store away made faust warn every few seconds that its timer overlapped), and
+    one that finds the store away says so in one line and pauses (a traceback every 250 ms before)."""
+    paused: dict[str, Any] = {"until": -math.inf, "sweep": None}
 
     async def recovery_sweep() -> None:
-        if time.monotonic() < paused["until"]:
+        running = paused["sweep"]
+        if (running is not None and not running.done()) or time.monotonic() < paused["until"]:
             return
+        paused["sweep"] = asyncio.ensure_future(sweep())
+
+    async def sweep() -> None:
         try:
             steps = await (await shell()).sweep()
         except TRANSIENT as exc:

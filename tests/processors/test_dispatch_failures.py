@@ -299,7 +299,8 @@ def test_the_recovery_sweep_meeting_the_store_away_says_so_once_and_pauses(caplo
     async def run() -> None:
         sweep = _sweeper(shell)
         for _ in range(5):
-            await sweep()
+            await sweep()  # starts a sweep beside the timer
+            await asyncio.sleep(0.01)
 
     with caplog.at_level(logging.WARNING):
         asyncio.run(run())
@@ -307,3 +308,79 @@ def test_the_recovery_sweep_meeting_the_store_away_says_so_once_and_pauses(caplo
     assert [r.getMessage() for r in caplog.records] == [
         "dispatch: recovery sweep: the store is away (generation store: Redis unreachable); again in 2 s"]
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_a_sweep_still_running_is_not_started_again() -> None:
+    """A sweep waiting on a store away held the timer, and faust warned every few seconds that
+    its timer overlapped (an outside run): one sweep at a time runs beside it."""
+    from processors.agents.dispatch import _sweeper
+
+    calls, slow = [0], asyncio.Event()
+
+    class Slow:
+        async def sweep(self) -> dict:
+            calls[0] += 1
+            await slow.wait()
+            return {}
+
+    async def shell() -> Any:
+        return Slow()
+
+    async def run() -> None:
+        sweep = _sweeper(shell)
+        for _ in range(3):
+            await asyncio.wait_for(sweep(), 0.5)  # returns at once
+            await asyncio.sleep(0.01)
+        assert calls[0] == 1
+        slow.set()
+        await asyncio.sleep(0.01)
+        await sweep()
+        await asyncio.sleep(0.01)
+        assert calls[0] == 2
+
+    asyncio.run(run())
+
+
+def test_a_close_whose_first_try_met_the_store_away_waits_for_the_inputs_at_the_next(monkeypatch: Any) -> None:
+    """A session running before the outage whose close came during it: the close waited for
+    its inputs at its first try only, which the outage spent; when the store answered, the
+    close and the inputs raced again (an outside re-run: 2 and 8 inputs refused as closed)."""
+    import processors.agents.dispatch as agent
+    from schemas.errors import InfraError
+    from schemas.records import SessionClosed, Terminate
+
+    _quick(monkeypatch)
+    monkeypatch.setattr(agent, "CLOSE_WAITS_S", 0.2)
+
+    async def run() -> None:
+        store, pub = MemoryGenerationStore("t"), Flaky(Assign, fails=0)
+        await store.register_worker("w", 2)
+        shell = DispatchShell(store, pub, view_ttl_s=0.0)
+        assert await shell.on_session_event(SessionOpened(session_id="s", ts=1.0, prompt="p"), place="0:1") is None
+        await store.claim("s", (await store.session("s")).generation)
+        away, back = [True], asyncio.Event()
+        read = store.session
+
+        async def session(sid: str) -> Any:
+            if away[0]:
+                raise InfraError("generation store: Redis unreachable")
+            return await read(sid)
+
+        store.session = session  # type: ignore[method-assign]
+        rec = InputPushed(session_id="s", seq=1, kind="text", payload="x", ts=1.0)
+
+        async def route() -> None:  # waits for the store, and wakes a little after it answers
+            await back.wait()
+            await asyncio.sleep(0.02)
+            await shell.on_input(rec, 0, 3)
+
+        await shell.submit("inputs:s", route)
+        await shell.submit("events:s", shell.session_work(SessionClosed(session_id="s", ts=2.0), "0:2"))
+        await asyncio.sleep(0.3)  # the close's first try met the store away
+        away[0] = False
+        back.set()
+        await asyncio.gather(*shell.chains.tasks.values())
+        order = [type(r).__name__ for r in pub.records if isinstance(r, (RoutedInput, Terminate))]
+        assert order == ["RoutedInput", "Terminate"]
+
+    asyncio.run(run())
