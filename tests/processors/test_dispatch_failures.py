@@ -221,6 +221,16 @@ def test_callers_that_find_the_loads_old_share_one_read() -> None:
     asyncio.run(run())
 
 
+async def _served(place: str) -> tuple[MemoryGenerationStore, Flaky, DispatchShell]:
+    """Session "s" opened (its event at ``place``) and claimed by worker "w"."""
+    store, pub = MemoryGenerationStore("t"), Flaky(Assign, fails=0)
+    await store.register_worker("w", 2)
+    shell = DispatchShell(store, pub, view_ttl_s=0.0)
+    assert await shell.on_session_event(SessionOpened(session_id="s", ts=1.0, prompt="p"), place=place) is None
+    await store.claim("s", (await store.session("s")).generation)
+    return store, pub, shell
+
+
 def test_an_open_read_again_after_its_session_was_served_and_closed_is_passed_over() -> None:
     """Faust commits up to the first event not acked, so a rebalance or a restart reads again
     events already handled; an open read again after its session closed was refused as an
@@ -229,13 +239,9 @@ def test_an_open_read_again_after_its_session_was_served_and_closed_is_passed_ov
     from schemas.records import SessionClosed
 
     async def run() -> None:
-        store, pub = MemoryGenerationStore("t"), Flaky(Assign, fails=0)
-        await store.register_worker("w", 2)
-        shell = DispatchShell(store, pub, view_ttl_s=0.0)
+        store, pub, shell = await _served("0:5")
         opened = SessionOpened(session_id="s", ts=1.0, prompt="p")
-        assert await shell.on_session_event(opened, place="0:5") is None
         assert (await store.session("s")).opened_by == "0:5"
-        await store.claim("s", (await store.session("s")).generation)
         assert await shell.on_session_event(SessionClosed(session_id="s", ts=2.0), place="0:6") is None
         await store.release("s", (await store.session("s")).generation, close=True)  # its owner ends it
         sent = len(pub.records)
@@ -256,11 +262,7 @@ def test_a_close_waits_for_the_inputs_read_before_it_to_be_routed(monkeypatch: A
     from schemas.records import SessionClosed, Terminate
 
     async def run() -> None:
-        store, pub = MemoryGenerationStore("t"), Flaky(Assign, fails=0)
-        await store.register_worker("w", 2)
-        shell = DispatchShell(store, pub, view_ttl_s=0.0)
-        assert await shell.on_session_event(SessionOpened(session_id="s", ts=1.0, prompt="p"), place="0:1") is None
-        await store.claim("s", (await store.session("s")).generation)
+        store, pub, shell = await _served("0:1")
         store_back = asyncio.Event()
         rec = InputPushed(session_id="s", seq=1, kind="text", payload="x", ts=1.0)
 
@@ -353,11 +355,7 @@ def test_a_close_whose_first_try_met_the_store_away_waits_for_the_inputs_at_the_
     monkeypatch.setattr(agent, "CLOSE_WAITS_S", 0.2)
 
     async def run() -> None:
-        store, pub = MemoryGenerationStore("t"), Flaky(Assign, fails=0)
-        await store.register_worker("w", 2)
-        shell = DispatchShell(store, pub, view_ttl_s=0.0)
-        assert await shell.on_session_event(SessionOpened(session_id="s", ts=1.0, prompt="p"), place="0:1") is None
-        await store.claim("s", (await store.session("s")).generation)
+        store, pub, shell = await _served("0:1")
         away, back = [True], asyncio.Event()
         read = store.session
 
