@@ -112,7 +112,7 @@ def test_the_partition_count_comes_from_the_groups_snapshot_else_the_clusters_me
     reads the cluster metadata (a stand-in for faust's consumer: its two lookups only)."""
     from types import SimpleNamespace
 
-    from processors.agents.dispatch import _partitions
+    from processors.agents.dispatch_streams import partitions_of
 
     def stream(snapshot: int | None, cluster: set[int] | None) -> object:
         aio = SimpleNamespace(partitions_for_topic=lambda topic: cluster)
@@ -120,10 +120,10 @@ def test_the_partition_count_comes_from_the_groups_snapshot_else_the_clusters_me
                                    _thread=SimpleNamespace(_ensure_consumer=lambda: aio))
         return SimpleNamespace(app=SimpleNamespace(consumer=consumer))
 
-    assert _partitions(stream(8, None), "t") == 8
-    assert _partitions(stream(None, {0, 1, 2}), "t") == 3
-    assert _partitions(stream(None, None), "t") is None
-    assert _partitions(SimpleNamespace(app=SimpleNamespace(consumer=None)), "t") is None
+    assert partitions_of(stream(8, None), "t") == 8
+    assert partitions_of(stream(None, {0, 1, 2}), "t") == 3
+    assert partitions_of(stream(None, None), "t") is None
+    assert partitions_of(SimpleNamespace(app=SimpleNamespace(consumer=None)), "t") is None
 
 
 def test_a_seq_below_one_is_no_input() -> None:
@@ -178,7 +178,7 @@ def test_an_input_refused_for_its_schema_is_named_on_the_next_routed_one() -> No
 
     from schemas.codec import encode
 
-    from processors.agents.dispatch import schema_refused
+    from processors.agents.dispatch_streams import schema_refused
 
     body = encode(InputPushed(session_id="s", seq=4, kind="text", payload="hi", ts=1.0))
     cut = encode(InputPushed(session_id="t", seq=9, kind="text", payload="x", ts=1.0))[:-3]

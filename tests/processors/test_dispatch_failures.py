@@ -10,7 +10,8 @@ from typing import Any
 from aiokafka.errors import KafkaTimeoutError
 
 import processors.agents.input_budgets as budgets
-from processors.agents.dispatch import DispatchShell, _then_ack
+from processors.agents.dispatch import DispatchShell
+from processors.agents.dispatch_streams import then_ack
 from processors.dispatch import Input
 from schemas.records import Assign, DeadLetter, InputPushed, Record, RoutedInput, SessionOpened
 from streams.generations_memory import MemoryGenerationStore
@@ -63,7 +64,7 @@ def test_an_open_whose_assign_could_not_be_sent_is_tried_again_not_refused(monke
         async def refuse(exc: Exception) -> None:
             letters.append(exc)
 
-        await shell.submit("events:s", handle, _then_ack(event, refuse))
+        await shell.submit("events:s", handle, then_ack(event, refuse))
         await asyncio.gather(*shell.chains.tasks.values())
         assigned = [r for r in pub.records if isinstance(r, Assign)]
         assert letters == [] and event.acked == 1
@@ -88,7 +89,7 @@ def test_a_dead_letter_the_broker_does_not_take_at_once_is_sent_again_until_it_i
         async def refuse(exc: Exception) -> None:
             await shell.refuse(Input("s", 1, "text", "x", 1.0, partition=0, offset=5), f"could not route it ({exc!r})")
 
-        await shell.submit("inputs:s", work, _then_ack(event, refuse))
+        await shell.submit("inputs:s", work, then_ack(event, refuse))
         await asyncio.gather(*shell.chains.tasks.values())
         assert event.acked == 1 and len([r for r in pub.records if isinstance(r, DeadLetter)]) == 1
 
@@ -149,7 +150,7 @@ def test_a_worker_event_is_acked_once_acted_on_a_death_through_a_store_outage(mo
     them, and a death met by a store outage escaped the agent: a replica killed or a Redis
     blip lost a WorkerDown, said once, and the worker's sessions were never recovered. An
     input handed back that cannot be routed again (a bug) is refused, not left neither way."""
-    from processors.agents.dispatch import _worker_events
+    from processors.agents.dispatch_streams import worker_events
     from schemas.errors import InfraError
     from schemas.records import CommandRejected, Generation, WorkerDown
 
@@ -186,7 +187,7 @@ def test_a_worker_event_is_acked_once_acted_on_a_death_through_a_store_outage(mo
             raise RuntimeError("a bug")  # the refused input cannot be routed again
 
         shell.on_worker_event = acting  # type: ignore[method-assign]
-        await _worker_events(stream, the_shell, pub)
+        await worker_events(stream, the_shell, pub)
         await asyncio.gather(*shell.chains.tasks.values())
         assert [e.acked for e in stream.events_] == [1, 1]
         assert (await store.load_view())["w1"].down  # marked down through the outage
@@ -285,7 +286,7 @@ def test_the_recovery_sweep_meeting_the_store_away_says_so_once_and_pauses(caplo
     """It logged a traceback every 250 ms while Redis was away (an outside run)."""
     import logging
 
-    from processors.agents.dispatch import _sweeper
+    from processors.agents.dispatch_streams import sweeper
     from schemas.errors import InfraError
 
     calls = [0]
@@ -299,7 +300,7 @@ def test_the_recovery_sweep_meeting_the_store_away_says_so_once_and_pauses(caplo
         return Away()
 
     async def run() -> None:
-        sweep = _sweeper(shell)
+        sweep = sweeper(shell)
         for _ in range(5):
             await sweep()  # starts a sweep beside the timer
             await asyncio.sleep(0.01)
@@ -315,7 +316,7 @@ def test_the_recovery_sweep_meeting_the_store_away_says_so_once_and_pauses(caplo
 def test_a_sweep_still_running_is_not_started_again() -> None:
     """A sweep waiting on a store away held the timer, and faust warned every few seconds that
     its timer overlapped (an outside run): one sweep at a time runs beside it."""
-    from processors.agents.dispatch import _sweeper
+    from processors.agents.dispatch_streams import sweeper
 
     calls, slow = [0], asyncio.Event()
 
@@ -329,7 +330,7 @@ def test_a_sweep_still_running_is_not_started_again() -> None:
         return Slow()
 
     async def run() -> None:
-        sweep = _sweeper(shell)
+        sweep = sweeper(shell)
         for _ in range(3):
             await asyncio.wait_for(sweep(), 0.5)  # returns at once
             await asyncio.sleep(0.01)
