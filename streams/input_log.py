@@ -16,7 +16,7 @@ from .config import Settings
 from .kafka import Delivered, RecordConsumer
 from .topics import partition_for_key
 
-__all__ = ["LoggedInput", "read_session_inputs", "count_session_inputs", "MAX_LOOKBACK"]
+__all__ = ["LoggedInput", "read_session_inputs", "count_partition_inputs", "MAX_LOOKBACK"]
 
 # a read from a partition's start looks at most this many records back from its end
 MAX_LOOKBACK = 100_000
@@ -63,7 +63,7 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
         counts = RateCount(settings.input_rate_per_s, settings.input_burst)
         if (first_counted := next((d for d, ok in mine if ok), None)) is not None:
             window = counts.window(_stamp(first_counted))
-            counts.seed(sid, window, await _earlier(reader, sid, part, first, counts, window, settings))
+            counts.seed(sid, window, (await _window(reader, part, first, counts, window, settings, sid)).get(sid, []))
         out: list[LoggedInput] = []
         refused: list[int] = []
         for d, ok in mine:
@@ -81,30 +81,36 @@ async def read_session_inputs(settings: Settings, sid: str, after_seq: int,
         await reader.stop()
 
 
-async def count_session_inputs(settings: Settings, sid: str, partition: int, before: int, start_s: float) -> list[int]:
-    """The seqs of the session's inputs the rate rule counts in ``partition`` below offset
-    ``before`` in the rate window that begins at ``start_s``, in log order (dispatch, reading
-    a partition it did not read when the window began)."""
+async def count_partition_inputs(settings: Settings, partition: int, before: int, start_s: float) -> dict[str, list[int]]:
+    """Every session's inputs the rate rule counts in ``partition`` below offset ``before`` in
+    the rate window that begins at ``start_s``: per session, their seqs in log order
+    (dispatch, reading a partition it did not read when the window began: one read for the
+    partition, not one per session)."""
     reader = RecordConsumer(settings, [SESSION_INPUTS], None, name="dispatch-rate")
     await reader.start(subscribe=False)
     try:
         counts = RateCount(settings.input_rate_per_s, settings.input_burst)
-        return await _earlier(reader, sid, partition, before, counts, counts.window(start_s), settings)
+        return await _window(reader, partition, before, counts, counts.window(start_s), settings)
     finally:
         await reader.stop()
 
 
-async def _earlier(reader: RecordConsumer, sid: str, part: int, before: int, counts: RateCount, window: int,
-                   settings: Settings) -> list[int]:
-    """The seqs of the session's counted inputs in ``window`` below offset ``before``, in log
-    order (the reader is assigned anew for it)."""
+async def _window(reader: RecordConsumer, part: int, before: int, counts: RateCount, window: int,
+                  settings: Settings, sid: str | None = None) -> dict[str, list[int]]:
+    """The seqs of each session's counted inputs in ``window`` below offset ``before``, in log
+    order (only ``sid``'s when given; the reader is assigned anew for it)."""
     since = await reader.offset_at(SESSION_INPUTS, part, counts.start_s(window))
     if since is None or since >= before:
-        return []
+        return {}
     tp = TopicPartition(reader.catalogue.name(SESSION_INPUTS), part)
     await reader.assign({SESSION_INPUTS: [part]}, since)
-    return [d.record.seq async for d in reader.read_to({tp: before})  # type: ignore[attr-defined]
-            if _counted(d, sid, settings) and counts.window(_stamp(d)) == window]
+    out: dict[str, list[int]] = {}
+    async for d in reader.read_to({tp: before}):
+        rec = d.record
+        if (isinstance(rec, InputPushed) and (sid is None or rec.session_id == sid)
+                and rate_counted(rec, d.key, settings.max_input_bytes) and counts.window(_stamp(d)) == window):
+            out.setdefault(rec.session_id, []).append(rec.seq)
+    return out
 
 
 def _mine(d: Delivered, sid: str) -> bool:

@@ -59,7 +59,7 @@ class DispatchShell(Refusals):
                  input_rate: float = 50.0, input_burst: float = 100.0,
                  read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None = None,
                  inputs_topic: str = SESSION_INPUTS,
-                 count_in_window: Callable[[str, int, int, float], Awaitable[list[int]]] | None = None) -> None:
+                 count_in_window: Callable[[int, int, float], Awaitable[dict[str, list[int]]]] | None = None) -> None:
         self.store, self.publisher, self.clock = store, publisher, clock
         self.view_ttl_s, self.name = view_ttl_s, name
         self.rereads = Rereads(int(owner_wait_s / REREAD_S), MAX_REREADING)
@@ -299,7 +299,7 @@ def build_app(settings: Any) -> Any:
     from schemas.topics import SESSION_EVENTS, SESSION_INPUTS, WORKER_EVENTS
     from streams.faust_app import FaustPublisher, make_app
     from streams.generations import GenerationStore
-    from streams.input_log import count_session_inputs, read_session_inputs
+    from streams.input_log import count_partition_inputs, read_session_inputs
     from streams.topics import TopicCatalogue
 
     import redis.asyncio  # noqa: F401  (imported now: the first session would wait for it)
@@ -314,8 +314,8 @@ def build_app(settings: Any) -> Any:
             async def read_inputs(sid: str, after_seq: int) -> list[Any]:
                 return await read_session_inputs(settings, sid, after_seq, name="dispatch-close")
 
-            async def count_in_window(sid: str, partition: int, offset: int, start_s: float) -> list[int]:
-                return await count_session_inputs(settings, sid, partition, offset, start_s)
+            async def count_in_window(partition: int, offset: int, start_s: float) -> dict[str, list[int]]:
+                return await count_partition_inputs(settings, partition, offset, start_s)
 
             state["shell"] = DispatchShell(GenerationStore.from_settings(settings), publisher,
                                            max_input_bytes=settings.max_input_bytes,

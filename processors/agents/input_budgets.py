@@ -55,50 +55,62 @@ _RUNNING: contextvars.ContextVar[str | None] = contextvars.ContextVar("chain_key
 class RateWindows:
     """Before the gate counts an input: when its rate window began before this process read
     the partition from where it reads now (a start, a restart, a partition taken over from
-    another replica, a consumer put back to an earlier offset), the window's count starts at
-    the session's inputs read back from the log (``count_in_window(sid, partition, offset,
-    start_s)``: their seqs, in log order), so the rule decides as it did, and as a replay does.
+    another replica, a consumer put back to an earlier offset), the window's counts start at
+    the inputs read back from the log below the offset the reading (re)started from
+    (``count_in_window(partition, offset, start_s)``: each session's seqs, in log order), so
+    the rule decides as it did, and as a replay does.
 
-    Read on from there, the windows that follow are counted from the records themselves: a
-    read back is needed only in the window where the reading (re)started, once per session,
-    not for every input of a log read again from its beginning."""
+    One read back per partition and (re)start, for every session at once: read per session, a
+    restart in a busy window opened a consumer and read the window again for each session's
+    first input. Read on from there, the windows that follow are counted from the records
+    themselves."""
 
-    def __init__(self, gate: InputGate, count_in_window: Callable[[str, int, int, float], Awaitable[list[int]]] | None,
+    def __init__(self, gate: InputGate,
+                 count_in_window: Callable[[int, int, float], Awaitable[dict[str, list[int]]]] | None,
                  name: str) -> None:
         self.gate, self.count_in_window, self.name = gate, count_in_window, name
         # partition -> (the first timestamp read since the reading last (re)started there, the
-        # offset read last)
-        self._reading: dict[int, tuple[float, int]] = {}
+        # offset it (re)started from, the offset read last)
+        self._reading: dict[int, tuple[float, int, int]] = {}
+        # partition -> the (re)start offset and the window read back there (or that could not be)
+        self._read_back: dict[int, tuple[int, int]] = {}
+        self.reads = 0  # read backs asked for
 
-    def _since(self, partition: int, offset: int, timestamp_s: float) -> float:
+    def _since(self, partition: int, offset: int, timestamp_s: float) -> tuple[float, int]:
         """The first timestamp read in ``partition`` since its reading last went back (or
-        skipped) to another offset than the next one."""
-        since, last = self._reading.get(partition, (timestamp_s, -2))
+        skipped) to another offset than the next one, and that offset."""
+        since, start, last = self._reading.get(partition, (timestamp_s, offset, -2))
         if offset >= 0 and offset != last + 1 and last != -2:  # read again, or from elsewhere
-            since = timestamp_s
-        self._reading[partition] = (since, offset if offset >= 0 else last)
-        return since
+            since, start = timestamp_s, offset
+        self._reading[partition] = (since, start, offset if offset >= 0 else last)
+        return since, start
 
     def passed_over(self, partition: int, offset: int) -> None:
         """A record of the partition that is no input (it did not decode): the reading goes on."""
         if partition in self._reading:
-            self._reading[partition] = (self._reading[partition][0], offset)
+            since, start, _ = self._reading[partition]
+            self._reading[partition] = (since, start, offset)
 
     async def read(self, rec: InputPushed, key: bytes | None, partition: int, offset: int, timestamp_s: float) -> None:
-        since = self._since(partition, offset, timestamp_s)
+        since, start = self._since(partition, offset, timestamp_s)
         counts, sid = self.gate.counts, rec.session_id
         window = counts.window(timestamp_s)
         start_s = counts.start_s(window)
-        if self.count_in_window is None or offset < 0 or counts.known(sid, window) or start_s >= since:
+        if (self.count_in_window is None or offset < 0 or start_s >= since or counts.known(sid, window)
+                or self._read_back.get(partition) == (start, window)):
             return  # the common case, decided before the payload is measured
         if not rate_counted(rec, key, self.gate.max_bytes):
             return
-        try:
-            earlier = await self.count_in_window(sid, partition, offset, start_s)
+        self._read_back[partition], self.reads = (start, window), self.reads + 1
+        try:  # below where the reading (re)started: what came after it was counted here
+            earlier = await self.count_in_window(partition, start, start_s)
         except Exception as exc:  # noqa: BLE001 - the broker away: count from here, as before a restart
-            log.warning("%s: could not read back the rate window of %s (%s); counting from here", self.name, sid, exc)
-            earlier = []
-        counts.seed(sid, window, earlier)
+            log.warning("%s: could not read back the rate window of partition %d (%s); counting from here",
+                        self.name, partition, exc)
+            earlier = {}
+        for who, seqs in earlier.items():
+            if not counts.known(who, window):  # one counted here meanwhile: its own reading stands
+                counts.seed(who, window, seqs)
 
 
 class Remembered(Generic[K, V]):

@@ -234,7 +234,7 @@ def test_the_rate_rule_is_decided_from_the_log_by_a_replay_and_by_a_dispatch_tha
     inputs 2-5 it applies only 2, as dispatch routed; and a dispatch reading the partition from
     input 3 on, as after a restart, refuses 3 as the first one did."""
     from processors.agents.dispatch import DispatchShell
-    from streams.input_log import count_session_inputs, read_session_inputs
+    from streams.input_log import count_partition_inputs, read_session_inputs
 
     # a burst of two per window of 2,000,000 s: the five inputs share a window
     settings = replace(_settings(kafka_bootstrap, redis_url, namespace), input_rate_per_s=1e-6, input_burst=2,
@@ -258,10 +258,10 @@ def test_the_rate_rule_is_decided_from_the_log_by_a_replay_and_by_a_dispatch_tha
         third = next(d for d in logged if d.record.seq == 3)  # type: ignore[attr-defined]
         stamp = third.timestamp_ms / 1000.0  # type: ignore[operator]
         window_start = (stamp * 1e-6 // 2) * 2 / 1e-6
-        before_third = await count_session_inputs(settings, "s", 0, third.offset, window_start)
+        before_third = (await count_partition_inputs(settings, 0, third.offset, window_start)).get("s")
 
-        async def count_in_window(sid: str, partition: int, offset: int, start_s: float) -> list[int]:
-            return await count_session_inputs(settings, sid, partition, offset, start_s)
+        async def count_in_window(partition: int, offset: int, start_s: float) -> dict[str, list[int]]:
+            return await count_partition_inputs(settings, partition, offset, start_s)
 
         restarted = DispatchShell(store=None, publisher=None, input_rate=1e-6, input_burst=2,
                                   count_in_window=count_in_window)

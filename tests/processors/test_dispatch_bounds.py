@@ -51,11 +51,11 @@ def test_the_rate_rule_counts_only_inputs_within_the_other_bounds() -> None:
 def test_a_dispatch_that_starts_inside_a_rate_window_counts_what_the_log_holds_of_it() -> None:
     """A restart, or a partition taken over: the window began before this process read the
     partition, so its count starts at the session's inputs read back from the log."""
-    asked: list[tuple[str, int, int, float]] = []
+    asked: list[tuple[int, int, float]] = []
 
-    async def count_in_window(sid: str, partition: int, offset: int, start_s: float) -> list[int]:
-        asked.append((sid, partition, offset, start_s))
-        return [1, 2]
+    async def count_in_window(partition: int, offset: int, start_s: float) -> dict[str, list[int]]:
+        asked.append((partition, offset, start_s))
+        return {"s": [1, 2], "u": [1, 2, 3]}
 
     shell = DispatchShell(store=None, publisher=None, input_rate=1.0, input_burst=3.0,
                           count_in_window=count_in_window)
@@ -66,11 +66,14 @@ def test_a_dispatch_that_starts_inside_a_rate_window_counts_what_the_log_holds_o
         return shell.admit_input(rec, rec.session_id.encode(), at)
 
     assert asyncio.run(admit(inp, 7, 10.0)) is None  # the window of 9-12 s began before 10.0
-    assert asked == [("s", 0, 7, 9.0)]
+    assert asked == [(0, 7, 9.0)]
     assert "input rate" in asyncio.run(admit(InputPushed(session_id="s", seq=4, kind="text", payload="ok", ts=0.0), 8, 10.5))
     assert len(asked) == 1  # known since
     assert asyncio.run(admit(InputPushed(session_id="t", seq=1, kind="text", payload="ok", ts=0.0), 9, 12.0)) is None
     assert len(asked) == 1  # a window that began after this process started reading: all of it was read here
+    # another session of the partition in the window read back: counted from the same read
+    assert "input rate" in asyncio.run(admit(InputPushed(session_id="u", seq=4, kind="text", payload="ok", ts=0.0), 9, 11.0))
+    assert len(asked) == 1
 
 
 def test_router_refuses_oversized_and_too_frequent_inputs_with_a_reason() -> None:
