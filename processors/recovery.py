@@ -14,18 +14,20 @@ from enum import Enum
 
 from streams.generations import SessionView, StoreState
 
-__all__ = ["Step", "next_step", "CLAIM_GRACE_S"]
+__all__ = ["Step", "RECOVERIES", "next_step", "waits", "CLAIM_GRACE_S"]
 
 # a recovered session's new owner has this long to claim it before its Assign is sent again
 CLAIM_GRACE_S = 10.0
 
 
 class Step(str, Enum):
-    """One recovery step for a queued session."""
+    """One recovery step for a queued session: everything the shell does with it."""
 
     DROP = "drop"  # nothing owed any more: leave the queue
-    CLOSE = "close"  # its user closed it: release it for good, refuse its unapplied inputs
+    CLOSE = "close"  # its user closed it: release it for good, then refuse its unapplied inputs
+    REFUSE = "refuse"  # closed already (mid-recovery): refuse its unapplied inputs
     RECOVER = "recover"  # commit a new generation on a live worker (waits, in order, for a slot)
+    TAKE_BACK = "take_back"  # its owner is up again (restarted): its own slot first, else as RECOVER
     RESEND = "resend"  # committed, not claimed within the grace: send the Assign again
 
 
@@ -35,10 +37,24 @@ def next_step(session: "SessionView | None", owner_down: bool) -> Step:
     by a live owner is done; an offloaded one is resumed by its user's next event, not here."""
     if session is None:
         return Step.DROP
-    if session.close_requested or session.state == StoreState.CLOSED:
+    if session.state == StoreState.CLOSED:
+        return Step.REFUSE
+    if session.close_requested:
         return Step.CLOSE
     if session.state != StoreState.ACTIVE or session.stranded_epoch is None:
         return Step.DROP
-    if owner_down or session.generation.epoch == session.stranded_epoch:
+    if owner_down:
         return Step.RECOVER
+    if session.generation.epoch == session.stranded_epoch:
+        return Step.TAKE_BACK
     return Step.DROP if session.claimed else Step.RESEND
+
+
+# the steps that take a slot
+RECOVERIES = frozenset({Step.RECOVER, Step.TAKE_BACK})
+
+
+def waits(step: Step, waiting: bool) -> bool:
+    """Whether a due entry waits this sweep: once one recovery found no free slot
+    (``waiting``), every later one waits with it (the queue is served in order, earliest first)."""
+    return waiting and step in RECOVERIES

@@ -18,10 +18,9 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from schemas.errors import NoCapacityError, OwnershipError
 from schemas.records import Assign, Generation
-from streams.generations import StoreState
 
 from ..admission import WorkerLoad, candidate
-from ..recovery import CLAIM_GRACE_S, Step, next_step
+from ..recovery import CLAIM_GRACE_S, RECOVERIES, Step, next_step, waits
 
 
 class Shell(Protocol):
@@ -103,14 +102,14 @@ class Recovery:
             owner = view.get(sv.generation.worker_id) if sv is not None else None
             owner_down = owner is None or owner.down
             step = next_step(sv, owner_down)
-            if step is Step.RECOVER and waiting:
+            if waits(step, waiting):
                 continue
-            done = await self._carry_out(step, sid, sv, now, owner_down, at)
-            waiting = waiting or (step is Step.RECOVER and not done)
+            done = await self._carry_out(step, sid, sv, now, at)
+            waiting = waiting or (step in RECOVERIES and not done)
             steps[step.value if done else "waiting"] += 1
         return steps
 
-    async def _carry_out(self, step: Step, sid: str, sv: Any, now: float, owner_down: bool, at: float) -> bool:
+    async def _carry_out(self, step: Step, sid: str, sv: Any, now: float, at: float) -> bool:
         """Carry out one step decided on the entry queued for ``at``: every change of the queue
         is made only while the entry is still that one (its new owner may have died meanwhile,
         and ``strand`` queued it again: that newer entry stays)."""
@@ -118,14 +117,14 @@ class Recovery:
         if step is Step.DROP:
             await store.recovery_mark(sid, None, expected=at)
             return True
-        if step is Step.CLOSE:
+        if step in (Step.CLOSE, Step.REFUSE):
             # one replica refuses the inputs (each replica's dead letters are its own), and the
             # entry leaves the queue only once they are sent: a replica dying midway leaves
             # them to the next one's sweep after CLOSE_TAKE_S (sent again: at least once)
             until = now + CLOSE_TAKE_S
             if not await store.recovery_take(sid, now, until):
                 return True  # another replica's sweep has it
-            if sv.state != StoreState.CLOSED:
+            if step is Step.CLOSE:
                 try:
                     await store.release(sid, sv.generation, close=True)
                 except OwnershipError:
@@ -135,10 +134,10 @@ class Recovery:
             await self._refuse_unapplied(sid, (final or sv).input_seq or 0)
             await store.recovery_mark(sid, None, expected=until)
             return True
-        if step is Step.RECOVER:
+        if step in RECOVERIES:
             began = time.monotonic()  # the slot's commit: counted once in dispatch's cached loads
-            try:  # an owner that is up again (restarted) takes it back in its own slot
-                gen = None if owner_down else await self._commit_in_place(sid, sv.generation)
+            try:
+                gen = await self._commit_in_place(sid, sv.generation) if step is Step.TAKE_BACK else None
                 gen = gen or await self._commit_planned(sid, sv.generation.epoch)
             except OwnershipError:  # another replica moved it, or its user closed it
                 return True

@@ -13,7 +13,7 @@ import pytest
 
 from infra.chaos import refused_inputs
 from processors.agents.dispatch import DispatchShell
-from processors.recovery import CLAIM_GRACE_S, Step, next_step
+from processors.recovery import CLAIM_GRACE_S, Step, next_step, waits
 from schemas.records import (Assign, DeadLetter, Generation, Heartbeat, InputPushed, Record,
                              RoutedInput, SessionClosed, SessionOpened, Terminate, WorkerDown)
 from streams.generations import SessionView
@@ -351,12 +351,12 @@ def _view(epoch: int, state: str = "active", claimed: bool = True, stranded: int
 
 @pytest.mark.parametrize("view, owner_down, step", [
     (None, False, Step.DROP),
-    (_view(1, "closed"), True, Step.CLOSE),  # closed mid-recovery: its unapplied inputs refused
+    (_view(1, "closed"), True, Step.REFUSE),  # closed mid-recovery: its unapplied inputs refused
     (_view(1, close=True), True, Step.CLOSE),
     (_view(1, "suspended", close=True), False, Step.CLOSE),
     (_view(1, "suspended"), True, Step.DROP),
     (_view(1), True, Step.RECOVER),
-    (_view(1), False, Step.RECOVER),  # restarted under the same id: it does not hold it
+    (_view(1), False, Step.TAKE_BACK),  # restarted under the same id: its own slot first
     (_view(2, claimed=False), False, Step.RESEND),
     (_view(2, claimed=False), True, Step.RECOVER),
     (_view(2), False, Step.DROP),
@@ -364,6 +364,12 @@ def _view(epoch: int, state: str = "active", claimed: bool = True, stranded: int
 ])
 def test_next_step(view: SessionView | None, owner_down: bool, step: Step) -> None:
     assert next_step(view, owner_down) is step
+
+
+def test_once_a_recovery_finds_no_slot_the_later_ones_wait_and_the_rest_go_on() -> None:
+    assert not waits(Step.RECOVER, False) and not waits(Step.TAKE_BACK, False)
+    assert waits(Step.RECOVER, True) and waits(Step.TAKE_BACK, True)
+    assert not any(waits(s, True) for s in (Step.DROP, Step.CLOSE, Step.REFUSE, Step.RESEND))
 
 
 def test_input_accounting_reason_for_unknown_session() -> None:
