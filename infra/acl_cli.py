@@ -97,7 +97,33 @@ def command_key_cmd(
         typer.echo(f"verifies only:                      {public}")
 
 
+def event_key_cmd(
+    key_id: str = typer.Argument("", help="A new master key's id (letters, digits, - and _)."),
+    worker: str = typer.Option("", "--worker", help="Print this worker's own key instead, derived from the "
+                               "masters in CHUNKSERVE_EVENT_KEYS (for a worker started by hand)."),
+) -> None:
+    """Make a master key that signs `worker-events` (an entry of CHUNKSERVE_EVENT_KEYS, for
+    dispatch, control, metrics and the provisioner), or, with --worker ID, print that worker's
+    own key (CHUNKSERVE_WORKER_EVENT_KEY), which signs only the events keyed by its id; `up`
+    and the provisioner hand each of their workers its own."""
+    import re
+    import secrets
+
+    from streams.signing import EVENT_KEYS_ENV, EventKeys
+
+    if worker:
+        own = EventKeys.from_env().for_worker(worker)
+        if own is None:
+            raise ConfigError(EVENT_KEYS_ENV, "not set: a worker's key is derived from the masters", "environment")
+        typer.echo(own)
+        return
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", key_id):
+        raise typer.BadParameter(f"{key_id!r}: letters, digits, - and _ (at most 64)", param_hint="KEY_ID")
+    typer.echo(f"{key_id}:{secrets.token_hex(32)}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``acls`` and ``command-key`` to ``app``."""
+    """Add ``acls``, ``command-key`` and ``event-key`` to ``app``."""
     app.command("acls")(acls_cmd)
     app.command("command-key")(command_key_cmd)
+    app.command("event-key")(event_key_cmd)

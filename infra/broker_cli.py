@@ -103,7 +103,7 @@ def _local_security(folder: Path) -> object:
 
     pki, files = local_security(folder)
     return KafkaSecurity(pki.ca, pki.cert, pki.key, {u: f.read_text().strip() for u, f in files.items()
-                                                     if u != "command-keys"})
+                                                     if u not in ("command-keys", "event-keys")})
 
 
 def _secured(cluster: object, security: object, folder: Path, prefix: str) -> None:
@@ -130,7 +130,9 @@ def _secured(cluster: object, security: object, folder: Path, prefix: str) -> No
                  "export CHUNKSERVE_KAFKA_SASL_USERNAME=admin",
                  f"export CHUNKSERVE_KAFKA_SASL_PASSWORD={password('admin')}",
                  f"export CHUNKSERVE_COMMAND_KEYS=\"$(cat {shlex.quote(str(folder / 'command-keys'))})\"  "
-                 "# an Ed25519 key: up hands all but dispatch and control its public half"):
+                 "# an Ed25519 key: up hands all but dispatch and control its public half",
+                 f"export CHUNKSERVE_EVENT_KEYS=\"$(cat {shlex.quote(str(folder / 'event-keys'))})\"  "
+                 "# worker-events' masters: up hands each worker only its own key"):
         console.print(line, highlight=False)
     console.print(f"# {n} ACL bindings applied for the topic prefix {prefix!r} (other prefixes: `chunkserve "
                   "acls --apply` as the admin); each role of `up` as its own principal:", highlight=False)

@@ -105,10 +105,13 @@ def _logging(log_format: str, level: str = "INFO") -> dict:
     return config
 
 
-def _warn_unsigned(settings: Settings) -> None:
+def _warn_unsigned(settings: Settings, worker: bool = False) -> None:
     if not settings.command_keys.enabled:
         log.warning("command signing is off: set CHUNKSERVE_COMMAND_KEYS to sign and verify worker "
                     "and scaling commands")
+    if worker and settings.event_keys.masters:
+        log.warning("this worker holds CHUNKSERVE_EVENT_KEYS, which sign events for every worker: hand it "
+                    "only its own (`chunkserve event-key --worker ID`) as CHUNKSERVE_WORKER_EVENT_KEY")
 
 
 def _settings(require_endpoints: bool = True) -> Settings:
@@ -207,7 +210,7 @@ def worker(
         _stderr.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2)
     _logging(log_format)
-    _warn_unsigned(settings)
+    _warn_unsigned(settings, worker=True)
     _metrics_server(metrics_port, metrics_host)
     provisioner = os.environ.get(PROVISIONER_ENV)
     if provisioner:  # started by a provisioner, which can stop it: said before its WorkerUp

@@ -19,7 +19,8 @@ from schemas.errors import ChunkserveError, LeaseHeldError
 from streams.config import PROVISIONER_ENV, Settings
 from streams.lease import PROCESSOR_LEASE_S, Lease, holder_of
 from streams.config_file import SASL_ROLES, child_env, role_sasl_env
-from streams.signing import COMMAND_KEYS_ENV, COMMAND_SIGNERS, CommandKeys
+from streams.signing import (COMMAND_KEYS_ENV, COMMAND_SIGNERS, EVENT_KEY_HOLDERS, EVENT_KEYS_ENV, CommandKeys,
+                             worker_env)
 from workers.supervision import spawn, stop_in_order
 
 __all__ = ["LocalFleet", "FleetLease", "child_env", "after_exit", "RESTARTS", "RESTART_WINDOW_S"]
@@ -116,6 +117,10 @@ class LocalFleet:
         given = {**child_env(self.settings), **self.extra_env, **(env or {})}
         if role not in COMMAND_SIGNERS and (verify_only := CommandKeys.from_env(given).verify_only()):
             given[COMMAND_KEYS_ENV] = verify_only  # an Ed25519 key's public half: it reads commands, writes none
+        if role == "worker":
+            worker_env(given, name)  # its own event key, nothing that signs for another worker
+        elif role not in EVENT_KEY_HOLDERS:
+            given.pop(EVENT_KEYS_ENV, None)
         for other in SASL_ROLES:  # every role's password stays with the one that needs it
             if not (role == "provisioner" and other == "worker"):  # it hands its workers theirs
                 for var in role_sasl_env(other):

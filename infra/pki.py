@@ -83,6 +83,8 @@ def local_security(folder: Path) -> tuple[Pki, dict[str, Path]]:
         files[user] = _secret(folder / f"{user}.password", lambda: secrets.token_hex(16))
     # the command-signing key (an Ed25519 pair's private entry): `up` hands its readers the public half
     files["command-keys"] = _secret(folder / "command-keys", lambda: new_key("local")[0])
+    # the masters of worker-events' signatures: `up` and the provisioner hand each worker its own key
+    files["event-keys"] = _secret(folder / "event-keys", lambda: f"local:{secrets.token_hex(32)}")
     return pki, files
 
 

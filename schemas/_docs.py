@@ -238,6 +238,17 @@ HEADERS: dict[str, str] = {
               "bytes; 32 raw bytes. Unsigned, unknown-key and forged commands are refused.",
 }
 
+#: the same two headers on worker-events, where they bind a record to its worker
+EVENT_HEADERS: dict[str, str] = {
+    "cs-kid": "With worker-event signing on (CHUNKSERVE_EVENT_KEYS): the id of the master key the "
+              "signing worker's key was derived from, UTF-8.",
+    "cs-mac": "With worker-event signing on: HMAC-SHA256, under the key of the worker the record is "
+              "keyed by (HMAC-SHA256 of `worker-events`, one zero byte and the worker id, under the "
+              "master `cs-kid` names), of `worker-events`, one zero byte and the record's bytes; 32 "
+              "raw bytes. Dispatch, control and metrics act on no unsigned, unknown-key or forged "
+              "record; readers outside the fleet may ignore both headers.",
+}
+
 TOPIC_NOTES: dict[str, str] = {
     "session-events": "Per session, records are handled in partition order, whatever their `ts`: "
                       "send a session's events with one idempotent producer (enable.idempotence, so a "

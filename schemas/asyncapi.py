@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._docs import EXAMPLE_VALUES, HEADERS, TOPIC_NOTES, field_doc
+from ._docs import EVENT_HEADERS, EXAMPLE_VALUES, HEADERS, TOPIC_NOTES, field_doc
 from ._fields import object_schema, to_fields
 from .codec import DEFAULT_MAX_BYTES, TAG, TYPE_HEADER, VERSION
-from .topics import SCALING_COMMANDS, TOPIC_FRAMING_BYTES, TOPICS, WORKER_COMMANDS
+from .topics import SCALING_COMMANDS, TOPIC_FRAMING_BYTES, TOPICS, WORKER_COMMANDS, WORKER_EVENTS
 
 __all__ = ["asyncapi_document", "asyncapi_json"]
 
@@ -48,9 +48,10 @@ def _describe(record: str, props: dict[str, Any]) -> None:
 
 def _headers(tag: str, topic: str) -> dict[str, Any]:
     props: dict[str, Any] = {TYPE_HEADER: {"type": "string", "const": tag, "description": HEADERS[TYPE_HEADER]}}
-    if topic in SIGNED:
-        props["cs-kid"] = {"type": "string", "description": HEADERS["cs-kid"]}
-        props["cs-mac"] = {"type": "string", "format": "binary", "description": HEADERS["cs-mac"]}
+    if topic in SIGNED or topic == WORKER_EVENTS:
+        said = HEADERS if topic in SIGNED else EVENT_HEADERS
+        props["cs-kid"] = {"type": "string", "description": said["cs-kid"]}
+        props["cs-mac"] = {"type": "string", "format": "binary", "description": said["cs-mac"]}
     return {"type": "object", "properties": props}
 
 

@@ -231,6 +231,7 @@ class Settings:
     fetch_wait_ms: int = 100
     store_retention_s: int = 3600  # a closed session's and a stopped worker's keys in Redis
     command_keys: Any = field(default_factory=lambda: _command_keys(), repr=False)
+    event_keys: Any = field(default_factory=lambda: _event_keys(), repr=False)  # worker-events' signatures
 
     def __post_init__(self) -> None:
         problem = topic_prefix_problem(self.topic_prefix)
@@ -316,3 +317,9 @@ def _command_keys() -> Any:
     from .signing import CommandKeys
 
     return CommandKeys.from_env()
+
+
+def _event_keys() -> Any:
+    from .signing import EventKeys
+
+    return EventKeys.from_env()

@@ -320,10 +320,11 @@ class ProcessorWorker(faust.Worker):
 class FaustPublisher:
     """Publishes records through a faust app's producer, on their own topic and key."""
 
-    def __init__(self, app: faust.App, catalogue: TopicCatalogue, keys: Any = None) -> None:
-        from .signing import CommandKeys
+    def __init__(self, app: faust.App, catalogue: TopicCatalogue, keys: Any = None, event_keys: Any = None) -> None:
+        from .signing import CommandKeys, EventKeys
 
         self._keys = keys if keys is not None else CommandKeys.from_env()
+        self.event_keys = event_keys if event_keys is not None else EventKeys.from_env()
         self._app = app
         self._username = getattr(app.conf.broker_credentials, "username", None)  # SASL's, for refusals
         self._catalogue = catalogue
@@ -343,9 +344,11 @@ class FaustPublisher:
     async def send(self, rec: Record, wait: bool = False) -> Any:
         logical = topic_of(rec)
         value = encode(rec, self._catalogue.limit(logical))
-        headers = [(TYPE_HEADER, rec.TAG.encode()), *self._keys.sign(logical, value)]
+        key = key_for(rec)
+        headers = [(TYPE_HEADER, rec.TAG.encode()), *self._keys.sign(logical, value),
+                   *self.event_keys.sign(logical, key, value)]
         try:
-            fut = await self._topics[logical].send(key=key_for(rec), value=value, headers=headers)
+            fut = await self._topics[logical].send(key=key, value=value, headers=headers)
         except TopicAuthorizationFailedError as exc:
             raise refusal(self._username, "write",
                           f"topic {self._catalogue.name(logical)}", exc) from None
@@ -362,6 +365,13 @@ class FaustPublisher:
         await self.send(dead_letter_record(message.topic, message.partition, message.offset,
                                            message.value, message.key, reason, consumer,
                                            self.limit(DEAD_LETTERS)))
+
+
+_NOT_ITS_WORKERS = {
+    "unsigned": "a worker event with no signature (this fleet signs them: CHUNKSERVE_EVENT_KEYS)",
+    "unknown_key": "a worker event signed with a key id this process does not know",
+    "forged": "a worker event whose signature is not its worker's (keyed by one worker, signed by another)",
+}
 
 
 def _event_time_replaced(logical: str, consumer: str, why: str) -> None:
@@ -385,6 +395,11 @@ async def decode_event(event: Any, logical: str, publisher: FaustPublisher,
         rec = decoder_for(logical, publisher.limit(logical)).decode(event.message.value, event.message.headers)
     except SchemaError as exc:
         await publisher.dead_letter(event.message, f"schema: {exc}", consumer)
+        return None
+    msg = event.message
+    if (refused := publisher.event_keys.verify(logical, msg.key, msg.value, msg.headers)) is not None:
+        # not written by the worker it is keyed by (nor by a process that holds the masters)
+        await publisher.dead_letter(msg, f"refused: {_NOT_ITS_WORKERS[refused]}", consumer)
         return None
     stamp = event.message.timestamp  # faust keeps the broker's timestamp in seconds
     rec, changed = bound_event_time(logical, rec, stamp * 1000.0 if stamp else None)

@@ -189,8 +189,10 @@ class RecordProducer:
         topic = self.catalogue.name(logical)
         data = encode(rec, self.catalogue.limit(logical))
         count_sent(self.catalogue, rec, logical)
-        headers = [(TYPE_HEADER, rec.TAG.encode()), *self.settings.command_keys.sign(logical, data)]
-        return await self._send(topic, data, key_for(rec), headers, wait)
+        key = key_for(rec)
+        headers = [(TYPE_HEADER, rec.TAG.encode()), *self.settings.command_keys.sign(logical, data),
+                   *self.settings.event_keys.sign(logical, key, data)]
+        return await self._send(topic, data, key, headers, wait)
 
     async def send_many(self, recs: Iterable[Record]) -> None:
         """Publish several records and wait until all are acknowledged."""
@@ -429,7 +431,8 @@ class RecordConsumer:
                 if changed is not None:
                     metrics().event_time_replaced.labels(logical).inc()
                     log.warning("%s: %s[%d]@%d: %s", self.name, tp.topic, tp.partition, msg.offset, changed)
-                refused = keys.verify(logical, msg.value, msg.headers)
+                refused = keys.verify(logical, msg.value, msg.headers) or \
+                    self.settings.event_keys.verify(logical, msg.key, msg.value, msg.headers)
                 out.append(Delivered(rec, tp.topic, tp.partition, msg.offset, msg.key, refused, msg.timestamp))
                 metrics().consumed.labels(topic_of(rec)).inc()
         return out

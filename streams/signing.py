@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from schemas.errors import ConfigError
-from schemas.topics import SCALING_COMMANDS, WORKER_COMMANDS
+from schemas.topics import SCALING_COMMANDS, WORKER_COMMANDS, WORKER_EVENTS
 
-__all__ = ["CommandKeys", "Key", "new_key", "COMMAND_KEYS_ENV", "COMMAND_SIGNERS", "SIGNED_TOPICS", "KID_HEADER", "MAC_HEADER"]
+__all__ = ["CommandKeys", "EventKeys", "Key", "new_key", "COMMAND_KEYS_ENV", "COMMAND_SIGNERS", "SIGNED_TOPICS",
+           "EVENT_KEYS_ENV", "EVENT_KEY_HOLDERS", "WORKER_EVENT_KEY_ENV", "KID_HEADER", "MAC_HEADER", "worker_env"]
 
 SIGNED_TOPICS = frozenset({WORKER_COMMANDS, SCALING_COMMANDS})
 KID_HEADER, MAC_HEADER = "cs-kid", "cs-mac"
@@ -174,16 +175,21 @@ class CommandKeys:
         """None when the record may be taken; else why not: unsigned, unknown_key, forged."""
         if not self.keys or topic not in SIGNED_TOPICS:
             return None
-        found = dict(headers or ())
-        kid, mac = found.get(KID_HEADER), found.get(MAC_HEADER)
-        if not kid or not mac:
+        if (signed := _signature(headers)) is None:
             return "unsigned"
-        key = self.keys.get(kid.decode(errors="replace"))
+        key = self.keys.get(signed[0])
         if key is None:
             return "unknown_key"
-        if not key.verifies(self._message(topic, value or b""), mac):
+        if not key.verifies(self._message(topic, value or b""), signed[1]):
             return "forged"
         return None
+
+
+def _signature(headers: Iterable[tuple[str, bytes]] | None) -> tuple[str, bytes] | None:
+    """The key id and tag a record's headers carry (None: unsigned)."""
+    found = dict(headers or ())
+    kid, mac = found.get(KID_HEADER), found.get(MAC_HEADER)
+    return (kid.decode(errors="replace"), mac) if kid and mac else None
 
 
 def new_key(kid: str, kind: str = "ed25519") -> tuple[str, str]:
@@ -196,3 +202,118 @@ def new_key(kid: str, kind: str = "ed25519") -> tuple[str, str]:
         return entry, entry
     key = Key("ed25519", secrets.token_bytes(32))
     return f"{kid}:ed25519:{key.raw.hex()}", f"{kid}:ed25519-pub:{key.public().hex()}"
+
+
+EVENT_KEYS_ENV = "CHUNKSERVE_EVENT_KEYS"
+WORKER_EVENT_KEY_ENV = "CHUNKSERVE_WORKER_EVENT_KEY"
+_ENV_EVENT_ACTIVE = "CHUNKSERVE_EVENT_KEY_ID"
+#: the roles of a fleet that hold the masters: they check the records they act on, or write
+#: records about any worker (the rest, detector included, are handed none; a worker its own key)
+EVENT_KEY_HOLDERS = frozenset({"dispatch", "control", "metrics", "provisioner"})
+
+
+@dataclass(frozen=True)
+class EventKeys:
+    """Who wrote a ``worker-events`` record: a tag in the ``cs-kid`` / ``cs-mac`` headers with
+    the key of the worker the record is keyed by, ``HMAC-SHA256(master, "worker-events\0" +
+    worker id)``. The processes that read the topic and act on it (dispatch, control, metrics)
+    and those that write it for any worker (control's declarations, the provisioner) hold the
+    masters (``CHUNKSERVE_EVENT_KEYS="kid:HEX,..."``, at least 16 bytes each; the first, or
+    ``CHUNKSERVE_EVENT_KEY_ID``, signs); a worker holds only its own derived key
+    (``CHUNKSERVE_WORKER_EVENT_KEY="kid:HEX"``), which the provisioner hands it: a worker taken
+    over can sign nothing about another worker (an outside run's worker principal sent a
+    ``WorkerDown`` for a healthy worker, whose session was taken from it). Off (no key in the
+    environment), records are neither signed nor checked."""
+
+    masters: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    active: str | None = None
+    own: tuple[str, bytes] | None = field(default=None, repr=False)  # a worker's (kid, derived key)
+
+    @property
+    def checks(self) -> bool:
+        """Whether records read are checked (this process holds the masters)."""
+        return bool(self.masters)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.masters) or self.own is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "EventKeys":
+        env = os.environ if env is None else env
+        masters: dict[str, bytes] = {}
+        if EVENT_KEYS_ENV in env:
+            for n, item in enumerate(env[EVENT_KEYS_ENV].strip().split(","), start=1):
+                kid, raw = _hmac_entry(EVENT_KEYS_ENV, n, item)
+                if kid in masters:
+                    raise ConfigError(EVENT_KEYS_ENV, f"entry {n}: key id {kid!r} is given twice", "environment")
+                masters[kid] = raw
+        own = _hmac_entry(WORKER_EVENT_KEY_ENV, 1, env[WORKER_EVENT_KEY_ENV].strip()) \
+            if WORKER_EVENT_KEY_ENV in env else None
+        active = (env.get(_ENV_EVENT_ACTIVE) or next(iter(masters))) if masters else None
+        if active is not None and active not in masters:
+            raise ConfigError(_ENV_EVENT_ACTIVE, f"{active!r} is not one of the keys in {EVENT_KEYS_ENV}", "environment")
+        return cls(masters, active, own)
+
+    def for_worker(self, worker_id: str) -> str | None:
+        """The ``CHUNKSERVE_WORKER_EVENT_KEY`` value of ``worker_id`` (None without masters)."""
+        if self.active is None:
+            return None
+        return f"{self.active}:{_derived(self.masters[self.active], worker_id.encode()).hex()}"
+
+    def sign(self, topic: str, key: bytes | None, value: bytes) -> list[tuple[str, bytes]]:
+        """Headers for a record of logical ``topic`` keyed by ``key`` (none off ``worker-events``)."""
+        if topic != WORKER_EVENTS or not self.enabled:
+            return []
+        if self.own is not None and not self.masters:  # a worker: its records are keyed by its id
+            kid, secret = self.own
+        else:
+            assert self.active is not None
+            kid, secret = self.active, _derived(self.masters[self.active], key or b"")
+        return [(KID_HEADER, kid.encode()), (MAC_HEADER, _tag(secret, value))]
+
+    def verify(self, topic: str, key: bytes | None, value: bytes | None,
+               headers: Iterable[tuple[str, bytes]] | None) -> str | None:
+        """None when the record may be taken; else why not: unsigned, unknown_key, forged (a
+        tag made with another worker's key than the one the record is keyed by)."""
+        if topic != WORKER_EVENTS or not self.masters:
+            return None
+        if (signed := _signature(headers)) is None:
+            return "unsigned"
+        master = self.masters.get(signed[0])
+        if master is None:
+            return "unknown_key"
+        if not hmac.compare_digest(signed[1], _tag(_derived(master, key or b""), value or b"")):
+            return "forged"
+        return None
+
+
+def _hmac_entry(var: str, n: int, item: str) -> tuple[str, bytes]:
+    kid, sep, secret = item.strip().partition(":")
+    try:
+        raw = bytes.fromhex(secret)
+    except ValueError:
+        raw = b""
+    if not sep or not kid or len(raw) < 16:
+        raise ConfigError(var, f"entry {n}: expected KEY_ID:HEX with at least 16 bytes of key", "environment")
+    return kid, raw
+
+
+@functools.lru_cache(maxsize=4096)
+def _derived(master: bytes, worker_key: bytes) -> bytes:
+    """A worker's key (once per worker, not at every event)."""
+    return hmac.new(master, WORKER_EVENTS.encode() + b"\0" + worker_key, hashlib.sha256).digest()
+
+
+def _tag(secret: bytes, value: bytes) -> bytes:
+    return hmac.new(secret, WORKER_EVENTS.encode() + b"\0" + value, hashlib.sha256).digest()
+
+
+def worker_env(env: dict[str, str], worker_id: str) -> None:
+    """Hand a worker's environment its own event key in place of the masters (a worker that
+    starts with the masters could sign for every other worker)."""
+    own = EventKeys.from_env(env).for_worker(worker_id)
+    env.pop(EVENT_KEYS_ENV, None)
+    env.pop(_ENV_EVENT_ACTIVE, None)
+    if own is not None:
+        env[WORKER_EVENT_KEY_ENV] = own

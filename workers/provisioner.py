@@ -33,7 +33,7 @@ from schemas.errors import OwnershipError
 from schemas.topics import SCALING_COMMANDS
 from streams.config import PROVISIONER_ENV, Settings
 from streams.config_file import child_env, env_number, env_var, role_credentials, role_sasl_env
-from streams.signing import COMMAND_KEYS_ENV, CommandKeys
+from streams.signing import COMMAND_KEYS_ENV, CommandKeys, worker_env
 
 from .supervision import port_free, prometheus_targets, spawn, stop_in_order
 
@@ -127,6 +127,7 @@ class LocalProcessProvisioner:
                 env = {**child_env(self.settings), PROVISIONER_ENV: f"provisioner-{self.pool}"}
                 if (verify_only := CommandKeys.from_env(env).verify_only()) is not None:
                     env[COMMAND_KEYS_ENV] = verify_only  # a worker reads commands: nothing that signs them
+                worker_env(env, wid)  # and writes only its own events
                 for name in WORKER_SASL_ENV:  # the provisioner's to hand out, not the worker's
                     env.pop(name, None)
                 if self.worker_credentials is not None:

@@ -166,6 +166,8 @@ async def catch_up(settings: Any, catalogue: Any, spans: dict[str, WorkerSpan], 
     await reader.start(subscribe=False)
     try:
         async for d in reader.read_to(await reader.assign(dict.fromkeys((WORKER_EVENTS, SESSION_EVENTS)))):
+            if d.refused is not None:  # not written by its worker: the live agents refuse it too
+                continue
             if isinstance(d.record, BILLED):
                 spans = fold_cost(spans, d.record)
             elif misfiled(d.record, d.key) is None:

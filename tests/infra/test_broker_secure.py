@@ -22,7 +22,7 @@ from schemas.records import ScaleOut, SessionOpened
 from streams.config import KafkaSettings, Settings
 from streams.kafka import RecordProducer
 from streams.preflight import check
-from streams.signing import CommandKeys
+from streams.signing import CommandKeys, EventKeys
 from streams.topics import ensure_topics
 
 pytestmark = [pytest.mark.integration,
@@ -95,11 +95,13 @@ def test_broker_start_secure(tmp_path: Path) -> None:
     secrets = data / "secrets"
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
     assert not list(secrets.glob("other-ca*")) and not (secrets / "server.csr").exists()  # tests' and signing's files
-    for path in [*secrets.glob("*.password"), secrets / "command-keys"]:
+    for path in [*secrets.glob("*.password"), secrets / "command-keys", secrets / "event-keys"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_text().strip() not in text
     # signed commands by default: an Ed25519 key whose public half `up` hands its readers
     assert env["CHUNKSERVE_COMMAND_KEYS"].startswith("local:ed25519:")
     assert CommandKeys.from_env(env).verify_only().startswith("local:ed25519-pub:")
+    # and signed worker-events: the masters, which `up` hands each worker only its own key of
+    assert EventKeys.from_env(env).checks and env["CHUNKSERVE_EVENT_KEYS"].startswith("local:")
     assert f"ACL bindings applied for the topic prefix '{PREFIX}'" in text
     # the node's properties hold every user's password (JAAS), its data every record: both the
     # owner's alone (they were 644 in 755 folders, readable by any local account)

@@ -36,6 +36,7 @@ from streams.config import KafkaSettings, Settings
 from streams.kafka import RecordConsumer, RecordProducer
 from streams.kafka_acls import ROLES, bindings, current_acls
 from streams.preflight import check
+from streams.signing import EventKeys
 from streams.topics import ensure_topics
 from tests.infra.test_node_producer import ROOT, _node_example
 from tests.tls import make_pki
@@ -453,7 +454,7 @@ def test_up_starts_each_role_as_its_own_principal(secured: Secured, namespace: s
            "CHUNKSERVE_KAFKA_SASL_PASSWORD": users["admin"], "CHUNKSERVE_KAFKA_SSL_CAFILE": str(k.ssl_cafile),
            "CHUNKSERVE_REDIS_URL": secured.redis_url, "CHUNKSERVE_TOPIC_PREFIX": prefix,
            "CHUNKSERVE_NAMESPACE": namespace, "CHUNKSERVE_MIN_WORKERS": "1", "CHUNKSERVE_MAX_WORKERS": "1",
-           "CHUNKSERVE_WORKER_CAPACITY": "2"}
+           "CHUNKSERVE_WORKER_CAPACITY": "2", "CHUNKSERVE_EVENT_KEYS": f"ev:{'cd' * 32}"}
     roles = ("dispatch", "detector", "control", "metrics", "provisioner", "worker")
     for role in roles:
         env[f"CHUNKSERVE_{role.upper()}_KAFKA_SASL_USERNAME"] = role
@@ -464,6 +465,7 @@ def test_up_starts_each_role_as_its_own_principal(secured: Secured, namespace: s
                               stdout=out, stderr=subprocess.STDOUT)
     given: dict[str, str] = {}  # each descendant's Kafka user name
     held: dict[str, set[str]] = {}  # and the passwords among its variables
+    signs: dict[str, tuple[str | None, str | None]] = {}  # and its worker-events keys: masters, its own
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not any("--worker-id" in name for name, _ in _descendants(up.pid)):
@@ -471,7 +473,11 @@ def test_up_starts_each_role_as_its_own_principal(secured: Secured, namespace: s
             time.sleep(1)
         time.sleep(15)  # a child refused by the broker exits meanwhile, and `up` (or the provisioner) says so
         for name, environ in _descendants(up.pid):
+            worker_id = name.split("--worker-id ")[1].split()[0] if "--worker-id " in name else ""
             name = " ".join(name.split()[3:5])
+            signs[name] = (environ.get("CHUNKSERVE_EVENT_KEYS"),
+                           environ.get("CHUNKSERVE_WORKER_EVENT_KEY") if not worker_id else
+                           environ.get("CHUNKSERVE_WORKER_EVENT_KEY") == EventKeys.from_env(env).for_worker(worker_id))
             given[name] = environ.get("CHUNKSERVE_KAFKA_SASL_USERNAME", "")
             held[name] = {v for v in environ.values() if v in users.values()}
     finally:
@@ -486,6 +492,12 @@ def test_up_starts_each_role_as_its_own_principal(secured: Secured, namespace: s
                   "provisioner": "provisioner", "worker --worker-id": "worker"}, (given, text[-3000:])
     assert all(v == {users[given[k]]} for k, v in held.items() if not k.startswith("provisioner")), held
     assert held[next(k for k in held if k.startswith("provisioner"))] == {users["provisioner"], users["worker"]}
+    # worker-events' masters with the processes that check or write them for any worker; the
+    # worker holds only its own key, the detector none
+    master = env["CHUNKSERVE_EVENT_KEYS"]
+    assert {k.split()[-1] if k.startswith("processor") else k.split()[0]: v for k, v in signs.items()} == {
+        "dispatch": (master, None), "detector": (None, None), "control": (master, None), "metrics": (master, None),
+        "provisioner": (master, None), "worker": (None, True)}, signs
     assert "exited" not in text and "refused principal" not in text and up.returncode == 0, text[-3000:]
     assert "exited on its own" not in (logs / "provisioner.log").read_text(errors="replace")
     for log in logs.glob("*.log"):

@@ -44,7 +44,9 @@ def test_headers_keys_ordering_and_delivery_per_topic():
         topic = _channel_of(title)
         headers = m["headers"]["properties"]
         assert headers["cs-t"]["const"] == m["name"]
-        assert ("cs-mac" in headers) == (topic in ("worker-commands", "scaling-commands")), title
+        assert ("cs-mac" in headers) == (topic in ("worker-commands", "scaling-commands", "worker-events")), title
+        if topic == "worker-events":  # bound to the worker it is keyed by
+            assert "keyed by" in headers["cs-mac"]["description"], title
     for name, channel in DOC["channels"].items():
         text = channel["description"]
         assert "at-least-once" in text and "order" in text and "murmur2" in text, name

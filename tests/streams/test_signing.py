@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schemas.errors import ConfigError
-from streams.signing import CommandKeys
+from streams.signing import CommandKeys, EventKeys, worker_env
 
 A, B = "11" * 16, "22" * 16
 
@@ -87,3 +87,52 @@ def test_ed25519_keys_sign_where_private_and_only_verify_where_public() -> None:
 def test_a_bad_ed25519_entry_names_the_variable(spec: str) -> None:
     with pytest.raises(ConfigError, match="CHUNKSERVE_COMMAND_KEYS: entry 1"):
         keys(spec)
+
+
+def events(spec: str = f"a:{A}", active: str | None = None) -> EventKeys:
+    env = {"CHUNKSERVE_EVENT_KEYS": spec}
+    if active:
+        env["CHUNKSERVE_EVENT_KEY_ID"] = active
+    return EventKeys.from_env(env)
+
+
+def test_a_worker_signs_worker_events_keyed_by_its_own_id_only() -> None:
+    masters = events(f"a:{A},b:{B}", active="b")
+    own = EventKeys.from_env({"CHUNKSERVE_WORKER_EVENT_KEY": masters.for_worker("w1")})
+    assert own.enabled and not own.checks  # it signs, and checks nothing (it holds no master)
+    value = b"an encoded WorkerDown"
+    assert masters.verify("worker-events", b"w1", value, own.sign("worker-events", b"w1", value)) is None
+    # keyed by another worker: its key is not that worker's
+    assert masters.verify("worker-events", b"w2", value, own.sign("worker-events", b"w2", value)) == "forged"
+    assert masters.verify("worker-events", b"w1", value + b"!", own.sign("worker-events", b"w1", value)) == "forged"
+    assert masters.verify("worker-events", b"w1", value, []) == "unsigned"
+    # the masters sign for any worker (control's declarations, the provisioner's reports), and
+    # a record signed with the first master is taken while the second signs (rotation)
+    old = events(f"a:{A}")
+    assert masters.verify("worker-events", b"w2", value, old.sign("worker-events", b"w2", value)) is None
+    assert old.verify("worker-events", b"w2", value, masters.sign("worker-events", b"w2", value)) == "unknown_key"
+    # other topics: no headers, nothing checked; no key at all: off
+    assert masters.sign("worker-commands", b"w1", value) == [] and masters.verify("metrics", b"", value, []) is None
+    assert not EventKeys.from_env({}).enabled and EventKeys.from_env({}).verify("worker-events", b"w1", value, []) is None
+
+
+def test_a_worker_is_handed_its_own_key_in_place_of_the_masters() -> None:
+    env = {"CHUNKSERVE_EVENT_KEYS": f"a:{A}", "CHUNKSERVE_EVENT_KEY_ID": "a", "OTHER": "x"}
+    worker_env(env, "w7")
+    assert env == {"OTHER": "x", "CHUNKSERVE_WORKER_EVENT_KEY": events().for_worker("w7")}
+    assert events().for_worker("w7") != events().for_worker("w8") and events().for_worker("w7").startswith("a:")
+    plain = {"OTHER": "x"}
+    worker_env(plain, "w7")  # off: nothing handed
+    assert plain == {"OTHER": "x"}
+
+
+@pytest.mark.parametrize("env, var", [
+    ({"CHUNKSERVE_EVENT_KEYS": "a:abcd"}, "CHUNKSERVE_EVENT_KEYS"),  # too short
+    ({"CHUNKSERVE_EVENT_KEYS": ""}, "CHUNKSERVE_EVENT_KEYS"),
+    ({"CHUNKSERVE_EVENT_KEYS": f"a:{A},a:{B}"}, "CHUNKSERVE_EVENT_KEYS"),
+    ({"CHUNKSERVE_EVENT_KEYS": f"a:{A}", "CHUNKSERVE_EVENT_KEY_ID": "b"}, "CHUNKSERVE_EVENT_KEY_ID"),
+    ({"CHUNKSERVE_WORKER_EVENT_KEY": "nocolon"}, "CHUNKSERVE_WORKER_EVENT_KEY"),
+])
+def test_a_bad_event_key_setting_names_its_variable(env: dict[str, str], var: str) -> None:
+    with pytest.raises(ConfigError, match=var):
+        EventKeys.from_env(env)

@@ -1,0 +1,79 @@
+"""``worker-events`` bound to the worker that wrote them: with CHUNKSERVE_EVENT_KEYS, a
+worker's events are signed with its own key (derived from the masters, handed to it by the
+fleet), and dispatch acts on none that its worker did not sign. An outside run's worker
+principal sent a ``WorkerDown`` for a healthy worker, whose session was taken from it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import pytest
+
+from infra.flow import EventLog
+from infra.local import LocalFleet
+from schemas.records import Assign, Claimed, DeadLetter, SessionOpened, WorkerDown, WorkerUp
+from schemas.topics import DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS
+from streams.config import Settings
+from streams.generations import SyncGenerationStore
+from streams.kafka import RecordProducer
+from streams.signing import EVENT_KEYS_ENV, WORKER_EVENT_KEY_ENV, EventKeys
+from streams.topics import ensure_topics
+
+pytestmark = pytest.mark.integration
+MASTER = "ab" * 32
+
+
+def test_dispatch_acts_on_no_worker_event_its_worker_did_not_sign(kafka_bootstrap, redis_url, namespace, tmp_path):
+    base = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
+    masters = EventKeys.from_env({EVENT_KEYS_ENV: f"k1:{MASTER}"})
+    signed = replace(base, event_keys=masters)  # the test reads as dispatch does
+    fleet = LocalFleet(base, tmp_path / "logs", extra_env={EVENT_KEYS_ENV: f"k1:{MASTER}"})
+    store = SyncGenerationStore.from_url(redis_url, namespace)
+
+    def as_worker(worker_id: str) -> Settings:  # a worker taken over: it holds its own key only
+        return replace(base, event_keys=EventKeys.from_env({WORKER_EVENT_KEY_ENV: masters.for_worker(worker_id)}))
+
+    async def run() -> tuple[str, list[str], bool, bool]:
+        await ensure_topics(base)
+        fleet.start_processor("dispatch")
+        fleet.start_worker("w-a", capacity=2)
+        fleet.start_worker("w-b", capacity=2)
+        async with RecordProducer(base) as producer, \
+                EventLog(signed, producer, topics=(DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS)) as log:
+            await log.until(lambda rs: {x.worker_id for x in rs if isinstance(x, WorkerUp)} == {"w-a", "w-b"},
+                            90, "both workers up")
+            await producer.send(SessionOpened(session_id="s1", ts=time.time()))
+            await log.until(lambda rs: any(isinstance(x, Claimed) and x.session_id == "s1" for x in rs), 60,
+                            "s1 claimed")
+            owner = next(x.worker_id for x in log.records if isinstance(x, Assign) and x.session_id == "s1")
+            other = "w-b" if owner == "w-a" else "w-a"
+            down = WorkerDown(worker_id=owner, ts=time.time(), reason="forged")
+            async with RecordProducer(as_worker(other)) as p:  # signed with the other worker's key
+                await p.send(down)
+            async with RecordProducer(replace(base, event_keys=EventKeys())) as p:  # no signature
+                await p.send(down)
+            await log.until(lambda rs: sum(isinstance(x, DeadLetter) for x in rs) >= 2, 60, "two dead letters")
+            reasons = [x.reason for x in log.records if isinstance(x, DeadLetter)]
+            await asyncio.sleep(2.0)  # a WorkerDown acted on marks the worker down at once
+            kept = not store.load_view()[owner].down and store.session("s1").generation.worker_id == owner
+            async with RecordProducer(as_worker(owner)) as p:  # its own: acted on
+                await p.send(replace(down, reason="its own"))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not store.load_view()[owner].down:
+                await asyncio.sleep(0.2)
+            return owner, reasons, kept, store.load_view()[owner].down
+
+    try:
+        owner, reasons, kept, taken = asyncio.run(run())
+    finally:
+        fleet.stop_all()
+    assert kept, "a WorkerDown its worker did not sign took the session from its owner"
+    assert sorted(reasons) == sorted([
+        "refused: a worker event whose signature is not its worker's (keyed by one worker, signed by another)",
+        "refused: a worker event with no signature (this fleet signs them: CHUNKSERVE_EVENT_KEYS)"]), reasons
+    assert taken, f"{owner}'s own WorkerDown was not acted on"
+    # the fleet handed each worker its own key and not the masters
+    log = (tmp_path / "logs" / "w-a.log").read_text(errors="replace")
+    assert "holds CHUNKSERVE_EVENT_KEYS" not in log
