@@ -147,10 +147,13 @@ def simulate_cmd(
     except ChunkserveError as exc:
         _fail(exc)
     out["wall_s"] = time.perf_counter() - start
-    _print_table(out)
-    try:
+    try:  # written before the table: a reader that stops reading (`| head`) leaves the results
         if json_out is not None:
             _write_output("json", json_out, json.dumps(out, indent=2, sort_keys=True) + "\n")
+    except ChunkserveError as exc:
+        _fail(exc)
+    _print_table(out)
+    try:
         if plot is not None:
             try:
                 plot_timeline(timelines(runner, names), cfg.window_s, str(plot))

@@ -283,8 +283,9 @@ class Runner:
         return known
 
     def smallest_pool(self, spec: str, bound: Bound, hint: int | None = None) -> int | None:
-        """Smallest fixed pool whose run meets ``bound`` (assumed monotone in the pool size);
-        None when no pool up to :meth:`search_cap` does (a passing pool past the cap, run for
+        """Smallest fixed pool whose run meets ``bound`` (bracketed as if monotone in the pool
+        size, then every pool below the bracket's answer, from the floor, checked); None when
+        no pool up to :meth:`search_cap` does (a passing pool past the cap, run for
         another comparison, is no answer). Starts from the runs already made and ``hint``
         (another policy's answer), then probes where the nearest full run aims
         (:meth:`_aim`; twice in a row at most, then it halves the bracket), galloping up
@@ -298,6 +299,19 @@ class Runner:
         return self.found[key]
 
     def _smallest(self, spec: str, bound: Bound, hint: int | None) -> int | None:
+        """:meth:`_bracket`'s answer, then the first pool from the floor up that meets the
+        bound too: the outcome is not monotone in the pool size (a pool whose worst chunk sits
+        near the bound passes at one size and fails at a larger one; an outside run found
+        ``lag`` matched at 69 GPUs where 26 met the bound), and the answer is the smallest pool
+        that meets it. The floor is the pool that holds the peak's executing sessions (for the
+        pinned baselines, every open session): below it, sessions wait for a slot at the peak.
+        Failing runs stop at their first breach."""
+        hi = self._bracket(spec, bound, hint)
+        if hi is None:
+            return None
+        return next((p for p in range(self._guess(spec), hi) if self.check(spec, p, bound)), hi)
+
+    def _bracket(self, spec: str, bound: Bound, hint: int | None) -> int | None:
         cap = self.search_cap(spec)
         known = self._known(spec, bound)
         if any(not ok for p, ok in known.items() if p >= cap):

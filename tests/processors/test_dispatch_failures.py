@@ -15,6 +15,7 @@ from processors.agents.dispatch_streams import then_ack
 from processors.dispatch import Input
 from schemas.records import Assign, DeadLetter, InputPushed, Record, RoutedInput, SessionOpened
 from streams.generations_memory import MemoryGenerationStore
+from streams.signing import EventKeys
 
 
 class Flaky:
@@ -162,6 +163,7 @@ def test_a_worker_event_is_acked_once_acted_on_a_death_through_a_store_outage(mo
         await store.register_worker("w1", 1)
         pub = Flaky(DeadLetter, fails=0)
         pub.limit = lambda logical: 1 << 20  # type: ignore[attr-defined]
+        pub.event_keys = EventKeys()  # type: ignore[attr-defined]  # worker-event signing off
         shell = DispatchShell(store, pub, view_ttl_s=0.0)
         down = store.set_down
         outage = [InfraError("redis away"), InfraError("redis away")]
