@@ -445,12 +445,13 @@ def evaluate_cmd(
     t = Table(title=f"{split} traces" if split is not None else "given traces")
     peers = list(dict.fromkeys(n for r in out.values() for n in r["bars"].get("peers", {})))
     for col in ("trace", "beats rr/lag/mag", "beats least-loaded-offload", "ablations cost more", "oracle gap %", "SLO saving %", "SLO saving bound %",
-                *(f"{n} cost / worst s" for n in peers)):
+                "turboserve worst chunk / worst resume s", *(f"{n} cost / worst s" for n in peers)):
         t.add_column(col, overflow="fold")  # a long plug-in name wraps, not cut
     for name, r in out.items():
         b, p = r["bars"], r["comparison"]["paper"]
         t.add_row(name, str(b["beats_paper_baselines"]), str(b["beats_least_loaded_offload"]), str(b["ablations_cost_more"]), _pct(p["oracle_gap_pct"]),
                   "misses SLO" if not b["slo_met"] else _pct(b["slo_saving_pct"]), _pct(b["slo_saving_bound_pct"]),
+                  _worst_and_resume(r["comparison"]["policies"].get("turboserve")),
                   *(f"{x['cost']:.1f} / {x['worst_s']:.2f}" if (x := b.get("peers", {}).get(n)) else "-" for n in peers))
     _console.print(t)
     for n in peers:  # a plug-in's commands the simulator could not carry out: its figures are of what it did carry out
@@ -459,6 +460,13 @@ def evaluate_cmd(
             _console.print(f"[yellow]{n}: commands the simulator could not carry out on {len(bad)} trace(s) "
                            f"({', '.join(f'{k} {v}' for k, v in bad.items())}; `invalid_commands_by_kind` in each "
                            "comparison's policies)[/yellow]", highlight=False)
+
+
+def _worst_and_resume(m: dict | None) -> str:
+    """A policy's worst chunk and worst resume (its restore included, which chunks leave out)."""
+    if not m:
+        return "-"
+    return f"{m['worst_chunk_latency_s']:.2f} / {m.get('worst_resume_latency_s') or 0.0:.2f}"
 
 
 def tune_cmd(

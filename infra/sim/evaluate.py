@@ -114,6 +114,10 @@ def bars(doc: dict[str, Any]) -> dict[str, Any]:
         "slo_saving_pct": saving,
         # the most any elastic pool saves against a fixed one at the SLO (infra.sim.guide's model)
         "slo_saving_bound_pct": slo["elastic_bound"]["saving_pct"],
+        # what no bar sees: a returning session's wait for its state (its restore), which the
+        # chunk latencies leave out (an outside run's 1 TB states waited 88 s, "SLO met")
+        "resume": {name: {"worst_s": m.get("worst_resume_latency_s"), "p99_s": m.get("p99_resume_latency_s")}
+                   for name, m in doc["policies"].items() if name in ("turboserve", "least-loaded-offload", "rr")},
     }
     peers = {name: {"cost": m["cost"], "worst_s": m["worst_chunk_latency_s"], "miss": m["deadline_miss_rate"],
                     "slo_met": slo["met"].get(name, False), "slo_cost": slo["cost"].get(name),

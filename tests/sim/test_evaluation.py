@@ -550,6 +550,10 @@ def test_evaluate_takes_a_users_own_traces_with_the_splits_bars(tmp_path):
                     {"table": vt, "autoscaler": auto}, jobs=1)[str(path)]
     assert set(doc[str(path)]["comparison"]["policies"]) == set(same["comparison"]["policies"]) >= {"turboserve", "rr", "telefuser"}
     assert doc[str(path)]["bars"] == bars(doc[str(path)]["comparison"])
+    # the resume latency no bar sees, beside them (turboserve's, and the fixed pools')
+    ts = doc[str(path)]["comparison"]["policies"]["turboserve"]
+    assert doc[str(path)]["bars"]["resume"]["turboserve"] == {"worst_s": ts["worst_resume_latency_s"],
+                                                               "p99_s": ts["p99_resume_latency_s"]}
     assert doc[str(path)]["comparison"]["policies"]["turboserve"]["cost"] == same["comparison"]["policies"]["turboserve"]["cost"]
     # the world options are simulate's: the same run on another GPU type and boot time
     world = ["--gpu-type", "h20", "--boot", "30", "--deadline", "1.2"]
