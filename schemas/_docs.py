@@ -246,7 +246,8 @@ EVENT_HEADERS: dict[str, str] = {
               "keyed by (HMAC-SHA256 of `worker-events`, one zero byte and the worker id, under the "
               "master `cs-kid` names), of `worker-events`, one zero byte and the record's bytes; 32 "
               "raw bytes. Dispatch, control and metrics act on no unsigned, unknown-key or forged "
-              "record; readers outside the fleet may ignore both headers.",
+              "record, nor on one whose `worker_id` (or, but on a CommandRejected, its generation's "
+              "worker) is not the worker it is keyed by; readers outside the fleet may ignore both headers.",
 }
 
 TOPIC_NOTES: dict[str, str] = {

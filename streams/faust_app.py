@@ -30,6 +30,7 @@ from .kafka import count_sent, dead_letter_record, guard_offset_fetch, refusal
 from .lease import PROCESSOR_LEASE_S, Lease, holder_of
 from .store_records import LeaseAnswer
 from .prom import metrics
+from .signing import EVENT_REFUSALS
 from .topics import TopicCatalogue
 
 __all__ = ["make_app", "cluster_replication", "FaustPublisher", "decode_event", "shorten_gil_switch",
@@ -367,11 +368,6 @@ class FaustPublisher:
                                            self.limit(DEAD_LETTERS)))
 
 
-_NOT_ITS_WORKERS = {
-    "unsigned": "a worker event with no signature (this fleet signs them: CHUNKSERVE_EVENT_KEYS)",
-    "unknown_key": "a worker event signed with a key id this process does not know",
-    "forged": "a worker event whose signature is not its worker's (keyed by one worker, signed by another)",
-}
 
 
 def _event_time_replaced(logical: str, consumer: str, why: str) -> None:
@@ -397,9 +393,9 @@ async def decode_event(event: Any, logical: str, publisher: FaustPublisher,
         await publisher.dead_letter(event.message, f"schema: {exc}", consumer)
         return None
     msg = event.message
-    if (refused := publisher.event_keys.verify(logical, msg.key, msg.value, msg.headers)) is not None:
-        # not written by the worker it is keyed by (nor by a process that holds the masters)
-        await publisher.dead_letter(msg, f"refused: {_NOT_ITS_WORKERS[refused]}", consumer)
+    if (refused := publisher.event_keys.check(logical, rec, msg.key, msg.value, msg.headers)) is not None:
+        # not written by the worker it is keyed by and speaks for (nor by a process that holds the masters)
+        await publisher.dead_letter(msg, f"refused: {EVENT_REFUSALS[refused]}", consumer)
         return None
     stamp = event.message.timestamp  # faust keeps the broker's timestamp in seconds
     rec, changed = bound_event_time(logical, rec, stamp * 1000.0 if stamp else None)

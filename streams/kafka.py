@@ -432,7 +432,7 @@ class RecordConsumer:
                     metrics().event_time_replaced.labels(logical).inc()
                     log.warning("%s: %s[%d]@%d: %s", self.name, tp.topic, tp.partition, msg.offset, changed)
                 refused = keys.verify(logical, msg.value, msg.headers) or \
-                    self.settings.event_keys.verify(logical, msg.key, msg.value, msg.headers)
+                    self.settings.event_keys.check(logical, rec, msg.key, msg.value, msg.headers)
                 out.append(Delivered(rec, tp.topic, tp.partition, msg.offset, msg.key, refused, msg.timestamp))
                 metrics().consumed.labels(topic_of(rec)).inc()
         return out

@@ -29,7 +29,7 @@ from schemas.errors import ConfigError
 from schemas.topics import SCALING_COMMANDS, WORKER_COMMANDS, WORKER_EVENTS
 
 __all__ = ["CommandKeys", "EventKeys", "Key", "new_key", "COMMAND_KEYS_ENV", "COMMAND_SIGNERS", "SIGNED_TOPICS",
-           "EVENT_KEYS_ENV", "EVENT_KEY_HOLDERS", "WORKER_EVENT_KEY_ENV", "KID_HEADER", "MAC_HEADER", "worker_env"]
+           "EVENT_KEYS_ENV", "EVENT_KEY_HOLDERS", "EVENT_REFUSALS", "WORKER_EVENT_KEY_ENV", "KID_HEADER", "MAC_HEADER", "speaks_for", "worker_env"]
 
 SIGNED_TOPICS = frozenset({WORKER_COMMANDS, SCALING_COMMANDS})
 KID_HEADER, MAC_HEADER = "cs-kid", "cs-mac"
@@ -242,6 +242,10 @@ class EventKeys:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "EventKeys":
         env = os.environ if env is None else env
         masters: dict[str, bytes] = {}
+        for var in (EVENT_KEYS_ENV, WORKER_EVENT_KEY_ENV):
+            if var in env and not env[var].strip():  # a template whose secret did not arrive
+                raise ConfigError(var, "set but empty: give KEY_ID:HEX, or unset it to turn worker-event "
+                                  "signing off", "environment")
         if EVENT_KEYS_ENV in env:
             for n, item in enumerate(env[EVENT_KEYS_ENV].strip().split(","), start=1):
                 kid, raw = _hmac_entry(EVENT_KEYS_ENV, n, item)
@@ -272,10 +276,25 @@ class EventKeys:
             kid, secret = self.active, _derived(self.masters[self.active], key or b"")
         return [(KID_HEADER, kid.encode()), (MAC_HEADER, _tag(secret, value))]
 
+    def check(self, topic: str, rec: Any, key: bytes | None, value: bytes | None,
+              headers: Iterable[tuple[str, bytes]] | None) -> str | None:
+        """None when the decoded record ``rec`` may be acted on; else why not (a key of
+        :data:`EVENT_REFUSALS`): its signature (:meth:`verify`), or a worker it speaks for other
+        than the one it is keyed by and signed as (an outside run's worker, signing with its own
+        key a record keyed by its own id, sent a ``WorkerDown`` and a ``Frozen`` naming another
+        worker, and dispatch took that worker's sessions)."""
+        if topic != WORKER_EVENTS or not self.masters:
+            return None
+        why = self.verify(topic, key, value, headers)
+        if why is None and any(w.encode() != key for w in speaks_for(rec)):
+            return "another_worker"
+        return why
+
     def verify(self, topic: str, key: bytes | None, value: bytes | None,
                headers: Iterable[tuple[str, bytes]] | None) -> str | None:
-        """None when the record may be taken; else why not: unsigned, unknown_key, forged (a
-        tag made with another worker's key than the one the record is keyed by)."""
+        """None when the record's bytes are signed with the key of the worker it is keyed by;
+        else why not: unsigned, unknown_key, forged (the tag is not that worker's key's: made
+        up, or made with another worker's key). What it says is :meth:`check`'s."""
         if topic != WORKER_EVENTS or not self.masters:
             return None
         if (signed := _signature(headers)) is None:
@@ -286,6 +305,26 @@ class EventKeys:
         if not hmac.compare_digest(signed[1], _tag(_derived(master, key or b""), value or b"")):
             return "forged"
         return None
+
+
+#: why a worker event is not acted on, as dead letters say it
+EVENT_REFUSALS = {
+    "unsigned": "a worker event with no signature (this fleet signs them: CHUNKSERVE_EVENT_KEYS)",
+    "unknown_key": "a worker event signed with a key id this process does not know (cs-kid)",
+    "forged": "a worker event whose signature does not verify under the key of the worker it is keyed by "
+              "(made up, or made with another worker's key)",
+    "another_worker": "a worker event that speaks for another worker than the one it is keyed by and signed as",
+}
+
+
+def speaks_for(rec: Any) -> set[str]:
+    """The workers a worker event speaks for: its ``worker_id`` and, but on a
+    ``CommandRejected`` (whose generation is the refused command's), its generation's worker."""
+    who = {rec.worker_id}
+    gen = getattr(rec, "generation", None)
+    if gen is not None and type(rec).__name__ != "CommandRejected":
+        who.add(gen.worker_id)
+    return who
 
 
 def _hmac_entry(var: str, n: int, item: str) -> tuple[str, bytes]:

@@ -250,8 +250,9 @@ async def _fold_log(settings: Any, catalogue: Any, shell: "ControlShell", caught
         while True:
             for delivered in await consumer.poll(timeout_ms=200):
                 if delivered.refused is not None:  # the provisioner and dispatch refuse it too
-                    log.warning("control: refused %s on %s (%s): not folded", delivered.record.TAG,
-                                delivered.topic, delivered.refused)
+                    log.warning("control: refused %s on %s[%d]@%d keyed %r (%s): not folded", delivered.record.TAG,
+                                delivered.topic, delivered.partition, delivered.offset, delivered.key,
+                                delivered.refused)
                 elif misfiled(delivered.record, delivered.key) is None:  # dispatch refuses a misfiled one
                     shell.fold(delivered.record)
             if not caught_up["done"]:

@@ -13,12 +13,13 @@ import pytest
 
 from infra.flow import EventLog
 from infra.local import LocalFleet
-from schemas.records import Assign, Claimed, DeadLetter, SessionOpened, WorkerDown, WorkerUp
+from schemas.codec import TYPE_HEADER, encode
+from schemas.records import Assign, Claimed, DeadLetter, Frozen, SessionOpened, WorkerDown, WorkerUp
 from schemas.topics import DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS
 from streams.config import Settings
 from streams.generations import SyncGenerationStore
 from streams.kafka import RecordProducer
-from streams.signing import EVENT_KEYS_ENV, WORKER_EVENT_KEY_ENV, EventKeys
+from streams.signing import EVENT_KEYS_ENV, EVENT_REFUSALS, WORKER_EVENT_KEY_ENV, EventKeys
 from streams.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -48,31 +49,40 @@ def test_dispatch_acts_on_no_worker_event_its_worker_did_not_sign(kafka_bootstra
             await log.until(lambda rs: any(isinstance(x, Claimed) and x.session_id == "s1" for x in rs), 60,
                             "s1 claimed")
             owner = next(x.worker_id for x in log.records if isinstance(x, Assign) and x.session_id == "s1")
+            gen = store.session("s1").generation
             other = "w-b" if owner == "w-a" else "w-a"
             down = WorkerDown(worker_id=owner, ts=time.time(), reason="forged")
             async with RecordProducer(as_worker(other)) as p:  # signed with the other worker's key
                 await p.send(down)
             async with RecordProducer(replace(base, event_keys=EventKeys())) as p:  # no signature
                 await p.send(down)
-            await log.until(lambda rs: sum(isinstance(x, DeadLetter) for x in rs) >= 2, 60, "two dead letters")
+            # keyed by the attacker's own id and signed with its own key, but speaking for the
+            # owner: a WorkerDown, and a Frozen of the owner's session with the attacker as target
+            frozen = Frozen(worker_id=other, session_id="s1", generation=gen, target_worker=other, ts=time.time())
+            async with RecordProducer(as_worker(other)) as p:
+                for rec in (down, frozen):
+                    data = encode(rec)
+                    headers = [(TYPE_HEADER, rec.TAG.encode()),
+                               *p.settings.event_keys.sign(WORKER_EVENTS, other.encode(), data)]
+                    await p._send(p.catalogue.name(WORKER_EVENTS), data, other.encode(), headers, True)
+            await log.until(lambda rs: sum(isinstance(x, DeadLetter) for x in rs) >= 4, 60, "four dead letters")
             reasons = [x.reason for x in log.records if isinstance(x, DeadLetter)]
             await asyncio.sleep(2.0)  # a WorkerDown acted on marks the worker down at once
-            kept = not store.load_view()[owner].down and store.session("s1").generation.worker_id == owner
-            async with RecordProducer(as_worker(owner)) as p:  # its own: acted on
-                await p.send(replace(down, reason="its own"))
+            kept = not store.load_view()[owner].down and store.session("s1").generation == gen
+            async with RecordProducer(as_worker(owner)) as p:  # its own: acted on (the session is
+                await p.send(replace(down, reason="its own"))  # recovered: a new generation)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not store.load_view()[owner].down:
+            while time.monotonic() < deadline and store.session("s1").generation.epoch == gen.epoch:
                 await asyncio.sleep(0.2)
-            return owner, reasons, kept, store.load_view()[owner].down
+            return owner, reasons, kept, store.session("s1").generation.epoch > gen.epoch
 
     try:
         owner, reasons, kept, taken = asyncio.run(run())
     finally:
         fleet.stop_all()
     assert kept, "a WorkerDown its worker did not sign took the session from its owner"
-    assert sorted(reasons) == sorted([
-        "refused: a worker event whose signature is not its worker's (keyed by one worker, signed by another)",
-        "refused: a worker event with no signature (this fleet signs them: CHUNKSERVE_EVENT_KEYS)"]), reasons
+    assert sorted(reasons) == sorted([f"refused: {EVENT_REFUSALS[why]}" for why in (
+        "forged", "unsigned", "another_worker", "another_worker")]), reasons
     assert taken, f"{owner}'s own WorkerDown was not acted on"
     # the fleet handed each worker its own key and not the masters
     log = (tmp_path / "logs" / "w-a.log").read_text(errors="replace")

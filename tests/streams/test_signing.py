@@ -132,7 +132,36 @@ def test_a_worker_is_handed_its_own_key_in_place_of_the_masters() -> None:
     ({"CHUNKSERVE_EVENT_KEYS": f"a:{A},a:{B}"}, "CHUNKSERVE_EVENT_KEYS"),
     ({"CHUNKSERVE_EVENT_KEYS": f"a:{A}", "CHUNKSERVE_EVENT_KEY_ID": "b"}, "CHUNKSERVE_EVENT_KEY_ID"),
     ({"CHUNKSERVE_WORKER_EVENT_KEY": "nocolon"}, "CHUNKSERVE_WORKER_EVENT_KEY"),
+    ({"CHUNKSERVE_WORKER_EVENT_KEY": " "}, "CHUNKSERVE_WORKER_EVENT_KEY"),
 ])
 def test_a_bad_event_key_setting_names_its_variable(env: dict[str, str], var: str) -> None:
     with pytest.raises(ConfigError, match=var):
         EventKeys.from_env(env)
+    if not any(env.values()):
+        with pytest.raises(ConfigError, match="set but empty"):
+            EventKeys.from_env(env)
+
+
+def test_a_worker_event_speaking_for_another_worker_is_refused_though_signed_by_its_key() -> None:
+    """An outside run's worker signed, with its own key and keyed by its own id, a WorkerDown
+    and a Frozen naming another worker, and dispatch took that worker's sessions."""
+    from schemas.codec import encode
+    from schemas.records import CommandRejected, Frozen, Generation, WorkerDown
+
+    masters = events()
+    own = EventKeys.from_env({"CHUNKSERVE_WORKER_EVENT_KEY": masters.for_worker("w1")})
+
+    def check(rec: object, key: bytes = b"w1") -> str | None:
+        value = encode(rec)
+        return masters.check("worker-events", rec, key, value, own.sign("worker-events", key, value))
+
+    assert check(WorkerDown(worker_id="w1", ts=1.0)) is None
+    assert check(WorkerDown(worker_id="w2", ts=1.0)) == "another_worker"
+    theirs = Generation("w2", 3)
+    assert check(Frozen(worker_id="w1", session_id="s", generation=theirs, target_worker="w1", ts=1.0)) == "another_worker"
+    assert check(Frozen(worker_id="w1", session_id="s", generation=Generation("w1", 3), target_worker="w2", ts=1.0)) is None
+    # a refused command's generation is the command's: only its worker_id speaks for the writer
+    assert check(CommandRejected(worker_id="w1", session_id="s", command="cmd.assign", reason="stale_epoch",
+                                 ts=1.0, generation=theirs)) is None
+    assert check(WorkerDown(worker_id="w2", ts=1.0), key=b"w2") == "forged"  # w1's key, keyed by w2
+    assert EventKeys().check("worker-events", WorkerDown(worker_id="w2", ts=1.0), b"w1", b"", []) is None  # off
