@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from schemas.errors import ConfigError
+from schemas.records import CommandRejected
 from schemas.topics import SCALING_COMMANDS, WORKER_COMMANDS, WORKER_EVENTS
 
 __all__ = ["CommandKeys", "EventKeys", "Key", "new_key", "COMMAND_KEYS_ENV", "COMMAND_SIGNERS", "SIGNED_TOPICS",
@@ -322,7 +323,7 @@ def speaks_for(rec: Any) -> set[str]:
     ``CommandRejected`` (whose generation is the refused command's), its generation's worker."""
     who = {rec.worker_id}
     gen = getattr(rec, "generation", None)
-    if gen is not None and type(rec).__name__ != "CommandRejected":
+    if gen is not None and not isinstance(rec, CommandRejected):
         who.add(gen.worker_id)
     return who
 

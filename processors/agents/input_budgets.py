@@ -74,7 +74,6 @@ class RateWindows:
         self._reading: dict[int, tuple[float, int, int]] = {}
         # partition -> the (re)start offset and the window read back there (or that could not be)
         self._read_back: dict[int, tuple[int, int]] = {}
-        self.reads = 0  # read backs asked for
 
     def _since(self, partition: int, offset: int, timestamp_s: float) -> tuple[float, int]:
         """The first timestamp read in ``partition`` since its reading last went back (or
@@ -101,7 +100,7 @@ class RateWindows:
             return  # the common case, decided before the payload is measured
         if not rate_counted(rec, key, self.gate.max_bytes):
             return
-        self._read_back[partition], self.reads = (start, window), self.reads + 1
+        self._read_back[partition] = (start, window)
         try:  # below where the reading (re)started: what came after it was counted here
             earlier = await self.count_in_window(partition, start, start_s)
         except Exception as exc:  # noqa: BLE001 - the broker away: count from here, as before a restart
