@@ -20,7 +20,7 @@ import faust
 from aiokafka.errors import (ClusterAuthorizationFailedError, GroupAuthorizationFailedError,
                              TopicAuthorizationFailedError)
 
-from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, header_tag, key_for
+from schemas.codec import decoder_for, encode, bound_event_time, header_tag, key_for
 from schemas.errors import AccessDeniedError, ChunkserveError, LeaseHeldError, SchemaError
 from schemas.records import Record
 from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
@@ -30,7 +30,7 @@ from .kafka import count_sent, dead_letter_record, guard_offset_fetch, refusal
 from .lease import PROCESSOR_LEASE_S, Lease, holder_of
 from .store_records import LeaseAnswer
 from .prom import metrics
-from .signing import EVENT_REFUSALS
+from .signing import EVENT_REFUSALS, record_headers
 from .topics import TopicCatalogue
 
 __all__ = ["make_app", "cluster_replication", "FaustPublisher", "decode_event", "shorten_gil_switch",
@@ -346,8 +346,7 @@ class FaustPublisher:
         logical = topic_of(rec)
         value = encode(rec, self._catalogue.limit(logical))
         key = key_for(rec)
-        headers = [(TYPE_HEADER, rec.TAG.encode()), *self._keys.sign(logical, value),
-                   *self.event_keys.sign(logical, key, value)]
+        headers = record_headers(rec.TAG, logical, key, value, self._keys, self.event_keys)
         try:
             fut = await self._topics[logical].send(key=key, value=value, headers=headers)
         except TopicAuthorizationFailedError as exc:

@@ -21,13 +21,14 @@ from aiokafka.errors import (CommitFailedError, GroupAuthorizationFailedError, I
                              RebalanceInProgressError, TopicAuthorizationFailedError, UnknownMemberIdError,
                              UnknownProducerId)
 
-from schemas.codec import TYPE_HEADER, decoder_for, encode, bound_event_time, key_for, refused_input
+from schemas.codec import decoder_for, encode, bound_event_time, key_for, refused_input
 from schemas.errors import AccessDeniedError, InfraError, SchemaError
 from schemas.records import DeadLetter, Record
 from schemas.topics import DEAD_LETTERS, TOPICS, topic_of
 
 from .config import DEAD_LETTER_ENVELOPE_BYTES, Settings
 from .prom import metrics
+from .signing import record_headers
 from .topics import TopicCatalogue, logical_or_physical
 
 __all__ = ["RecordProducer", "Delivered", "RecordConsumer", "dead_letter_record", "MAX_DEAD_RAW",
@@ -190,8 +191,7 @@ class RecordProducer:
         data = encode(rec, self.catalogue.limit(logical))
         count_sent(self.catalogue, rec, logical)
         key = key_for(rec)
-        headers = [(TYPE_HEADER, rec.TAG.encode()), *self.settings.command_keys.sign(logical, data),
-                   *self.settings.event_keys.sign(logical, key, data)]
+        headers = record_headers(rec.TAG, logical, key, data, self.settings.command_keys, self.settings.event_keys)
         return await self._send(topic, data, key, headers, wait)
 
     async def send_many(self, recs: Iterable[Record]) -> None:

@@ -25,12 +25,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from schemas.codec import TYPE_HEADER
 from schemas.errors import ConfigError
 from schemas.records import CommandRejected
 from schemas.topics import SCALING_COMMANDS, WORKER_COMMANDS, WORKER_EVENTS
 
 __all__ = ["CommandKeys", "EventKeys", "Key", "new_key", "COMMAND_KEYS_ENV", "COMMAND_SIGNERS", "SIGNED_TOPICS",
-           "EVENT_KEYS_ENV", "EVENT_KEY_HOLDERS", "EVENT_REFUSALS", "WORKER_EVENT_KEY_ENV", "KID_HEADER", "MAC_HEADER", "speaks_for", "worker_env"]
+           "EVENT_KEYS_ENV", "EVENT_KEY_HOLDERS", "EVENT_REFUSALS", "WORKER_EVENT_KEY_ENV", "KID_HEADER", "MAC_HEADER", "record_headers", "speaks_for", "worker_env"]
 
 SIGNED_TOPICS = frozenset({WORKER_COMMANDS, SCALING_COMMANDS})
 KID_HEADER, MAC_HEADER = "cs-kid", "cs-mac"
@@ -357,3 +358,10 @@ def worker_env(env: dict[str, str], worker_id: str) -> None:
     env.pop(_ENV_EVENT_ACTIVE, None)
     if own is not None:
         env[WORKER_EVENT_KEY_ENV] = own
+
+
+def record_headers(tag: str, topic: str, key: bytes | None, value: bytes, commands: CommandKeys,
+                   events: EventKeys) -> list[tuple[str, bytes]]:
+    """Every header a record of logical ``topic`` carries: its type tag, and the signature its
+    topic takes (a command's, a worker event's), whichever producer sends it."""
+    return [(TYPE_HEADER, tag.encode()), *commands.sign(topic, value), *events.sign(topic, key, value)]
