@@ -795,7 +795,8 @@ def replay_cmd(
     if json_out is None and "session_states" in result:
         states = ", ".join(f"{k} {v}" for k, v in sorted(result["session_states"].items())) or "none"
         past = f" at or after offset {offset}" if offset else ""
-        _stderr.print(f"{result['records']} records{past}; sessions by state: {states}; "  # stdout: the JSON alone
+        refused = f" ({result['refused']} more refused for their signature, not folded)" if result["refused"] else ""
+        _stderr.print(f"{result['records']} records{past}{refused}; sessions by state: {states}; "  # stdout: the JSON alone
                       f"workers {len(result['workers'])}", highlight=False)
     _write_json(result, json_out)
 
@@ -812,13 +813,14 @@ def story_cmd(
 
     settings = _settings()
     result = asyncio.run(session_log(settings, session_id, last))
-    if not result["records"]:
+    if not result["records"] and not result["refused"]:
         raise ChunkserveError(f"{session_id}: no record of this session in the topics of prefix {settings.topic_prefix!r}")
     if json_out is None:
         for line in result["story"]:
             console.print(f"{session_id} {line}", highlight=False, markup=False)
-        console.print(f"{result['records']} records; {result['chunks']} chunks; {result['inputs_accepted']} inputs "
-                      "accepted", highlight=False)
+        refused = f" ({result['refused']} more refused for their signature)" if result["refused"] else ""
+        console.print(f"{result['records']} records{refused}; {result['chunks']} chunks; {result['inputs_accepted']} "
+                      "inputs accepted", highlight=False)
         return  # the story as text; as JSON only with --json (it was both, so no reader could parse it)
     _write_json(result, json_out)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from processors.cluster import ClusterView, apply
 from processors.lifecycle import SessionState
@@ -21,16 +21,28 @@ from schemas.topics import DEAD_LETTERS, SCALING_COMMANDS, SESSION_EVENTS, WORKE
 from streams.config import Settings
 from streams.kafka import Delivered, RecordConsumer
 
-__all__ = ["read_log", "in_time_order", "story_entries", "cluster_summary", "cluster_view", "detector_signal", "replay", "session_story", "session_log"]
+__all__ = ["Log", "read_log", "in_time_order", "story_entries", "cluster_summary", "cluster_view", "detector_signal", "replay", "session_story", "session_log"]
 
 CLUSTER_TOPICS = (SESSION_EVENTS, WORKER_EVENTS, SCALING_COMMANDS, WORKER_COMMANDS)
 STORY_TOPICS = (SESSION_EVENTS, WORKER_EVENTS, WORKER_COMMANDS, DEAD_LETTERS)
 
 
-async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0) -> tuple[list[Record], int]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Log:
+    """A read of the topics, in time order: the records the fleet acts on; those it refused
+    for their signature (where this process holds the keys, as the fleet does: a command
+    unsigned or forged, a worker event its worker did not sign or that speaks for another),
+    each with why (``streams.signing``'s code); and how many records did not decode."""
+
+    records: list[Record]
+    refused: list[tuple[Record, str]]
+    undecodable: int
+
+
+async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0) -> Log:
     """Every decodable record of ``topics`` from ``offset`` (per partition) up to the end each
-    partition had when the read began, and how many records did not decode. Read-only: it
-    publishes nothing (the topics' own consumers dead-letter bad records, once)."""
+    partition had when the read began. Read-only: it publishes nothing (the topics' own
+    consumers dead-letter bad records, once)."""
     consumer = RecordConsumer(settings, list(topics), None, name="replay")
     await consumer.start(subscribe=False)
     try:
@@ -40,8 +52,9 @@ async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0)
                               f"(the longest holds {max(ends.values(), default=0)} records): nothing to read",
                               "command line")
         # a session's record keyed otherwise was refused by dispatch: no processor folds it
-        read = [d async for d in consumer.read_to(ends) if misfiled(d.record, d.key) is None]
-        return [d.record for d in in_time_order(read)], consumer.dead_lettered
+        read = in_time_order([d async for d in consumer.read_to(ends) if misfiled(d.record, d.key) is None])
+        return Log([d.record for d in read if d.refused is None],
+                   [(d.record, d.refused) for d in read if d.refused is not None], consumer.dead_lettered)
     finally:
         await consumer.stop()
 
@@ -115,23 +128,32 @@ def detector_signal(records: list[Record], config: Any = None) -> dict[str, Any]
 async def replay(settings: Settings, processor: str = "control", offset: int = 0) -> dict[str, Any]:
     """Rebuild ``processor``'s state (dispatch and control share the cluster view)."""
     if processor in ("control", "dispatch", "cluster"):
-        records, undecodable = await read_log(settings, CLUSTER_TOPICS, offset)
-        return {"processor": processor, "records": len(records), "undecodable": undecodable,
-                **cluster_summary(cluster_view(records))}
+        log = await read_log(settings, CLUSTER_TOPICS, offset)
+        return {**_counts(processor, log), **cluster_summary(cluster_view(log.records))}
     if processor == "detector":
-        records, undecodable = await read_log(settings, (SESSION_EVENTS,), offset)
-        return {"processor": processor, "records": len(records), "undecodable": undecodable,
-                "signal": detector_signal(records)}
+        log = await read_log(settings, (SESSION_EVENTS,), offset)
+        return {**_counts(processor, log), "signal": detector_signal(log.records)}
     raise ValueError(f"unknown processor {processor!r}: choose control, dispatch or detector")
 
 
-def story_entries(records: list[Record], sid: str, t0: float) -> tuple[list[dict[str, Any]], float | None]:
+def _counts(processor: str, log: Log) -> dict[str, Any]:
+    """What a replay read: records folded (the refused ones are not: no processor folds them),
+    refused by signature, undecodable."""
+    return {"processor": processor, "records": len(log.records), "refused": len(log.refused),
+            "undecodable": log.undecodable}
+
+
+def story_entries(records: list[Record], sid: str, t0: float,
+                  refused: Mapping[int, str] | None = None) -> tuple[list[dict[str, Any]], float | None]:
     """What the log says happened to one session, as data: each event, command, claim, freeze,
     release, refusal and dead letter (``t`` seconds after ``t0``, ``who``: the generation's
     ``worker#epoch``, a worker or ``-``, ``what``: the record's type tag, ``detail``: its reason
-    or target), and when its last chunk was released (None: no chunk)."""
+    or target), and when its last chunk was released (None: no chunk). ``refused`` holds the
+    records the fleet refused for their signature (by ``id``, with why): told with ``detail``
+    ``refused: WHY``, and none of them makes an owner or a chunk."""
     told: list[dict[str, Any]] = []
-    chunk_at, owners = None, _owners(records, sid)
+    refused = refused or {}
+    chunk_at, owners = None, _owners([rec for rec in records if id(rec) not in refused], sid)
 
     def tell(rec: Record, who: str, what: str, detail: str) -> None:
         told.append({"t": round(getattr(rec, "ts", t0) - t0, 3), "who": who, "what": what, "detail": detail})
@@ -141,25 +163,28 @@ def story_entries(records: list[Record], sid: str, t0: float) -> tuple[list[dict
             if _letter_of(rec, sid):
                 tell(rec, "-", "DeadLetter", rec.reason)
             continue
+        why = refused.get(id(rec))
         if isinstance(rec, WorkerDown) and rec.worker_id in owners:  # its owner (or a past one) declared dead
-            tell(rec, rec.worker_id, rec.TAG, rec.reason)
+            tell(rec, rec.worker_id, rec.TAG, rec.reason if why is None else f"refused: {why}")
             continue
-        if getattr(rec, "session_id", None) != sid or isinstance(rec, InputAccepted):
+        if getattr(rec, "session_id", None) != sid or (isinstance(rec, InputAccepted) and why is None):
             continue
-        if isinstance(rec, ChunkDone):
+        if isinstance(rec, ChunkDone) and why is None:
             chunk_at = rec.ts
             continue
         gen = getattr(rec, "generation", None)
         who = f"{gen.worker_id}#{gen.epoch}" if gen is not None else getattr(rec, "worker_id", "-")
-        tell(rec, who, rec.TAG, getattr(rec, "reason", "") or getattr(rec, "target_worker", ""))
+        detail = getattr(rec, "reason", "") or getattr(rec, "target_worker", "")
+        tell(rec, who, rec.TAG, detail if why is None else f"refused: {why}")
     return told, None if chunk_at is None else round(chunk_at - t0, 3)
 
 
-def session_story(records: list[Record], sid: str, t0: float, last: int = 12) -> list[str]:
+def session_story(records: list[Record], sid: str, t0: float, last: int = 12,
+                  refused: Mapping[int, str] | None = None) -> list[str]:
     """:func:`story_entries` as text (``+t worker#epoch Tag reason``; a dead letter's reason
     cut at 80 characters), the last ``last`` of them (after a line saying how many earlier ones
     were left out), then when its last chunk was released."""
-    entries, chunk_at = story_entries(records, sid, t0)
+    entries, chunk_at = story_entries(records, sid, t0, refused)
     told = [f"+{e['t']:.1f} {e['who'] + ' ' if e['what'] != 'DeadLetter' else ''}{e['what']} "
             f"{e['detail'][:80] if e['what'] == 'DeadLetter' else e['detail']}".rstrip() for e in entries]
     n = len(told) - last
@@ -188,23 +213,28 @@ def _letter_of(letter: DeadLetter, sid: str) -> bool:
 
 async def session_log(settings: Settings, sid: str, last: int = 50) -> dict[str, Any]:
     """One session's story from the topics (its events, the commands and worker reports of
-    it, its dead letters), in time order, with its chunk and accepted-input counts. Reads
-    every record of those topics: its time grows with the log."""
-    records, undecodable = await read_log(settings, STORY_TOPICS)
-    mine = [r for r in records if _about(r, sid)]
+    it, its dead letters, and what the fleet refused of them for their signature), in time
+    order, with its chunk and accepted-input counts. Reads every record of those topics: its
+    time grows with the log."""
+    log = await read_log(settings, STORY_TOPICS)
+    mine = [r for r in log.records if _about(r, sid)]
     owners, span = _owners(mine, sid), [getattr(r, "ts", 0.0) for r in mine] or [0.0]
-    downs = [r for r in records if isinstance(r, WorkerDown) and r.worker_id in owners
-             and min(span) <= r.ts <= max(span)]  # an owner declared dead while the session lived
-    mine = sorted(mine + downs, key=lambda r: getattr(r, "ts", 0.0))
-    t0 = getattr(mine[0], "ts", 0.0) if mine else 0.0
-    return {"session": sid, "records": len(mine), "undecodable": undecodable, "from_ts": t0,
-            "chunks": len({r.chunk_index for r in mine if isinstance(r, ChunkDone)}),  # a redelivery counted once
+
+    def death(rec: Record) -> bool:  # an owner declared dead while the session lived
+        return isinstance(rec, WorkerDown) and rec.worker_id in owners and min(span) <= rec.ts <= max(span)
+
+    refused = {id(r): why for r, why in log.refused if _about(r, sid) or death(r)}
+    told = sorted([*mine, *filter(death, log.records), *(r for r, _ in log.refused if id(r) in refused)],
+                  key=lambda r: getattr(r, "ts", 0.0))
+    t0 = getattr(told[0], "ts", 0.0) if told else 0.0
+    return {"session": sid, "records": len(mine), "refused": len(refused), "undecodable": log.undecodable,
+            "from_ts": t0, "chunks": len({r.chunk_index for r in mine if isinstance(r, ChunkDone)}),  # a redelivery counted once
             "inputs_accepted": len({r.seq for r in mine if isinstance(r, InputAccepted)}),
-            "story": session_story(mine, sid, t0, last) if mine else [],
+            "story": session_story(told, sid, t0, last, refused) if told else [],
             # the same as data: the last `last` entries, how many earlier ones were left out
-            **_entries(mine, sid, t0, last)}
+            **_entries(told, sid, t0, last, refused)}
 
 
-def _entries(mine: list[Record], sid: str, t0: float, last: int) -> dict[str, Any]:
-    entries, chunk_at = story_entries(mine, sid, t0) if mine else ([], None)
+def _entries(told: list[Record], sid: str, t0: float, last: int, refused: Mapping[int, str]) -> dict[str, Any]:
+    entries, chunk_at = story_entries(told, sid, t0, refused) if told else ([], None)
     return {"entries": entries[-last:], "left_out": max(0, len(entries) - last), "last_chunk_t": chunk_at}

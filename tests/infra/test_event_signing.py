@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from infra.flow import EventLog
 from infra.local import LocalFleet
+from infra.replay import replay, session_log
 from schemas.codec import TYPE_HEADER, encode
 from schemas.records import Assign, Claimed, DeadLetter, Frozen, SessionOpened, WorkerDown, WorkerUp
 from schemas.topics import DEAD_LETTERS, WORKER_COMMANDS, WORKER_EVENTS
@@ -36,7 +38,7 @@ def test_dispatch_acts_on_no_worker_event_its_worker_did_not_sign(kafka_bootstra
     def as_worker(worker_id: str) -> Settings:  # a worker taken over: it holds its own key only
         return replace(base, event_keys=EventKeys.from_env({WORKER_EVENT_KEY_ENV: masters.for_worker(worker_id)}))
 
-    async def run() -> tuple[str, list[str], bool, bool]:
+    async def run() -> tuple[str, list[str], bool, bool, Any, Any, Any]:
         await ensure_topics(base)
         fleet.start_processor("dispatch")
         fleet.start_worker("w-a", capacity=2)
@@ -74,16 +76,28 @@ def test_dispatch_acts_on_no_worker_event_its_worker_did_not_sign(kafka_bootstra
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and store.session("s1").generation.epoch == gen.epoch:
                 await asyncio.sleep(0.2)
-            return owner, reasons, kept, store.session("s1").generation.epoch > gen.epoch
+            # an operator's replay and story, holding the masters as the fleet does: what the
+            # fleet refused is neither folded nor told as done; without them, nothing is checked
+            replayed = await replay(signed, "control")
+            story = await session_log(signed, "s1")
+            unchecked = await replay(base, "control")
+            return (owner, reasons, kept, store.session("s1").generation.epoch > gen.epoch,
+                    replayed, story, unchecked)
 
     try:
-        owner, reasons, kept, taken = asyncio.run(run())
+        owner, reasons, kept, taken, replayed, story, unchecked = asyncio.run(run())
     finally:
         fleet.stop_all()
     assert kept, "a WorkerDown its worker did not sign took the session from its owner"
     assert sorted(reasons) == sorted([f"refused: {EVENT_REFUSALS[why]}" for why in (
         "forged", "unsigned", "another_worker", "another_worker")]), reasons
     assert taken, f"{owner}'s own WorkerDown was not acted on"
+    assert replayed["refused"] == 4 and unchecked["refused"] == 0, (replayed, unchecked)
+    told = [(e["what"], e["detail"]) for e in story["entries"]]
+    assert story["refused"] == 4 and told.count(("worker.down", "its own")) == 1, told
+    assert sorted(d for w, d in told if w != "DeadLetter" and d.startswith("refused: ")) == sorted(
+        f"refused: {why}" for why in ("forged", "unsigned", "another_worker", "another_worker")), told
+    assert ("worker.frozen", "refused: another_worker") in told, told
     # the fleet handed each worker its own key and not the masters
     log = (tmp_path / "logs" / "w-a.log").read_text(errors="replace")
     assert "holds CHUNKSERVE_EVENT_KEYS" not in log

@@ -75,8 +75,8 @@ def test_processor_restart_and_replayed_view(kafka_bootstrap, redis_url, namespa
     from schemas.records import WorkerUp
     from schemas.topics import WORKER_EVENTS
 
-    records, _ = asyncio.run(read_log(settings, (WORKER_EVENTS,)))
-    ups = [x for x in records if isinstance(x, WorkerUp)]
+    log = asyncio.run(read_log(settings, (WORKER_EVENTS,)))
+    ups = [x for x in log.records if isinstance(x, WorkerUp)]
     assert ups and all(u.pid > 0 for u in ups)  # each worker says its process id (it said 0)
 
 
