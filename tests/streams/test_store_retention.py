@@ -8,7 +8,6 @@ import time
 from typing import Any, Callable
 
 import pytest
-import redis
 
 from schemas.errors import ChunkserveError, ConfigError
 from schemas.records import Generation
