@@ -14,7 +14,7 @@ from enum import Enum
 
 from streams.generations import SessionView, StoreState
 
-__all__ = ["Step", "RECOVERIES", "next_step", "waits", "CLAIM_GRACE_S"]
+__all__ = ["Step", "RECOVERIES", "next_step", "waits", "outlived", "CLAIM_GRACE_S"]
 
 # a recovered session's new owner has this long to claim it before its Assign is sent again
 CLAIM_GRACE_S = 10.0
@@ -58,3 +58,12 @@ def waits(step: Step, waiting: bool) -> bool:
     """Whether a due entry waits this sweep: once one recovery found no free slot
     (``waiting``), every later one waits with it (the queue is served in order, earliest first)."""
     return waiting and step in RECOVERIES
+
+
+def outlived(down_ts: float, alive_ts: float | None) -> bool:
+    """Whether a worker's death declared at ``down_ts`` is stale: a sign of life at or after it
+    (``alive_ts``, its latest heartbeat or start) came before it in the log. A death declared
+    by the worker itself or for missed heartbeats is later than every sign of life before it;
+    one that is not is a copy of an earlier declaration written again, or one the worker
+    outlived. Control's view reads it so too (alive while last seen > down)."""
+    return alive_ts is not None and down_ts <= alive_ts

@@ -20,7 +20,7 @@ from schemas.errors import NoCapacityError, OwnershipError
 from schemas.records import Assign, Generation
 
 from ..admission import WorkerLoad, candidate
-from ..recovery import CLAIM_GRACE_S, RECOVERIES, Step, next_step, waits
+from ..recovery import CLAIM_GRACE_S, RECOVERIES, Step, next_step, outlived, waits
 
 
 class Shell(Protocol):
@@ -60,11 +60,20 @@ class Recovery:
         self.shell = shell
         self.queued = 0  # sessions owing a recovery (or its claim) at the last sweep
         self._forgot_at = -1e18
+        # each worker's latest sign of life this replica read (its worker-events partition's
+        # heartbeats and starts, in log order, before any WorkerDown of it)
+        self.alive_at: dict[str, float] = {}
 
     async def worker_down(self, worker: str, ts: float) -> int:
         """A worker was declared dead (or stopped): mark it down and queue every session it
         still holds for recovery. Done in the store before this returns, so the event may be
-        marked read: any replica's sweep carries the recoveries out."""
+        marked read: any replica's sweep carries the recoveries out. A declaration the worker
+        outlived (``outlived``: a copy of an earlier one written again) is not acted on."""
+        if outlived(ts, self.alive_at.get(worker)):
+            log.warning("%s: a WorkerDown of %s at %.3f is older than its sign of life at %.3f read before it "
+                        "(a copy written again, or a declaration it outlived): not acted on",
+                        self.shell.name, worker, ts, self.alive_at[worker])
+            return 0
         if not await self.shell.store.set_down(worker, ts):
             return 0  # deregistered already (a clean shutdown): nothing to recover
         self.shell.invalidate_view()
@@ -75,6 +84,7 @@ class Recovery:
     async def worker_alive(self, worker: str, ts: float) -> None:
         """A sign of life from a worker marked down, later than the declaration: its slots
         count again (its stale generations were fenced by the recoveries)."""
+        self.alive_at[worker] = max(ts, self.alive_at.get(worker, ts))
         if await self.shell.is_down(worker) and await self.shell.store.set_up(worker, ts):
             self.shell.invalidate_view()
             log.info("%s: %s is back; its slots count again", self.shell.name, worker)

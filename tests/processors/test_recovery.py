@@ -123,6 +123,28 @@ def test_second_death_with_survivors_full_waits_then_recovers_when_the_first_ret
     asyncio.run(run())
 
 
+def test_a_worker_down_older_than_a_sign_of_life_read_before_it_is_not_acted_on() -> None:
+    """A declaration of death written again after the worker heartbeated (a copy of an
+    earlier one: it verifies, the tag covers its bytes) takes nothing from it; a later one does."""
+
+    async def run() -> None:
+        store, shell, _, clock = await _fleet({"w1": 2, "w2": 2}, ["a", "b"])
+        owners = {s: await _owner(store, s) for s in "ab"}
+        down = WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats")
+        clock.now += 5
+        await shell.on_worker_event(Heartbeat(worker_id="w1", ts=clock(), sessions=1, executing=1, capacity=2))
+        await shell.on_worker_event(down)
+        assert not (await store.load_view())["w1"].down
+        assert await shell.sweep() == {} and {s: await _owner(store, s) for s in "ab"} == owners
+        await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="stopped"))  # as late: outlived too
+        assert not (await store.load_view())["w1"].down
+        clock.now += 1
+        await shell.on_worker_event(WorkerDown(worker_id="w1", ts=clock(), reason="missed heartbeats"))
+        assert (await store.load_view())["w1"].down
+
+    asyncio.run(run())
+
+
 def test_a_close_wins_over_a_recovery_still_to_come() -> None:
     """A session closed while its worker is dead (declared or not yet) is released for good,
     its held inputs refused with the reason, and never resurrected when capacity frees up."""
