@@ -61,9 +61,10 @@ def waits(step: Step, waiting: bool) -> bool:
 
 
 def outlived(down_ts: float, alive_ts: float | None) -> bool:
-    """Whether a worker's death declared at ``down_ts`` is stale: a sign of life at or after it
+    """Whether a worker's death declared at ``down_ts`` is stale: a sign of life after it
     (``alive_ts``, its latest heartbeat or start) came before it in the log. A death declared
     by the worker itself or for missed heartbeats is later than every sign of life before it;
     one that is not is a copy of an earlier declaration written again, or one the worker
-    outlived. Control's view reads it so too (alive while last seen > down)."""
-    return alive_ts is not None and down_ts <= alive_ts
+    outlived. Control's view reads it so too (alive while last seen > down; at the same
+    instant, down)."""
+    return alive_ts is not None and down_ts < alive_ts

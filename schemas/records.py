@@ -277,8 +277,8 @@ class Heartbeat(Record):
 @record("worker.down")
 class WorkerDown(Record):
     """A worker stopped (clean shutdown) or was declared dead (missed heartbeats). Acted on
-    only when ``ts`` is later than every heartbeat and start of the worker before it in the
-    log: one that is not (a copy written again) is outlived."""
+    only when ``ts`` is no earlier than every heartbeat and start of the worker before it in
+    the log: one that is (a copy written again) is outlived."""
 
     worker_id: Id
     ts: Seconds
