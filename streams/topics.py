@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,8 @@ __all__ = ["TopicCatalogue", "ensure_topics", "require_topics", "partition_for_k
            "TOPIC_FRAMING_BYTES"]
 
 _TOPIC_AUTHORIZATION_FAILED = 29
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -156,12 +159,17 @@ async def until_led(client: dict[str, Any], topics: dict[str, int], timeout_s: f
 
 
 async def broker_count(admin: object) -> int:
-    """How many brokers the cluster lists, through a started admin client (1 where the
-    broker has no DescribeCluster, as Tansu)."""
+    """How many brokers the cluster lists, through a started admin client: its metadata asked
+    again, else as the client's start read it (every broker answers that). Before, any
+    error (a timeout, a refusal) read as one broker, and a three-broker cluster that did not
+    answer in time got every topic with one replica, without a word."""
     try:
         return len((await admin.describe_cluster())["brokers"])  # type: ignore[attr-defined]
-    except Exception:  # a broker without DescribeCluster (Tansu): one node
-        return 1
+    except Exception as exc:  # noqa: BLE001 - asked again below, from what the start read
+        known = len(admin._client.cluster.brokers())  # type: ignore[attr-defined]
+        log.warning("could not ask the cluster for its brokers (%s): counting the %d its metadata "
+                    "listed at start", exc, known)
+        return max(1, known)
 
 
 def logical_or_physical(catalogue: TopicCatalogue, physical: str) -> str:

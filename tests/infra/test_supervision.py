@@ -397,6 +397,22 @@ def test_broker_start_of_three_starts_a_killed_node_again_and_serves_on(tmp_path
             return listed
 
         assert asyncio.run(brokers()) == 3
+
+        async def counted_when_not_answered() -> int:  # topics get the replicas the cluster allows
+            from streams.topics import broker_count
+
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+            await admin.start()
+            try:
+                async def no_answer() -> dict:
+                    raise asyncio.TimeoutError()
+
+                admin.describe_cluster = no_answer  # type: ignore[method-assign]
+                return await broker_count(admin)
+            finally:
+                await admin.close()
+
+        assert asyncio.run(counted_when_not_answered()) == 3  # it read 1: every topic got one replica
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(60) == 0
     finally:
