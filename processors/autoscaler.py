@@ -85,6 +85,7 @@ __all__ = [
     "record_active",
     "burst_reserve",
     "slo_feedback",
+    "band",
 ]
 
 Recent = tuple[tuple[int, int, int, int], ...]
@@ -350,21 +351,29 @@ def _absorbs(model: LatencyModel, config: AutoscalerConfig, state: AutoscalerSta
 
 def _band(snapshot: Snapshot, level: int, model: LatencyModel, config: AutoscalerConfig, table: VolatilityTable,
           state: AutoscalerState) -> tuple[float, float, AutoscalerState]:
-    """(u*, delta) for this decision: the table's at ``level``, moved by the SLO feedback
-    when an SLO is set, else raised to the load the worst chunk measured lately allows
-    (``follow_worst``); and the state with what was measured folded in."""
-    u_target, delta = table.lookup(level)
+    """(u*, delta) for this decision (:func:`band`), and the state with what was measured
+    folded in."""
     if config.slo is not None:
         state = slo_feedback(state, snapshot, config)
+    elif config.follow_worst is not None:
+        state = replace(state, worst_seen=_fold_worst(state.worst_seen, snapshot.now, snapshot.chunks.worst_s, config))
+    return (*band(level, model, config, table, state), state)
+
+
+def band(level: int, model: LatencyModel, config: AutoscalerConfig, table: VolatilityTable,
+         state: AutoscalerState) -> tuple[float, float]:
+    """(u*, delta) a decision that left ``state`` held the pool to: the table's at ``level``,
+    moved by the SLO feedback when an SLO is set, else raised to the load the worst chunk
+    measured lately allows (``follow_worst``)."""
+    u_target, delta = table.lookup(level)
+    if config.slo is not None:
         h = state.headroom if state.headroom is not None else config.headroom_start
-        return min(0.98, u_target * h), delta * min(1.0, h), state
-    if config.follow_worst is not None:
-        seen = _fold_worst(state.worst_seen, snapshot.now, snapshot.chunks.worst_s, config)
-        state = replace(state, worst_seen=seen)
+        return min(0.98, u_target * h), delta * min(1.0, h)
+    if config.follow_worst is not None and state.worst_seen:
         p = model[config.gpu_type]
-        load = math.floor(p.first_chunk_load(max(w for _, w in seen), 2 * p.capacity)) / p.capacity
+        load = math.floor(p.first_chunk_load(max(w for _, w in state.worst_seen), 2 * p.capacity)) / p.capacity
         u_target = max(u_target, min(config.follow_worst, load - delta))
-    return u_target, delta, state
+    return u_target, delta
 
 
 def _fold_worst(seen: tuple[tuple[int, float], ...], now: float, worst: float, config: AutoscalerConfig) -> tuple[tuple[int, float], ...]:

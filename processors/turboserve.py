@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from processors.autoscaler import AutoscalerConfig, AutoscalerState, Slo, autoscale, shutdowns
+from processors.autoscaler import AutoscalerConfig, AutoscalerState, Slo, autoscale, band, shutdowns
 from processors.decisions import Admit, Command, Decision, Vacate
 from processors.detector import Signal
 from processors.latency import LatencyModel, load_profiles
@@ -69,11 +69,20 @@ class TurboServe:
     def initial_state(self) -> TurboServeState:
         return TurboServeState()
 
+    @property
+    def config(self) -> AutoscalerConfig:
+        """The autoscaler's configuration, the SLO included."""
+        return self.autoscaler if self.slo is None else replace(self.autoscaler, slo=self.slo)
+
+    def band(self, state: TurboServeState) -> tuple[float, float]:
+        """(u*, delta) the decision that returned ``state`` held the pool to (a report's figures)."""
+        return band(state.level, self.model, self.config, self.table, state.autoscaler)
+
     def decide(self, snapshot: Snapshot, signal: Signal | None, state: TurboServeState) -> Decision:
         level = signal.level if signal is not None else state.level
         scale: tuple[Command, ...] = ()
         auto = state.autoscaler
-        config = self.autoscaler if self.slo is None else replace(self.autoscaler, slo=self.slo)
+        config = self.config
         if self.autoscale:
             known = None
             if self.future is not None:

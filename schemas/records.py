@@ -500,7 +500,9 @@ class PlacementReport(Record):
 
 @record("metric.scaling")
 class ScalingDecision(Record):
-    """An autoscaler decision and the figures behind it."""
+    """An autoscaler decision and the figures behind it: ``u_target`` and ``delta`` are the
+    band the policy held the pool to (with an SLO, the table's moved by its feedback; 0 for a
+    plug-in policy, which states none)."""
 
     ts: Seconds
     current: Count

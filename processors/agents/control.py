@@ -23,7 +23,6 @@ from processors.agents.control_config import ControlConfig, fit_capacity, make_p
 from processors.agents.control_records import admission_plan, carried, command_records
 from processors.agents.detector import step_remembering
 from processors.autoscaler import utilization
-from processors.volatility import DEFAULT_VOLATILITY_TABLE
 from processors.cluster import BOOTING_PREFIX, ClusterView, apply, dead_workers, prune, to_snapshot
 from processors.detector import DetectorConfig, DetectorState, Signal, not_ahead, observe
 from processors.latency import LatencyModel, load_profiles
@@ -170,7 +169,8 @@ class ControlShell:
         for rec in recs:
             self.view = apply(self.view, rec)
         out += recs
-        out += self._reports(snap, model, signal, recs, now, policy)
+        out += self._reports(snap, model, signal, recs, now, policy.band(decision.state)
+                             if callable(getattr(policy, "band", None)) else (0.0, 0.0))
         blob = encode_state(decision.state)
         if blob is not None and blob != self.published:  # the state survives a leader change
             self.published = blob
@@ -202,7 +202,9 @@ class ControlShell:
         return state
 
     def _reports(self, snap: Snapshot, model: LatencyModel, signal: Signal, recs: tuple[r.Record, ...],
-                 now: float, policy: Any) -> list[r.Record]:
+                 now: float, band: tuple[float, float]) -> list[r.Record]:
+        """A placement report when the pool's loads changed, and a scaling decision's figures
+        (``band``: the u* and delta the policy held the pool to; 0 for one that has none)."""
         out: list[r.Record] = []
         handoffs = [x for x in recs if isinstance(x, r.Handoff)]
         after = to_snapshot(self.view, now, heartbeat_timeout_s=self.config.heartbeat_timeout_s,
@@ -218,8 +220,7 @@ class ControlShell:
         drains = [x for x in recs if isinstance(x, r.Drain)]
         if outs or drains:
             u_max, _ = utilization(snap, model)
-            table = getattr(policy, "table", DEFAULT_VOLATILITY_TABLE)
-            u_target, delta = table.lookup(signal.level)
+            u_target, delta = band
             current = sum(1 for g in snap.gpus if g.state is not GpuState.DRAINING)
             target = current + sum(x.count for x in outs) - len(drains)
             out.append(r.ScalingDecision(ts=now, current=current, target=max(0, target),

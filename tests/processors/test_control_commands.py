@@ -101,6 +101,24 @@ def test_a_round_scales_out_when_sessions_outgrow_the_pool_and_remembers_it():
     assert not any(isinstance(x, r.ScaleOut) for x in shell.decide(140.0))
 
 
+def test_a_scaling_decision_reports_the_band_the_policy_held_the_pool_to():
+    """With an SLO, u* is the table's times the feedback's headroom, and the decision says the
+    one the pool was held to (it said the table's, which the policy did not use)."""
+    import pytest
+
+    cfg = ControlConfig(dwell_s=30.0, slo_worst_s=3.0)
+    shell = ControlShell(cfg, clock=lambda: 100.0)
+    shell.fold(r.WorkerUp(worker_id="p-0", ts=1, capacity=2, pool="default"))
+    shell.fold(r.Heartbeat(worker_id="p-0", ts=99, sessions=2, executing=2, capacity=2))
+    for i in range(6):
+        shell.fold(r.SessionOpened(session_id=f"s{i}", ts=90.0 + i))
+    (decision,) = [x for x in shell.decide(100.0) if isinstance(x, r.ScalingDecision)]
+    policy = shell.policy(fit_capacity(load_profiles(cfg.profile), shell.view))
+    table_u, table_delta = policy.table.lookup(decision.level)
+    h = policy.config.headroom_start
+    assert h < 1 and (decision.u_target, decision.delta) == pytest.approx((table_u * h, table_delta * h))
+
+
 def test_a_round_declares_silent_workers_down():
     shell = ControlShell(ControlConfig(heartbeat_timeout_s=5.0))
     shell.fold(r.WorkerUp(worker_id="p-0", ts=1, capacity=2))
