@@ -439,9 +439,12 @@ def demo(
         except ChunkserveError as exc:
             _stderr.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # as simulate says it
             raise typer.Exit(2)
-    from processors.policy import load_policy
+    from processors.agents.control_config import make_policy
+    from processors.latency import load_profiles
 
-    load_policy(policy)  # an unknown one is named before anything starts (ConfigError: exit 2)
+    # an unknown one, or one that keeps idle sessions resident, is named before anything
+    # starts (ConfigError: exit 2)
+    make_policy(policy, load_profiles("reference-cpu"), "cpu", source="--policy")
     if os.environ.get("CHUNKSERVE_PROFILE") not in (None, "reference-cpu"):
         console.print("demo: CHUNKSERVE_PROFILE is not used: the workers run the reference model, "
                       "whose measured profile is reference-cpu")

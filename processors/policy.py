@@ -3,9 +3,12 @@
 A policy is anything with a ``name``, ``initial_state()`` and
 ``decide(snapshot, signal, state) -> Decision``. The simulator and the live pipeline hold
 the state between rounds (in the log or Redis, never on the policy object) and carry out
-the commands; they never look inside a policy, so any policy runs unchanged in both. A
+the commands; they never look inside a policy, so any policy runs unchanged in both (but
+one that keeps idle sessions resident, below). A
 policy with ``keep_idle_resident = True`` keeps idle sessions' state on their GPU (it may
-still offload one with ``Offload``); otherwise idle sessions are offloaded.
+still offload one with ``Offload``); otherwise idle sessions are offloaded. Only the
+simulator keeps them: live, dispatch offloads every idle session, and control refuses such
+a policy at start.
 
 Built-ins and plug-ins are offered the same options (:data:`OPTION_NAMES`); a factory
 receives those its signature accepts (all of them with ``**kwargs``).

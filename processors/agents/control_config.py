@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from processors.autoscaler import AutoscalerConfig, Slo
 from processors.cluster import ClusterView
 from processors.latency import GpuProfile, LatencyModel, load_profiles
-from processors.policy import BUILTIN_POLICIES, Policy, load_policy
+from processors.policy import BUILTIN_POLICIES, Policy, keeps_idle_resident, load_policy
 from schemas.errors import ConfigError
 from streams.config_file import env_number
 
@@ -38,17 +38,22 @@ def fit_capacity(model: LatencyModel, view: ClusterView) -> LatencyModel:
     return model if profiles == dict(model.profiles) else LatencyModel(profiles, model.name)
 
 
-def make_policy(spec: str, model: LatencyModel, gpu_type: str, **autoscaler: Any) -> Policy:
+def make_policy(spec: str, model: LatencyModel, gpu_type: str, source: str = "env CHUNKSERVE_POLICY",
+                **autoscaler: Any) -> Policy:
     """The policy ``spec`` on ``model``; built-in TurboServe variants scale out ``gpu_type``.
     Live, u* does not follow the worst chunk (``AutoscalerConfig.follow_worst``): a worker
     reports a chunk's compute time, not the wait a session's first chunk sees, which that
     rule reads."""
-    if spec not in BUILTIN_POLICIES:
-        return load_policy(spec)
     opts: dict[str, Any] = {"model": model}
     if spec.startswith("turboserve"):
         opts["autoscaler"] = AutoscalerConfig(gpu_type=gpu_type, **{"follow_worst": None, **autoscaler})
-    return load_policy(spec, **opts)
+    policy = load_policy(spec, **opts) if spec in BUILTIN_POLICIES else load_policy(spec)
+    if keeps_idle_resident(policy):  # dispatch suspends every idle session: live it would be another policy
+        raise ConfigError("policy", f"{spec[:80]!r} keeps idle sessions resident on their GPU, which only the "
+                          "simulator models (live, dispatch offloads every idle session): use it with `chunkserve "
+                          "simulate`, and live one that offloads them (turboserve, least-loaded-offload, "
+                          "lag-offload, mag-offload)", source)
+    return policy
 
 
 @dataclass(frozen=True)

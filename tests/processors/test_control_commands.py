@@ -142,6 +142,19 @@ def test_a_round_rebalances_with_handoffs():
     assert not [x for x in shell.decide(4.0) if isinstance(x, r.Handoff)]  # in flight: not asked twice
 
 
+def test_a_policy_that_keeps_idle_sessions_resident_is_refused_live():
+    """Dispatch offloads every idle session, so a pinned policy would run live as another one
+    under its name: the paper's baselines and a plug-in that says so are refused at start."""
+    import pytest
+
+    from schemas.errors import ConfigError
+
+    for spec in ("rr", "lag", "mag", "tests.sim.plugin:OffloadElsewhere"):
+        with pytest.raises(ConfigError, match="keeps idle sessions resident on their GPU, which only the simulator"):
+            ControlShell(ControlConfig(policy=spec))
+    ControlShell(ControlConfig(policy="lag-offload"))
+
+
 def test_config_from_env():
     cfg = ControlConfig.from_env({"CHUNKSERVE_POLICY": "lag", "CHUNKSERVE_PROFILE": "paper",
                                   "CHUNKSERVE_GPU_TYPE": "b300", "CHUNKSERVE_MIN_WORKERS": "2",
