@@ -22,10 +22,10 @@ from processors.decisions import Admit, Command, Decision, Place, Restore
 from processors.detector import Signal
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import SessionState
-from processors.placement import ADMIT_LIMIT, free_positions
+from processors.placement import free_positions
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
 
-__all__ = ["greedy_place", "fill_order", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
+__all__ = ["greedy_place", "Base", "Lag", "Mag", "RoundRobin", "PinnedLag", "PinnedMag"]
 
 
 # score(profile, sessions on the GPU, state bytes on the GPU, state bytes of the newcomer)
@@ -160,17 +160,6 @@ class _Greedy:
 # scores that read only a GPU's session count: their choice for the sessions to come can be
 # given ahead as an admission order (a memory score needs the newcomer's state size)
 _ORDERED = (_fewest, _latency)
-
-
-def fill_order(snapshot: Snapshot, model: LatencyModel, score: Score, placed: tuple[Command, ...],
-               limit: int = ADMIT_LIMIT) -> tuple[tuple[str, int], ...]:
-    """Where ``score`` puts the next ``limit`` sessions after this round's ``placed``: the
-    free positions of the ready GPUs, lowest score first, ties by GPU id, as (gpu_id, count)."""
-    n = snapshot.loads()
-    for c in placed:
-        if isinstance(c, (Place, Restore)):
-            n[c.gpu_id] = n.get(c.gpu_id, 0) + 1
-    return free_positions(snapshot.gpus, n, _score_keys(snapshot.gpus, model, score), limit)
 
 
 def _score_keys(gpus: tuple[Gpu, ...], model: LatencyModel, score: Score) -> dict[str, tuple[float, ...]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from schemas.records import (AdmissionPlan, Assign, CommandRejected, Frozen, Generation, PlacementReport, Record,
                              Resume, Revoke, RoutedInput, Suspend, Terminate)
-from streams.generations import SessionView, StoreState
+from streams.store_records import SessionView, StoreState
 from streams.store_ops import untold_from
 
 from .admission import AdmitPlan, WorkerLoad, candidate

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from schemas.records import CommandRejected, Generation, Record
-from streams.generations import SessionView
+from streams.store_records import SessionView
 
 from .admission import AdmitPlan, WorkerLoad
 

@@ -15,7 +15,7 @@ from typing import Mapping
 
 from processors.decisions import Command, Offload, Discard
 from schemas import records as r
-from streams.generations import StoreState
+from streams.store_records import StoreState
 
 __all__ = [
     "SessionState",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from streams.generations import SessionView, StoreState
+from streams.store_records import SessionView, StoreState
 
 __all__ = ["Step", "RECOVERIES", "next_step", "waits", "outlived", "CLAIM_GRACE_S"]
 

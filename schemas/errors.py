@@ -2,6 +2,8 @@
 
     ChunkserveError
     ├── SchemaError              the sender's fault: bytes or fields that break a wire contract
+    ├── PolicyError              the policy's fault: a plug-in's code raised, or answered with
+    │                            something that is not a decision (named with the policy)
     ├── ConfigError              the operator's fault: a bad setting, named with its key and source
     │   └── LeaseHeldError           another live process holds what this one must hold alone
     │                                (a worker id given to two workers), named with the holder

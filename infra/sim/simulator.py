@@ -383,13 +383,13 @@ class _Sim:
         if self.where.get(sid) != gid or sid not in self.sessions:
             return  # suspended, closed or re-routed while travelling
         if g is None:  # its GPU went away: wait for a new placement
-            self.orphan(sid, now)
+            self.orphan(sid)
             return
         g.roster.add(sid)
         if not g.busy:  # start after every arrival of this instant
             self.push(now, _START, g.id)
 
-    def orphan(self, sid: str, now: float) -> None:
+    def orphan(self, sid: str) -> None:
         self.where.pop(sid, None)
         if sid in self.sessions:
             s = self.sessions[sid]
@@ -552,7 +552,7 @@ class _Sim:
                 self.where.pop(sid, None)
                 self.offloaded.add(sid)
         for sid in list(g.roster):  # none but those that left by migration (Retire waits for them)
-            self.orphan(sid, now)
+            self.orphan(sid)
             self.req[sid] = now
             self.transfer.pop(sid, None)
 
