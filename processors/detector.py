@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Container, Iterable, Sequence
 
-from processors.lifecycle import EventKind, SessionEvent, SessionState
+from processors.lifecycle import REFUSED_UNKNOWN, EventKind, SessionEvent, SessionState, transition
 from schemas.errors import ConfigError
 
 __all__ = [
@@ -180,19 +181,29 @@ ACTIVE, IDLE, GONE = SessionState.EXECUTION, SessionState.SUSPENDED, None
 _Place = SessionState | None
 
 
+def _derive(where: _Place, kind: EventKind) -> tuple[_Place, _Counts]:
+    """The lifecycle table's move of a session at ``where`` on ``kind`` (terminated is not
+    open: ``GONE``; an event dispatch refuses for a session nobody opened moves nothing), and
+    what it counts: an arrival from nowhere (an ``active`` whose open was lost or reordered
+    too), a departure, a flip either way, and a session newly executing."""
+    if where is GONE and kind in REFUSED_UNKNOWN:
+        return where, NO_COUNTS
+    nxt = transition(where, kind)[0]
+    to = GONE if nxt is SessionState.TERMINATED else nxt
+    if to is where:
+        return where, NO_COUNTS
+    return to, (int(where is GONE), int(to is GONE), int(to is IDLE), int(where is IDLE and to is ACTIVE),
+                int(to is ACTIVE))
+
+
+#: every (where, event) -> (where next, counts): the table's rows as the detector reads them
+_MOVES = MappingProxyType({(w, k): _derive(w, k) for w in (ACTIVE, IDLE, GONE) for k in EventKind})
+
+
 def _move(where: _Place, kind: EventKind) -> tuple[_Place, _Counts]:
     """Where a session at ``where`` goes on ``kind``, and what that counts (the one place the
     detector's view of a session moves; :func:`step` and :func:`rebuild` both apply it)."""
-    if kind is EventKind.OPEN and where is GONE:
-        return ACTIVE, (1, 0, 0, 0, 1)
-    if kind is EventKind.ACTIVE and where is not ACTIVE:
-        # from idle a flip; from nowhere the open was lost or reordered: count an arrival
-        return ACTIVE, (0, 0, 0, 1, 1) if where is IDLE else (1, 0, 0, 0, 1)
-    if kind is EventKind.IDLE and where is ACTIVE:
-        return IDLE, (0, 0, 1, 0, 0)
-    if kind is EventKind.CLOSE and where is not GONE:
-        return GONE, (0, 1, 0, 0, 0)
-    return where, NO_COUNTS
+    return _MOVES[(where, kind)]
 
 
 def _where(active: frozenset[str] | set[str], idle: frozenset[str] | set[str], sid: str) -> _Place:
@@ -203,8 +214,8 @@ def closes(state: DetectorState, event: SessionEvent, closed: Container[str] = f
     """Whether :func:`step` of ``event`` on ``state`` closes an open session: the caller then
     remembers its id (:func:`processors.lifecycle.remember_closed`) for the next events."""
     sid = event.session_id
-    return (EventKind(event.kind) is EventKind.CLOSE and sid not in closed
-            and (sid in state.active or sid in state.idle))
+    where = _where(state.active, state.idle, sid)
+    return sid not in closed and where is not GONE and _move(where, EventKind(event.kind))[0] is GONE
 
 
 def step(state: DetectorState, event: SessionEvent, config: DetectorConfig,
