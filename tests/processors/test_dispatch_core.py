@@ -397,3 +397,10 @@ def test_an_open_or_a_return_after_a_close_was_asked_for_is_refused_as_closed(ki
     closing = replace(_sv(StoreState.ACTIVE), close_requested=True)
     _, cmds = decide(VIEW, Seen(EVENTS[kind], Facts(closing)), 1.0)
     assert _kinds(cmds) == ["RefuseEvent"] and "was closed" in cmds[0].why
+
+
+def test_an_idle_after_a_close_was_asked_for_offloads_nothing():
+    """The session is a close under way: no Suspend for the owner to meet after its Terminate."""
+    closing = replace(_sv(StoreState.ACTIVE), close_requested=True)
+    _, cmds = decide(VIEW, Seen(EVENTS[EventKind.IDLE], Facts(closing)), 1.0)
+    assert _kinds(cmds) == ["Note"] and "close is under way" in cmds[0].text
