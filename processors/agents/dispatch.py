@@ -59,8 +59,9 @@ class DispatchShell(Refusals):
                  input_rate: float = 50.0, input_burst: float = 100.0,
                  read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None = None,
                  inputs_topic: str = SESSION_INPUTS,
-                 count_in_window: Callable[[int, int, float], Awaitable[dict[str, list[int]]]] | None = None) -> None:
-        self.store, self.publisher, self.clock = store, publisher, clock
+                 count_in_window: Callable[[int, int, float], Awaitable[dict[str, list[int]]]] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.publisher, self.clock, self.monotonic = store, publisher, clock, monotonic
         self.view_ttl_s, self.name = view_ttl_s, name
         self.rereads = Rereads(int(owner_wait_s / REREAD_S), MAX_REREADING)
         self.view = DispatchView({}, source=name, admission_retries=int(admission_timeout_s / RETRY_S))
@@ -90,7 +91,7 @@ class DispatchShell(Refusals):
         """The workers' loads, read at most every ``view_ttl_s`` (``force``: now); callers that
         find the view old while a read is on its way wait for that one (500 at once made 500
         reads of the workers' hash before)."""
-        now = time.monotonic()
+        now = self.monotonic()
         if force or now - self._view_at > self.view_ttl_s:
             reading = self._reading
             if force or reading is None:  # a forced read starts after what it knows changed
@@ -103,7 +104,7 @@ class DispatchShell(Refusals):
 
     async def _read_view(self, now: float) -> None:
         raw = await self.store.load_view()
-        self.view = replace(self.view, read_at=time.monotonic(), workers={
+        self.view = replace(self.view, read_at=self.monotonic(), workers={
             w: WorkerLoad(used=x.used, capacity=x.capacity, draining=x.draining, down=x.down)
             for w, x in raw.items()})
         self._view_at = now
@@ -163,7 +164,7 @@ class DispatchShell(Refusals):
                 return await self.commit(adm, worker)
             case Move(session_id=sid, source=src, target=target):
                 try:
-                    began = time.monotonic()
+                    began = self.monotonic()
                     return Moved(sid, src, await self.store.commit_migration(sid, src, target), began)
                 except OwnershipError as exc:
                     return MoveRefused(sid, src, target, exc.reason_code, str(exc))
@@ -190,7 +191,7 @@ class DispatchShell(Refusals):
 
     async def commit(self, adm: Admission, worker: str) -> Event:
         try:
-            began = time.monotonic()
+            began = self.monotonic()
             opened = {"opened_by": adm.opened_by} if adm.opened_by else {}  # kept by a first commit
             return Committed(adm, await self.store.commit(adm.session_id, adm.expected_epoch, worker, **opened), began)
         except NoCapacityError:
@@ -279,7 +280,7 @@ class DispatchShell(Refusals):
         return refused[0] if refused else None
 
     async def report(self, worker: str, began: float) -> None:
-        """Count a slot the recovery filled by a commit sent at ``began`` (``time.monotonic``;
+        """Count a slot the recovery filled by a commit sent at ``began`` (``monotonic``;
         -inf: none, the slot was counted before), and report the placement now and then."""
         self.view, commands = counted(self.view, worker, began, self.clock())
         for cmd in commands:

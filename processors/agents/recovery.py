@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -31,6 +30,7 @@ class Shell(Protocol):
     view: Any  # its DispatchView: the policy's admission plan
     name: str
     clock: Callable[[], float]
+    monotonic: Callable[[], float]
     read_inputs: Callable[[str, int], Awaitable[list[Any]]] | None
     gate: Any  # its InputGate: the seqs refused already
     dead_letters: Any  # its DeadLetterOnce
@@ -145,7 +145,7 @@ class Recovery:
             await store.recovery_mark(sid, None, expected=until)
             return True
         if step in RECOVERIES:
-            began = time.monotonic()  # the slot's commit: counted once in dispatch's cached loads
+            began = self.shell.monotonic()  # the slot's commit: counted once in dispatch's cached loads
             try:
                 gen = await self._commit_in_place(sid, sv.generation) if step is Step.TAKE_BACK else None
                 gen = gen or await self._commit_planned(sid, sv.generation.epoch)
