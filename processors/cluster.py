@@ -98,7 +98,8 @@ class SessionInfo:
 
     id: str
     lifecycle: SessionState | None = None
-    last_event: float = _NEVER  # the latest session event's time (its idle age starts there)
+    last_event: float = _NEVER  # the latest session event's time
+    changed: float = _NEVER  # the time of the event that last changed its lifecycle state (its idle age starts there)
     state_bytes: int = 0
     owner: tuple[int, str] = (0, "")
     released: int = 0
@@ -145,7 +146,8 @@ def _on_session_event(view: ClusterView, rec: r.Record, kind: EventKind) -> Clus
     # lands where the stretch left it
     nxt, _ = transition(old.lifecycle, kind)
     size = rec.state_bytes if isinstance(rec, r.SessionOpened) and rec.state_bytes else old.state_bytes
-    return _session(view, sid, lifecycle=nxt, last_event=max(ts, old.last_event), state_bytes=size)
+    changed = old.changed if nxt is old.lifecycle else ts  # a duplicate leaves its age as it is
+    return _session(view, sid, lifecycle=nxt, last_event=max(ts, old.last_event), changed=changed, state_bytes=size)
 
 
 def apply(view: ClusterView, rec: r.Record) -> ClusterView:
@@ -276,7 +278,7 @@ def to_snapshot(view: ClusterView, now: float, *, heartbeat_timeout_s: float = m
         gpu = where if where in usable else None
         sessions.append(Session(sid, s.state_bytes, lifecycle, gpu,
                                 restore=lifecycle is SessionState.EXECUTION and gpu is None and s.released > 0,
-                                since=s.last_event if s.last_event > _NEVER else 0.0))
+                                since=s.changed if s.changed > _NEVER else 0.0))
     return Snapshot(now, tuple(gpus), tuple(sessions))
 
 

@@ -140,6 +140,18 @@ def test_lifecycle_and_ownership_make_the_snapshot():
     assert view.sessions["a"].state_bytes == 1000
 
 
+def test_a_sessions_age_runs_from_its_last_change_not_from_a_duplicate_event():
+    """``Session.since`` is when its lifecycle state last changed, as the simulator keeps it:
+    an idle said again (a producer's retry) left a session looking freshly idle to a policy."""
+    view = apply_all(ClusterView(), [
+        r.SessionOpened(session_id="c", ts=2),
+        r.SessionIdle(session_id="c", ts=5),
+        r.SessionIdle(session_id="c", ts=50),
+    ])
+    (s,) = to_snapshot(view, 60.0).sessions
+    assert s.lifecycle is SessionState.SUSPENDED and s.since == 5
+
+
 def test_suspension_frees_the_gpu_and_a_late_claim_does_not_bring_it_back():
     view = apply_all(ClusterView(), [
         r.WorkerUp(worker_id="w0", ts=1, capacity=4),
