@@ -15,11 +15,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Collection, Iterable
 
+from processors.latency import LatencyModel
 from processors.lifecycle import EVENT_KIND, REFUSED_UNKNOWN, EventKind, SessionState, transition
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
 from schemas import records as r
 
-__all__ = ["latest_claims", 
+__all__ = ["latest_claims", "gpu_type_of", 
     "WorkerInfo",
     "SessionInfo",
     "ClusterView",
@@ -248,21 +249,30 @@ def _booting(view: ClusterView, now: float, boot_timeout_s: float) -> list[Gpu]:
     return out
 
 
+def gpu_type_of(w: WorkerInfo, model: LatencyModel | None = None) -> str:
+    """The GPU type a worker is planned as: its own, or ``TYPE@K`` where ``model`` holds one
+    for the slots it reports (``fit_capacity`` makes one for each K a type's workers differ in)."""
+    if model is None or w.gpu_type not in model or model[w.gpu_type].capacity == w.capacity:
+        return w.gpu_type
+    own = f"{w.gpu_type}@{w.capacity}"
+    return own if own in model else w.gpu_type
+
+
 def to_snapshot(view: ClusterView, now: float, *, heartbeat_timeout_s: float = math.inf,
                 boot_timeout_s: float = 120.0, handoff_timeout_s: float = 30.0,
-                gpu_types: Collection[str] | None = None) -> Snapshot:
+                gpu_types: Collection[str] | None = None, model: LatencyModel | None = None) -> Snapshot:
     """The policy's snapshot at ``now``.
 
     GPUs: live workers heard from within ``heartbeat_timeout_s`` (of ``gpu_types`` when
     given; ``external`` when no provisioner announced them), plus booting placeholders. Sessions: every non-terminated one, on its owner's GPU
     when that GPU is in the snapshot, or on the target of a pending handoff (one asked for at
     the current epoch less than ``handoff_timeout_s`` ago), so a migration in flight is not
-    asked for twice. A session's ``since`` is the time of its last session event (its idle
+    asked for twice. With ``model``, each worker is of :func:`gpu_type_of`'s type. A session's ``since`` is the time of its last session event (its idle
     age, for a suspended one).
     """
-    gpus = [Gpu(w.id, w.gpu_type, w.state, external=not w.provisioned) for _, w in sorted(view.workers.items())
-            if w.alive and now - w.last_seen <= heartbeat_timeout_s
-            and (gpu_types is None or w.gpu_type in gpu_types)]
+    typed = ((w, gpu_type_of(w, model)) for _, w in sorted(view.workers.items()))
+    gpus = [Gpu(w.id, t, w.state, external=not w.provisioned) for w, t in typed
+            if w.alive and now - w.last_seen <= heartbeat_timeout_s and (gpu_types is None or t in gpu_types)]
     gpus += [g for g in _booting(view, now, boot_timeout_s) if gpu_types is None or g.type in gpu_types]
     usable = {g.id for g in gpus}
     sessions = []

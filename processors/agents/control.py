@@ -152,7 +152,7 @@ class ControlShell:
         model = fit_capacity(self.model, self.view)
         policy = self.policy(model)
         snap = replace(to_snapshot(self.view, now, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-                                   boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model)),
+                                   boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model), model=model),
                        events=tuple(self.fresh), chunks=self.chunks)
         self.fresh, self.chunks = [], ChunkStats()
         self.detector, signal = observe(self.detector, now, self.detector_config)
@@ -208,7 +208,7 @@ class ControlShell:
         out: list[r.Record] = []
         handoffs = [x for x in recs if isinstance(x, r.Handoff)]
         after = to_snapshot(self.view, now, heartbeat_timeout_s=self.config.heartbeat_timeout_s,
-                            boot_timeout_s=self.config.boot_timeout_s, gpu_types=set(model))
+                            boot_timeout_s=self.config.boot_timeout_s, gpu_types=set(model), model=model)
         loads = {k: v for k, v in sorted(after.loads().items()) if not k.startswith(BOOTING_PREFIX)}
         key = (len(after.gpus), loads)
         if handoffs or key != self.last_report:

@@ -21,20 +21,35 @@ _POSITIVE = {"tick_s", "period_s", "heartbeat_timeout_s", "boot_timeout_s", "max
 
 
 def fit_capacity(model: LatencyModel, view: ClusterView) -> LatencyModel:
-    """The model with each GPU type's K set to what its live workers report, when they agree.
+    """The model with each GPU type's K set to what its live workers report.
 
     The admission limit is the workers' (Redis counts their slots), so the policy must plan
-    with the same K; the latency curve and price stay the profile's.
+    with the same K; the latency curve and price stay the profile's. Workers of one type that
+    report different K (one started by hand beside the provisioner's) each get a type of
+    their own, ``TYPE@K`` (``processors.cluster.gpu_type_of``), the type itself keeping the K
+    its provisioned workers agree on (else the one all agree on, else the profile's): before,
+    such a pool was planned at the profile's K, and a hand worker of 4 slots read as the
+    provisioner's 8, so the autoscaler drained the provisioner's worker to fit three sessions
+    onto the hand one, found it over the band and booted another, in a loop.
     """
     caps: dict[str, set[int]] = {}
+    provisioned: dict[str, set[int]] = {}
     for w in view.workers.values():
         if w.alive and w.capacity > 0:
             caps.setdefault(w.gpu_type, set()).add(w.capacity)
+            if w.provisioned:
+                provisioned.setdefault(w.gpu_type, set()).add(w.capacity)
     profiles = dict(model.profiles)
     for gpu_type, ks in caps.items():
         p = profiles.get(gpu_type)
-        if p is not None and len(ks) == 1 and p.capacity != next(iter(ks)):
-            profiles[gpu_type] = GpuProfile(p.name, next(iter(ks)), p.cost_per_hour, p.points, p.memory_bytes)
+        if p is None:
+            continue
+        agreed = provisioned.get(gpu_type) if len(provisioned.get(gpu_type, ())) == 1 else ks
+        base = next(iter(agreed)) if len(agreed) == 1 else p.capacity
+        if p.capacity != base:
+            profiles[gpu_type] = GpuProfile(p.name, base, p.cost_per_hour, p.points, p.memory_bytes)
+        for k in sorted(ks - {base}):
+            profiles[f"{gpu_type}@{k}"] = GpuProfile(f"{gpu_type}@{k}", k, p.cost_per_hour, p.points, p.memory_bytes)
     return model if profiles == dict(model.profiles) else LatencyModel(profiles, model.name)
 
 

@@ -6,7 +6,7 @@ from processors import decisions as d
 from processors.agents.control import ControlShell
 from processors.agents.control_config import ControlConfig, fit_capacity, make_policy
 from processors.agents.control_records import command_records
-from processors.cluster import BOOTING_PREFIX, ClusterView, apply_all
+from processors.cluster import BOOTING_PREFIX, ClusterView, apply_all, to_snapshot
 from processors.latency import load_profiles
 from schemas import records as r
 
@@ -352,3 +352,28 @@ def test_live_turboserve_does_not_follow_the_worst_chunk():
     assert live.autoscaler.burst_memory_s == 900.0 and live.autoscaler.gpu_type == "b300"
     assert TurboServe().autoscaler.follow_worst == 0.75
     assert make_policy("turboserve", load_profiles("paper"), "b300", follow_worst=0.7).autoscaler.follow_worst == 0.7
+
+
+def test_a_worker_started_by_hand_with_fewer_slots_is_planned_at_its_own():
+    """A hand-started worker of 4 slots beside the provisioner's of 8 (one GPU type): each is
+    planned at the slots it reports. Both read as the profile's before, and the autoscaler
+    drained the provisioner's worker to fit three sessions onto the hand one, found it over
+    the band and booted another, in a loop (an outside run: five cycles in 3.5 minutes)."""
+    clock = {"now": 100.0}
+    shell = ControlShell(ControlConfig(pool="default", boot_s=10.0, dwell_s=30.0), clock=lambda: clock["now"])
+    shell.fold(r.WorkerProvisioned(worker_id="p-0", ts=1, provisioner="provisioner-default", pool="default"))
+    shell.fold(r.WorkerUp(worker_id="p-0", ts=2, capacity=8, pool="default"))
+    shell.fold(r.WorkerUp(worker_id="hand-1", ts=2, capacity=4, pool="default"))
+    for i in range(3):
+        shell.fold(r.SessionOpened(session_id=f"s{i}", ts=3.0))
+        shell.fold(r.Claimed(worker_id="p-0", session_id=f"s{i}", generation=G("p-0", 1), ts=4.0))
+    out = []
+    for t in range(100, 400, 5):
+        clock["now"] = float(t)
+        for w, n in (("p-0", 3), ("hand-1", 0)):
+            shell.fold(r.Heartbeat(worker_id=w, ts=t - 0.5, sessions=n, executing=n, capacity=8 if w == "p-0" else 4))
+        out += shell.decide(float(t))
+    assert not [x for x in out if isinstance(x, (r.Drain, r.ScaleOut, r.Handoff))], out
+    model = fit_capacity(shell.model, shell.view)
+    assert (model["cpu"].capacity, model["cpu@4"].capacity) == (8, 4)
+    assert {g.id: g.type for g in to_snapshot(shell.view, 400.0, model=model).gpus} == {"p-0": "cpu", "hand-1": "cpu@4"}
