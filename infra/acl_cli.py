@@ -117,6 +117,8 @@ def event_key_cmd(
             raise ConfigError(EVENT_KEYS_ENV, "not set: a worker's key is derived from the masters", "environment")
         typer.echo(own)
         return
+    if not key_id:
+        raise typer.BadParameter("missing: give a new master key's id, or --worker ID", param_hint="KEY_ID")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", key_id):
         raise typer.BadParameter(f"{key_id!r}: letters, digits, - and _ (at most 64)", param_hint="KEY_ID")
     typer.echo(f"{key_id}:{secrets.token_hex(32)}")

@@ -407,7 +407,8 @@ def processor(name: str = typer.Argument(..., help="Which processor: dispatch, d
 
 @app.command("demo")
 def demo(
-    duration: float = typer.Option(90.0, min=20.0, help="Wall-clock seconds of the run."),
+    duration: float = typer.Option(90.0, min=20.0, help="Wall-clock seconds of the run (with --trace: the "
+                                                       "trace's length over --speed instead)."),
     sessions: int = typer.Option(60, min=1, help="Expected sessions in the generated trace."),
     level: int = typer.Option(5, min=1, max=10, help="Volatility level of the generated trace."),
     speed: float = typer.Option(10.0, min=1.0, help="Trace seconds replayed per wall second."),
@@ -444,7 +445,7 @@ def demo(
 
     # an unknown one, or one that keeps idle sessions resident, is named before anything
     # starts (ConfigError: exit 2)
-    make_policy(policy, load_profiles("reference-cpu"), "cpu", source="--policy")
+    make_policy(policy, load_profiles("reference-cpu"), "cpu", source="--policy or env CHUNKSERVE_POLICY")
     if os.environ.get("CHUNKSERVE_PROFILE") not in (None, "reference-cpu"):
         console.print("demo: CHUNKSERVE_PROFILE is not used: the workers run the reference model, "
                       "whose measured profile is reference-cpu")
@@ -484,8 +485,9 @@ def _print_demo(s: dict, report: Path) -> None:
             ("chunk latency p50 / p99 / worst", f"{lat['p50']} / {lat['p99']} / {lat['worst']} ms"),
             ("workers started", s["workers_started"]),
             ("migrations", f"{s['migrations']} ({s['drain_migrations']} off drained workers)"),
-            ("scale events", s["scale_events"]), ("offloads / restores", f"{s['offloads']} / {s['restores']}"),
-            ("cost", s["cost"]),
+            ("scale events (workers)", s["scale_events"]),
+            ("offloads / restores", f"{s['offloads']} / {s['restores']}"),
+            ("cost", f"{s['cost']} (GPU-hours at the profile's price per hour)"),
             ("dead letters", "; ".join([str(s["dead_letters"])] + [
                 f"{n} x {why} (first: {_clipped(s['dead_letter_examples'].get(why, why), 160)})"
                 for why, n in s["dead_letter_reasons"].items()][:4])),
@@ -979,8 +981,10 @@ def bench_broker(
 @bench_app.command("fuzz")
 def bench_fuzz(
     records: int = typer.Option(1_000_000, min=1, help="Hostile records fed to the decoders."),
-    consumer_records: int = typer.Option(2000, min=0, help="Of which also through a real consumer loop."),
-    processor_records: int = typer.Option(3000, min=0, help="Also through the running faust processors."),
+    consumer_records: int = typer.Option(2000, min=0, help="More, through a real consumer loop (added to "
+                                                          "the JSON's records)."),
+    processor_records: int = typer.Option(3000, min=0, help="More, through the running faust processors "
+                                                           "(added to the JSON's records)."),
     seed: int = typer.Option(0, min=0, help="Seed of the generated and mutated records."),
     json_out: Optional[Path] = json_option("Write the result here."),
 ) -> None:

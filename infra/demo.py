@@ -59,6 +59,10 @@ class DemoConfig:
     policy: str = "turboserve"  # the control processor's (a built-in or module:Name)
 
 
+# the settings of a generated trace (a trace file's run takes its own length and load)
+_GENERATED = ("duration_s", "sessions", "level", "seed", "fall_at", "fall_keep")
+
+
 def _trace(cfg: DemoConfig) -> list[Any]:
     from infra.sim.trace import load_trace
     from infra.sim.tracegen import GenConfig, fall, generate
@@ -274,7 +278,11 @@ async def run_demo(settings: Settings, cfg: DemoConfig, log_dir: Path, report_di
         summary = summarize(log.records, dict(pushed), len({e.session_id for e in events}),
                             time.monotonic() - started, t0)
         report_dir.mkdir(parents=True, exist_ok=True)
-        (report_dir / "summary.json").write_text(json.dumps({**summary, "config": asdict(cfg)}, indent=2))
+        config = asdict(cfg)
+        if cfg.trace is not None:  # what shapes a generated trace does not apply to a trace file
+            for key in _GENERATED:
+                config.pop(key, None)
+        (report_dir / "summary.json").write_text(json.dumps({**summary, "config": config}, indent=2))
         plot_timeline(log.records, active_series, t0, report_dir / "timeline.png")
         return summary
     finally:

@@ -62,7 +62,12 @@ def make_policy(spec: str, model: LatencyModel, gpu_type: str, source: str = "en
     opts: dict[str, Any] = {"model": model}
     if spec.startswith("turboserve"):
         opts["autoscaler"] = AutoscalerConfig(gpu_type=gpu_type, **{"follow_worst": None, **autoscaler})
-    policy = load_policy(spec, **opts) if spec in BUILTIN_POLICIES else load_policy(spec)
+    try:
+        policy = load_policy(spec, **opts) if spec in BUILTIN_POLICIES else load_policy(spec)
+    except ConfigError as exc:  # named as the setting it came from
+        if exc.source != spec:
+            raise
+        raise ConfigError(exc.key, f"{spec[:80]!r}: {exc.reason}", source) from None
     if keeps_idle_resident(policy):  # dispatch suspends every idle session: live it would be another policy
         raise ConfigError("policy", f"{spec[:80]!r} keeps idle sessions resident on their GPU, which only the "
                           "simulator models (live, dispatch offloads every idle session): use it with `chunkserve "

@@ -93,7 +93,7 @@ def test_the_demo_refuses_an_unknown_policy_from_the_environment_before_starting
     logs, report = tmp_path / "a" / "logs", tmp_path / "report"
     rc, out = _run(["demo", "--log-dir", str(logs), "--report-dir", str(report)], {"CHUNKSERVE_POLICY": "nope"})
     assert rc == 2
-    assert "nope: policy: unknown policy" in _one_line(out)
+    assert "--policy or env CHUNKSERVE_POLICY: policy: 'nope': unknown policy" in _one_line(out)
     assert list(tmp_path.iterdir()) == []
 
 
