@@ -7,6 +7,8 @@ line and exit 2; never a traceback.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -21,7 +23,10 @@ from schemas.errors import ChunkserveError, ConfigError
 
 __all__ = ["register"]
 
-_console = Console(emoji=False, soft_wrap=True)
+# piped or redirected, a table keeps each row on one line (at 80 columns it broke
+# `least-loaded-offload` and a trace's path over several); COLUMNS still says otherwise
+_console = Console(emoji=False, soft_wrap=True,
+                   width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 240)
 _err = Console(stderr=True, emoji=False, soft_wrap=True)
 
 
