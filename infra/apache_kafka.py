@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -76,6 +77,10 @@ def ensure_kafka(home: Path | None = None) -> Path:
     if mvn is None:
         raise InfraError(f"Apache Kafka {KAFKA_VERSION} is not in {jars} and there is no `mvn` "
                          "to fetch it (install Maven, or set CHUNKSERVE_KAFKA_BOOTSTRAP)")
+    # said on stderr: a mistyped CHUNKSERVE_KAFKA_HOME fetched 43 MB into a new folder without a word
+    print(f"fetching Apache Kafka {KAFKA_VERSION} from Maven Central into {home} (once; "
+          f"{'CHUNKSERVE_KAFKA_HOME' if os.environ.get('CHUNKSERVE_KAFKA_HOME') else 'the cache folder'})",
+          file=sys.stderr, flush=True)
     home.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
     cmd = [mvn, "-q", "-B", "-f", str(_POM), f"-Dkafka.version={KAFKA_VERSION}",

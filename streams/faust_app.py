@@ -150,6 +150,16 @@ def _faust_dir() -> str:
     return path
 
 
+def _data_dir(app: str) -> str:
+    """A folder of this process's own for faust's data, removed when the process exits."""
+    import atexit
+    import shutil
+
+    path = tempfile.mkdtemp(prefix=f"{app}.", dir=_faust_dir())
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
     """A faust app on the configured broker, at-least-once, with no web server by default.
     faust's own topics are replicated as the cluster allows (``cluster_replication``)."""
@@ -160,8 +170,9 @@ def make_app(name: str, settings: Settings, **overrides: Any) -> faust.App:
         broker_credentials=settings.kafka.faust_credentials(),
         store="memory://",
         # faust keeps nothing there with the memory store, but makes the folder: not in the
-        # caller's working directory
-        datadir=os.path.join(_faust_dir(), "{conf.name}"),
+        # caller's working directory, and gone when the process ends (one each run made, a
+        # demo four, piled up in the temporary folder)
+        datadir=_data_dir(f"{settings.topic_prefix}{name}"),
         web_enabled=False,
         producer_acks=-1,
         topic_allow_declare=True,
