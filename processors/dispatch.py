@@ -21,7 +21,7 @@ from .admission import AdmitPlan, WorkerLoad, candidate
 from .dispatch_types import (MAX_GAVE_UP, Admission, CloseInStore, Command, Commit, Committed, CommitRefused,
                              DispatchView, Event, Facts, Input, Move, Moved, MoveRefused, Note, Publish, ReadAgain,
                              Refuse, RefuseEvent, RequestClose, Retry, RetryLater, Seen)
-from .lifecycle import EVENT_KIND, STORE_STATE, Action, EventKind, SessionState, transition
+from .lifecycle import EVENT_KIND, INPUT_EVENT, STORE_STATE, Action, EventKind, SessionState, transition
 
 __all__ = ["DispatchView", "Facts",
            "Input", "Admission", "Seen", "Committed", "CommitRefused", "Moved", "MoveRefused", "Retry",
@@ -269,7 +269,7 @@ def on_worker_event(view: DispatchView, rec: Record, facts: Facts,
             return view, [Move(sid, src, target)]
         case CommandRejected(command=Resume.TAG, generation=Generation() as gen):
             # the Resume overtook a pending Suspend: the session is offloaded now
-            if sv is not None and sv.state == StoreState.SUSPENDED and sv.generation == gen:
+            if sv is not None and sv.generation == gen and _wakes(sv, EventKind.ACTIVE):
                 return next_candidate(view, _restore(view, rec.session_id, sv), now)
         case CommandRejected(command=RoutedInput.TAG, generation=Generation()):
             return route(view, Input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts, refused=rec,
@@ -326,7 +326,7 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
         return view, [Refuse(inp, _refusal(inp, why))]
     if refused is not None and refused.reason not in ("stale_epoch", "not_owner"):
         return view, [Refuse(inp, _refusal(inp, f"input {inp.seq} refused by its owner"))]
-    if sv.state == StoreState.SUSPENDED:
+    if _wakes(sv, INPUT_EVENT):
         return next_candidate(view, _restore(view, inp.session_id, sv, then_route=inp), now)
     if sv.stranded or facts.owner_down:
         return view, []  # held in the log
@@ -337,6 +337,11 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
                       _routed(inp, sv.generation, now)]
     return view, [_routed(inp, sv.generation, now)]
 
+
+
+def _wakes(sv: SessionView, kind: EventKind) -> bool:
+    """Whether ``kind`` resumes the session the store holds (the lifecycle table's RESUME)."""
+    return transition(_LIFECYCLE[StoreState(sv.state)], kind)[1] is Action.RESUME
 
 
 def _no_owner(view: DispatchView, sid: str) -> str:

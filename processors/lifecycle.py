@@ -32,6 +32,7 @@ __all__ = [
     "CLOSED_KEPT",
     "remember_closed",
     "REFUSED_UNKNOWN",
+    "INPUT_EVENT",
 ]
 
 
@@ -129,6 +130,11 @@ TRANSITIONS: Mapping[tuple[SessionState | None, EventKind], tuple[SessionState, 
 #: say where a trace puts them; the live folds, control's view and the metrics tally, pass
 #: over them as the detector does, or they counted idle sessions nobody had opened)
 REFUSED_UNKNOWN = frozenset({EventKind.IDLE, EventKind.CLOSE})
+
+#: what an input is to its session's lifecycle: an ``active`` (it wakes an offloaded session:
+#: dispatch restores it, then routes the input; the control plane, which reads no inputs,
+#: counts the session idle until its own ``active``)
+INPUT_EVENT = EventKind.ACTIVE
 
 #: the lifecycle event each ``session-events`` record is
 EVENT_KIND: Mapping[type, EventKind] = MappingProxyType({
