@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 
 MAX_FRESH_EVENTS = 100_000  # session events kept for the next round's snapshot
+# closed sessions, down workers and scale-outs are forgotten this long after their last record
+# (far behind the consumer's position: one redelivered after it would be folded again)
+VIEW_KEEP_S = 3600.0
 
 
 def measured(stats: ChunkStats, latency_s: float, deadline_s: float) -> ChunkStats:
@@ -176,7 +179,7 @@ class ControlShell:
             self.published = blob
             out.append(r.PolicyState(pool=cfg.pool, ts=now, policy=cfg.policy, state=blob,
                                      decision_id=decision_id))
-        self.view = prune(self.view, now - 3600.0)
+        self.view = prune(self.view, now - VIEW_KEEP_S)
         return out
 
     def _new_plan(self, plan: r.AdmissionPlan) -> tuple[r.Record, ...]:
