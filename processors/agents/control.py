@@ -195,6 +195,9 @@ class ControlShell:
             logged = decode_state(policy.initial_state(), self.logged.state)
             if logged is not None:
                 self.policy_state, self.state_at = logged, self.logged.ts
+            else:  # another version's or policy's: said, not used
+                log.warning("control: the %s state a leader logged at %.3f does not decode as this version's: "
+                            "this round starts from its own", self.config.policy, self.logged.ts)
         self.logged = None
         state = self.policy_state if self.policy_state is not None else policy.initial_state()
         if isinstance(state, TurboServeState) and math.isfinite(self.view.last_scale_ts):
@@ -281,7 +284,8 @@ async def _probe_log(settings: Any, catalogue: Any, shell: "ControlShell", tick_
             try:
                 await asyncio.wait_for(probe.raw.end_offsets(tps), max(1.0, 2 * tick_s))
                 shell.log_state(True, shell.clock())
-            except Exception:  # unreachable, no leader, timed out: the broker is away
+            except Exception as exc:  # unreachable, no leader, timed out: the broker is away
+                log.debug("control: the broker probe failed (%s: %s)", type(exc).__name__, exc)
                 shell.log_state(False, shell.clock())
             await asyncio.sleep(tick_s)
     finally:
