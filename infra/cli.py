@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import logging
@@ -296,11 +297,18 @@ def _logs_at(log_dir: Optional[Path], prefix: str) -> Path:
     """``--log-dir``, made now that nothing was refused (the command line only checked that it
     could be), or a new temporary folder."""
     if log_dir is None:
-        return Path(tempfile.mkdtemp(prefix=prefix))
+        made = Path(tempfile.mkdtemp(prefix=prefix))
+        atexit.register(_drop_if_empty, made)  # a run refused before anything logged left it behind
+        return made
     problem = folder_problem(log_dir)
     if problem:
         raise ConfigError("--log-dir", problem, str(log_dir))
     return log_dir
+
+
+def _drop_if_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # only an empty one goes
 
 
 def _check_log_dir(env: Mapping[str, str]) -> None:
