@@ -210,7 +210,7 @@ def on_session_event(view: DispatchView, rec: Record, facts: Facts,
     if closing and kind in (EventKind.OPEN, EventKind.ACTIVE):  # a close asked for is a close: its
         # owner releases it at its next chunk boundary, and a Resume sent meanwhile found none
         return view, [RefuseEvent(_CLOSED_ID.format(sid=sid))]
-    if closing and kind is EventKind.IDLE and sv is not None:  # nothing to offload: a Suspend
+    if kind is EventKind.IDLE and state is not SessionState.TERMINATED and closing:  # nothing to offload: a Suspend
         # sent meanwhile met the close (or an owner that had released it)
         return view, [Note(f"{rec.TAG} for session {sid}, whose close is under way")]
     if sv is None:  # an idle or a close of a session never opened (or closed and forgotten): said

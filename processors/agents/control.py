@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from processors.agents.control_config import ControlConfig, fit_capacity, make_policy
+from processors.agents.control_config import ControlConfig, fit_capacity, make_policy, takes_model
 from processors.agents.control_records import admission_plan, carried, command_records
 from processors.agents.detector import step_remembering
 from processors.autoscaler import utilization
@@ -28,7 +28,7 @@ from processors.detector import DetectorConfig, DetectorState, Signal, not_ahead
 from processors.latency import LatencyModel, load_profiles
 from processors.lifecycle import SessionEvent, session_event
 from processors.placement import worst_latency
-from processors.policy import Policy
+from processors.policy import Decision, Policy
 from processors.policy_state import decode as decode_state
 from processors.policy_state import encode as encode_state
 from processors.snapshot import ChunkStats, GpuState, Snapshot
@@ -76,6 +76,7 @@ class ControlShell:
         self.model = load_profiles(self.config.profile)
         self.model[self.config.gpu_type]  # an unknown GPU type or policy is refused at start (ConfigError)
         self.policy(self.model)
+        self.typed = takes_model(self.config.policy)
         self.policy_state: Any = None
         self.state_at = -math.inf  # the time of the round that left policy_state
         self.logged: r.PolicyState | None = None  # the latest state a leader put in the log
@@ -85,6 +86,10 @@ class ControlShell:
         self.chunks = ChunkStats()  # chunks reported since the last round (snapshot.chunks)
         self.deadlines: dict[str, float] = {}  # per worker, its chunks' media duration (WorkerUp)
         self.closed: dict[str, None] = {}  # ids closed (bounded): their events move the window no more
+
+    def _typed(self, model: LatencyModel) -> LatencyModel | None:
+        """``model`` when the policy plans with it (workers typed by their slots), else None."""
+        return model if self.typed else None
 
     def policy(self, model: LatencyModel) -> Policy:
         cfg = self.config
@@ -155,12 +160,19 @@ class ControlShell:
         model = fit_capacity(self.model, self.view)
         policy = self.policy(model)
         snap = replace(to_snapshot(self.view, now, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-                                   boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model), model=model),
+                                   boot_timeout_s=cfg.boot_timeout_s, gpu_types=set(model), model=self._typed(model)),
                        events=tuple(self.fresh), chunks=self.chunks)
         self.fresh, self.chunks = [], ChunkStats()
         self.detector, signal = observe(self.detector, now, self.detector_config)
         state = self._policy_state(policy)
-        decision = policy.decide(snap, signal, state)
+        try:
+            decision = policy.decide(snap, signal, state)
+            if not isinstance(decision, Decision):
+                raise TypeError(f"it returned {type(decision).__name__}, not a Decision")
+        except Exception as exc:  # noqa: BLE001 - a plug-in's code: said, and the deaths go out all the same
+            log.error("control: policy %s failed its round at %.3f (%s: %s): no decision this round",
+                      cfg.policy, now, type(exc).__name__, str(exc)[:300])
+            return out
         self.policy_state, self.state_at = decision.state, now
         decision_id = uuid.uuid4().hex[:12]
         commands, refused = carried(decision.commands)
@@ -214,7 +226,7 @@ class ControlShell:
         out: list[r.Record] = []
         handoffs = [x for x in recs if isinstance(x, r.Handoff)]
         after = to_snapshot(self.view, now, heartbeat_timeout_s=self.config.heartbeat_timeout_s,
-                            boot_timeout_s=self.config.boot_timeout_s, gpu_types=set(model), model=model)
+                            boot_timeout_s=self.config.boot_timeout_s, gpu_types=set(model), model=self._typed(model))
         loads = {k: v for k, v in sorted(after.loads().items()) if not k.startswith(BOOTING_PREFIX)}
         key = (len(after.gpus), loads)
         if handoffs or key != self.last_report:

@@ -10,11 +10,11 @@ from typing import Any, Mapping
 from processors.autoscaler import AutoscalerConfig, Slo
 from processors.cluster import ClusterView
 from processors.latency import GpuProfile, LatencyModel, load_profiles
-from processors.policy import BUILTIN_POLICIES, Policy, keeps_idle_resident, load_policy
+from processors.policy import BUILTIN_POLICIES, Policy, accepts, keeps_idle_resident, load_policy
 from schemas.errors import ConfigError
 from streams.config_file import env_number
 
-__all__ = ["ControlConfig", "fit_capacity", "make_policy", "profile_error", "MIN_HEARTBEAT_TIMEOUT_S"]
+__all__ = ["ControlConfig", "fit_capacity", "make_policy", "takes_model", "profile_error", "MIN_HEARTBEAT_TIMEOUT_S"]
 
 MIN_HEARTBEAT_TIMEOUT_S = 2.0  # two of a worker's heartbeats (one a second)
 _POSITIVE = {"tick_s", "period_s", "heartbeat_timeout_s", "boot_timeout_s", "max_gpus", "slo_worst_s"}  # 0 would never act
@@ -53,17 +53,28 @@ def fit_capacity(model: LatencyModel, view: ClusterView) -> LatencyModel:
     return model if profiles == dict(model.profiles) else LatencyModel(profiles, model.name)
 
 
+def takes_model(spec: str) -> bool:
+    """Whether the policy plans with the model control fits to its workers (a built-in, or a
+    plug-in whose factory takes ``model``): only such a one is shown workers typed ``TYPE@K``
+    (``fit_capacity``); another keeps its own model, which has no such types."""
+    return spec in BUILTIN_POLICIES or accepts(spec, "model")
+
+
 def make_policy(spec: str, model: LatencyModel, gpu_type: str, source: str = "env CHUNKSERVE_POLICY",
                 **autoscaler: Any) -> Policy:
     """The policy ``spec`` on ``model``; built-in TurboServe variants scale out ``gpu_type``.
     Live, u* does not follow the worst chunk (``AutoscalerConfig.follow_worst``): a worker
     reports a chunk's compute time, not the wait a session's first chunk sees, which that
     rule reads."""
+    config = AutoscalerConfig(gpu_type=gpu_type, **{"follow_worst": None, **autoscaler})
     opts: dict[str, Any] = {"model": model}
     if spec.startswith("turboserve"):
-        opts["autoscaler"] = AutoscalerConfig(gpu_type=gpu_type, **{"follow_worst": None, **autoscaler})
+        opts["autoscaler"] = config
+    # a plug-in is offered what the simulator offers it (those its signature takes)
+    offer = {"model": model, "gpu_type": gpu_type, "boot_s": config.boot_s, "autoscaler": config,
+             **({"slo": config.slo} if config.slo is not None else {})}
     try:
-        policy = load_policy(spec, **opts) if spec in BUILTIN_POLICIES else load_policy(spec)
+        policy = load_policy(spec, **opts) if spec in BUILTIN_POLICIES else load_policy(spec, offer)
     except ConfigError as exc:  # named as the setting it came from
         if exc.source != spec:
             raise

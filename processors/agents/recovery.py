@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 CLOSE_TAKE_S = 30.0
 # how often a replica deregisters the workers down for longer than the store's retention
 FORGET_EVERY_S = 60.0
+# how far ahead of this replica's clock a worker's sign of life counts (``outlived``): a heartbeat
+# stamped hours ahead (a clock stepped, a host far off) made every later death of it read as outlived
+ALIVE_AHEAD_S = 5.0
 
 
 class Recovery:
@@ -84,7 +87,8 @@ class Recovery:
     async def worker_alive(self, worker: str, ts: float) -> None:
         """A sign of life from a worker marked down, later than the declaration: its slots
         count again (its stale generations were fenced by the recoveries)."""
-        self.alive_at[worker] = max(ts, self.alive_at.get(worker, ts))
+        seen = min(ts, self.shell.clock() + ALIVE_AHEAD_S)  # a clock far ahead masks no later death
+        self.alive_at[worker] = max(seen, self.alive_at.get(worker, seen))
         if await self.shell.is_down(worker) and await self.shell.store.set_up(worker, ts):
             self.shell.invalidate_view()
             log.info("%s: %s is back; its slots count again", self.shell.name, worker)
@@ -100,6 +104,8 @@ class Recovery:
             gone = await self.shell.store.forget_down(now)
             if gone:
                 log.info("%s: forgot %s (down longer than the retention)", self.shell.name, ", ".join(gone))
+                for worker in gone:
+                    self.alive_at.pop(worker, None)
         view = await self.shell.load_view(force=True)
         for worker, load in view.items():
             if load.down and load.used:

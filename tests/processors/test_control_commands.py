@@ -377,3 +377,54 @@ def test_a_worker_started_by_hand_with_fewer_slots_is_planned_at_its_own():
     model = fit_capacity(shell.model, shell.view)
     assert (model["cpu"].capacity, model["cpu@4"].capacity) == (8, 4)
     assert {g.id: g.type for g in to_snapshot(shell.view, 400.0, model=model).gpus} == {"p-0": "cpu", "hand-1": "cpu@4"}
+
+
+class _OwnModel:
+    """A plug-in that keeps a model of its own (it takes no ``model``) and reads each GPU's
+    slots from it."""
+
+    name = "own-model"
+
+    def __init__(self) -> None:
+        self.model = load_profiles("reference-cpu")
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):  # noqa: ANN001
+        from processors.policy import Decision
+
+        assert all(self.model[g.type].capacity > 0 for g in snapshot.gpus)
+        return Decision((), state)
+
+
+class _Raising(_OwnModel):
+    name = "raising"
+
+    def decide(self, snapshot, signal, state):  # noqa: ANN001
+        raise RuntimeError("a bug of the plug-in's")
+
+
+def test_a_plug_in_with_its_own_model_sees_the_pool_typed_as_its_model_has_it_and_a_failing_one_still_declares_deaths():
+    """Only a policy that plans with control's fitted model is shown ``TYPE@K`` workers (a
+    plug-in that read its own model met a type it had no profile for, every round); a plug-in
+    that raises makes no decision, and the round's deaths are published all the same."""
+    for plug, want in ((_OwnModel, {"p-0": "cpu", "hand-1": "cpu"}), (_Raising, None)):
+        shell = ControlShell(ControlConfig(policy=f"{__name__}:{plug.__name__}", heartbeat_timeout_s=5.0),
+                             clock=lambda: 100.0)
+        assert not shell.typed
+        shell.fold(r.WorkerProvisioned(worker_id="p-0", ts=1, provisioner="provisioner-default", pool="default"))
+        shell.fold(r.WorkerUp(worker_id="p-0", ts=2, capacity=8, pool="default"))
+        shell.fold(r.WorkerUp(worker_id="hand-1", ts=2, capacity=4, pool="default"))
+        shell.fold(r.WorkerUp(worker_id="gone", ts=2, capacity=8, pool="default"))
+        for w in ("p-0", "hand-1"):
+            shell.fold(r.Heartbeat(worker_id=w, ts=99.0, sessions=0, executing=0, capacity=8 if w == "p-0" else 4))
+        out = shell.decide(100.0)
+        assert [x.worker_id for x in out if isinstance(x, r.WorkerDown)] == ["gone"]
+        if want is not None:
+            assert any(isinstance(x, r.PlacementReport) for x in out)
+            assert {g.id: g.type for g in to_snapshot(shell.view, 100.0, heartbeat_timeout_s=5.0).gpus} == want
+        else:
+            assert len(out) == 1
+    # one that takes the model is offered control's fitted one, and sees the pool typed by slots
+    assert ControlShell(ControlConfig(policy="examples.policies.target_util:TargetUtil")).typed
