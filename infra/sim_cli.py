@@ -7,7 +7,6 @@ line and exit 2; never a traceback.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,9 +23,8 @@ from schemas.errors import ChunkserveError, ConfigError
 __all__ = ["register"]
 
 # piped or redirected, a table keeps each row on one line (at 80 columns it broke
-# `least-loaded-offload` and a trace's path over several); COLUMNS still says otherwise
-_console = Console(emoji=False, soft_wrap=True,
-                   width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 240)
+# `least-loaded-offload` and a trace's path over several)
+_console = Console(emoji=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 _err = Console(stderr=True, emoji=False, soft_wrap=True)
 
 
