@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 from processors.autoscaler import Slo
 from processors.latency import LatencyModel
-from processors.lifecycle import EventKind, SessionEvent, SessionState, transition
+from processors.lifecycle import SessionEvent, SessionState, transition
 from processors.oracles import future_active
 from processors.policy import BUILTIN_POLICIES, FIXED_POOL, accepts, load_policy
 from schemas.errors import ConfigError
@@ -76,14 +76,15 @@ def _first_instant_executing(events: Sequence[SessionEvent]) -> int:
 
 
 def _peak_open(trace: Trace) -> int:
-    """Most sessions open at once (what a pinned pool must hold)."""
+    """Most sessions open at once (what a pinned pool must hold), each session moved by the
+    lifecycle table: open from its first event until its close."""
+    states: dict[str, SessionState] = {}
     n = peak = 0
     for e in trace.events:
-        if e.kind is EventKind.OPEN:
-            n += 1
-            peak = max(peak, n)
-        elif e.kind is EventKind.CLOSE:
-            n -= 1
+        was = states.get(e.session_id)
+        states[e.session_id] = now = transition(was, e.kind)[0]
+        n += (now is not SessionState.TERMINATED) - (was is not None and was is not SessionState.TERMINATED)
+        peak = max(peak, n)
     return peak
 
 
