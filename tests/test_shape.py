@@ -117,3 +117,23 @@ def test_no_import_cycle_is_hidden_by_an_import_inside_a_function_or_type_check(
 
     cycles = [f"{m} -> {t}" for m in sorted(late) for t in sorted(late[m]) if t != m and reaches(t, m)]
     assert cycles == []
+
+
+# what each package may import of chunkserve's: schemas <- streams <- processors, workers <- infra
+MAY_IMPORT = {"schemas": {"schemas"}, "streams": {"schemas", "streams"},
+              "processors": {"schemas", "streams", "processors"}, "workers": {"schemas", "streams", "workers"},
+              "infra": {"schemas", "streams", "processors", "workers", "infra"}}
+
+
+def test_imports_point_downward():
+    """No package imports one above it, at module level or late (in a function)."""
+    paths = {_module_name(p): p for pkg in MAY_IMPORT for p in (ROOT / pkg).rglob("*.py")}
+    known = set(paths)
+    upward = []
+    for name, path in paths.items():
+        pkg = name.split(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                upward += [f"{name} -> {t}" for t in sorted(_imports(name, path, node, known))
+                           if t.split(".")[0] not in MAY_IMPORT[pkg]]
+    assert upward == []
