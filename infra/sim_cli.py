@@ -288,6 +288,9 @@ def _check_names(runner: object, names: list[str]) -> None:
             name = runner.name_of(spec)  # type: ignore[attr-defined]
             if not isinstance(name, str) or not name:
                 raise ConfigError("policy", f"its name is {name!r}: results are keyed by name, give it a string", spec)
+            if name != name.strip() or "," in name or ":" in name:  # "oracle " read as the oracle's row
+                raise ConfigError("policy", f"its name {name!r} has spaces around it, a comma or a colon: results "
+                                  "are keyed by name, give it one that reads as itself", spec)
             if name in BUILTIN_POLICIES or name == "all" or name in seen:
                 owner = "a built-in policy's" if name in BUILTIN_POLICIES else "the word for every policy's" if name == "all" else f"{seen[name]}'s"
                 raise ConfigError("policy", f"its name {name!r} is {owner} too (results are keyed by name): "

@@ -87,7 +87,8 @@ class Session:
 
     ``restore`` marks an executing session whose state must be restored when placed. A
     suspended session with a ``gpu_id`` is idle but still resident there (its state holds
-    memory and a slot). ``since`` is when its lifecycle state last changed (idle age).
+    memory and a slot). ``since`` is the time (seconds, the snapshot's clock) its lifecycle
+    state last changed: a suspended session's idle age is ``snapshot.now - since``.
     """
 
     id: str

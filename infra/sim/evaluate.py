@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 from processors.autoscaler import Slo
 from processors.latency import LatencyModel
 from processors.policy import BUILTIN_POLICIES
+from schemas.errors import PolicyError
 
 from infra.sim.families import FamilyConfig, generate_family
 from infra.sim.launches import LAUNCHES, PROBES, LaunchConfig, generate_launch
@@ -155,6 +156,9 @@ def evaluate(specs: Sequence[TraceSpec | Trace], model: LatencyModel, config: Si
         runner = Runner(spec if isinstance(spec, Trace) else make_trace(spec), model, replace(config), options, offer=dict(offer))
         if on_runner is not None:
             on_runner(runner)
-        doc = compare(runner, policies, "turboserve", slo, jobs=jobs)
+        try:
+            doc = compare(runner, policies, "turboserve", slo, jobs=jobs)
+        except PolicyError as exc:  # a plug-in's failure, named with the trace it failed on
+            raise PolicyError(f"{name}: {exc}") from exc
         out[name] = {"comparison": doc, "bars": bars(doc)}
     return out

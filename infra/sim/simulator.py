@@ -251,6 +251,9 @@ class _Sim:
         self.resume_lat: list[float] = []  # activation (idle -> active) to first chunk end
         self.waking: set[str] = set()  # activated, first chunk not done yet
         self.transfer: dict[str, tuple[float, float]] = {}  # sid -> (restore transfer of its activation, when it began)
+        # sid -> when its state lands on the GPU it travels to (a restore or a move on its way):
+        # a move asked for meanwhile starts from there (it skipped the restore's rest before)
+        self.landing: dict[str, float] = {}
         try:
             self.state = policy.initial_state()
         except Exception as exc:  # a plug-in's own code
@@ -343,7 +346,7 @@ class _Sim:
             for sid, (dst, cost) in g.leaving.items():
                 roster.discard(sid)
                 req[sid] = now
-                self.push(now + cost, _ARRIVE, (sid, dst))
+                self.travel(sid, dst, now + cost)
             g.leaving = {}
             self.sources.discard(g.id)
             same = False
@@ -380,10 +383,16 @@ class _Sim:
                 seen[1] += 1
         return worst
 
+    def travel(self, sid: str, gid: str, at: float) -> None:
+        """``sid``'s state lands on ``gid`` at ``at``."""
+        self.landing[sid] = at
+        self.push(at, _ARRIVE, (sid, gid))
+
     def arrive(self, sid: str, gid: str, now: float) -> None:
         g = self.gpus.get(gid)
         if self.where.get(sid) != gid or sid not in self.sessions:
             return  # suspended, closed or re-routed while travelling
+        self.landing.pop(sid, None)
         if g is None:  # its GPU went away: wait for a new placement
             self.orphan(sid)
             return
@@ -393,6 +402,7 @@ class _Sim:
 
     def orphan(self, sid: str) -> None:
         self.where.pop(sid, None)
+        self.landing.pop(sid, None)
         if sid in self.sessions:
             s = self.sessions[sid]
             self.sessions[sid] = _with(s, None, True, s.since)
@@ -410,6 +420,7 @@ class _Sim:
                 g.leaving.pop(sid, None)
         self.req.pop(sid, None)
         self.transfer.pop(sid, None)
+        self.landing.pop(sid, None)
         self.waking.discard(sid)
 
     def unserved(self, sid: str, now: float, home: _Gpu | None, gids: tuple[str | None, ...]) -> None:
@@ -463,7 +474,7 @@ class _Sim:
                 pause = self.cfg.restore_alpha_s + self.cfg.restore_beta_s_per_byte * s.state_bytes
                 if s.id in self.waking:  # the activation's own restore (once), not a policy's
                     self.transfer.setdefault(s.id, (pause, now))
-            self.push(now + pause, _ARRIVE, (s.id, g.id))
+            self.travel(s.id, g.id, now + pause)
         elif isinstance(cmd, Migrate) and s is None and sid in self.idle:
             i, dst = self.idle[sid], self.gpus.get(cmd.dst)
             if i.gpu_id != cmd.src or dst is None or dst.state is not _READY or cmd.src == cmd.dst:
@@ -500,7 +511,8 @@ class _Sim:
                 if src is not None:
                     src.roster.discard(s.id)
                     self.req.setdefault(s.id, now)
-                self.push(now + cost, _ARRIVE, (s.id, dst.id))
+                # still on its way to the source (a restore, a move): it moves once it has landed
+                self.travel(s.id, dst.id, max(now, self.landing.get(s.id, now)) + cost)
         elif isinstance(cmd, Boot):
             count = cmd.count  # a whole number, whatever its type (3, 3.0, numpy's int64)
             if (not math.isfinite(count) or count != int(count) or count < 1 or cmd.gpu_type not in self.model
@@ -528,8 +540,10 @@ class _Sim:
             self.gpu_view = None
         elif isinstance(cmd, Admit):
             self.plan = AdmitPlan(cmd.order, {}, cmd.fallback, now)
-            # an entry for a GPU it does not have, or for no session, admits nobody: said, not carried
-            self.refuse(cmd, sum(1 for gid, n in cmd.order if gid not in self.gpus or not n >= 1))
+            # an entry for a GPU it does not have or that takes no session (booting, draining), or
+            # for no session, admits nobody: said, not carried (a draining GPU's went uncounted)
+            self.refuse(cmd, sum(1 for gid, n in cmd.order
+                                 if gid not in self.gpus or self.gpus[gid].state is not _READY or not n >= 1))
         elif isinstance(cmd, Retire):
             g = self.gpus.get(cmd.gpu_id)
             if g is None or g.id in self.where.values():  # a session runs, rests or lands there: not released
@@ -582,7 +596,8 @@ class _Sim:
         if not isinstance(d, Decision):
             raise PolicyError(f"policy {self.policy.name!r}: decide at t={now:.1f} s returned {type(d).__name__}, not a Decision")
         if not isinstance(d.commands, (tuple, list)):
-            raise PolicyError(f"policy {self.policy.name!r}: decide returned commands as {type(d.commands).__name__}, "
+            raise PolicyError(f"policy {self.policy.name!r}: decide at t={now:.1f} s returned commands as "
+                              f"{type(d.commands).__name__}, "
                               "not a tuple of commands")
         self.state = d.state
         self.plan = AdmitPlan(fallback=False, ts=now)  # a policy that issues no Admit: its Place

@@ -149,6 +149,13 @@ class NamedRr(BootOne):
 
 
 @dataclass(frozen=True)
+class NamedOracleSpaced(BootOne):
+    """A plug-in named as a built-in with a space after it: its row read as the oracle's."""
+
+    name: str = "oracle "
+
+
+@dataclass(frozen=True)
 class NamedAll(BootOne):
     """A plug-in named as the word for every policy: refused."""
 
@@ -312,3 +319,39 @@ class OffloadThenSee:
                 if s.gpu_id is None and (s.lifecycle is SessionState.EXECUTION or not s.restore)]
         cmds += [Offload(s.id, s.gpu_id) for s in snapshot.sessions if s.lifecycle is SessionState.SUSPENDED and s.gpu_id]
         return Decision(tuple(cmds), state)
+
+
+@dataclass(frozen=True)
+class RestoreThenMove:
+    """Places sessions on the first GPU; a session coming back is restored there and, in the
+    same decision, moved to the second GPU (its state is not on the first yet)."""
+
+    name: str = "restore-then-move"
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):
+        gpus = sorted(g.id for g in snapshot.gpus)
+        cmds = []
+        for s in snapshot.sessions:
+            if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION:
+                if s.restore:
+                    cmds += [Restore(s.id, gpus[0]), Migrate(s.id, gpus[0], gpus[1], 0.0, 0.0)]
+                else:
+                    cmds.append(Place(s.id, gpus[0]))
+        return Decision(tuple(cmds), state)
+
+
+@dataclass(frozen=True)
+class AdmitDraining:
+    """Drains the second GPU, then admits every session there: each such entry admits nobody."""
+
+    name: str = "admit-draining"
+
+    def initial_state(self) -> None:
+        return None
+
+    def decide(self, snapshot, signal, state):
+        gpus = sorted(g.id for g in snapshot.gpus)
+        return Decision((Vacate(gpus[1]), Admit(((gpus[1], 5),), fallback=False)), state)

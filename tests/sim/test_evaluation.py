@@ -452,7 +452,8 @@ def test_a_plugins_bug_or_clashing_name_is_one_line_naming_it(tmp_path, monkeypa
     for plugin, said in (("Raises", "policy 'raises': decide at t=0.0 s raised ValueError: a bug in the plug-in"),
                          ("ListNotDecision", "decide at t=0.0 s returned list, not a Decision"),
                          ("NamedRr", "its name 'rr' is a built-in policy's too"), ("Nowhere", "has no 'Nowhere'"),
-                         ("NamedAll", "its name 'all' is the word for every policy's too")):
+                         ("NamedAll", "its name 'all' is the word for every policy's too"),
+                         ("NamedOracleSpaced", "its name 'oracle ' has spaces around it")):
         res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "rr", "-p", f"tests.sim.plugin:{plugin}", "-j", "1"])
         assert res.exit_code != 0 and said in res.output and "Traceback" not in res.output, (plugin, res.output)
         if plugin == "Raises":  # the run's progress bar leaves no blank line before it

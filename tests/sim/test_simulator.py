@@ -88,7 +88,7 @@ def test_a_resident_policy_sees_which_idle_sessions_it_offloaded():
 
 
 def test_commands_that_are_not_a_tuple_are_named_in_one_line():
-    with pytest.raises(PolicyError, match="'not-a-tuple': decide returned commands as str"):
+    with pytest.raises(PolicyError, match="'not-a-tuple': decide at t=[0-9.]+ s returned commands as str"):
         simulate(load_policy("tests.sim.plugin:NotATuple"), _ev((0, "a", O, 0), (10, "a", C, 0)), MODEL,
                  SimConfig(initial_gpus=1, round_s=0))
 
@@ -396,3 +396,22 @@ def test_the_plot_draws_the_runs_the_table_reports(tmp_path):
         assert set(lines[name]["gpus"]) == {pool}, (name, pool)
         assert pool != doc["slo"]["pool_size"][name]  # the run the plot drew before
     assert lines["turboserve"] == runner.reported["turboserve"].timeline
+
+
+def test_a_move_of_a_session_whose_restore_has_not_landed_starts_once_it_has():
+    """A plug-in that restored a session and moved it in the same decision paid the move
+    alone (0.80 s to its first chunk's end, against 1.58 s for the restore alone): the state
+    now lands where it was restored (0.05 + 12e9 / 12e9 = 1.05 s), then moves (0.02 + 12e9 /
+    25e9 = 0.50 s), then runs (0.30 s)."""
+    ev = [SessionEvent(0, "a", O, 12 * 10**9), SessionEvent(5, "a", EventKind.IDLE, 0),
+          SessionEvent(20, "a", EventKind.ACTIVE, 0), SessionEvent(30, "a", C, 0)]
+    r = simulate(load_policy("tests.sim.plugin:RestoreThenMove"), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
+    assert r.migrations == 1 and r.invalid_commands == 0
+    assert r.worst_resume_latency_s == pytest.approx(1.05 + 0.50 + 0.30)
+
+
+def test_an_admission_entry_for_a_draining_gpu_counts_as_invalid():
+    """It admits nobody, as one for a GPU the pool lacks: counted (it was not)."""
+    ev = _ev((0, "a", O, 0), (10, "a", C, 0))
+    r = simulate(load_policy("tests.sim.plugin:AdmitDraining"), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
+    assert r.invalid_commands >= 1 and r.invalid_by_kind.get("admit", 0) >= 1, r.invalid_by_kind
