@@ -85,8 +85,9 @@ class Recovery:
         return queued
 
     async def worker_alive(self, worker: str, ts: float) -> None:
-        """A sign of life from a worker marked down, later than the declaration: its slots
-        count again (its stale generations were fenced by the recoveries)."""
+        """A sign of life: remembered (a later death must not be older, ``outlived``), and from
+        a worker marked down, later than the declaration, its slots count again (its stale
+        generations were fenced by the recoveries)."""
         seen = min(ts, self.shell.clock() + ALIVE_AHEAD_S)  # a clock far ahead masks no later death
         self.alive_at[worker] = max(seen, self.alive_at.get(worker, seen))
         if await self.shell.is_down(worker) and await self.shell.store.set_up(worker, ts):
