@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from processors.autoscaler import AutoscalerConfig, Slo
 from processors.cluster import ClusterView
-from processors.latency import GpuProfile, LatencyModel, load_profiles
+from processors.latency import MAX_CAPACITY, GpuProfile, LatencyModel, load_profiles
 from processors.policy import BUILTIN_POLICIES, Policy, accepts, keeps_idle_resident, load_policy
 from schemas.errors import ConfigError
 from streams.config_file import env_number
@@ -35,7 +35,7 @@ def fit_capacity(model: LatencyModel, view: ClusterView) -> LatencyModel:
     caps: dict[str, set[int]] = {}
     provisioned: dict[str, set[int]] = {}
     for w in view.workers.values():
-        if w.alive and w.capacity > 0:
+        if w.alive and 0 < w.capacity <= MAX_CAPACITY:  # one past what a profile holds keeps the profile's
             caps.setdefault(w.gpu_type, set()).add(w.capacity)
             if w.provisioned:
                 provisioned.setdefault(w.gpu_type, set()).add(w.capacity)

@@ -428,3 +428,13 @@ def test_a_plug_in_with_its_own_model_sees_the_pool_typed_as_its_model_has_it_an
             assert len(out) == 1
     # one that takes the model is offered control's fitted one, and sees the pool typed by slots
     assert ControlShell(ControlConfig(policy="examples.policies.target_util:TargetUtil")).typed
+
+
+def test_a_worker_reporting_more_slots_than_a_profile_holds_leaves_the_fit_as_it_was():
+    """A profile holds at most 4,096 sessions per GPU: a worker reporting more is planned at
+    its type's K rather than made a type that cannot exist (which raised in every round)."""
+    shell = ControlShell(ControlConfig())
+    shell.fold(r.WorkerUp(worker_id="big", ts=1, capacity=5000))
+    shell.fold(r.WorkerUp(worker_id="small", ts=1, capacity=4))
+    model = fit_capacity(shell.model, shell.view)
+    assert sorted((k, model[k].capacity) for k in model) == [("cpu", 4)]
