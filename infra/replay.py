@@ -224,10 +224,11 @@ async def session_log(settings: Settings, sid: str, last: int = 50) -> dict[str,
         return isinstance(rec, WorkerDown) and rec.worker_id in owners and min(span) <= rec.ts <= max(span)
 
     refused = {id(r): why for r, why in log.refused if _about(r, sid) or death(r)}
-    told = sorted([*mine, *filter(death, log.records), *(r for r, _ in log.refused if id(r) in refused)],
-                  key=lambda r: getattr(r, "ts", 0.0))
-    t0 = getattr(told[0], "ts", 0.0) if told else 0.0
-    return {"session": sid, "records": len(mine), "refused": len(refused), "undecodable": log.undecodable,
+    taken = [*mine, *filter(death, log.records)]
+    told = sorted([*taken, *(r for r, _ in log.refused if id(r) in refused)], key=lambda r: getattr(r, "ts", 0.0))
+    # the story's clock starts at what the fleet took (a refused record's time may be made up)
+    t0 = min((getattr(r, "ts", 0.0) for r in taken), default=getattr(told[0], "ts", 0.0) if told else 0.0)
+    return {"session": sid, "records": len(taken), "refused": len(refused), "undecodable": log.undecodable,
             "from_ts": t0, "chunks": len({r.chunk_index for r in mine if isinstance(r, ChunkDone)}),  # a redelivery counted once
             "inputs_accepted": len({r.seq for r in mine if isinstance(r, InputAccepted)}),
             "story": session_story(told, sid, t0, last, refused) if told else [],
