@@ -28,9 +28,10 @@ def fit_capacity(model: LatencyModel, view: ClusterView) -> LatencyModel:
     report different K (one started by hand beside the provisioner's) each get a type of
     their own, ``TYPE@K`` (``processors.cluster.gpu_type_of``), the type itself keeping the K
     its provisioned workers agree on (else the one all agree on, else the profile's): before,
-    such a pool was planned at the profile's K, and a hand worker of 4 slots read as the
-    provisioner's 8, so the autoscaler drained the provisioner's worker to fit three sessions
-    onto the hand one, found it over the band and booted another, in a loop.
+    such a pool was planned at the profile's K, and a hand worker of 4 slots beside the
+    provisioner's of 8 read as 16 (``reference-cpu``), as the provisioner's did, so the
+    autoscaler drained the provisioner's worker to fit three sessions onto the hand one, found
+    it over the band and booted another, in a loop.
     """
     caps: dict[str, set[int]] = {}
     provisioned: dict[str, set[int]] = {}
