@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
-from typing import Mapping
+from typing import Iterable, Iterator, Mapping
 
 from processors.decisions import Command, Offload, Discard
 from schemas import records as r
@@ -25,6 +25,7 @@ __all__ = [
     "Session",
     "TRANSITIONS",
     "transition",
+    "moves",
     "on_event",
     "EVENT_KIND",
     "session_event",
@@ -154,6 +155,16 @@ def session_event(rec: r.Record) -> SessionEvent | None:
 def transition(state: SessionState | None, event: EventKind) -> tuple[SessionState, Action]:
     """Look up the next state and the action for ``event`` in ``state``."""
     return TRANSITIONS[(state, event if type(event) is EventKind else EventKind(event))]
+
+
+def moves(events: Iterable[SessionEvent]) -> Iterator[tuple[SessionEvent, SessionState | None, SessionState]]:
+    """Each event with its session's state before and after it, every session moved by the
+    table from unknown (the fold the simulator's tooling shares)."""
+    states: dict[str, SessionState] = {}
+    for ev in events:
+        was = states.get(ev.session_id)
+        states[ev.session_id] = now = transition(was, ev.kind)[0]
+        yield ev, was, now
 
 
 def on_event(session: Session | None, event: SessionEvent) -> tuple[Session, tuple[Command, ...]]:

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from processors.latency import GpuProfile
-from processors.lifecycle import SessionEvent, SessionState, transition
+from processors.lifecycle import SessionEvent, SessionState, moves
 
 __all__ = ["MissGuide", "ElasticBound", "miss_guide"]
 
@@ -203,9 +203,7 @@ def miss_guide(events: Sequence[SessionEvent], profile: GpuProfile, deadline_s: 
     first_t: list[float] = []
     times: list[float] = []
     load: list[int] = []
-    states: dict[str, SessionState] = {}
-    for ev in events:  # each session through the lifecycle table, as the simulator moves it
-        states[ev.session_id] = now = transition(states.get(ev.session_id), ev.kind)[0]
+    for ev, _, now in moves(events):  # each session through the lifecycle table, as the simulator moves it
         if now is SessionState.EXECUTION:
             if ev.session_id not in executing:
                 executing.add(ev.session_id)

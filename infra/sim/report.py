@@ -17,6 +17,7 @@ is offered it (its ordinary run, like turboserve's, is not).
 
 from __future__ import annotations
 
+import itertools
 import math
 from itertools import chain
 import multiprocessing
@@ -26,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 from processors.autoscaler import Slo
 from processors.latency import LatencyModel
-from processors.lifecycle import SessionEvent, SessionState, transition
+from processors.lifecycle import SessionEvent, SessionState, moves
 from processors.oracles import future_active
 from processors.policy import BUILTIN_POLICIES, FIXED_POOL, accepts, load_policy
 from schemas.errors import ConfigError
@@ -67,22 +68,16 @@ def _pct(worse: float, better: float) -> float:
 
 def _first_instant_executing(events: Sequence[SessionEvent]) -> int:
     """Sessions executing once the trace's first instant's events are in."""
-    states: dict[str, SessionState] = {}
-    for ev in events:
-        if ev.t > events[0].t:
-            break
-        states[ev.session_id] = transition(states.get(ev.session_id), ev.kind)[0]
+    first = itertools.takewhile(lambda ev: ev.t <= events[0].t, events)
+    states = {ev.session_id: now for ev, _, now in moves(first)}
     return sum(st is SessionState.EXECUTION for st in states.values())
 
 
 def _peak_open(trace: Trace) -> int:
     """Most sessions open at once (what a pinned pool must hold), each session moved by the
     lifecycle table: open from its first event until its close."""
-    states: dict[str, SessionState] = {}
     n = peak = 0
-    for e in trace.events:
-        was = states.get(e.session_id)
-        states[e.session_id] = now = transition(was, e.kind)[0]
+    for _, was, now in moves(trace.events):
         n += (now is not SessionState.TERMINATED) - (was is not None and was is not SessionState.TERMINATED)
         peak = max(peak, n)
     return peak

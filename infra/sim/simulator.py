@@ -38,7 +38,7 @@ from processors.decisions import Admit, Decision, Vacate, Migrate, Place, Restor
 from processors.admission import AdmitPlan, WorkerLoad, admit_in_turn
 from processors.detector import DetectorConfig, Signal, signals as detector_signals
 from processors.latency import LatencyModel
-from processors.lifecycle import SessionEvent, SessionState, on_event, transition
+from processors.lifecycle import SessionEvent, SessionState, moves, on_event
 from processors.policy import Policy, keeps_idle_resident
 from processors.snapshot import ChunkStats, Gpu, GpuState, Session, Snapshot
 from schemas.errors import ChunkserveError, ConfigError, PolicyError
@@ -109,9 +109,7 @@ def chunk_bound(events: Sequence[SessionEvent], model: LatencyModel, round_s: fl
     fastest = min(p.latency(1) for p in model.values())
     start: dict[str, float] = {}
     spells: list[tuple[float, float]] = []
-    states: dict[str, SessionState] = {}
-    for ev in events:  # each session through the lifecycle table, as the run moves it
-        states[ev.session_id] = state = transition(states.get(ev.session_id), ev.kind)[0]
+    for ev, _, state in moves(events):  # each session through the lifecycle table, as the run moves it
         run = state is _EXEC
         if run and ev.session_id not in start:
             start[ev.session_id] = ev.t

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from processors.lifecycle import EventKind, SessionEvent, SessionState, transition
+from processors.lifecycle import EventKind, SessionEvent, SessionState, moves
 from schemas.errors import ConfigError
 
 from infra.sim.trace import MB
@@ -119,9 +119,7 @@ def fall(events: Sequence[SessionEvent], at_s: float, keep: int, end_s: float,
     evenly over the order they opened in (sessions that opened apart sit on different GPUs);
     idle ones are woken at ``at_s`` when too few execute."""
     before = [e for e in events if e.t < at_s]
-    state: dict[str, SessionState] = {}  # in the order the sessions opened
-    for e in before:
-        state[e.session_id] = transition(state.get(e.session_id), e.kind)[0]
+    state = {e.session_id: now for e, _, now in moves(before)}  # in the order the sessions opened
     running = [s for s, st in state.items() if st is SessionState.EXECUTION]
     idle = [s for s, st in state.items() if st is SessionState.SUSPENDED]
     kept = _spread(running, keep)
