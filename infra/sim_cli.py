@@ -121,7 +121,7 @@ def simulate_cmd(
     """Replay a trace through policies; print a table, write JSON and a timeline plot."""
     from processors.autoscaler import AutoscalerConfig, Slo
     from processors.volatility import load_volatility_table
-    from infra.sim.report import Runner, check_policies, compare, plot_timeline, timelines
+    from infra.sim.report import Runner, check_policies, compare, plot_timeline, resolve_subject, timelines
     from infra.sim.simulator import SimConfig
 
     start = time.perf_counter()
@@ -143,7 +143,7 @@ def simulate_cmd(
             runner = Runner(tr, model, cfg, options, on_run=lambda s: bar.update(task, description=f"simulating {s}"),
                             offer=offer, plugin_pool=pool)
             _check_names(runner, names)
-            subject_spec = _subject(runner, names, subject)
+            subject_spec = resolve_subject(runner, names, subject)
             if pool is not None and subject_spec is None:
                 runner.peak_pool = pool
             out = compare(runner, names, subject_spec or "turboserve", slo, jobs=_jobs(jobs))
@@ -298,17 +298,7 @@ def _check_names(runner: object, names: list[str]) -> None:
             seen[name] = spec
 
 
-def _subject(runner: object, names: list[str], subject: str | None) -> str | None:
-    """The spec among ``names`` that ``subject`` names (a spec, or a policy's name); None
-    when none is given and turboserve does not run (no comparisons)."""
-    if subject is None:
-        return "turboserve" if "turboserve" in names else None
-    if subject in names:
-        return subject
-    for spec in names:
-        if ":" in spec and runner.name_of(spec) == subject:  # type: ignore[attr-defined]
-            return spec
-    raise ConfigError("subject", "not among the policies run (give it with --policy)", subject)
+_NO_ABLATIONS = "turboserve-no-autoscale ran at the peak-provisioned pool: the ablations are compared only when turboserve is the subject"
 
 
 def _print_ablations(out: dict) -> None:
@@ -318,8 +308,7 @@ def _print_ablations(out: dict) -> None:
         parts = [f"{a}: " + ("no fixed pool up to the search's cap is as fast" if v is None else f"{v:+.1f}%") for a, v in abl.items()]
         _console.print("ablations, cost over turboserve (no-autoscale: the fixed pool matching its worst chunk): " + "; ".join(parts))
     elif "turboserve-no-autoscale" in out["policies"] and out.get("subject") not in (None, "turboserve"):
-        _console.print("[yellow]turboserve-no-autoscale ran at the peak-provisioned pool: the ablations are compared only "
-                       "when turboserve is the subject[/yellow]")
+        _console.print(f"[yellow]{_NO_ABLATIONS}[/yellow]")
 
 
 def _print_table(out: dict) -> None:
@@ -388,6 +377,7 @@ def evaluate_cmd(
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes each comparison's runs use (0: one per CPU core)."),
     policy: list[str] = typer.Option([], "--policy", "-p", help="A plug-in (module:Name) to compare beside the split's policies, as TeleFuser is (repeatable or comma-separated)."),
+    subject: Optional[str] = typer.Option(None, "--subject", help="The policy the bars and comparisons are about: a plug-in given with --policy (its spec or name) or a policy the split runs (default: turboserve; with another, turboserve is a peer and its ablations are not compared)."),
     profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
     gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="GPU type of fixed pools and of scale-out (default: b300, or a profile's only type)."),
     deadline: float = typer.Option(1.0, "--deadline", min=0.001, max=3600.0, help="Chunk deadline = media duration of a chunk, s."),
@@ -440,7 +430,7 @@ def evaluate_cmd(
             out = evaluate(specs, model, cfg, _builtin_options(vt, auto),
                            {"table": vt, "autoscaler": auto}, slo, policies=(*EVAL_POLICIES, *extra),
                            on_trace=lambda s: bar.update(task, description=s), jobs=_jobs(jobs),
-                           on_runner=lambda r: _check_names(r, [*EVAL_POLICIES, *extra]))
+                           on_runner=lambda r: _check_names(r, [*EVAL_POLICIES, *extra]), subject=subject)
     except ChunkserveError as exc:
         _fail(exc)
     try:  # the results first: nothing printed after them can lose them
@@ -450,16 +440,20 @@ def evaluate_cmd(
         _fail(exc)
     t = Table(title=f"{split} traces" if split is not None else "given traces")
     peers = list(dict.fromkeys(n for r in out.values() for n in r["bars"].get("peers", {})))
+    who = next((r["comparison"]["subject"] for r in out.values()), "turboserve")  # the same on every trace
     for col in ("trace", "beats rr/lag/mag", "beats least-loaded-offload", "ablations cost more", "oracle gap %", "SLO saving %", "SLO saving bound %",
-                "turboserve worst chunk / worst resume s", *(f"{n} cost / worst s" for n in peers)):
+                f"{who} worst chunk / worst resume s", *(f"{n} cost / worst s" for n in peers)):
         t.add_column(col, overflow="fold")  # a long plug-in name wraps, not cut
     for name, r in out.items():
         b, p = r["bars"], r["comparison"]["paper"]
-        t.add_row(name, str(b["beats_paper_baselines"]), str(b["beats_least_loaded_offload"]), str(b["ablations_cost_more"]), _pct(p["oracle_gap_pct"]),
+        abl = "-" if b["ablations_cost_more"] is None else str(b["ablations_cost_more"])  # none: turboserve is not the subject
+        t.add_row(name, str(b["beats_paper_baselines"]), str(b["beats_least_loaded_offload"]), abl, _pct(p["oracle_gap_pct"]),
                   "misses SLO" if not b["slo_met"] else _pct(b["slo_saving_pct"]), _pct(b["slo_saving_bound_pct"]),
-                  _worst_and_resume(r["comparison"]["policies"].get("turboserve")),
+                  _worst_and_resume(r["comparison"]["policies"].get(who)),
                   *(f"{x['cost']:.1f} / {x['worst_s']:.2f}" if (x := b.get("peers", {}).get(n)) else "-" for n in peers))
     _console.print(t)
+    if who != "turboserve":
+        _console.print(f"[yellow]{_NO_ABLATIONS}[/yellow]")
     for n in peers:  # a plug-in's commands the simulator could not carry out: its figures are of what it did carry out
         bad = {name: x["invalid_commands"] for name, r in out.items() if (x := r["bars"].get("peers", {}).get(n)) and x.get("invalid_commands")}
         if bad:

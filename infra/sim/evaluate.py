@@ -23,7 +23,7 @@ from infra.sim.outside import OUTSIDE, OutsideConfig, generate_outside
 from infra.sim.review import REVIEW, ReviewConfig, generate_review
 from infra.sim.steps import STEPS, StepsConfig, generate_steps
 from infra.sim.surges import SURGES, SurgeConfig, generate_surge
-from infra.sim.report import PAPER_BASELINES, Runner, compare
+from infra.sim.report import PAPER_BASELINES, Runner, compare, resolve_subject
 from infra.sim.simulator import SimConfig
 from infra.sim.trace import Trace
 from infra.sim.tracegen import GenConfig, generate
@@ -94,23 +94,28 @@ def make_trace(spec: TraceSpec) -> Trace:
 
 
 def bars(doc: dict[str, Any]) -> dict[str, Any]:
-    """The quality bars of one comparison: which hold, with the figures behind them."""
+    """The quality bars of one comparison, the subject's (``doc["subject"]``): which hold,
+    with the figures behind them. Every other policy not built in, and turboserve when it
+    is not the subject, is a peer."""
+    who = doc["subject"]
     pc, pl = doc["paper"]["matched_cost"]["worst_latency_reduction_pct"], doc["paper"]["matched_latency"]["cost_reduction_pct"]
     slo = doc["slo"]
     abl = doc.get("ablation_cost_increase_pct", {})
-    fixed, ts_cost = slo["fixed_pool_cost"], slo["cost"].get("turboserve")
-    # null where turboserve misses the SLO too: a cost that does not meet it saves nothing (an
+    fixed, own_cost = slo["fixed_pool_cost"], slo["cost"].get(who)
+    # null where the subject misses the SLO too: a cost that does not meet it saves nothing (an
     # outside run read 28% "saved" on a trace whose SLO turboserve missed)
-    met = bool(slo["met"].get("turboserve"))
-    saving = 100.0 * (fixed - ts_cost) / fixed if met and fixed and ts_cost is not None else None
+    met = bool(slo["met"].get(who))
+    saving = 100.0 * (fixed - own_cost) / fixed if met and fixed and own_cost is not None else None
     out = {
-        # null: no fixed pool up to the search's cap is as fast as turboserve
-        "beats_paper_baselines": all(pc[b] > 0 and (pl[b] is None or pl[b] > 0) for b in PAPER_BASELINES),
+        # null: no fixed pool up to the search's cap is as fast as the subject (a fixed-pool
+        # subject is not its own baseline: it is left out)
+        "beats_paper_baselines": all(pc[b] > 0 and (pl[b] is None or pl[b] > 0) for b in PAPER_BASELINES if b in pc),
         # the strongest fixed pool: it offloads idle sessions as turboserve does (null: not run)
         "beats_least_loaded_offload": _beats(doc, "least-loaded-offload"),
-        "ablations_cost_more": bool(abl) and all(v is None or v > 0 for v in abl.values()),
+        # null: the ablations are turboserve's, compared only when it is the subject
+        "ablations_cost_more": (bool(abl) and all(v is None or v > 0 for v in abl.values())) if who == "turboserve" else None,
         "oracle_gap_le_10": doc["paper"].get("oracle_gap_pct", 1e9) <= 10.0,
-        "slo_met": slo["met"].get("turboserve", False),
+        "slo_met": slo["met"].get(who, False),
         "slo_20pct_cheaper": saving is not None and saving >= 20.0,
         "slo_saving_pct": saving,
         # the most any elastic pool saves against a fixed one at the SLO (infra.sim.guide's model)
@@ -118,12 +123,13 @@ def bars(doc: dict[str, Any]) -> dict[str, Any]:
         # what no bar sees: a returning session's wait for its state (its restore), which the
         # chunk latencies leave out (an outside run's 1 TB states waited 88 s, "SLO met")
         "resume": {name: {"worst_s": m.get("worst_resume_latency_s"), "p99_s": m.get("p99_resume_latency_s")}
-                   for name, m in doc["policies"].items() if name in ("turboserve", "least-loaded-offload", "rr")},
+                   for name, m in doc["policies"].items() if name in (who, "turboserve", "least-loaded-offload", "rr")},
     }
     peers = {name: {"cost": m["cost"], "worst_s": m["worst_chunk_latency_s"], "miss": m["deadline_miss_rate"],
                     "slo_met": slo["met"].get(name, False), "slo_cost": slo["cost"].get(name),
                     "invalid_commands": m.get("invalid_commands", 0)}
-             for name, m in doc["policies"].items() if name not in BUILTIN_POLICIES}  # TeleFuser and any plug-in run
+             for name, m in doc["policies"].items()
+             if name != who and (name not in BUILTIN_POLICIES or name == "turboserve")}  # TeleFuser, plug-ins, turboserve
     if peers:
         out["peers"] = peers
     if "telefuser" in peers:
@@ -143,11 +149,13 @@ def _beats(doc: dict[str, Any], pool: str) -> bool | None:
 
 def evaluate(specs: Sequence[TraceSpec | Trace], model: LatencyModel, config: SimConfig, options: dict[str, Any], offer: dict[str, Any],
              slo: Slo = Slo(), policies: Sequence[str] = EVAL_POLICIES, on_trace: Callable[[str], None] | None = None,
-             jobs: int = 1, on_runner: Callable[[Runner], None] | None = None) -> dict[str, Any]:
+             jobs: int = 1, on_runner: Callable[[Runner], None] | None = None, subject: str | None = None) -> dict[str, Any]:
     """Compare ``policies`` on every trace of ``specs`` (a spec is generated; a
     :class:`Trace`, a user's file, is replayed as read and named by its ``source``); per
-    trace the comparison and its bars. ``on_runner`` sees each trace's runner before its
-    runs (to check plug-ins' names)."""
+    trace the comparison and its bars. ``subject`` is the policy they are about, a spec
+    among ``policies`` or a plug-in's name, as ``simulate --subject`` reads it (default:
+    turboserve). ``on_runner`` sees each trace's runner before its runs (to check
+    plug-ins' names)."""
     out: dict[str, Any] = {}
     for spec in specs:
         name = spec.source if isinstance(spec, Trace) else spec.name
@@ -157,7 +165,8 @@ def evaluate(specs: Sequence[TraceSpec | Trace], model: LatencyModel, config: Si
         if on_runner is not None:
             on_runner(runner)
         try:
-            doc = compare(runner, policies, "turboserve", slo, jobs=jobs)
+            who = resolve_subject(runner, policies, subject) or "turboserve"
+            doc = compare(runner, policies, who, slo, jobs=jobs)
         except PolicyError as exc:  # a plug-in's failure, named with the trace it failed on
             raise PolicyError(f"{name}: {exc}") from exc
         out[name] = {"comparison": doc, "bars": bars(doc)}

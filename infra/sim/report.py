@@ -36,7 +36,7 @@ from infra.sim.guide import MissGuide, miss_guide
 from infra.sim.simulator import SimConfig, SimResult, Signals, Stop, chunk_bound, signals_for, simulate
 from infra.sim.trace import Trace
 
-__all__ = ["Runner", "ALL_POLICIES", "PAPER_BASELINES", "OFFLOAD_BASELINES", "PEERS", "compare", "plot_timeline", "check_policies"]
+__all__ = ["Runner", "ALL_POLICIES", "PAPER_BASELINES", "OFFLOAD_BASELINES", "PEERS", "compare", "plot_timeline", "check_policies", "resolve_subject"]
 
 PAPER_BASELINES = ("rr", "lag", "mag")
 OFFLOAD_BASELINES = ("least-loaded-offload", "lag-offload", "mag-offload")
@@ -722,6 +722,19 @@ def plot_timeline(series: dict[str, dict[str, list[float]]], window_s: float, pa
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def resolve_subject(runner: Runner, names: Sequence[str], subject: str | None) -> str | None:
+    """The spec among ``names`` that ``subject`` names (a spec, or a policy's name); None
+    when none is given and turboserve does not run (no comparisons)."""
+    if subject is None:
+        return "turboserve" if "turboserve" in names else None
+    if subject in names:
+        return subject
+    for spec in names:
+        if ":" in spec and runner.name_of(spec) == subject:
+            return spec
+    raise ConfigError("subject", "not among the policies run (give it with --policy)", subject)
 
 
 def check_policies(specs: Sequence[str]) -> None:

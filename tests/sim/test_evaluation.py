@@ -523,6 +523,48 @@ def test_evaluate_compares_a_plugin_beside_the_split():
     assert mine["invalid_commands"] == run["invalid_commands"]  # a peer's refused commands are not hidden in its bars
 
 
+def test_evaluate_makes_a_plugin_the_subject_and_turboserve_a_peer():
+    """With a subject, the bars are its own and turboserve stands beside it as a plug-in
+    does; the ablations, turboserve's, are not compared."""
+    from infra.sim.evaluate import TraceSpec, evaluate
+    from processors.autoscaler import AutoscalerConfig
+
+    vt, auto = load_volatility_table(), AutoscalerConfig()
+    out = evaluate([TraceSpec("calm", 0, 60.0, 30)], MODEL, SimConfig(warm_start=True),
+                   {"turboserve": {"table": vt, "autoscaler": auto}}, {"table": vt, "autoscaler": auto},
+                   policies=("rr", "lag", "mag", "turboserve", "turboserve-no-autoscale", "tests.sim.plugin:Optioned"),
+                   jobs=1, subject="tests.sim.plugin:Optioned")
+    (doc,) = out.values()
+    b, c = doc["bars"], doc["comparison"]
+    assert c["subject"] == "optioned" and "ablation_cost_increase_pct" not in c and b["ablations_cost_more"] is None
+    assert set(b["peers"]) == {"turboserve"} and b["peers"]["turboserve"]["cost"] == c["policies"]["turboserve"]["cost"]
+    assert b["slo_met"] == c["slo"]["met"]["optioned"] and b["resume"]["optioned"]["worst_s"] == c["policies"]["optioned"]["worst_resume_latency_s"]
+
+
+def test_evaluate_subject_gives_the_comparison_simulate_subject_gives(tmp_path):
+    """``evaluate --subject NAME`` resolves the subject as ``simulate --subject`` does (a
+    plug-in by its name), and its comparison is simulate's for the same policies; a subject
+    not run is refused in one line."""
+    from infra.sim.evaluate import EVAL_POLICIES
+
+    path = tmp_path / "mine.csv"
+    write_trace(generate(GenConfig(level=5, duration_s=60.0, sessions=30, seed=3)), path)
+    mine = "examples.policies.target_util:TargetUtil"
+    ev, sim = tmp_path / "ev.json", tmp_path / "sim.json"
+    res = CliRunner().invoke(_app(), ["evaluate", "--trace", str(path), "-p", mine, "--subject", "target-util", "-j", "1", "--json", str(ev)])
+    assert res.exit_code == 0, res.output
+    assert "target-util worst chunk" in res.output and "ablations are compared only when turboserve is the subject" in res.output
+    got = json.loads(ev.read_text())[str(path)]
+    args = ["simulate", str(path), "-p", ",".join([*EVAL_POLICIES, mine]), "--subject", "target-util", "-j", "1", "--json", str(sim)]
+    assert CliRunner().invoke(_app(), args).exit_code == 0
+    want = {k: v for k, v in json.loads(sim.read_text()).items() if k != "wall_s"}
+    assert want["subject"] == "target-util" and got["comparison"] == want
+    assert got["bars"]["slo_met"] == want["slo"]["met"]["target-util"] and "target-util" not in got["bars"]["peers"]
+    assert set(got["bars"]["peers"]) == {"turboserve", "telefuser"}
+    bad = CliRunner().invoke(_app(), ["evaluate", "--trace", str(path), "--subject", "nobody", "-j", "1"])
+    assert bad.exit_code == 2 and "subject: not among the policies run" in bad.output and len(bad.output.strip().splitlines()) == 1, bad.output
+
+
 def test_the_plugin_pool_starts_the_users_plugins_not_the_shipped_peer():
     """``--pool N`` starts the user's own plug-ins with N GPUs; TeleFuser's port, a
     reference beside turboserve, keeps its elastic start whatever the user's pool."""
@@ -633,7 +675,7 @@ def test_a_cost_that_misses_the_slo_saves_nothing(met, saving):
     from infra.sim.evaluate import bars
 
     none = {"rr": 1.0, "lag": 1.0, "mag": 1.0}
-    doc = {"paper": {"matched_cost": {"worst_latency_reduction_pct": none},
+    doc = {"subject": "turboserve", "paper": {"matched_cost": {"worst_latency_reduction_pct": none},
                      "matched_latency": {"cost_reduction_pct": none}, "oracle_gap_pct": 0.0},
            "slo": {"fixed_pool_cost": 100.0, "cost": {"turboserve": 75.0}, "met": {"turboserve": met},
                    "elastic_bound": {"saving_pct": 30.0}},
