@@ -1,8 +1,8 @@
 """A worker's per-session ownership machine: which commands and inputs a held session takes.
 
-Pure: no Kafka, Redis, torch or clock (``now`` is passed in). The runtime (``runtime.py``)
-asks it what to do, carries the answer out (claim, fenced write, model step, send) and tells
-it what happened. Its rules:
+Pure: no Kafka, Redis, torch or clock (``now`` is passed in). The worker's core (``core.py``)
+asks it what to do and turns the answer into commands (claim, fenced write, model step, send)
+that the shell (``commands.py``) carries out. Its rules:
 
 - a command acts only with the generation the worker holds; an older one is ``stale_epoch``,
   any other ``not_owner``;

@@ -1,8 +1,9 @@
 """The worker runtime: claims generations, runs coalesced chunks, releases only when current.
 
 One process per device. Commands arrive on the ``worker-commands`` partition the worker id
-hashes to (records for other workers are skipped) and are carried out by the command handler
-(``commands.py``, its rules in ``ownership.py``). Every state-advancing step is fenced: a
+hashes to (records for other workers are skipped); the worker's core decides what each leads
+to (``core.py``, one session's rules in ``ownership.py``) and its shell carries that out
+(``commands.py``). Every state-advancing step is fenced: a
 session is claimed before its first chunk or input, the whole coalesced batch is revalidated
 in one round trip before any output is released, and inputs are applied once, in sequence
 order. A worker that learns its generation is stale drops the session at once. One process
@@ -23,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from schemas.errors import InfraError, LeaseHeldError, LimitError, OwnershipError
+from schemas.errors import InfraError, LeaseHeldError
 from schemas.records import ChunkDone, Heartbeat, Record, WorkerDown, WorkerUp
 from schemas.topics import WORKER_COMMANDS
 from streams.config import Settings
@@ -35,6 +36,7 @@ from streams.prom import metrics, observe_heartbeat
 from streams.topics import TopicCatalogue, partition_for_key
 
 from .commands import CommandHandler, Ports, session_seed
+from .core import ChunksReleased, Send
 from .outbox import Outbox
 
 __all__ = ["WorkerConfig", "Worker", "StoreOutage", "PatientStore", "id_held", "session_seed", "serve"]
@@ -304,7 +306,7 @@ class Worker:
             if getattr(rec, "worker_id", None) != self.config.worker_id:
                 continue  # another worker's command on the shared partition
             if d.refused is not None:  # unsigned, unknown key or forged: never acted on
-                await self.commands.reject(rec, d.refused, "command failed its authenticity check")
+                await self.commands.unauthentic(rec, d.refused)
                 continue
             await self.commands.handle(rec)
         await self.outbox.acknowledged()
@@ -319,15 +321,7 @@ class Worker:
         """Sessions frozen for a handoff that nobody completed within ``handoff_wait_s`` run
         again (should dispatch commit the move later, this generation is fenced at its next
         write)."""
-        now, wait_s = self.monotonic(), self.config.handoff_wait_s
-        stuck = [(sid, s) for sid, s in self.sessions.items() if s.freeze_expired(now, wait_s)]
-        for sid, sess in stuck:
-            log.warning("%s: handoff of %s not completed in %.0f s; serving it here again",
-                        self.config.worker_id, sid, wait_s)
-            sess.thaw(now)
-            self.schedule.add(sid, sess)
-            await self.commands.apply_pending(sid, sess)
-        return len(stuck)
+        return await self.commands.thaw_stuck(self.config.handoff_wait_s)
 
     async def _replay(self, sid: str, after_seq: int, start: tuple[int, int] | None) -> list[Any]:
         """Recovery: the session's inputs after ``after_seq`` from ``session-inputs``."""
@@ -350,41 +344,15 @@ class Worker:
         # one round trip: revalidate every generation and advance the released chunk indices
         verdicts = await self.patient.release_chunks(
             [(sid, s.generation, out.chunk_index) for (sid, s), out in zip(due, outputs)])
-        released = []
-        for (sid, sess), out, (ok, why) in zip(due, outputs, verdicts):
-            if not ok and why != "released":
-                await self.commands.drop(sid, sess, str(why))
-                continue
-            sess.next_due = max(sess.next_due + self.config.chunk_interval_s, now)
-            self.schedule.add(sid, sess)
-            if not ok:  # recomputed after a recovery: an earlier owner already released it
-                continue
-            sess.released_chunk = out.chunk_index
-            released.append(ChunkDone(
-                worker_id=self.config.worker_id, session_id=sid, generation=sess.generation,
-                chunk_index=out.chunk_index, ts=self.clock(), latency_s=latency,
-                batch_size=len(due), input_seq=out.input_seq, checksum=out.checksum))
-        for chunk in released:
-            await self._send(chunk)
-        assert self.outbox is not None
-        await self.outbox.acknowledged()
-        self.chunks_released += len(released)
-        metrics().chunks_released.labels(self.config.worker_id).inc(len(released))
-        await self._checkpoint(due)
-        return len(released)
-
-    async def _checkpoint(self, due: list[tuple[str, Any]]) -> None:
-        """Periodic fenced snapshots bound what a recovery replays."""
-        every = self.config.snapshot_every
-        for sid, sess in due:
-            if every and self.sessions.get(sid) is sess and sess.state.chunk_index % every == 0:
-                try:
-                    await self.commands.snapshot(sid, sess)
-                except LimitError as exc:  # no checkpoint: a recovery replays from the last one
-                    metrics().rejected.labels(exc.reason_code).inc()
-                    log.warning("worker %s: periodic snapshot skipped: %s", self.config.worker_id, exc)
-                except OwnershipError as exc:
-                    await self.commands.drop(sid, sess, str(exc))
+        # the core releases what the store revalidated, drops what it fenced, schedules the
+        # next chunks and takes the periodic snapshots that bound what a recovery replays
+        decided = await self.commands.feed(ChunksReleased(
+            tuple(due), tuple(outputs), tuple(verdicts), now, latency, self.config.chunk_interval_s,
+            self.config.snapshot_every))
+        released = sum(isinstance(c, Send) and isinstance(c.rec, ChunkDone) for c in decided)
+        self.chunks_released += released
+        metrics().chunks_released.labels(self.config.worker_id).inc(released)
+        return released
 
     async def heartbeat(self) -> None:
         sample = self._telemetry.sample() if self._telemetry is not None else None
