@@ -16,7 +16,8 @@ from typing import Annotated, Any, Callable, Literal, Union
 
 from .errors import SchemaError
 
-__all__ = ["Id", "Count", "Seq", "Seconds", "Fraction", "Level", "Validator", "compile_validator", "json_schema", "ID_MAX_LEN"]
+__all__ = ["Id", "Count", "Seq", "Seconds", "Fraction", "Level", "Validator", "compile_validator", "json_schema", "ID_MAX_LEN",
+           "FrozenMap"]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_COLLECTION = 4096
@@ -144,8 +145,29 @@ def _tuple_of(inner: Validator) -> Validator:
     return check
 
 
+class FrozenMap(dict[str, Any]):
+    """The value of a record's ``dict[str, T]`` field: a plain map on the wire, to ``==`` and
+    to ``repr``, but read-only, so a frozen record stays frozen (to change one, build a new
+    map and a new record). Hashable, and pickled and copied as itself (a ``MappingProxyType``
+    can be neither pickled nor deep-copied), so records still cross processes and ``replace()``."""
+
+    __slots__ = ()
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> typing.NoReturn:
+        raise TypeError("a record's map is read-only: build a new map (dict(m) copies it)")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (dict(self),)
+
+
 def _dict_of(inner: Validator) -> Validator:
-    def check(value: Any, path: str) -> dict[str, Any]:
+    def check(value: Any, path: str) -> FrozenMap:
         if not isinstance(value, dict):
             _fail(path, f"expected a map, got {_type_name(value)}")
         if len(value) > MAX_COLLECTION:
@@ -155,7 +177,7 @@ def _dict_of(inner: Validator) -> Validator:
             if not isinstance(k, str) or not k:
                 _fail(path, "map keys must be non-empty strings")
             out[k] = inner(v, f"{path}.{k}")
-        return out
+        return FrozenMap(out)
 
     return check
 
