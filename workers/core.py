@@ -404,6 +404,7 @@ class Outgoing:
         return [Flush(), Send(Frozen(worker_id=self.worker_id, session_id=rec.session_id, generation=sess.generation,
                                      target_worker=rec.target_worker, ts=at.wall, chunk_index=sess.released_chunk))]
 
+
 @dataclass
 class WorkerCore:
     """The sessions a worker holds and every decision on them."""
@@ -516,7 +517,7 @@ class WorkerCore:
         if event.refusal is not None:
             return [self.say.refuse(rec, event.refusal, at),
                     *self.say.reject_all(self.early.take(sid, rec.generation), "not_owner",
-                                     f"its Assign was refused: {event.refusal.detail}", at)]
+                                         f"its Assign was refused: {event.refusal.detail}", at)]
         cmds: list[Command] = []
         if (held := self.sessions.pop(sid, None)) is not None:  # an older generation we held has passed
             cmds += self.say.reject_all(held.take_pending(), "stale_epoch", f"superseded by {rec.generation}", at)
@@ -527,7 +528,7 @@ class WorkerCore:
         if event.refusal is not None:  # corrupt, vanished, or over max_snapshot_bytes
             return [self.say.refuse(rec, event.refusal, at), Release(sid, rec.generation, close=False, flush=False),
                     *self.say.reject_all(self.early.take(sid, rec.generation), "not_owner",
-                                     f"its session did not start here: {event.refusal.detail}", at)]
+                                         f"its session did not start here: {event.refusal.detail}", at)]
         sess = Held(rec.generation, event.state, next_due=at.mono, input_pos=event.input_pos,
                     skipped=set(event.skipped))
         self.sessions[sid] = sess
@@ -587,12 +588,12 @@ class WorkerCore:
         cmds: list[Command] = []
         if close:  # inputs still waiting for an earlier one are not applied: refused
             cmds += self.say.reject_all(sess.take_pending(), "closed",
-                                    "the session closed while it waited for an earlier one", at)
+                                        "the session closed while it waited for an earlier one", at)
         if successor is None:  # (after a handoff the store moved it already)
             cmds.append(Release(sid, rec.generation, close=close))
         self.sessions.pop(sid, None)
         cmds += self.say.reject_all(sess.take_pending(), "stale_epoch", f"the session moved to {successor}" if successor
-                                else "the session was revoked here", at)
+                                    else "the session was revoked here", at)
         reason: ReleaseReason = "closed" if close else "migrated" if successor is not None else "revoked"
         return [*cmds, self.say.released(sid, rec.generation, reason, at, sess.released_chunk, successor,
                                      detail=getattr(rec, "reason", "") if reason == "revoked" else "")]
@@ -695,7 +696,7 @@ def gap_check(core: WorkerCore, at: At) -> list[Command]:
     cmds += [Then(GapExpired(sid, s)) for sid, s in core.sessions.items()
              if s.gap_expired(at.mono, core.gap_wait_s)]
     return cmds + core.say.reject_all(core.early.expired(at.mono, core.gap_wait_s), "not_owner",
-                                  "no Assign of its generation came in time", at)
+                                      "no Assign of its generation came in time", at)
 
 
 def chunks_released(core: WorkerCore, event: ChunksReleased, at: At) -> list[Command]:
