@@ -22,7 +22,7 @@ from typing import Any, Iterable, Literal
 from schemas.records import (Assign, ChunkDone, Claimed, CommandRejected, Frozen, Generation, Handoff, InputAccepted, Record,
                              RejectReason, Released, ReleaseReason, Resume, Revoke, RoutedInput, Suspend, Terminate)
 
-from .ownership import EarlyInputs, Held, Refusal, command_refusal, stray_input_refusal
+from .ownership import EarlyInputs, Held, Refusal, command_refusal, stray_input_refusal, suspended_before_assign
 from .schedule import Schedule
 
 __all__ = ["At", "WorkerCore", "OWED",
@@ -98,7 +98,7 @@ class Loaded:
 class SessionRead:
     """The store's word on a session this worker does not hold (answers ``ReadSession``)."""
 
-    rec: RoutedInput
+    rec: RoutedInput | Suspend
     state: str | None
     current: Generation | None
 
@@ -286,7 +286,7 @@ class LoadState:
 
 @dataclass(frozen=True, slots=True)
 class ReadSession:
-    rec: RoutedInput
+    rec: RoutedInput | Suspend
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -453,7 +453,11 @@ class WorkerCore:
                 return self._claim_answered(event, at)
             case Loaded():
                 return self._loaded(event, at)
-            case SessionRead(rec=rec, state=state, current=current):
+            case SessionRead(rec=Suspend() as rec, state=state, current=current):
+                if suspended_before_assign(state, current, rec.generation):
+                    return [EndInStore(rec)]  # the late Assign finds nothing to run
+                return [self.say.refuse(rec, command_refusal(None, rec.generation), at)]
+            case SessionRead(rec=RoutedInput() as rec, state=state, current=current):
                 refusal = stray_input_refusal(rec, state, current)
                 return [self.say.refuse(rec, refusal, at)] if refusal is not None else self._early(rec, at)
             case InputApplied(sid=sid, held=sess, rec=rec, skip_gaps=skip_gaps):
@@ -470,7 +474,7 @@ class WorkerCore:
             case LogRead():
                 return log_read(self, event, at)
             case EndedInStore():
-                return self._ended_in_store(event, at)
+                return ended_in_store(self, event, at)
             case Offloaded():
                 return self._offloaded(event, at)
             case Snapshotted() | SnapshotRefused():
@@ -538,8 +542,10 @@ class WorkerCore:
             sess.owe_replay()
             cmds.append(ReadLog(sid, sess))
         cmds.append(Send(Claimed(worker_id=self.worker_id, session_id=sid, generation=rec.generation, ts=at.wall)))
-        for other in self.early.hand_over(sid, sess):
+        others, refused = self.early.hand_over(sid, sess, self.gap_wait_s)
+        for other in others:
             cmds.append(self.say.reject(other, "stale_epoch", f"held: {sess.generation}", at))
+        cmds += [self.say.refuse(rec, why, at) for rec, why in refused]
         return [*cmds, *self.apply_pending(sid, sess, at)]
 
     # --- commands on a held session ---------------------------------------------------------
@@ -547,10 +553,11 @@ class WorkerCore:
     def _command(self, rec: Terminate | Revoke | Suspend | Handoff | Resume, at: At) -> list[Command]:
         """A command on a session: carried out if it bears the generation held. A Terminate or
         Suspend may overtake the Assign of the same generation (they come from different
-        agents): the store is asked whether that generation is current and ours."""
+        agents): the store is asked whether that generation is current and ours (a close), or
+        current, ours and active (an offload)."""
         sess = self.sessions.get(rec.session_id)
         if sess is None and isinstance(rec, (Terminate, Suspend)) and rec.generation.worker_id == self.worker_id:
-            return [ReadCurrent(rec)]
+            return [ReadCurrent(rec) if isinstance(rec, Terminate) else ReadSession(rec)]
         refusal = command_refusal(sess.generation if sess is not None else None, rec.generation)
         if refusal is not None:
             return [self.say.refuse(rec, refusal, at)]
@@ -574,15 +581,6 @@ class WorkerCore:
                 return self._stop(rec, sess, at)
         raise TypeError(f"not a session command: {rec!r}")
 
-    def _ended_in_store(self, event: EndedInStore, at: At) -> list[Command]:
-        rec = event.rec
-        if event.refusal is not None:
-            return [self.say.refuse(rec, event.refusal, at)]
-        close = isinstance(rec, Terminate)
-        return [*self.say.reject_all(self.early.take(rec.session_id, rec.generation),
-                                     "closed" if close else "not_owner", "ended before its Assign ran here", at),
-                self.say.released(rec.session_id, rec.generation, "closed" if close else "suspended", at)]
-
     def _stop(self, rec: Terminate | Revoke, sess: Held, at: At) -> list[Command]:
         sid, close, successor = rec.session_id, isinstance(rec, Terminate), getattr(rec, "successor", None)
         cmds: list[Command] = []
@@ -603,6 +601,9 @@ class WorkerCore:
         if event.fenced:
             return self.drop(sid, sess, event.refusal.detail if event.refusal else "", at)
         if event.refusal is not None:  # cannot offload: the session stays resident and says why
+            if not sess.executing and self.sessions.get(sid) is sess:  # a handoff had frozen it: it runs
+                sess.thaw(at.mono)  # (a Revoke still moves it, a Resume keeps it)
+                self.schedule.add(sid, sess)
             return [self.say.refuse(rec, event.refusal, at)]
         self.sessions.pop(sid, None)
         return [self.say.released(sid, sess.generation, "suspended", at, sess.released_chunk)]
@@ -658,19 +659,31 @@ class WorkerCore:
 
 
 def current_is(say: Outgoing, event: CurrentIs, at: At) -> list[Command]:
-    """What the store's current generation means for a duplicate Assign, or for a close or an
-    offload that came before its Assign."""
+    """What the store's current generation means for a duplicate Assign, or for a close that
+    came before its Assign."""
     match event:
         case CurrentIs(rec=Assign() as rec, current=current) if current != rec.generation:
             return [say.reject(rec, "stale_epoch" if current is not None else "unknown_session",
                                 f"generation {rec.generation} has passed (now {current})", at)]
         case CurrentIs(rec=Assign()):
             return []  # a duplicate delivery of the command being served
-        case CurrentIs(rec=Terminate() | Suspend() as rec, current=current) if current == rec.generation:
-            return [EndInStore(rec)]  # ended or suspended in the store: the late Assign finds nothing to run
+        case CurrentIs(rec=Terminate() as rec, current=current) if current == rec.generation:
+            return [EndInStore(rec)]  # ended in the store: the late Assign finds nothing to run
         case CurrentIs(rec=rec):
             return [say.refuse(rec, command_refusal(None, rec.generation), at)]  # type: ignore[arg-type]
     raise TypeError(f"not a store answer: {event!r}")
+
+
+def ended_in_store(core: WorkerCore, event: EndedInStore, at: At) -> list[Command]:
+    """A close or an offload that overtook its Assign, done in the store: the early inputs of
+    its generation are refused, and it is reported released."""
+    rec = event.rec
+    if event.refusal is not None:
+        return [core.say.refuse(rec, event.refusal, at)]
+    close = isinstance(rec, Terminate)
+    return [*core.say.reject_all(core.early.take(rec.session_id, rec.generation),
+                                 "closed" if close else "not_owner", "ended before its Assign ran here", at),
+            core.say.released(rec.session_id, rec.generation, "closed" if close else "suspended", at)]
 
 
 def log_read(core: WorkerCore, event: LogRead, at: At) -> list[Command]:

@@ -29,7 +29,7 @@ from streams.generations import StoreState
 from streams.store_ops import untold_from
 
 __all__ = ["MAX_PENDING_INPUTS", "Held", "Refusal", "EarlyInputs", "command_refusal",
-           "stray_input_refusal"]
+           "stray_input_refusal", "suspended_before_assign"]
 
 MAX_PENDING_INPUTS = 1024
 
@@ -59,6 +59,14 @@ def stray_input_refusal(rec: RoutedInput, state: str | None, current: Generation
     stale = current is not None and current.epoch > rec.generation.epoch
     said = getattr(state, "value", state) or "unknown"  # the store's word, not the enum's repr
     return Refusal("stale_epoch" if stale else "not_owner", f"current: {current} ({said})")
+
+
+def suspended_before_assign(state: str | None, current: Generation | None, sent: Generation) -> bool:
+    """Whether a Suspend stamped ``sent``, for a session this worker does not hold, overtook
+    its Assign (they come from different agents): the store holds the session active under
+    that generation, so it is suspended there and the late Assign finds nothing to run. A
+    Suspend delivered again after the offload finds it suspended: refused, not released twice."""
+    return state == StoreState.ACTIVE and current == sent
 
 
 @dataclass
@@ -247,17 +255,19 @@ class EarlyInputs:
         early[rec.seq] = (rec, early[rec.seq][1] if rec.seq in early else now)
         return None
 
-    def hand_over(self, sid: str, held: Held) -> list[RoutedInput]:
-        """Move the early inputs of ``held``'s generation into it (those not yet applied);
-        returns the ones of other generations, which the runtime refuses."""
+    def hand_over(self, sid: str, held: Held,
+                  gap_wait_s: float) -> tuple[list[RoutedInput], list[tuple[RoutedInput, Refusal]]]:
+        """Offer the early inputs of ``held``'s generation to it (``Held.offer``: a seq given up
+        on is refused as late, the seqs dispatch refused are not waited for); returns the ones
+        of other generations and those ``offer`` refused, which the runtime refuses."""
         early = self._by_session.pop(sid, {})
-        others = []
+        others, refused = [], []
         for seq, (rec, _) in sorted(early.items()):
             if rec.generation != held.generation:
                 others.append(rec)
-            elif seq > held.applied_seq:
-                held.pending[seq] = rec
-        return others
+            elif (why := held.offer(rec, gap_wait_s)) is not None:
+                refused.append((rec, why))
+        return others, refused
 
     def take(self, sid: str, generation: Generation) -> list[RoutedInput]:
         """The early inputs of ``generation`` (whose Assign will run nothing here), in order."""
