@@ -90,8 +90,12 @@ class Held:
     frozen_since: float | None = None  # frozen for a handoff: no chunk, no input applied
     replay_owed: bool = False  # a recovery's inputs not read from the log yet: no chunk, no input applied
     released_chunk: int = -1  # the last chunk index released under this generation (-1: none)
+    # the last input applied: the state's at the start (a new one, or its snapshot's), then
+    # this machine's own count (:meth:`applied`), not read back from the model's state
+    applied_seq: int = field(init=False)
 
     def __post_init__(self) -> None:
+        self.applied_seq = int(self.state.input_seq)
         # a list taken from a snapshot or the store is full when older seqs may have left it
         self.untold_below = max(self.untold_below, untold_from(sorted(self.skipped)))
 
@@ -112,10 +116,6 @@ class Held:
 
     def freeze_expired(self, now: float, wait_s: float) -> bool:
         return self.frozen_since is not None and self.frozen_since <= now - wait_s
-
-    @property
-    def applied_seq(self) -> int:
-        return int(self.state.input_seq)
 
     def offer(self, rec: RoutedInput, gap_wait_s: float) -> Refusal | None:
         """Take an input routed to this generation: None when it is queued or a duplicate of
@@ -205,7 +205,8 @@ class Held:
         return self.pending.pop(nxt)
 
     def applied(self, rec: RoutedInput) -> None:
-        """Record where in ``session-inputs`` the input just applied came from."""
+        """Record that ``rec`` was applied, and where in ``session-inputs`` it came from."""
+        self.applied_seq = max(self.applied_seq, rec.seq)
         if self.withdrawn:
             self.withdrawn = {seq for seq in self.withdrawn if seq > rec.seq}
         if rec.source_offset >= 0:
