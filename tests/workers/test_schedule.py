@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +23,7 @@ def test_schedule_matches_a_full_scan(ops):
     for op, n, t in ops:
         sid = f"s{n}"
         if op == "add":
-            sessions[sid] = Held(Generation("w", 1), state=None, next_due=t)
+            sessions[sid] = Held(Generation("w", 1), state=SimpleNamespace(input_seq=0), next_due=t)
             schedule.add(sid, sessions[sid])
         elif op == "move" and sid in sessions:  # a chunk ran, or a resume: due at another time
             sessions[sid].next_due = t
