@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from schemas.errors import ChunkserveError, LimitError, OwnershipError
-from schemas.records import Assign, CommandRejected, Record, RejectReason, Terminate
+from schemas.records import CommandRejected, Record, RejectReason, Terminate
 from streams.prom import metrics
 
 from .core import (OWED, ApplyInput, At, AwaitLog, Claim, ClaimAnswered, Command, CurrentIs, EndedInStore, EndInStore,
@@ -59,17 +59,6 @@ class Ports:
     # wait until every event sent so far is acknowledged: the inputs applied are reported
     # before an offload, a handoff or a close makes the state others act on (no replay then)
     flush: Callable[[], Awaitable[None]] = field(default=lambda: asyncio.sleep(0))
-
-
-async def initial_state(p: Ports, host_cache: Any, rec: Assign) -> snapshots.Restored:
-    """A new session's state, or its last snapshot when the Assign restores it (from host
-    memory when it holds that one); with the input position it was taken at and the seqs
-    given up on before it."""
-    if rec.restore:
-        got = await snapshots.restore(p.store, p.model, p.device, rec.session_id, host_cache)
-        if got is not None:
-            return got
-    return p.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id)), (-1, -1), ()
 
 
 def _refusal(exc: ChunkserveError) -> Refusal:
@@ -175,12 +164,14 @@ class CommandHandler:
                 except OwnershipError as exc:
                     return ClaimAnswered(rec, _refusal(exc))
                 return ClaimAnswered(rec)
-            case LoadState(rec=rec):
+            case LoadState(rec=rec, restore=restore):
                 try:
-                    state, input_pos, skipped = await initial_state(p, self.host_cache, rec)
+                    if not restore:
+                        return Loaded(rec, p.model.init_state(rec.session_id, rec.prompt, session_seed(rec.session_id)))
+                    got = await snapshots.restore(store, p.model, p.device, rec.session_id, self.host_cache)
                 except ChunkserveError as exc:  # corrupt, vanished, or over max_snapshot_bytes
                     return Loaded(rec, refusal=_refusal(exc))
-                return Loaded(rec, state, input_pos, tuple(skipped))
+                return Loaded(rec, got[0], got[1], tuple(got[2])) if got is not None else Loaded(rec, found=False)
             case ReadSession(rec=rec):
                 view = await store.session(rec.session_id)
                 return SessionRead(rec, view.state if view else None, view.generation if view else None)

@@ -85,13 +85,15 @@ class ClaimAnswered:
 @dataclass(frozen=True, slots=True, eq=False)
 class Loaded:
     """A claimed session's state: new, or restored with where its inputs stood and the seqs
-    given up on before it; ``refusal`` when it cannot be had (answers ``LoadState``)."""
+    given up on before it; not ``found`` when there was no snapshot to restore, ``refusal``
+    when it cannot be had (answers ``LoadState``)."""
 
     rec: Assign
     state: Any = None
     input_pos: tuple[int, int] = (-1, -1)
     skipped: tuple[int, ...] = ()
     refusal: Refusal | None = None
+    found: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,10 +280,11 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class LoadState:
-    """The session's state: its last snapshot when the Assign restores it (from host memory
-    when it holds that one), else a new one."""
+    """The session's state: its last snapshot (from host memory when it holds that one), or
+    a new one."""
 
     rec: Assign
+    restore: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,7 +528,7 @@ class WorkerCore:
         cmds: list[Command] = []
         if (held := self.sessions.pop(sid, None)) is not None:  # an older generation we held has passed
             cmds += self.say.reject_all(held.take_pending(), "stale_epoch", f"superseded by {rec.generation}", at)
-        return [*cmds, LoadState(rec)]
+        return [*cmds, LoadState(rec, restore=rec.restore)]
 
     def _loaded(self, event: Loaded, at: At) -> list[Command]:
         rec, sid = event.rec, event.rec.session_id
@@ -533,6 +536,8 @@ class WorkerCore:
             return [self.say.refuse(rec, event.refusal, at), Release(sid, rec.generation, close=False, flush=False),
                     *self.say.reject_all(self.early.take(sid, rec.generation), "not_owner",
                                          f"its session did not start here: {event.refusal.detail}", at)]
+        if not event.found:  # never snapshotted (it went idle before its first): it starts new
+            return [LoadState(rec, restore=False)]
         sess = Held(rec.generation, event.state, next_due=at.mono, input_pos=event.input_pos,
                     skipped=set(event.skipped))
         self.sessions[sid] = sess

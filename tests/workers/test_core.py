@@ -43,7 +43,7 @@ def _sent(cmds: list) -> list:
 def _held(core: WorkerCore, assign: Assign, state: _State) -> list:
     """Play the shell through an Assign's claim and load; the commands after the load."""
     assert core.decide(Got(assign), AT) == [Claim(assign)]
-    assert core.decide(ClaimAnswered(assign), AT) == [LoadState(assign)]
+    assert core.decide(ClaimAnswered(assign), AT) == [LoadState(assign, restore=assign.restore)]
     return core.decide(Loaded(assign, state), AT)
 
 
@@ -120,6 +120,18 @@ def test_released_chunks_are_reported_and_every_nth_is_snapshotted() -> None:
     assert [type(r) for r in _sent(cmds)] == [ChunkDone]
     assert cmds[-2] == Flush() and isinstance(cmds[-1], Snapshot) and cmds[-1].held is sess
     assert sess.released_chunk == 16 and sess.next_due == AT.mono + 0.1
+
+
+def test_a_restore_that_finds_no_snapshot_starts_the_session_new() -> None:
+    """A session that went idle before its first snapshot has none: its restoring Assign
+    starts it new (the core decides; the shell only reports there was none)."""
+    core = WorkerCore("w")
+    assign = Assign(worker_id="w", session_id="s", generation=GEN, ts=1.0, prompt="p", restore=True)
+    core.decide(Got(assign), AT)
+    assert core.decide(ClaimAnswered(assign), AT) == [LoadState(assign, restore=True)]
+    assert core.decide(Loaded(assign, found=False), AT) == [LoadState(assign, restore=False)]
+    assert "s" not in core.sessions
+    assert [type(r) for r in _sent(core.decide(Loaded(assign, _State()), AT))] == [Claimed]
 
 
 def test_the_core_touches_no_store_broker_model_or_clock() -> None:
