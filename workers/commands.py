@@ -23,11 +23,12 @@ from schemas.errors import ChunkserveError, LimitError, OwnershipError
 from schemas.records import CommandRejected, Record, RejectReason, Terminate
 from streams.prom import metrics
 
-from .core import (OWED, ApplyInput, At, AwaitLog, Claim, ClaimAnswered, Command, CurrentIs, EndedInStore, EndInStore,
-                   Event, FreezeCheck, FreezeExpired, Flush, GapCheck, GapExpired, GapRead, Got, InputApplied,
-                   InputFenced, Loaded, LoadState, LogRead, Note, Offload, Offloaded, ReadCurrent, ReadGap, ReadLog,
-                   ReadSession, Release, Send, SessionRead, Snapshot, Snapshotted, SnapshotRefused, Then, Unauthentic,
-                   WorkerCore)
+from .core import WorkerCore
+from .core_types import (OWED, ApplyInput, At, AwaitLog, Claim, ClaimAnswered, Command, CurrentIs, EndedInStore, EndInStore,
+                         Event, FreezeCheck, FreezeExpired, Flush, GapCheck, GapExpired, GapRead, Got, InputApplied,
+                         InputFenced, Loaded, LoadState, LogRead, Note, Offload, Offloaded, ReadCurrent, ReadGap, ReadLog,
+                         ReadSession, Release, Send, SessionRead, Snapshot, Snapshotted, SnapshotRefused, Then,
+                         Unauthentic)
 from .ownership import Held, Refusal
 from . import snapshots
 

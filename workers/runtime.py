@@ -36,7 +36,7 @@ from streams.prom import metrics, observe_heartbeat
 from streams.topics import TopicCatalogue, partition_for_key
 
 from .commands import CommandHandler, Ports, session_seed
-from .core import ChunksReleased, Send
+from .core_types import ChunksReleased, Send
 from .outbox import Outbox
 
 __all__ = ["WorkerConfig", "Worker", "StoreOutage", "PatientStore", "id_held", "session_seed", "serve"]
