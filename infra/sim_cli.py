@@ -288,9 +288,9 @@ def _check_names(runner: object, names: list[str]) -> None:
             name = runner.name_of(spec)  # type: ignore[attr-defined]
             if not isinstance(name, str) or not name:
                 raise ConfigError("policy", f"its name is {name!r}: results are keyed by name, give it a string", spec)
-            if name != name.strip() or "," in name or ":" in name:  # "oracle " read as the oracle's row
-                raise ConfigError("policy", f"its name {name!r} has spaces around it, a comma or a colon: results "
-                                  "are keyed by name, give it one that reads as itself", spec)
+            if name != name.strip() or "," in name or ":" in name or not name.isprintable():  # "oracle " read as the oracle's row
+                raise ConfigError("policy", f"its name {name!r} has spaces around it, a comma, a colon or a control "
+                                  "character: results are keyed by name, give it one that reads as itself", spec)
             if name in BUILTIN_POLICIES or name == "all" or name in seen:
                 owner = "a built-in policy's" if name in BUILTIN_POLICIES else "the word for every policy's" if name == "all" else f"{seen[name]}'s"
                 raise ConfigError("policy", f"its name {name!r} is {owner} too (results are keyed by name): "
@@ -442,18 +442,21 @@ def evaluate_cmd(
     peers = list(dict.fromkeys(n for r in out.values() for n in r["bars"].get("peers", {})))
     who = next((r["comparison"]["subject"] for r in out.values()), "turboserve")  # the same on every trace
     for col in ("trace", "beats rr/lag/mag", "beats least-loaded-offload", "ablations cost more", "oracle gap %", "SLO saving %", "SLO saving bound %",
-                f"{who} worst chunk / worst resume s", *(f"{n} cost / worst s" for n in peers)):
+                f"{who} cost / worst chunk / worst resume s", *(f"{n} cost / worst s" for n in peers)):
         t.add_column(col, overflow="fold")  # a long plug-in name wraps, not cut
     for name, r in out.items():
         b, p = r["bars"], r["comparison"]["paper"]
         abl = "-" if b["ablations_cost_more"] is None else str(b["ablations_cost_more"])  # none: turboserve is not the subject
         t.add_row(name, str(b["beats_paper_baselines"]), str(b["beats_least_loaded_offload"]), abl, _pct(p["oracle_gap_pct"]),
                   "misses SLO" if not b["slo_met"] else _pct(b["slo_saving_pct"]), _pct(b["slo_saving_bound_pct"]),
-                  _worst_and_resume(r["comparison"]["policies"].get(who)),
+                  _cost_worst_resume(r["comparison"]["policies"].get(who)),
                   *(f"{x['cost']:.1f} / {x['worst_s']:.2f}" if (x := b.get("peers", {}).get(n)) else "-" for n in peers))
     _console.print(t)
     if who != "turboserve":
         _console.print(f"[yellow]{_NO_ABLATIONS}[/yellow]")
+    if slow := [name for name, r in out.items() if r["comparison"].get("subject_missed_half")]:
+        _console.print(f"[yellow]{who} missed half its chunks' deadlines or more on {len(slow)} trace(s) ({', '.join(slow)}): "
+                       "the comparisons there set it against pools as slow as it is[/yellow]", highlight=False)
     for n in peers:  # a plug-in's commands the simulator could not carry out: its figures are of what it did carry out
         bad = {name: x["invalid_commands"] for name, r in out.items() if (x := r["bars"].get("peers", {}).get(n)) and x.get("invalid_commands")}
         if bad:
@@ -462,11 +465,11 @@ def evaluate_cmd(
                            "comparison's policies)[/yellow]", highlight=False)
 
 
-def _worst_and_resume(m: dict | None) -> str:
-    """A policy's worst chunk and worst resume (its restore included, which chunks leave out)."""
+def _cost_worst_resume(m: dict | None) -> str:
+    """A policy's cost, worst chunk and worst resume (its restore included, which chunks leave out)."""
     if not m:
         return "-"
-    return f"{m['worst_chunk_latency_s']:.2f} / {m.get('worst_resume_latency_s') or 0.0:.2f}"
+    return f"{m['cost']:.1f} / {m['worst_chunk_latency_s']:.2f} / {m.get('worst_resume_latency_s') or 0.0:.2f}"
 
 
 def tune_cmd(

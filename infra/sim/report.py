@@ -734,7 +734,8 @@ def resolve_subject(runner: Runner, names: Sequence[str], subject: str | None) -
     for spec in names:
         if ":" in spec and runner.name_of(spec) == subject:
             return spec
-    raise ConfigError("subject", "not among the policies run (give it with --policy)", subject)
+    run = ", ".join(runner.name_of(spec) if ":" in spec else spec for spec in names)
+    raise ConfigError("subject", f"not among the policies run ({run}; a plug-in is given with --policy)", subject)
 
 
 def check_policies(specs: Sequence[str]) -> None:

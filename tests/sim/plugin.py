@@ -156,6 +156,13 @@ class NamedOracleSpaced(BootOne):
 
 
 @dataclass(frozen=True)
+class NamedTwoLines(BootOne):
+    """A plug-in whose name holds a newline: refused, its row would print as two."""
+
+    name: str = "two\nlines"
+
+
+@dataclass(frozen=True)
 class NamedAll(BootOne):
     """A plug-in named as the word for every policy: refused."""
 

@@ -553,7 +553,7 @@ def test_evaluate_subject_gives_the_comparison_simulate_subject_gives(tmp_path):
     ev, sim = tmp_path / "ev.json", tmp_path / "sim.json"
     res = CliRunner().invoke(_app(), ["evaluate", "--trace", str(path), "-p", mine, "--subject", "target-util", "-j", "1", "--json", str(ev)])
     assert res.exit_code == 0, res.output
-    assert "target-util worst chunk" in res.output and "ablations are compared only when turboserve is the subject" in res.output
+    assert "target-util cost" in res.output and "ablations are compared only when turboserve is the subject" in res.output
     got = json.loads(ev.read_text())[str(path)]
     args = ["simulate", str(path), "-p", ",".join([*EVAL_POLICIES, mine]), "--subject", "target-util", "-j", "1", "--json", str(sim)]
     assert CliRunner().invoke(_app(), args).exit_code == 0
@@ -562,7 +562,29 @@ def test_evaluate_subject_gives_the_comparison_simulate_subject_gives(tmp_path):
     assert got["bars"]["slo_met"] == want["slo"]["met"]["target-util"] and "target-util" not in got["bars"]["peers"]
     assert set(got["bars"]["peers"]) == {"turboserve", "telefuser"}
     bad = CliRunner().invoke(_app(), ["evaluate", "--trace", str(path), "--subject", "nobody", "-j", "1"])
-    assert bad.exit_code == 2 and "subject: not among the policies run" in bad.output and len(bad.output.strip().splitlines()) == 1, bad.output
+    assert bad.exit_code == 2 and "subject: not among the policies run (rr, lag" in bad.output, bad.output
+    assert len(bad.output.strip().splitlines()) == 1 and "lag-offload" not in bad.output, bad.output  # not run here
+
+
+def test_evaluate_names_a_subject_that_missed_half_its_deadlines_under_its_table(tmp_path):
+    """``simulate`` flagged such a subject; ``evaluate`` printed its bars (winning, against
+    pools as slow as it is) with no word of it (an outside run)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
+    out = tmp_path / "ev.json"
+    res = CliRunner().invoke(_app(), ["evaluate", "--trace", str(trace), "-p", "tests.sim.plugin:BadBoots",
+                                      "--subject", "bad-boots", "-j", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())[str(trace)]["comparison"]["subject_missed_half"] is True
+    assert f"bad-boots missed half its chunks' deadlines or more on 1 trace(s) ({trace})" in " ".join(res.output.split())
+
+
+def test_a_plugin_name_with_a_control_character_is_refused(tmp_path):
+    """A name with a newline split the table's row and the SLO line in two (an outside run)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n30,a,close,\n")
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "tests.sim.plugin:NamedTwoLines", "-j", "1"])
+    assert res.exit_code == 2 and "control character" in res.output and "Traceback" not in res.output, res.output
 
 
 def test_the_plugin_pool_starts_the_users_plugins_not_the_shipped_peer():
