@@ -260,7 +260,7 @@ class EarlyInputs:
                   gap_wait_s: float) -> tuple[list[RoutedInput], list[tuple[RoutedInput, Refusal]]]:
         """Offer the early inputs of ``held``'s generation to it (``Held.offer``: a seq given up
         on is refused as late, the seqs dispatch refused are not waited for); returns the ones
-        of other generations and those ``offer`` refused, which the runtime refuses."""
+        of other generations and those ``offer`` refused, which the core refuses."""
         early = self._by_session.pop(sid, {})
         others, refused = [], []
         for seq, (rec, _) in sorted(early.items()):

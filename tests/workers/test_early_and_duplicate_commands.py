@@ -12,8 +12,8 @@ from schemas.errors import LimitError
 from schemas.records import (Assign, CommandRejected, Frozen, Generation, Handoff, InputAccepted, Record,
                              Released, RoutedInput, Suspend)
 from streams.generations_memory import MemoryGenerationStore
-from workers.commands import CommandHandler, Ports
-from tests.workers.test_ownership_model import _Model
+from workers.commands import CommandHandler
+from tests.workers.test_ownership_model import _handler
 
 
 def _rin(gen: Generation, seq: int, refused_before: tuple[int, ...] = ()) -> RoutedInput:
@@ -21,15 +21,12 @@ def _rin(gen: Generation, seq: int, refused_before: tuple[int, ...] = ()) -> Rou
                        ts=0.0, refused_before=refused_before)
 
 
-def _handler(store: Any, sent: list[Record], now: list[float]) -> CommandHandler:
-    async def send(rec: Record) -> None:
-        sent.append(rec)
-
-    async def replay(sid: str, after: int, start: Any) -> list[Any]:
-        return []
-
-    return CommandHandler(Ports(worker_id="w", device="cpu", store=store, model=_Model(), send=send,
-                                clock=lambda: now[0], monotonic=lambda: now[0], replay=replay, gap_wait_s=5.0))
+async def _started(store: Any = None) -> tuple[Any, list[Record], list[float], Generation, CommandHandler]:
+    """A worker's handler holding nothing yet, and session s committed to it (generation g1)."""
+    store, sent, now = store or MemoryGenerationStore("t"), [], [10.0]
+    await store.register_worker("w", 2)
+    g1 = await store.commit("s", 0, "w")
+    return store, sent, now, g1, _handler(store, sent, lambda: now[0])
 
 
 def _about(sent: list[Record], seq: int) -> list[Record]:
@@ -44,10 +41,7 @@ def test_a_seq_given_up_on_that_comes_before_the_restoring_assign_is_answered() 
     it does when the same copy comes after the Assign)."""
 
     async def run() -> list[Record]:
-        store, sent, now = MemoryGenerationStore("t"), [], [10.0]
-        await store.register_worker("w", 2)
-        g1 = await store.commit("s", 0, "w")
-        h = _handler(store, sent, now)
+        store, sent, now, g1, h = await _started()
         await h.handle(Assign(worker_id="w", session_id="s", generation=g1, ts=0.0, prompt="p"))
         await h.handle(_rin(g1, 2))  # seq 1 missing
         now[0] += 6.0
@@ -73,10 +67,7 @@ def test_an_early_input_naming_a_seq_dispatch_refused_does_not_wait_for_it() -> 
     over without Held.offer's withdraw."""
 
     async def run(before: bool) -> list[int]:
-        store, sent, now = MemoryGenerationStore("t"), [], [10.0]
-        await store.register_worker("w", 2)
-        g1 = await store.commit("s", 0, "w")
-        h = _handler(store, sent, now)
+        store, sent, now, g1, h = await _started()
         assign = Assign(worker_id="w", session_id="s", generation=g1, ts=0.0, prompt="p")
         for rec in ([_rin(g1, 2, refused_before=(1,)), assign] if before else [assign, _rin(g1, 2, refused_before=(1,))]):
             await h.handle(rec)
@@ -92,10 +83,7 @@ def test_a_suspend_redelivered_after_the_offload_reports_released_once() -> None
     overtook its Assign, released again and reported twice. It is refused now."""
 
     async def run() -> list[Record]:
-        store, sent, now = MemoryGenerationStore("t"), [], [10.0]
-        await store.register_worker("w", 2)
-        g1 = await store.commit("s", 0, "w")
-        h = _handler(store, sent, now)
+        store, sent, now, g1, h = await _started()
         await h.handle(Assign(worker_id="w", session_id="s", generation=g1, ts=0.0, prompt="p"))
         suspend = Suspend(worker_id="w", session_id="s", generation=g1, ts=0.0)
         await h.handle(suspend)
@@ -122,10 +110,7 @@ def test_an_offload_refused_after_a_handoff_froze_the_session_leaves_it_running(
             return await super().put_snapshot(*a, **kw)
 
     async def run() -> tuple[list[Record], Any, int]:
-        store, sent, now = Limited("t"), [], [10.0]
-        await store.register_worker("w", 2)
-        g1 = await store.commit("s", 0, "w")
-        h = _handler(store, sent, now)
+        store, sent, now, g1, h = await _started(Limited("t"))
         await h.handle(Assign(worker_id="w", session_id="s", generation=g1, ts=0.0, prompt="p"))
         await h.handle(Handoff(worker_id="w", session_id="s", generation=g1, ts=0.0, target_worker="v"))
         await h.handle(Suspend(worker_id="w", session_id="s", generation=g1, ts=0.0))
