@@ -66,6 +66,11 @@ def _refusal(exc: ChunkserveError) -> Refusal:
     return Refusal(exc.reason_code, str(exc))
 
 
+def _kept(logged: list[Any] | None) -> tuple[Any, ...] | None:
+    """A log read as the core takes it: the inputs read, or None when the broker could not be read."""
+    return tuple(logged) if logged is not None else None
+
+
 class CommandHandler:
     """Feeds the worker's core and carries out its commands; holds what the core must not:
     the recoveries' log reads on their way and the offloaded states kept in host memory."""
@@ -118,7 +123,7 @@ class CommandHandler:
             if reading.done():
                 del self.reading[sid]
                 logged = reading.result()
-                await self.feed(LogRead(sid, sess, tuple(logged) if logged is not None else None))
+                await self.feed(LogRead(sid, sess, _kept(logged)))
 
     # --- carrying commands out ---------------------------------------------------------------
 
@@ -139,14 +144,14 @@ class CommandHandler:
                 return event
             case ReadGap(sid=sid, held=sess):
                 logged = await self._read(sid, sess)
-                return GapRead(sid, sess, tuple(logged) if logged is not None else None)
+                return GapRead(sid, sess, _kept(logged))
             case ReadLog(sid=sid, held=sess):
                 if self.reading.get(sid, (None,))[0] is not sess:  # not twice while one is on its way
                     self.reading[sid] = (sess, asyncio.ensure_future(self._read(sid, sess)))
             case AwaitLog(sid=sid, held=sess, then=then):
                 on_way = self.reading.pop(sid, None)
                 logged = await on_way[1] if on_way is not None and on_way[0] is sess else await self._read(sid, sess)
-                return LogRead(sid, sess, tuple(logged) if logged is not None else None, then)
+                return LogRead(sid, sess, _kept(logged), then)
             case Offload():
                 return await self._offload(cmd)
             case _:
