@@ -635,8 +635,8 @@ def up(
     metrics_host: str = MetricsHost,
     log_format: str = LogFormat,
     adopt_store: bool = typer.Option(False, "--adopt-store", help="Take the configured Redis as the store of "
-                                     "the topics' sessions although it records nothing of them (see the README's "
-                                     "\"The broker\"); without it such a Redis is refused."),
+                                     "the topics' sessions although it records nothing of them (see docs/broker.md); "
+                                     "without it such a Redis is refused."),
 ) -> None:
     """Run every processor and the provisioner against the configured cluster until Ctrl-C or
     SIGTERM, which stop them in order (control, the provisioner draining its workers, the rest).

@@ -527,7 +527,7 @@ def register(app: typer.Typer) -> None:
 
     trace_app = typer.Typer(help="Session traces: CSV files with the header t_s,session_id,event[,state_mb] (events open, "
                             f"active, idle, close, sorted by t_s from 0; times up to {MAX_T_S:,.0f} s, states up to "
-                            f"{MAX_STATE_MB:,} MB; the README's \"Traces and the simulator\" gives every rule), replayed by "
+                            f"{MAX_STATE_MB:,} MB; docs/simulator.md gives every rule), replayed by "
                             "`chunkserve simulate` and `chunkserve evaluate --trace`.", no_args_is_help=True)
     trace_app.command("gen")(trace_gen)
     app.add_typer(trace_app, name="trace")

@@ -89,7 +89,7 @@ def test_a_column_named_twice_is_refused(tmp_path, head):
 
 
 def test_event_names_ignore_case_and_cells_their_surrounding_spaces(tmp_path):
-    """As the README says: `OPEN` is `open`, and ` a ` is session `a`."""
+    """As docs/simulator.md says: `OPEN` is `open`, and ` a ` is session `a`."""
     tr = _load(tmp_path, "0, a ,OPEN,1\n1,a, Idle ,\n2,a,close,\n")
     assert [(e.session_id, e.kind) for e in tr.events] == [("a", EventKind.OPEN), ("a", EventKind.IDLE), ("a", EventKind.CLOSE)]
 

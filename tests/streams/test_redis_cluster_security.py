@@ -207,7 +207,7 @@ def test_the_start_up_check_and_the_command_line_name_the_user(secured: Secured,
 
 def test_the_printed_acl_command_defines_a_user_the_store_runs_as(secured: Secured) -> None:
     """``chunkserve acls --redis`` prints the user's command; run on every node (ACL users
-    are per node), the store runs as that user; the README shows the same command."""
+    are per node), the store runs as that user; docs/security.md shows the same command."""
     env = {"CHUNKSERVE_NAMESPACE": NS, "CHUNKSERVE_REDIS_CLUSTER": "on", "CHUNKSERVE_REDIS_USERNAME": "printed"}
     words = CliRunner().invoke(app, ["acls", "--redis"], env=env).output.split()
     assert words[:5] == ["ACL", "SETUSER", "printed", "on", ">PASSWORD"], words
@@ -232,8 +232,8 @@ def test_the_printed_acl_command_defines_a_user_the_store_runs_as(secured: Secur
     default = CliRunner().invoke(app, ["acls", "--redis"], env={"CHUNKSERVE_NAMESPACE": "cs",
                                                                 "CHUNKSERVE_REDIS_CLUSTER": "on",
                                                                 "CHUNKSERVE_REDIS_USERNAME": "chunkserve"}).output
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert " ".join(default.split()) in " ".join(readme.split())
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    assert " ".join(default.split()) in " ".join(doc.split())
 
 
 def test_a_failover_under_tls_keeps_the_generation_and_the_store_follows(secured: Secured) -> None:
