@@ -145,9 +145,8 @@ class CommandHandler:
             case ReadGap(sid=sid, held=sess):
                 logged = await self._read(sid, sess)
                 return GapRead(sid, sess, _kept(logged))
-            case ReadLog(sid=sid, held=sess):
-                if self.reading.get(sid, (None,))[0] is not sess:  # not twice while one is on its way
-                    self.reading[sid] = (sess, asyncio.ensure_future(self._read(sid, sess)))
+            case ReadLog(sid=sid, held=sess):  # beside the serving loop; :meth:`replayed` feeds it back
+                self.reading[sid] = (sess, asyncio.ensure_future(self._read(sid, sess)))
             case AwaitLog(sid=sid, held=sess, then=then):
                 on_way = self.reading.pop(sid, None)
                 logged = await on_way[1] if on_way is not None and on_way[0] is sess else await self._read(sid, sess)

@@ -203,7 +203,7 @@ class WorkerCore:
         cmds: list[Command] = []
         if rec.recover:  # the inputs after the snapshot, from the log, read beside the serving loop
             sess.owe_replay()
-            cmds.append(ReadLog(sid, sess))
+            cmds.append(read_log(sid, sess))
         cmds.append(Send(Claimed(worker_id=self.worker_id, session_id=sid, generation=rec.generation, ts=at.wall)))
         others, refused = self.early.hand_over(sid, sess, self.gap_wait_s)
         for other in others:
@@ -227,6 +227,7 @@ class WorkerCore:
         assert sess is not None
         match rec:
             case Suspend() | Handoff() if sess.replay_owed:  # its snapshot must hold every input
+                sess.log_read_on_way = True  # the shell takes the read on its way, or makes one
                 return [AwaitLog(rec.session_id, sess, rec)]
             case Suspend():
                 sess.frozen_since = None  # an offload overrides a handoff: it keeps the inputs
@@ -354,6 +355,7 @@ def log_read(core: WorkerCore, event: LogRead, at: At) -> list[Command]:
     waited for them is decided again); when the read failed, a command that waited is
     refused and the read is made again at the next heartbeat."""
     sid, sess, then = event.sid, event.held, event.then
+    sess.log_read_on_way = False
     if then is not None and event.logged is None:
         return [core.say.reject(then, "error", OWED, at)]
     if event.logged is not None and core.sessions.get(sid) is sess and sess.replay_owed:
@@ -364,11 +366,18 @@ def log_read(core: WorkerCore, event: LogRead, at: At) -> list[Command]:
     return core.decide(Got(then), at) if then is not None else []
 
 
+def read_log(sid: str, sess: Held) -> ReadLog:
+    """Ask for a recovery's inputs, noting a read is on its way (none is asked for twice)."""
+    sess.log_read_on_way = True
+    return ReadLog(sid, sess)
+
+
 def gap_check(core: WorkerCore, at: At) -> list[Command]:
     """Read again the recoveries' inputs whose read failed, apply the inputs after a missing
     one waited for long enough (it is refused as late if it comes), refuse early inputs
     whose Assign never came."""
-    cmds: list[Command] = [ReadLog(sid, s) for sid, s in core.sessions.items() if s.replay_owed]
+    cmds: list[Command] = [read_log(sid, s) for sid, s in core.sessions.items()
+                           if s.replay_owed and not s.log_read_on_way]
     cmds += [Then(GapExpired(sid, s)) for sid, s in core.sessions.items()
              if s.gap_expired(at.mono, core.gap_wait_s)]
     return cmds + core.say.reject_all(core.early.expired(at.mono, core.gap_wait_s), "not_owner",

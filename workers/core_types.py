@@ -303,7 +303,7 @@ class ReadGap:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class ReadLog:
-    """Read a recovery's inputs beside the serving loop (not again while a read of the session is on its way)."""
+    """Read a recovery's inputs beside the serving loop (the core asks for none while one is on its way)."""
 
     sid: str
     held: Held

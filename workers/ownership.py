@@ -89,6 +89,7 @@ class Held:
     withdrawn: set[int] = field(default_factory=set)  # seqs dispatch refused: never waited for
     frozen_since: float | None = None  # frozen for a handoff: no chunk, no input applied
     replay_owed: bool = False  # a recovery's inputs not read from the log yet: no chunk, no input applied
+    log_read_on_way: bool = False  # a read of those inputs was asked for and has not come back
     released_chunk: int = -1  # the last chunk index released under this generation (-1: none)
     # the last input applied: the state's at the start (a new one, or its snapshot's), then
     # this machine's own count (:meth:`applied`), not read back from the model's state

@@ -11,7 +11,7 @@ from schemas.records import (Assign, ChunkDone, Claimed, CommandRejected, Genera
                              RoutedInput, Suspend, Terminate)
 from workers.core import WorkerCore
 from workers.core_types import (OWED, ApplyInput, At, AwaitLog, ChunksReleased, Claim, ClaimAnswered, CurrentIs,
-                                EndedInStore, EndInStore, Flush, Got, InputApplied, Loaded, LoadState, LogRead, Offload,
+                                EndedInStore, EndInStore, Flush, GapCheck, Got, InputApplied, Loaded, LoadState, LogRead, Offload,
                                 Offloaded, OffloadReady, ReadCurrent, ReadLog, ReadSession, SessionRead, Send, Snapshot,
                                 Then)
 
@@ -86,6 +86,21 @@ def test_an_offload_waits_for_a_recoverys_inputs_and_is_refused_while_they_canno
     assert isinstance(offload, Offload) and offload.held is sess
     [released] = _sent(core.decide(Offloaded(suspend, sess), AT))
     assert isinstance(released, Released) and released.reason == "suspended" and "s" not in core.sessions
+
+
+def test_a_recoverys_inputs_are_read_once_at_a_time_and_read_again_after_a_failed_read() -> None:
+    core = WorkerCore("w")
+    _held(core, Assign(worker_id="w", session_id="s", generation=GEN, ts=1.0, restore=True, recover=True), _State())
+    sess = core.sessions["s"]
+
+    def reads() -> list:
+        return [(c.sid, c.held) for c in core.decide(GapCheck(), AT) if isinstance(c, ReadLog)]
+
+    assert reads() == []  # the recovery's read is on its way: no second one at a heartbeat
+    assert core.decide(LogRead("s", sess, None), AT) == [] and sess.replay_owed  # the broker away
+    assert reads() == [("s", sess)] and reads() == []  # asked again once, then on its way
+    core.decide(LogRead("s", sess, ()), AT)
+    assert not sess.replay_owed and reads() == []
 
 
 def test_a_close_before_its_assign_ends_the_session_in_the_store_and_refuses_its_early_inputs() -> None:
