@@ -306,3 +306,16 @@ def test_a_per_topic_variable_naming_no_topic_is_refused_like_the_files_table(na
     assert (info.value.key, info.value.source) == (key, f"env {name}")
     assert "unknown topic (known: DEAD_LETTERS, METRICS," in str(info.value)
     assert load_settings(None, env={name: ""}) == load_settings(None, env={})  # empty: unset, as for any key
+
+
+def test_the_shipped_example_file_loads_every_key_it_sets() -> None:
+    """`examples/chunkserve.toml`, which the README points a deployment at, is a file the loader
+    takes as written (a snippet in the docs once read `redis.cluster = on`, which TOML refuses)."""
+    from streams.config_file import load_with_sources
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "chunkserve.toml"
+    settings, sources = load_with_sources(example, {})
+    assert set(sources.values()) == {str(example)} and len(sources) >= 15
+    assert settings.kafka.security_protocol == "SASL_SSL" and settings.redis.url.startswith("rediss://")
+    assert settings.partitions["session-events"] == 16 and settings.topic_prefix == "chunkserve."
+    assert sources["redis.cluster"] == str(example)
