@@ -189,7 +189,10 @@ def worker(
     capacity: int = typer.Option(8, min=1, help="Most sessions this worker executes at once (K)."),
     chunk_interval: float = typer.Option(0.1, min=0.0, help="Seconds between a session's chunks."),
     device: str = typer.Option("cpu", help="torch device: cpu, cuda, cuda:1, ..."),
-    checkpoint: Optional[Path] = typer.Option(None, help="safetensors checkpoint of the model."),
+    checkpoint: Optional[Path] = typer.Option(None, help="safetensors checkpoint of the reference model."),
+    model_spec: Optional[str] = typer.Option(
+        None, "--model", help="A model of your own, module:Name (a workers.model.StreamingModel, or a class or "
+        "factory making one, given device=); default: CHUNKSERVE_WORKER_MODEL, else the reference model."),
     pool: str = typer.Option("default", help="Pool this worker belongs to."),
     gpu_type: str = typer.Option("cpu", help="Device type name, as in the latency profile."),
     metrics_port: Optional[int] = MetricsPort,
@@ -197,15 +200,21 @@ def worker(
     log_format: str = LogFormat,
 ) -> None:
     """Run one worker: claim sessions, run coalesced chunks, release only when current."""
-    from workers.model import ReferenceModel
+    from workers.model_plugin import MODEL_ENV, load_model
     from workers.runtime import WorkerConfig, serve
 
+    from_env = model_spec is None and bool(os.environ.get(MODEL_ENV))
+    spec = os.environ[MODEL_ENV] if from_env else model_spec
     try:
         _check_worker_options(worker_id, device)  # before the endpoints are asked: no broker needed to say it
         try:
             _settings(require_endpoints=False).check_capacity(capacity)
         except ConfigError as exc:  # the flag's, named as the flag
             raise ConfigError("--capacity", str(exc).split(": ", 2)[-1], "command line") from None
+        try:  # a missing or foreign checkpoint, a model that cannot serve: said before the broker is asked
+            model = load_model(spec, device, checkpoint, *((f"env {MODEL_ENV}", "model") if from_env else ()))
+        except ConfigError as exc:
+            raise exc if spec is not None else ConfigError("--checkpoint", str(exc).split(": ", 2)[-1], "command line") from None
         settings = _settings()
     except ConfigError as exc:
         _stderr.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
@@ -217,13 +226,6 @@ def worker(
     if provisioner:  # started by a provisioner, which can stop it: said before its WorkerUp
         asyncio.run(_publish(settings, WorkerProvisioned(worker_id=worker_id, ts=time.time(),
                                                          provisioner=provisioner, pool=pool)))
-    try:
-        model = (ReferenceModel.load(checkpoint, device=device) if checkpoint
-                 else ReferenceModel(seed=0, device=device))
-    except ConfigError as exc:  # a missing or foreign checkpoint: one line, not a traceback
-        _stderr.print(f"[red]configuration error:[/red] command line: --checkpoint: "
-                      f"{str(exc).split(': ', 2)[-1]}", soft_wrap=True)
-        raise typer.Exit(2)
     cfg = WorkerConfig(worker_id=worker_id, capacity=capacity, chunk_interval_s=chunk_interval,
                        device=device, pool=pool, gpu_type=gpu_type)
 
@@ -233,7 +235,7 @@ def worker(
 def _check_children_env(settings: Settings) -> None:
     """The settings `up`'s children read from the environment alone (the control processor's
     policy, profile, GPU type and pacing, the detector's window, the cost tick, the workers'
-    capacity): a bad one is refused here, in one line, before any child starts."""
+    capacity and model): a bad one is refused here, in one line, before any child starts."""
     from processors.agents.control import ControlShell
     from processors.agents.control_config import ControlConfig
     from processors.agents.detector import detector_settings
@@ -244,6 +246,13 @@ def _check_children_env(settings: Settings) -> None:
     detector_settings(os.environ)
     metrics_settings(os.environ)
     _check_log_dir(os.environ)
+    if spec := os.environ.get("CHUNKSERVE_WORKER_MODEL"):  # each worker would exit on it, again and again
+        from streams.plugin import resolve
+
+        try:
+            resolve(spec, "CHUNKSERVE_WORKER_MODEL")
+        except ConfigError as exc:
+            raise ConfigError("model", f"{spec}: {exc.reason}", "env CHUNKSERVE_WORKER_MODEL") from None
     capacity = env_number(os.environ, "CHUNKSERVE_WORKER_CAPACITY", 8, positive=True)
     try:  # each worker refuses one over max_sessions_per_worker: `up` would run with none
         settings.check_capacity(int(capacity))

@@ -40,6 +40,7 @@ class FlowSummary:
     chunks: int
     chunk_indices: dict[str, list[int]]
     generations: dict[str, list[str]]
+    checksums: dict[str, list[str]]  # per session, in the order of ``chunk_indices``
     released: dict[str, str]
     inputs_accepted: dict[str, list[int]]
     inputs_reapplied: int
@@ -125,9 +126,11 @@ def audit(log: EventLog, session_ids: list[str], workers: int, wall_s: float,
     crash, never duplicated — so missing indices are counted in ``missing`` instead."""
     chunks = [c for c in log.of(ChunkDone) if c.session_id in session_ids]
     indices: dict[str, list[int]] = defaultdict(list)
+    sums: dict[str, list[str]] = defaultdict(list)
     gens: dict[str, set[str]] = defaultdict(set)
     for c in sorted(chunks, key=lambda c: (c.generation.epoch, c.chunk_index)):
         indices[c.session_id].append(c.chunk_index)
+        sums[c.session_id].append(c.checksum)
         gens[c.session_id].add(str(c.generation))
     released: dict[str, str] = {}
     for r in sorted(log.of(Released), key=lambda r: r.generation.epoch):
@@ -159,7 +162,7 @@ def audit(log: EventLog, session_ids: list[str], workers: int, wall_s: float,
     return FlowSummary(
         workers=workers, sessions=len(session_ids), chunks=len(chunks),
         chunk_indices=dict(indices), generations={k: sorted(v) for k, v in gens.items()},
-        released=released, inputs_accepted={k: sorted(set(v)) for k, v in accepted.items()},
+        checksums=dict(sums), released=released, inputs_accepted={k: sorted(set(v)) for k, v in accepted.items()},
         inputs_reapplied=sum(len(v) - len(set(v)) for v in accepted.values()),
         metrics_records=sum(1 for r in log.records if r.TAG.startswith("metric.")),
         dead_letters=len(log.of(DeadLetter)), rejected=len(log.of(CommandRejected)),

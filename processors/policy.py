@@ -16,8 +16,6 @@ receives those its signature accepts (all of them with ``**kwargs``).
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from processors.baselines import Base, Lag, Mag, PinnedLag, PinnedMag, RoundRobin
@@ -27,6 +25,7 @@ from processors.oracles import OracleAutoscale
 from processors.snapshot import Snapshot
 from processors.turboserve import TurboServe
 from schemas.errors import ChunkserveError, ConfigError, PolicyError
+from streams.plugin import accepted as _accepted, resolve
 
 __all__ = ["Policy", "BUILTIN_POLICIES", "FIXED_POOL", "OPTION_NAMES", "accepts", "load_policy", "keeps_idle_resident"]
 
@@ -88,35 +87,13 @@ def keeps_idle_resident(policy: Any) -> bool:
     return bool(getattr(policy, "keep_idle_resident", False))
 
 
-def _accepted(factory: Any, offer: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return dict(offer)
-    names = {p.name for p in params if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)}
-    return {k: v for k, v in offer.items() if k in names}
-
-
 def _factory(spec: str) -> Any:
     """The built-in's factory, or what ``module:Name`` names (imported)."""
     if spec in BUILTIN_POLICIES:
         return BUILTIN_POLICIES[spec]
     if ":" not in spec:
         raise ConfigError("policy", f"unknown policy (built-ins: {', '.join(BUILTIN_POLICIES)}; or module:Name)", spec)
-    module, _, attr = spec.partition(":")
-    try:
-        factory = importlib.import_module(module)
-        for part in attr.split("."):
-            factory = getattr(factory, part)
-    except ImportError as exc:
-        raise ConfigError("policy", f"cannot import {module!r} ({exc})", spec) from None
-    except AttributeError:
-        raise ConfigError("policy", f"{module!r} has no {attr!r}", spec) from None
-    except Exception as exc:  # the module's own code: a syntax error, or what it runs on import
-        raise ConfigError("policy", f"cannot import {module!r} ({type(exc).__name__}: {exc})"[:300], spec) from None
-    return factory
+    return resolve(spec, "policy")
 
 
 def _called(factory: Any) -> bool:

@@ -112,6 +112,9 @@ def test_a_setting_only_a_child_reads_is_refused_before_up_starts_any(kafka_boot
              (["up"], {"CHUNKSERVE_WORKER_CAPACITY": "1000"},
               "env CHUNKSERVE_WORKER_CAPACITY: worker.capacity: 1000 sessions: must be from 1 to max_sessions_per_worker (64)"),
              (["up"], {"CHUNKSERVE_POLICY": "nosuch"}, "env CHUNKSERVE_POLICY: policy:"),
+             # every provisioned worker would exit on it, and be started again
+             (["up"], {"CHUNKSERVE_WORKER_MODEL": "nosuch_models:Model"},
+              "env CHUNKSERVE_WORKER_MODEL: model: nosuch_models:Model: cannot import 'nosuch_models'"),
              # the paper's pinned baseline: live, dispatch offloads every idle session, so it
              # ran as lag-offload under lag's name
              (["up"], {"CHUNKSERVE_POLICY": "lag"}, "env CHUNKSERVE_POLICY: policy: 'lag' keeps idle sessions resident"),

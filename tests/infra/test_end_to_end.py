@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +65,28 @@ def test_sessions_survive_offload_restore_and_migration(kafka_bootstrap, redis_u
     assert len(summary.generations["session-0"]) == 3       # ...and the migration a third
     workers_of_0 = {g.split("@")[0] for g in summary.generations["session-0"]}
     assert len(workers_of_0) == 2
+
+
+def test_a_model_of_your_own_serves_through_offload_restore_and_migration(kafka_bootstrap, redis_url, namespace,
+                                                                          tmp_path):
+    """Workers started with `CHUNKSERVE_WORKER_MODEL=examples.models.walk:LatentWalk` serve
+    sessions with that model: every chunk's checksum is the one the model makes for that
+    session alone, across an offload to Redis and back and a move to the other worker."""
+    from examples.models.walk import LatentWalk
+    from workers.commands import session_seed
+
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(
+        kafka_bootstrap, redis_url)
+    root = str(Path(__file__).resolve().parents[2])
+    own = {"CHUNKSERVE_WORKER_MODEL": "examples.models.walk:LatentWalk", "PYTHONPATH": root}
+    summary = asyncio.run(run_flow(settings, tmp_path / "logs", sessions=2, chunks=4, workers=2,
+                                   inputs=0, chunk_interval_s=0.02, timeout_s=90,
+                                   flips=True, handoff=True, role_env={"worker": own}))
+    assert summary.problems == [] and len(summary.generations["session-0"]) == 3  # offloaded, restored, moved
+    model = LatentWalk()
+    for sid, sums in summary.checksums.items():
+        state = model.init_state(sid, f"a paper boat on a river, take {sid}", session_seed(sid))
+        assert len(sums) >= 8 and sums == [model.run_batch([state])[0].checksum for _ in sums]
 
 
 def test_crashed_worker_sessions_recover_from_snapshot_and_replayed_inputs(
