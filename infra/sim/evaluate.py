@@ -23,12 +23,14 @@ from infra.sim.outside import OUTSIDE, OutsideConfig, generate_outside
 from infra.sim.review import REVIEW, ReviewConfig, generate_review
 from infra.sim.steps import STEPS, StepsConfig, generate_steps
 from infra.sim.surges import SURGES, SurgeConfig, generate_surge
+from infra.sim.tenants import TENANTS, TenantsConfig, generate_tenants
+from infra.sim.wakes import WAKES, WakesConfig, generate_wakes
 from infra.sim.report import PAPER_BASELINES, Runner, compare, resolve_subject
 from infra.sim.simulator import SimConfig
 from infra.sim.trace import Trace
 from infra.sim.tracegen import GenConfig, generate
 
-__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "SURGE_SPLIT", "STEPS_SPLIT", "HOUR", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
+__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "SURGE_SPLIT", "STEPS_SPLIT", "TENANTS_SPLIT", "WAKES_SPLIT", "HOUR", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
 
 EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turboserve-no-migration",
                  "turboserve-no-autoscale", "oracle", "infra.sim.peers:TeleFuser")
@@ -36,12 +38,14 @@ EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turb
 
 @dataclass(frozen=True, slots=True)
 class TraceSpec:
-    """A family (or ``gen-L``: the project's generator at level L), a seed and a size."""
+    """A family (or ``gen-L``: the project's generator at level L), a seed and a size
+    (``crowds``: the ninth model's night-shift crowds, None: its default)."""
 
     family: str
     seed: int
     duration_s: float = 1200.0
     sessions: int = 1600
+    crowds: int | None = None
 
     @property
     def name(self) -> str:
@@ -66,6 +70,17 @@ SURGE_SPLIT = tuple(TraceSpec(f, 7) for f in SURGES)
 # The seventh model (a fourth outside reviewer's, from the README alone: plateaus, churn waves and
 # Pareto spells), seen by no setting: its seeds 1 and 2, as the reviewer ran them.
 STEPS_SPLIT = tuple(TraceSpec(f, seed) for seed in (1, 2) for f in STEPS)
+# The eighth model (a fifth outside reviewer's, from the README alone: a help desk across time
+# zones, tenants going active together, an outage's retry storm), seen by no setting: its seeds
+# 1 and 2 at its own size (scale 1.0), as the reviewer ran them.
+TENANTS_SPLIT = tuple(TraceSpec(f, seed) for seed in (1, 2) for f in TENANTS)
+# The ninth model (a sixth outside reviewer's, from the README alone: turn-taking avatars, a
+# night shift's crowds, heavy state, lurkers' mass wakes), seen by no setting: its seeds 1 and 2
+# at the sizes the reviewer ran (lurkers 1,500 sessions; the night shift 40 with one crowd and
+# 60 with two).
+WAKES_SPLIT = tuple(spec for seed, night, crowds in ((1, 40, 1), (2, 60, 2))
+                    for spec in (TraceSpec("turns", seed), TraceSpec("nightshift", seed, sessions=night, crowds=crowds),
+                                 TraceSpec("heavystate", seed), TraceSpec("lurkers", seed, sessions=1500)))
 # One hour each, seed 4, from all six models (every other split is 20 minutes), seen by no
 # setting: the project's generator and the second and third models at the same arrival rate
 # as their 20-minute traces (4,800 expected arrivals), the reviewers' models at their own rates.
@@ -87,6 +102,11 @@ def make_trace(spec: TraceSpec) -> Trace:
         return Trace(tuple(generate_surge(SurgeConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed))), spec.name)
     if spec.family in STEPS:  # its rates scale with the sessions asked for (1,600: the reviewer's)
         return Trace(tuple(generate_steps(StepsConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed))), spec.name)
+    if spec.family in TENANTS:  # its seats and rates scale with the sessions asked for (1,600: the reviewer's)
+        return Trace(tuple(generate_tenants(TenantsConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed))), spec.name)
+    if spec.family in WAKES:  # the sessions asked for are the reviewer's --sessions (1,600 by default: scale 1.0)
+        cfg_w = WakesConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed)
+        return Trace(tuple(generate_wakes(cfg_w if spec.crowds is None else replace(cfg_w, crowds=spec.crowds))), spec.name)
     if spec.family in LAUNCHES + PROBES:
         return Trace(tuple(generate_launch(LaunchConfig(spec.family, spec.duration_s, spec.sessions, spec.seed))), spec.name)
     fam = FamilyConfig(spec.family, spec.duration_s, spec.sessions, spec.seed)
