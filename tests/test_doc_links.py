@@ -1,5 +1,6 @@
-"""Every relative link of the README and docs/ reaches a file and, when it names one, a heading
-(the reference moved from the README into docs/, and a link left behind points at nothing)."""
+"""The README and docs/ hold together: every relative link reaches a file and, when it names
+one, a heading (the reference moved from the README into docs/, and a link left behind points
+at nothing), and the table both give is the same."""
 
 from __future__ import annotations
 
@@ -58,3 +59,17 @@ def test_every_relative_link_reaches_its_file_and_heading() -> None:
                 elif anchor and (dest.suffix != ".md" or anchor not in anchors(dest)):
                     broken.append(f"{where}: no such heading")
     assert not broken, "\n".join(broken)
+
+
+def _glance(path: Path) -> list[str]:
+    """The rows of the "Every split at a glance" table."""
+    text = path.read_text()
+    start = text.index("| model (split) | traces |")
+    return text[start:].split("\n\n", 1)[0].splitlines()
+
+
+def test_the_readme_and_the_simulator_doc_give_the_same_splits_at_a_glance() -> None:
+    """The front page copies the table from docs/simulator.md: a split added to one only
+    would read as a different count of traces and bars in each."""
+    ours = _glance(ROOT / "README.md")
+    assert ours == _glance(ROOT / "docs" / "simulator.md") and len(ours) >= 10
