@@ -1028,16 +1028,26 @@ def bench_worker(
     profile_out: Optional[Path] = typer.Option(None, help="Also write the latencies as a latency profile."),
     sessions: int = typer.Option(32, min=1, help="Sessions offloaded and restored."),
     migrations: int = typer.Option(40, min=1, help="Migrations timed."),
+    model_spec: Optional[str] = typer.Option(None, "--model", help="A model of your own, module:Name "
+                                             "(as `worker --model`); default: the reference model."),
+    device: str = typer.Option("cpu", help="torch device: cpu, cuda, cuda:1, ..."),
 ) -> None:
     """Chunk latency by batch, coalescing speedup, state size, offload/restore, migration time."""
     from infra.bench.worker import run, write_profile
     from infra.embedded import EmbeddedRedis
+    from workers.model_plugin import load_model
 
     writable(**{"profile-out": profile_out})  # before the run, not after it
     settings = _settings(require_endpoints=False)
+    try:  # a model that cannot serve: one line, before Redis is started
+        load_model(model_spec, device)
+    except ConfigError as exc:
+        _stderr.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(2)
     embedded = None if settings.redis.url else EmbeddedRedis().start()
     try:
-        result = run(settings.redis.url or embedded.url, sessions=sessions, migrations=migrations)  # type: ignore[union-attr]
+        result = run(settings.redis.url or embedded.url, sessions=sessions, migrations=migrations,  # type: ignore[union-attr]
+                     model=model_spec, device=device)
     finally:
         if embedded is not None:
             embedded.stop()

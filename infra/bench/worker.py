@@ -3,8 +3,9 @@ restore through Redis, and migration time from freeze to the target's first chun
 
 Offload, restore and migration go through the real generation store (fenced snapshot writes
 in bounded parts, manifest with sha256) on the Redis given; source and target models are two
-instances loaded from one checkpoint in this process, so the Kafka command hop is not
-included (the control-plane benchmark measures that).
+instances of one model in this process (the reference model, or a model of your own named
+``module:Name``), so the Kafka command hop is not included (the control-plane benchmark
+measures that).
 """
 
 from __future__ import annotations
@@ -42,16 +43,21 @@ def _speedup(model: Any, rounds: int) -> float:
     return statistics.median(ratios)
 
 
-def run(redis_url: str, sessions: int = 32, migrations: int = 40, repeats: int = 12) -> dict[str, Any]:
-    """The benchmark result (see module docstring); ``redis_url`` must be a real Redis."""
+def run(redis_url: str, sessions: int = 32, migrations: int = 40, repeats: int = 12,
+        model: str | None = None, device: str = "cpu") -> dict[str, Any]:
+    """The benchmark result (see module docstring); ``redis_url`` must be a real Redis;
+    ``model`` a model of your own (``module:Name``; None: the reference model)."""
     import torch
 
     from streams.generations import SyncGenerationStore
-    from workers.model import ReferenceModel, profile_latency
+    from workers.model import profile_latency
+    from workers.model_plugin import load_model
 
     torch.manual_seed(0)
-    source_model = ReferenceModel(seed=0)
-    target_model = ReferenceModel(seed=0)
+    source_model = load_model(model, device)
+    target_model = load_model(model, device)
+    config = getattr(source_model, "config", None)  # the reference model's: its context window
+    warm_chunks = config.context_frames // config.frames_per_chunk if config is not None else 4
     latency = profile_latency(source_model, list(range(1, 17)), repeats=repeats, warmup=3)
     speedup = _speedup(source_model, rounds=repeats)
 
@@ -63,7 +69,7 @@ def run(redis_url: str, sessions: int = 32, migrations: int = 40, repeats: int =
         states, gens = [], []
         for i in range(sessions):
             st = source_model.init_state(f"s{i}", f"prompt {i}", seed=i)
-            for _ in range(source_model.config.context_frames // source_model.config.frames_per_chunk):
+            for _ in range(warm_chunks):
                 source_model.run_batch([st])  # fill the context window
             gen = store.commit(st.session_id, 0, "src")
             store.claim(st.session_id, gen)
@@ -108,6 +114,7 @@ def run(redis_url: str, sessions: int = 32, migrations: int = 40, repeats: int =
 
     mb = total / 1e6
     return {
+        "model": model or "reference",
         "chunk_latency_s": {str(b): round(v, 6) for b, v in latency.items()},
         "coalesce_speedup_8": round(speedup, 3),
         "state_bytes": state_bytes,
@@ -135,8 +142,8 @@ def write_profile(result: dict[str, Any], path: Path, capacity: int = 16) -> Non
         "format": "chunkserve.latency-profile",
         "version": 1,
         "name": path.stem,
-        "source": "Measured by `chunkserve bench worker` from the reference worker model on a "
-                  "2-core CPU machine (median seconds per coalesced chunk).",
+        "source": f"Measured by `chunkserve bench worker` from the worker model "
+                  f"{result.get('model', 'reference')} (median seconds per coalesced chunk).",
         "gpu_types": {"cpu": {"capacity": capacity, "cost_per_hour": 0.10, "memory_gib": 24,
                               "latency_s": latency}},
     }
