@@ -221,6 +221,7 @@ def worker(
         raise typer.Exit(2)
     _logging(log_format)
     _warn_unsigned(settings, worker=True)
+    log.info("worker %s serves the model %s", worker_id, spec or "workers.model:ReferenceModel (the reference model)")
     _metrics_server(metrics_port, metrics_host)
     provisioner = os.environ.get(PROVISIONER_ENV)
     if provisioner:  # started by a provisioner, which can stop it: said before its WorkerUp
@@ -671,11 +672,12 @@ def up(
     _check_role_principals(settings)  # a role's wrong password: one line now, not six restarts of a child
     _logging(log_format)  # and its children's, through CHUNKSERVE_LOG_FORMAT
     _warn_unsigned(settings)
-    asyncio.run(ensure_topics(settings))
     lease = FleetLease(settings)
     lease.take()  # one fleet per topic prefix: a second is refused before it starts anything
-    try:  # a Redis that lost the log's sessions (or serves other topics) is refused before anything starts
+    try:  # a Redis that lost the log's sessions (or serves other topics) is refused before anything starts,
+        # the topics included (an outside run found all seven made on a fresh broker `up` then refused)
         asyncio.run(bind_store(settings, adopt=adopt_store, sources=load_with_sources(_CONFIG["path"], os.environ)[1]))
+        asyncio.run(ensure_topics(settings))
     except BaseException:
         lease.release()
         raise

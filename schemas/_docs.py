@@ -174,6 +174,11 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("CommandRejected", "kind"): ("For a refused input: its kind, so it can be re-routed; "
                                   "empty otherwise.", None),
     ("CommandRejected", "payload"): ("For a refused input: its payload; empty otherwise.", "By"),
+    ("CommandRejected", "source_partition"): ("For a refused input: the partition of session-inputs "
+                                              "holding the InputPushed, from its RoutedInput; -1: "
+                                              "unknown, or not an input.", None),
+    ("CommandRejected", "source_offset"): ("For a refused input: the offset of that InputPushed, so "
+                                           "its dead letter names the record itself; -1: unknown.", None),
     ("ScaleOut", "count"): ("Workers to start; a provisioner dead-letters a count outside 1..32 (control asks "
                               "for at most 32 at once, the next decision for the rest).", None),
     ("Drain", "worker_id"): ("The worker that gets no new session; its sessions migrate away.", None),

@@ -377,7 +377,8 @@ class CommandRejected(Record):
     """A command or routed input was refused; ``reason`` is a code, ``detail`` prose.
 
     A refused input carries its ``kind`` and ``payload`` so the router can re-route it to
-    the session's current owner.
+    the session's current owner, and its ``source_partition`` / ``source_offset`` (from the
+    ``RoutedInput``) so a dead letter names the very record refused.
     """
 
     worker_id: Id
@@ -390,6 +391,8 @@ class CommandRejected(Record):
     detail: str = ""
     kind: str = ""
     payload: str = ""
+    source_partition: int = -1
+    source_offset: int = -1
 
 
 # --- scaling-commands (key: pool) ------------------------------------------------------

@@ -88,4 +88,5 @@ def misfiled(record: r.Record, key: bytes | None) -> str | None:
     sid = record.session_id  # type: ignore[attr-defined]
     if key == sid.encode():
         return None
-    return f"key {key!r} is not the session id {sid!r} (a session's records must be keyed by it to stay in order)"
+    said = "no key" if key is None else f"key {key.decode('utf-8', 'backslashreplace')!r}"
+    return f"{said}: not the session id {sid!r} (a session's records must be keyed by it to stay in order)"

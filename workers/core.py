@@ -46,7 +46,8 @@ class Outgoing:
         return Send(CommandRejected(
             worker_id=self.worker_id, session_id=getattr(rec, "session_id", ""), command=rec.TAG, reason=reason,
             ts=at.wall, generation=getattr(rec, "generation", None), seq=getattr(rec, "seq", -1),
-            detail=detail[:500], kind=getattr(rec, "kind", ""), payload=getattr(rec, "payload", "")))
+            detail=detail[:500], kind=getattr(rec, "kind", ""), payload=getattr(rec, "payload", ""),
+            source_partition=getattr(rec, "source_partition", -1), source_offset=getattr(rec, "source_offset", -1)))
 
     def refuse(self, rec: Record, why: Refusal, at: At) -> Send:
         return self.reject(rec, why.reason, why.detail, at)

@@ -40,7 +40,11 @@ class Refusals:
             await self.dead_letter(self.publisher, inp.origin, why)
             return
         partition, offset = inp.partition, inp.offset
-        if partition < 0:  # refused after routing (by its owner): where it was when it was routed
+        if partition < 0 and inp.refused is not None and inp.refused.source_partition >= 0:
+            # refused by its owner, which names the record it was routed (two records of one
+            # seq, a restarted producer's, each get their own dead letter)
+            partition, offset = inp.refused.source_partition, inp.refused.source_offset
+        if partition < 0:  # refused after routing, by an owner that named no place: where it was when routed
             partition, offset = self.places.get((inp.session_id, inp.seq)) or (-1, -1)
         if partition < 0 and self.read_inputs is not None:
             # refused after routing (by its owner): the dead letter names where the input sits
@@ -74,5 +78,5 @@ class Refusals:
         input its owner handed back is refused with the reason, never left neither way; a
         Frozen is let go (the owner runs the session again after its handoff wait)."""
         if isinstance(rec, CommandRejected) and rec.command == RoutedInput.TAG and rec.seq >= 1:
-            await self.refuse(Input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts),
+            await self.refuse(Input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts, refused=rec),
                               f"dispatch could not route it again after its owner refused it ({exc})")

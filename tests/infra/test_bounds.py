@@ -189,7 +189,7 @@ def test_dispatch_refuses_inputs_over_the_payload_and_rate_bounds(kafka_bootstra
     assert [x.seq for x in records if isinstance(x, InputAccepted) and x.session_id == "s-owned"] == [2]
     assert sum("over the 100-byte limit" in x for x in refused) == 2
     assert sum("input rate over" in x for x in refused) == 2
-    assert sum("key b'someone-else' is not the session id 's-key'" in x for x in refused) == 1
+    assert sum("key 'someone-else': not the session id 's-key'" in x for x in refused) == 1
     up = next(x for x in records if isinstance(x, WorkerUp))  # the worker says the rule its replays apply
     assert (up.input_rate_per_s, up.input_burst) == (1e-4, 2) and up.chunk_interval_s > 0
     assert "replays inputs with the rate rule" not in "".join(p.read_text() for p in (tmp_path / "logs").glob("dispatch*.log"))

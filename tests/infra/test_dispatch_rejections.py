@@ -183,3 +183,23 @@ def test_an_open_that_finds_no_room_within_the_timeout_is_refused_and_its_id_aga
 
     sent = _run(redis_url, namespace, scenario)
     assert [r.session_id for r in sent if isinstance(r, Assign)] == ["t"]
+
+
+def test_two_records_of_one_seq_refused_by_their_owner_get_a_dead_letter_each(redis_url, namespace):
+    """A restarted producer sent seq 3 twice more (offsets 132 and 133) after it was applied;
+    the owner refused both as late. Each gets its own dead letter, with its own bytes and place
+    (before, the place dispatch kept per seq was the second's, so the first's dead letter named
+    the second's offset and the second, at a place dead-lettered already, got none)."""
+    async def scenario(store: GenerationStore, shell: DispatchShell) -> None:
+        gen = await store.commit("s", 0, "w0")
+        await store.claim("s", gen)
+        for offset, payload in ((132, "restarted client A"), (133, "restarted client B")):
+            await shell.on_worker_event(CommandRejected(
+                worker_id="w0", session_id="s", command=RoutedInput.TAG, reason="late", ts=0.0, generation=gen,
+                seq=3, detail="late", kind="text", payload=payload, source_partition=8, source_offset=offset))
+
+    sent = _run(redis_url, namespace, scenario)
+    assert [type(x) for x in sent] == [DeadLetter, DeadLetter]
+    assert [(d.partition, d.offset, decode("session-inputs", d.raw).payload) for d in sent] == [
+        (8, 132, "restarted client A"), (8, 133, "restarted client B")]
+    assert all("input 3 refused by its owner (late" in d.reason for d in sent)

@@ -87,6 +87,8 @@ def test_a_model_of_your_own_serves_through_offload_restore_and_migration(kafka_
     for sid, sums in summary.checksums.items():
         state = model.init_state(sid, f"a paper boat on a river, take {sid}", session_seed(sid))
         assert len(sums) >= 8 and sums == [model.run_batch([state])[0].checksum for _ in sums]
+    for log in ("worker-0.log", "worker-1.log"):  # and each says so
+        assert "serves the model examples.models.walk:LatentWalk" in (tmp_path / "logs" / log).read_text()
 
 
 def test_crashed_worker_sessions_recover_from_snapshot_and_replayed_inputs(

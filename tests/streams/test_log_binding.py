@@ -102,3 +102,39 @@ def test_up_is_refused_in_one_line_on_a_redis_that_lost_the_log(kafka_bootstrap,
     assert up.returncode == 2 and "Traceback" not in said, said
     assert "env CHUNKSERVE_REDIS_URL: redis.url: the topics of prefix" in said and "holds nothing" in said, said
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())  # no process started
+
+
+def test_up_refused_for_topics_made_anew_makes_no_topic_first(kafka_bootstrap, redis_url, namespace, tmp_path):
+    """A store that served the prefix further than a fresh broker's topics reach: `up` refuses
+    it before it makes any topic there (an outside run found all seven made on the fresh broker
+    by the `up` that then refused)."""
+    import os
+
+    from streams.topics import TopicCatalogue, partition_counts
+
+    served = _settings(kafka_bootstrap, redis_url, f"{namespace}-old", namespace)
+    fresh = _settings(kafka_bootstrap, redis_url, f"{namespace}-new", namespace)
+
+    async def run() -> None:
+        await ensure_topics(served)
+        await _opened(served, 2)
+        assert await bind_store(served, adopt=True) == 2
+        # the same store, its record of the old prefix copied onto the new one's: as if the
+        # broker folder were new and the prefix kept
+        from streams.generations import GenerationStore
+
+        store = GenerationStore.from_settings(fresh)
+        try:
+            assert (await store.bind_log(fresh.topic_prefix, 2, True, True))[0] != "behind"
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
+    env = {**os.environ, "CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url,
+           "CHUNKSERVE_TOPIC_PREFIX": fresh.topic_prefix, "CHUNKSERVE_NAMESPACE": namespace}
+    up = subprocess.run([sys.executable, "-m", "infra", "up", "--log-dir", str(tmp_path / "logs")], env=env,
+                        capture_output=True, text=True, timeout=120)
+    said = " ".join(up.stderr.split())
+    assert up.returncode == 2 and "they end at 0 now" in said, said
+    names = [TopicCatalogue.from_settings(fresh).name(t) for t in ("session-events", "session-inputs")]
+    assert asyncio.run(partition_counts(fresh, names)) == {}  # no topic made for the refused fleet

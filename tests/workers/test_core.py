@@ -69,6 +69,15 @@ def test_an_input_the_store_does_not_route_here_is_refused_so_dispatch_routes_it
     assert isinstance(refused, CommandRejected) and refused.reason == "stale_epoch" and refused.seq == 1
 
 
+def test_a_refused_input_names_the_record_it_was_routed_so_its_dead_letter_is_that_records() -> None:
+    core = WorkerCore("w")
+    placed = RoutedInput(worker_id="w", session_id="s", generation=GEN, seq=1, kind="text", payload="in 1", ts=1.0,
+                         source_partition=8, source_offset=132)
+    core.decide(Got(placed), AT)
+    [refused] = _sent(core.decide(SessionRead(placed, "active", Generation("v", 4)), AT))
+    assert (refused.source_partition, refused.source_offset) == (8, 132)
+
+
 def test_an_offload_waits_for_a_recoverys_inputs_and_is_refused_while_they_cannot_be_read() -> None:
     core, state = WorkerCore("w"), _State()
     assign = Assign(worker_id="w", session_id="s", generation=GEN, ts=1.0, restore=True, recover=True)
