@@ -97,8 +97,9 @@ class _Rows:
 
 
 def _alternate(w: _Rows, sid: str, t_open: float, t_close: float, active: Draw, idle: Draw,
-               start_active: bool, state: int) -> None:
-    """Open, alternating spells strictly inside (t_open, t_close), close."""
+               start_active: bool, state: int, grow: Callable[[int], int] | None = None) -> None:
+    """Open, alternating spells strictly inside (t_open, t_close), close; ``grow`` (given the
+    state so far) sizes the state each idle row offloads (None: the rows give no size)."""
     w.add(t_open, sid, "open", state)
     t, executing = t_open, True
     if not start_active:
@@ -108,7 +109,11 @@ def _alternate(w: _Rows, sid: str, t_open: float, t_close: float, active: Draw, 
         t += active() if executing else idle()
         if t >= t_close - 1e-3:
             break
-        w.add(t, sid, "idle" if executing else "active")
+        if executing and grow is not None:
+            state = grow(state)
+            w.add(t, sid, "idle", state)
+        else:
+            w.add(t, sid, "idle" if executing else "active")
         executing = not executing
     w.add(t_close, sid, "close")
 
@@ -165,23 +170,9 @@ def _heavy_state(rng: random.Random) -> int:
 
 def _heavy_session(w: _Rows, rng: random.Random, sid: str, t_open: float, t_close: float, start_active: bool) -> None:
     """As :func:`_alternate`, each idle row offloading a state grown by 0-15% (64 GB at most)."""
-    st = _heavy_state(rng)
-    w.add(t_open, sid, "open", st)
-    t, executing = t_open, True
-    if not start_active:
-        w.add(t_open, sid, "idle")
-        executing = False
-    while True:
-        t += rng.lognormvariate(math.log(40), 0.6) if executing else rng.lognormvariate(math.log(35), 0.8)
-        if t >= t_close - 1e-3:
-            break
-        if executing:
-            st = min(64000, int(st * rng.uniform(1.0, 1.15)))
-            w.add(t, sid, "idle", st)
-        else:
-            w.add(t, sid, "active")
-        executing = not executing
-    w.add(t_close, sid, "close")
+    _alternate(w, sid, t_open, t_close, lambda: rng.lognormvariate(math.log(40), 0.6),
+               lambda: rng.lognormvariate(math.log(35), 0.8), start_active, _heavy_state(rng),
+               grow=lambda st: min(64000, int(st * rng.uniform(1.0, 1.15))))
 
 
 def _heavystate(rng: random.Random, dur: float, sessions: float, crowds: int) -> _Rows:
