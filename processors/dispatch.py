@@ -20,12 +20,13 @@ from streams.store_ops import untold_from
 from .admission import AdmitPlan, WorkerLoad, candidate
 from .dispatch_types import (MAX_GAVE_UP, Admission, CloseInStore, Command, Commit, Committed, CommitRefused,
                              DispatchView, Event, Facts, Input, Move, Moved, MoveRefused, Note, Publish, ReadAgain,
-                             Refuse, RefuseEvent, RequestClose, Retry, RetryLater, Seen)
+                             Refuse, RefuseEvent, RequestClose, Retry, RetryLater, RouteAgain, Seen)
 from .lifecycle import EVENT_KIND, INPUT_EVENT, STORE_STATE, Action, EventKind, SessionState, transition
 
 __all__ = ["DispatchView", "Facts",
            "Input", "Admission", "Seen", "Committed", "CommitRefused", "Moved", "MoveRefused", "Retry",
-           "Event", "Publish", "Commit", "Move", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore", "Refuse", "RefuseEvent", "Note",
+           "Event", "Publish", "RouteAgain", "Commit", "Move", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore",
+           "Refuse", "RefuseEvent", "Note",
            "Command", "decide", "counted"]
 
 
@@ -272,8 +273,10 @@ def on_worker_event(view: DispatchView, rec: Record, facts: Facts,
             if sv is not None and sv.generation == gen and _wakes(sv, EventKind.ACTIVE):
                 return next_candidate(view, _restore(view, rec.session_id, sv), now)
         case CommandRejected(command=RoutedInput.TAG, generation=Generation()):
-            return route(view, Input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts, refused=rec,
-                                     rereads_left=0), facts, now)
+            # the record the owner refused keeps its place in the log (its owner names it): a
+            # dead letter is that record's, and the next owner judges it as the record it is
+            return route(view, Input(rec.session_id, rec.seq, rec.kind, rec.payload, rec.ts, rec.source_partition,
+                                     rec.source_offset, refused=rec, rereads_left=0), facts, now)
     return view, []
 
 
@@ -386,8 +389,11 @@ def _assign(adm: Admission, gen: Generation, now: float) -> Publish:
                           prompt=adm.prompt, restore=adm.restore, recover=adm.recover))
 
 
-def _routed(inp: Input, gen: Generation, now: float) -> Publish:
-    return Publish(RoutedInput(worker_id=gen.worker_id, session_id=inp.session_id, generation=gen,
-                               seq=inp.seq, kind=inp.kind, payload=inp.payload, ts=now,  # type: ignore[arg-type]
-                               source_partition=inp.partition, source_offset=inp.offset,
-                               refused_before=inp.refused_before))
+def _routed(inp: Input, gen: Generation, now: float) -> Publish | RouteAgain:
+    """An input to its owner: a first routing published as it is, one its owner refused
+    routed again (the shell names in it the inputs refused lately)."""
+    rec = RoutedInput(worker_id=gen.worker_id, session_id=inp.session_id, generation=gen,
+                      seq=inp.seq, kind=inp.kind, payload=inp.payload, ts=now,  # type: ignore[arg-type]
+                      source_partition=inp.partition, source_offset=inp.offset,
+                      refused_before=inp.refused_before)
+    return Publish(rec) if inp.refused is None else RouteAgain(rec)

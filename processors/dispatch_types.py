@@ -7,15 +7,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from schemas.records import CommandRejected, Generation, Record
+from schemas.records import CommandRejected, Generation, Record, RoutedInput
 from streams.store_records import SessionView
 
 from .admission import AdmitPlan, WorkerLoad
 
 __all__ = ["MAX_WAITING", "MAX_GAVE_UP", "DispatchView", "Facts",
            "Input", "Admission", "Seen", "Committed", "CommitRefused", "Moved", "MoveRefused", "Retry",
-           "Event", "Publish", "Commit", "Move", "RetryLater", "ReadAgain", "RequestClose", "CloseInStore", "Refuse",
-           "RefuseEvent", "Note", "Command"]
+           "Event", "Publish", "RouteAgain", "Commit", "Move", "RetryLater", "ReadAgain", "RequestClose",
+           "CloseInStore", "Refuse", "RefuseEvent", "Note", "Command"]
 
 
 # admissions for session events (opens, returns) waiting for room at once: each holds one of
@@ -165,6 +165,15 @@ class Publish:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteAgain:
+    """Publish an input its owner refused to the session's owner now (``record`` keeps the
+    original record's place in ``session-inputs``); the shell names in it the session's inputs
+    refused lately below it, as a first routing does."""
+
+    record: RoutedInput
+
+
+@dataclass(frozen=True, slots=True)
 class Commit:
     """Commit ``admission``'s next generation on ``worker`` (the store decides)."""
 
@@ -232,4 +241,4 @@ class Note:
     error: bool = False
 
 
-Command = Publish | Commit | Move | RetryLater | ReadAgain | RequestClose | CloseInStore | Refuse | RefuseEvent | Note
+Command = Publish | RouteAgain | Commit | Move | RetryLater | ReadAgain | RequestClose | CloseInStore | Refuse | RefuseEvent | Note

@@ -104,7 +104,8 @@ OVERRIDES: dict[tuple[str, str], Doc] = {
     ("Handoff", "reason"): ("Why control moves it: `rebalance` (default), `drain` or another "
                             "word of the policy.", None),
     ("RoutedInput", "source_partition"): ("Partition of session-inputs holding the original "
-                                          "InputPushed; -1: unknown.", None),
+                                          "InputPushed (kept when an owner refused it and it is "
+                                          "routed again); -1: unknown.", None),
     ("RoutedInput", "source_offset"): ("Offset of the original InputPushed in that partition; "
                                        "-1: unknown.", None),
     ("RoutedInput", "refused_before"): ("Seqs of this session's inputs that dispatch refused "

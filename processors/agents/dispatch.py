@@ -24,7 +24,8 @@ from schemas.topics import SESSION_INPUTS, misfiled
 from ..admission import WorkerLoad
 from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Commit, Committed,
                         CommitRefused, DispatchView, Move, Moved, MoveRefused, Event, Facts, Input, Note, Publish,
-                        ReadAgain, Refuse, RefuseEvent, RequestClose, Retry, RetryLater, Seen, counted, decide)
+                        ReadAgain, Refuse, RefuseEvent, RequestClose, Retry, RetryLater, RouteAgain, Seen, counted,
+                        decide)
 from ..input_gate import InputGate
 from .dispatch_streams import (RECOVERY_SWEEP_S, bound, session_events, session_inputs, sweeper, tail_plans,
                                worker_events)
@@ -154,7 +155,7 @@ class DispatchShell(Refusals):
 
     async def carry_out(self, cmd: Command, refused: list[str]) -> Event | None:
         match cmd:
-            case Publish(record=RoutedInput(source_partition=-1) as rec):  # routed again: its owner refused it
+            case RouteAgain(record=rec):  # its owner refused it
                 await self.publisher.send(replace(rec, refused_before=self.gate.recently_refused(rec.session_id, rec.seq)))
             case Publish(record=rec):
                 await self.publisher.send(rec)

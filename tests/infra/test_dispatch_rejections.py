@@ -110,6 +110,37 @@ def test_session_closing_while_its_refused_input_waits_for_a_worker_dead_letters
     assert "session closed before input 3 was applied" in sent[0].reason
 
 
+def test_an_input_routed_again_keeps_its_place_in_the_log(redis_url, namespace):
+    """Seq 3 twice in the log (a restarted producer's records at offsets 132 and 140): 132 went
+    to the old owner, which refused it (the session had moved), and was routed again; the new
+    owner refused it as late. Its dead letter is its own record's, not the place dispatch kept
+    for seq 3 (140, the other record's): the input routed again carries its place, which the new
+    owner's refusal names (before, it carried none and the dead letter named offset 140)."""
+    async def scenario(store: GenerationStore, shell: DispatchShell) -> None:
+        old = await store.commit("s", 0, "w0")
+        await store.claim("s", old)
+        await store.release("s", old)  # offloaded, then restored on w1
+        new = await store.commit("s", old.epoch, "w1")
+        await store.claim("s", new)
+        assert await shell.route_input("s", 3, "text", "restarted client B", partition=8, offset=140) is None
+        await shell.on_worker_event(CommandRejected(
+            worker_id="w0", session_id="s", command=RoutedInput.TAG, reason="stale_epoch", ts=0.0, generation=old,
+            seq=3, detail="moved", kind="text", payload="restarted client A", source_partition=8, source_offset=132))
+        again = shell.publisher.sent[-1]
+        assert isinstance(again, RoutedInput) and again.generation == new
+        await shell.on_worker_event(CommandRejected(
+            worker_id="w1", session_id="s", command=RoutedInput.TAG, reason="late", ts=0.0, generation=new,
+            seq=3, detail="late", kind="text", payload=again.payload, source_partition=again.source_partition,
+            source_offset=again.source_offset))
+
+    sent = [x for x in _run(redis_url, namespace, scenario) if not x.TAG.startswith("metric.")]
+    routed = [(r.worker_id, r.payload, r.source_partition, r.source_offset) for r in sent if isinstance(r, RoutedInput)]
+    assert routed == [("w1", "restarted client B", 8, 140), ("w1", "restarted client A", 8, 132)]
+    (letter,) = [d for d in sent if isinstance(d, DeadLetter)]
+    assert (letter.partition, letter.offset, decode("session-inputs", letter.raw).payload) == (
+        8, 132, "restarted client A")
+
+
 def test_an_owners_refusal_is_dead_lettered_at_the_inputs_place_in_the_log(redis_url, namespace):
     """The refusal carries no log position: dispatch looks the input up in the session's
     partition (the shell's input-log reader) and names where it sits, never a made-up 0@0."""

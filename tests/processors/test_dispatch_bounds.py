@@ -205,7 +205,7 @@ def test_an_input_routed_again_names_the_inputs_refused_before_it() -> None:
     session's inputs refused for the rate below it, as its first routing did, so the new owner
     does not wait for them (a re-routed copy named none, and the new owner waited until the
     close refused what followed)."""
-    from processors.dispatch import Publish
+    from processors.dispatch import Publish, RouteAgain
     from schemas.records import Generation, RoutedInput
 
     sent = Sent()
@@ -214,8 +214,8 @@ def test_an_input_routed_again_names_the_inputs_refused_before_it() -> None:
         shell.admit_input(InputPushed(session_id="s", seq=seq, kind="text", payload="ok", ts=0.0), b"s", 5.0)
     assert shell.gate.refused_before("s") == (2, 3)  # named on the first routing of input 4
     again = RoutedInput(worker_id="w", session_id="s", generation=Generation("w", 2), seq=4, kind="text",
-                        payload="ok", ts=0.0)  # routed again: no place in the log (-1)
-    asyncio.run(shell.carry_out(Publish(again), []))
+                        payload="ok", ts=0.0, source_partition=0, source_offset=8)  # its own place in the log
+    asyncio.run(shell.carry_out(RouteAgain(again), []))
     first = RoutedInput(worker_id="w", session_id="s", generation=Generation("w", 2), seq=5, kind="text",
                         payload="ok", ts=0.0, source_partition=0, source_offset=9)
     asyncio.run(shell.carry_out(Publish(first), []))

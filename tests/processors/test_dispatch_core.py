@@ -269,13 +269,13 @@ def test_a_restore_whose_assign_was_lost_is_assigned_again_when_its_event_or_its
                            detail="no Assign of its generation came in time")
     refused = Input("s", 2, "text", "x", refused=kept, rereads_left=0)
     _, cmds = decide(VIEW, Seen(refused, Facts(restored)), 2.0)
-    assert _kinds(cmds) == ["Assign", "RoutedInput"] and cmds[0].record.restore and cmds[1].record.seq == 2
+    assert _kinds(cmds) == ["Assign", "RouteAgain"] and cmds[0].record.restore and cmds[1].record.seq == 2
     kept_first = replace(kept, generation=first.generation)
     _, cmds = decide(VIEW, Seen(replace(refused, refused=kept_first), Facts(first)), 2.0)
-    assert _kinds(cmds) == ["RoutedInput"]
+    assert _kinds(cmds) == ["RouteAgain"]
     for other in (replace(restored, claimed=True), replace(restored, generation=Generation("w2", 4))):
         _, cmds = decide(VIEW, Seen(refused, Facts(other)), 2.0)
-        assert _kinds(cmds) == ["RoutedInput"], other
+        assert _kinds(cmds) == ["RouteAgain"], other
 
 
 def test_a_return_replays_the_log_when_the_offloaded_generation_was_lost_or_never_claimed():
@@ -291,9 +291,12 @@ def test_a_return_replays_the_log_when_the_offloaded_generation_was_lost_or_neve
 
 def test_worker_events_reroute_refused_inputs():
     stale = CommandRejected(worker_id="w0", session_id="s", command=RoutedInput.TAG, reason="stale_epoch",
-                            ts=1.0, generation=Generation("w0", 2), seq=5, kind="text", payload="x")
+                            ts=1.0, generation=Generation("w0", 2), seq=5, kind="text", payload="x",
+                            source_partition=4, source_offset=61)
     _, cmds = decide(VIEW, Seen(stale, Facts(_sv(StoreState.ACTIVE))), 2.0)
-    assert _kinds(cmds) == ["RoutedInput"] and cmds[0].record.generation == GEN and cmds[0].record.seq == 5
+    assert _kinds(cmds) == ["RouteAgain"] and cmds[0].record.generation == GEN and cmds[0].record.seq == 5
+    # the record it is keeps its place: a dead letter is its own, its next owner judges it as it is
+    assert (cmds[0].record.source_partition, cmds[0].record.source_offset) == (4, 61)
     _, cmds = decide(VIEW, Seen(stale, Facts(_sv(StoreState.CLOSED))), 2.0)
     assert _kinds(cmds) == ["Refuse"] and "closed before input 5" in cmds[0].why and "stale_epoch at w0" in cmds[0].why
     late = CommandRejected(worker_id="w1", session_id="s", command=RoutedInput.TAG, reason="late",
