@@ -34,11 +34,30 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
-def _fail(exc: Exception) -> None:
-    """One line, exit code 2, with the prefix ``chunkserve``'s own errors have."""
+def _fail(exc: Exception, command: str) -> None:
+    """One line, exit code 2, with the prefix ``chunkserve``'s own errors have: a bad option
+    or pair of options as click's usage errors read (``chunkserve COMMAND``, then its help)."""
+    if isinstance(exc, ConfigError) and exc.source == "command line":
+        where = f"chunkserve {command}"
+        _err.print(f"[red]usage error:[/red] {where}: {exc.key}: {exc.reason} (see {where} --help)",
+                   highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
     kind = "configuration error" if isinstance(exc, ConfigError) else "error"
     _err.print(f"[red]{kind}:[/red] {exc}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def _profiles(profile: str) -> Any:
+    """The latency model ``--profile`` names: a built-in's name or a file (a name that is
+    neither is the option's error, not a file's)."""
+    from processors.latency import load_profiles
+
+    try:
+        return load_profiles(profile)
+    except ConfigError as exc:
+        if exc.key == "profile" and exc.source == profile and exc.reason.startswith("no built-in profile"):
+            raise ConfigError("--profile", f"{exc.reason}, and no such file", "command line") from None
+        raise
 
 
 def trace_gen(
@@ -96,7 +115,7 @@ def trace_gen(
         except OSError as exc:
             raise ConfigError("--output", f"cannot write ({exc.strerror or exc})", str(output)) from None
     except ChunkserveError as exc:
-        _fail(exc)
+        _fail(exc, "trace gen")
     _console.print(f"wrote {output}: {len(events)} events, {sum(e.kind.value == 'open' for e in events)} sessions")
 
 
@@ -153,13 +172,13 @@ def simulate_cmd(
                 runner.peak_pool = pool
             out = compare(runner, names, subject_spec or "turboserve", slo, jobs=_jobs(jobs))
     except ChunkserveError as exc:
-        _fail(exc)
+        _fail(exc, "simulate")
     out["wall_s"] = time.perf_counter() - start
     try:  # written before the table: a reader that stops reading (`| head`) leaves the results
         if json_out is not None:
             _write_output("json", json_out, json.dumps(out, indent=2, sort_keys=True) + "\n")
     except ChunkserveError as exc:
-        _fail(exc)
+        _fail(exc, "simulate")
     _print_table(out)
     try:
         if plot is not None:
@@ -168,7 +187,7 @@ def simulate_cmd(
             except OSError as exc:
                 raise ConfigError("--plot", f"cannot write ({exc.strerror or exc})", str(plot)) from None
     except ChunkserveError as exc:
-        _fail(exc)
+        _fail(exc, "simulate")
 
 
 def _missed(slo: dict, name: str) -> str:
@@ -234,9 +253,7 @@ _WHY = {
 def _priced_pool(profile: str, given: str | None) -> tuple[Any, str]:
     """The latency model ``profile`` names and the GPU type a run pools, which must have a
     price: the comparisons are of cost."""
-    from processors.latency import load_profiles
-
-    model = load_profiles(profile)
+    model = _profiles(profile)
     gpu_type = _pool_type(model, profile, given)
     if model[gpu_type].cost_per_hour <= 0:  # every cost, saving and matched pool would read 0
         raise ConfigError(f"gpu_types.{gpu_type}.cost_per_hour", "is 0: the comparisons are of cost, give the "
@@ -437,12 +454,12 @@ def evaluate_cmd(
                            on_trace=lambda s: bar.update(task, description=s), jobs=_jobs(jobs),
                            on_runner=lambda r: _check_names(r, [*EVAL_POLICIES, *extra]), subject=subject)
     except ChunkserveError as exc:
-        _fail(exc)
+        _fail(exc, "evaluate")
     try:  # the results first: nothing printed after them can lose them
         if json_out is not None:
             _write_output("json", json_out, json.dumps(out, indent=2, sort_keys=True) + "\n")
     except ChunkserveError as exc:
-        _fail(exc)
+        _fail(exc, "evaluate")
     t = Table(title=f"{split} traces" if split is not None else "given traces")
     peers = list(dict.fromkeys(n for r in out.values() for n in r["bars"].get("peers", {})))
     who = next((r["comparison"]["subject"] for r in out.values()), "turboserve")  # the same on every trace
@@ -474,7 +491,8 @@ def _cost_worst_resume(m: dict | None) -> str:
     """A policy's cost, worst chunk and worst resume (its restore included, which chunks leave out)."""
     if not m:
         return "-"
-    return f"{m['cost']:.1f} / {m['worst_chunk_latency_s']:.2f} / {m.get('worst_resume_latency_s') or 0.0:.2f}"
+    resume = m.get("worst_resume_latency_s")  # None: no session resumed
+    return f"{m['cost']:.1f} / {m['worst_chunk_latency_s']:.2f} / {'-' if resume is None else f'{resume:.2f}'}"
 
 
 def tune_cmd(
@@ -488,7 +506,6 @@ def tune_cmd(
     gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="GPU type of the pools tuned (default: b300, or a profile's only type)."),
 ) -> None:
     """Search u* and delta per volatility level by simulation; write the autoscaler's table."""
-    from processors.latency import load_profiles
     from infra.sim.simulator import SimConfig
     from infra.sim.tracegen import GenConfig
     from infra.sim.tune import tune
@@ -496,7 +513,7 @@ def tune_cmd(
     try:
         _writable(output=output)
         lv = _levels(levels)
-        model = load_profiles(profile)
+        model = _profiles(profile)
         gpu_type = _pool_type(model, profile, gpu_type)
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("tuning", total=None)
@@ -504,7 +521,7 @@ def tune_cmd(
                       SimConfig(warm_start=True, gpu_type=gpu_type), on_step=lambda s: bar.update(task, description=s))
         _write_output("output", output, json.dumps(vt.to_json(), indent=2) + "\n")
     except ChunkserveError as exc:
-        _fail(exc)
+        _fail(exc, "tune")
     for i in lv:
         u, d = vt.lookup(i)
         _console.print(f"level {i}: u*={u:.2f} delta={d:.2f}")

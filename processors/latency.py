@@ -204,7 +204,7 @@ def load_profiles(spec: str | Path) -> LatencyModel:
     if path.suffix != ".json" and not path.exists():
         ref = resources.files("processors").joinpath("profiles", f"{spec}.json")
         if not ref.is_file():
-            raise ConfigError("profile", f"no built-in profile {spec!r} (have {builtin_profiles()})", str(spec))
+            raise ConfigError("profile", f"no built-in profile {spec!r} (have {', '.join(builtin_profiles())})", str(spec))
         text, source = ref.read_text(encoding="utf-8"), f"builtin:{spec}"
     else:
         try:

@@ -695,8 +695,24 @@ def _matched_oracle(runner: Runner, ts: SimResult) -> tuple[float, SimResult]:
 
 def timelines(runner: Runner, names: Sequence[str]) -> dict[str, dict[str, list[float]]]:
     """The timelines of the runs the table and the JSON report for ``names`` (a fixed pool's
-    at matched cost: before, whichever of its runs the cache held first, its SLO pool's say)."""
-    return {res.policy: res.timeline for name, res in runner.reported.items() if name in names}
+    at matched cost: before, whichever of its runs the cache held first, its SLO pool's say),
+    each window within the trace: a run keeps a window for the trace's last instant when that
+    falls on a window's edge, which the plot drew as one more window past the end; what it
+    holds goes into the window before it (its worst chunk, its migrations)."""
+    n = max(1, math.ceil(runner.trace_end / runner.config.window_s - 1e-9))
+    return {res.policy: _within(res.timeline, n) for name, res in runner.reported.items() if name in names}
+
+
+def _within(tl: dict[str, list[float]], n: int) -> dict[str, list[float]]:
+    """``tl`` cut to its first ``n`` windows, the later ones' worst chunk and migrations folded in."""
+    if all(len(v) <= n for v in tl.values()):
+        return tl
+    out = {k: list(v[:n]) for k, v in tl.items()}
+    if "worst_latency_s" in tl:
+        out["worst_latency_s"][-1] = max(tl["worst_latency_s"][n - 1:])
+    if "migrations" in tl:
+        out["migrations"][-1] = sum(tl["migrations"][n - 1:])
+    return out
 
 
 def plot_timeline(series: dict[str, dict[str, list[float]]], window_s: float, path: str) -> None:

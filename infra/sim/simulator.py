@@ -179,8 +179,8 @@ class SimResult:
     scale_events: int
     chunks: int
     invalid_commands: int
-    worst_resume_latency_s: float = 0.0
-    p99_resume_latency_s: float = 0.0
+    worst_resume_latency_s: float | None = None  # None: no session resumed
+    p99_resume_latency_s: float | None = None
     timeline: dict[str, list[float]] = field(default_factory=dict)
     missed_chunks: int = 0
     complete: bool = True  # False: aborted by a Stop (the figures are those up to then)
@@ -767,7 +767,7 @@ class _Sim:
     def result(self, stopped_at: float | None = None) -> SimResult:
         lat = np.asarray(self.lat) if self.lat else np.zeros(1)
         n = np.asarray(self.lat_n) if self.lat else np.ones(1, dtype=np.int64)
-        res = np.asarray(self.resume_lat) if self.resume_lat else np.zeros(1)
+        res = np.asarray(self.resume_lat) if self.resume_lat else None  # none resumed: no figure, not 0 s
         return SimResult(
             policy=self.policy.name,
             worst_chunk_latency_s=float(lat.max()),
@@ -780,8 +780,8 @@ class _Sim:
             chunks=int(n.sum()) if self.lat else 0,
             invalid_commands=self.invalid,
             invalid_by_kind=dict(sorted(self.refused.items())),
-            worst_resume_latency_s=float(res.max()),
-            p99_resume_latency_s=float(np.percentile(res, 99)),
+            worst_resume_latency_s=None if res is None else float(res.max()),
+            p99_resume_latency_s=None if res is None else float(np.percentile(res, 99)),
             timeline=self.tl,
             missed_chunks=int(n[lat > self.cfg.deadline_s + 1e-9].sum()),
             complete=stopped_at is None,

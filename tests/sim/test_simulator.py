@@ -227,6 +227,29 @@ def test_cli_user_errors_are_one_line(tmp_path):
     assert res.exit_code == 2 and "--state-mb: shapes the project's generator only" in res.output and not (tmp_path / "f.csv").exists()
 
 
+def test_a_bad_option_of_the_simulator_commands_reads_as_a_usage_error(tmp_path):
+    """The options a command checks itself (a pair that does not go together, a profile that is
+    neither a built-in nor a file) read as click's own usage errors do, as the README says, with
+    the option named: an outside reader met `configuration error: command line: ...` and
+    `configuration error: nosuch: profile: ...` (the value where the option belongs)."""
+    app = _app()
+    ok = tmp_path / "ok.csv"
+    ok.write_text("t_s,session_id,event\n0,a,open\n30,a,close\n")
+    for args, said in ((["simulate", str(ok), "--profile", "nosuch"],
+                        "usage error: chunkserve simulate: --profile: no built-in profile 'nosuch' (have paper, "),
+                       (["evaluate", "--trace", str(ok), "--split", "heldout"],
+                        "usage error: chunkserve evaluate: --trace: give --split or --trace, not both "
+                        "(see chunkserve evaluate --help)"),
+                       (["tune", "-o", str(tmp_path / "t.json"), "--profile", "nosuch"],
+                        "usage error: chunkserve tune: --profile: ")):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and res.output.startswith(said), res.output
+        assert len(res.output.strip().splitlines()) == 1
+    missing = tmp_path / "missing.json"  # a file named that cannot be read is the file's error
+    res = CliRunner().invoke(app, ["simulate", str(ok), "--profile", str(missing)])
+    assert res.exit_code == 2 and res.output.startswith(f"configuration error: {missing}: profile: cannot read")
+
+
 def test_a_profile_of_one_gpu_type_pools_that_type_and_one_of_several_without_b300_asks(tmp_path):
     """A user's own profile names its own type: it was refused for lacking b300 unless
     --gpu-type named it."""
@@ -395,7 +418,30 @@ def test_the_plot_draws_the_runs_the_table_reports(tmp_path):
         pool = doc["matched_cost"]["pool_size"][name]
         assert set(lines[name]["gpus"]) == {pool}, (name, pool)
         assert pool != doc["slo"]["pool_size"][name]  # the run the plot drew before
-    assert lines["turboserve"] == runner.reported["turboserve"].timeline
+    # 240 s: four windows of 60 s, none past the end
+    assert lines["turboserve"]["gpus"] == runner.reported["turboserve"].timeline["gpus"][:4]
+    assert {len(v) for v in lines["turboserve"].values()} == {4}
+
+
+def test_the_plot_draws_no_window_past_the_trace_end(tmp_path):
+    """A trace whose last row falls on a window's edge (120 s, windows of 60 s) is drawn over
+    two windows, not three (a third, at 0 sessions and a 0 s worst chunk, read as a minute the
+    trace does not have); what the last instant held goes into the window before it."""
+    from infra.sim.report import Runner, timelines
+    from infra.sim.trace import load_trace
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,100\n0,b,open,100\n50,b,close,\n120,a,close,\n")
+    runner = Runner(load_trace(trace), load_profiles("paper"), SimConfig())
+    run = runner.run("rr")
+    runner.reported["rr"] = run
+    (line,) = timelines(runner, ["rr"]).values()
+    assert len(run.timeline["gpus"]) == 3 and {k: len(v) for k, v in line.items()} == dict.fromkeys(line, 2)
+    assert line["worst_latency_s"][-1] == max(run.timeline["worst_latency_s"][1:])
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,100\n119.4,a,close,\n")
+    runner = Runner(load_trace(trace), load_profiles("paper"), SimConfig())
+    runner.reported["rr"] = runner.run("rr")
+    assert {len(v) for v in timelines(runner, ["rr"])["rr"].values()} == {2}
 
 
 def test_a_move_of_a_session_whose_restore_has_not_landed_starts_once_it_has():
@@ -415,3 +461,19 @@ def test_an_admission_entry_for_a_draining_gpu_counts_as_invalid():
     ev = _ev((0, "a", O, 0), (10, "a", C, 0))
     r = simulate(load_policy("tests.sim.plugin:AdmitDraining"), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
     assert r.invalid_commands >= 1 and r.invalid_by_kind.get("admit", 0) >= 1, r.invalid_by_kind
+
+
+def test_a_run_in_which_no_session_resumed_has_no_resume_latency(tmp_path):
+    """Sessions that only open and close: no resume latency (null in the JSON, "-" in the
+    evaluate table), not 0 s, which read as instant resumes; one return gives a figure."""
+    from infra.sim.trace import load_trace
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,100\n60,a,close,\n")
+    run = simulate(load_policy("rr", model=MODEL), load_trace(trace).events, MODEL, SimConfig(initial_gpus=1))
+    assert run.worst_resume_latency_s is None and run.p99_resume_latency_s is None
+    assert run.metrics()["worst_resume_latency_s"] is None
+    trace.write_text("t_s,session_id,event,state_mb\n0,a,open,100\n10,a,idle,\n20,a,active,\n60,a,close,\n")
+    run = simulate(load_policy("least-loaded-offload", model=MODEL), load_trace(trace).events, MODEL,
+                   SimConfig(initial_gpus=1))
+    assert run.worst_resume_latency_s is not None and run.worst_resume_latency_s > 0
