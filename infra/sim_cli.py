@@ -66,7 +66,7 @@ def trace_gen(
     level: int = typer.Option(5, "--level", min=1, max=10, help="Volatility 1..10: share and size of arrival bursts and of synchronized idle->active wake-ups (1 calm, 10 bursty)."),
     duration: float = typer.Option(3600.0, "--duration", min=1.0, max=1e6, help="Trace length in seconds (at most 1,000,000, what a trace may give)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Random seed; same seed, same trace."),
-    sessions: int = typer.Option(5000, "--sessions", min=1, max=1_000_000, help="Expected arrivals over the trace (sets the mean arrival rate); a trace that starts mid-stream (this generator, the second and fourth models' mid-stream families) adds the sessions alive at its start. The fourth to eighth models' families read it as a rate instead: their rates (and the eighth's populations) are the reviewer's times --sessions / 1600, so at 1600 an hour holds about three times the sessions 1,200 s does (the line written says how many); the ninth model's are the reviewer's --sessions (1600 by default), expected arrivals as here."),
+    sessions: int = typer.Option(5000, "--sessions", min=1, max=1_000_000, help="Expected arrivals over the trace (sets the mean arrival rate); a trace that starts mid-stream (this generator, the second and fourth models' mid-stream families) adds the sessions alive at its start. The fourth to eighth and the tenth models' families read it as a rate instead: their rates (and the eighth's populations, the tenth's classes and creators) are the reviewer's times --sessions / 1600, so at 1600 an hour holds about three times the sessions 1,200 s does (the line written says how many); the ninth model's are the reviewer's --sessions (1600 by default), expected arrivals as here."),
     swing: float = typer.Option(0.5, "--swing", min=0.0, max=0.99, help="Relative amplitude of the slow daily-like swing of the arrival rate."),
     period: float = typer.Option(0.0, "--period", min=0.0, help="Swing period in seconds (0: one period over the trace)."),
     life_median: float = typer.Option(120.0, "--life-median", min=1.0, help="Median session lifetime, s (log-normal; clipped to 2 s .. 40 min)."),
@@ -75,10 +75,12 @@ def trace_gen(
     idle_scale: float = typer.Option(8.0, "--idle-scale", min=0.1, help="Idle gap Pareto scale, s (minimum gap)."),
     idle_shape: float = typer.Option(1.5, "--idle-shape", min=0.1, help="Idle gap Pareto shape (heavier tail when smaller)."),
     state_mb: float = typer.Option(2000.0, "--state-mb", min=50.0, max=20000.0, help="Median per-session state size, MB (log-normal; each session's clipped to 50 MB .. 20 GB)."),
-    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky, and its probes churn, periodic; or of the fourth (an outside reviewer's): hawkes, weekly, bimodal, recall, or of the fifth (a second reviewer's): office, viral, batchy, or of the sixth (a third reviewer's): failover, heavyvid, liveevent, or of the seventh (a fourth reviewer's): plateau, waves, pareto, mixed, or of the eighth (a fifth reviewer's): desk, lobby, outage, or of the ninth (a sixth reviewer's): turns, nightshift, heavystate, lurkers; the fourth to eighth models' rates scale by --sessions / 1600, the ninth's arrivals are --sessions (a family uses --duration, --sessions, --seed only; nightshift also --crowds)."),
+    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky, and its probes churn, periodic; or of the fourth (an outside reviewer's): hawkes, weekly, bimodal, recall, or of the fifth (a second reviewer's): office, viral, batchy, or of the sixth (a third reviewer's): failover, heavyvid, liveevent, or of the seventh (a fourth reviewer's): plateau, waves, pareto, mixed, or of the eighth (a fifth reviewer's): desk, lobby, outage, or of the ninth (a sixth reviewer's): turns, nightshift, heavystate, lurkers, or of the tenth (a seventh reviewer's): classes, creators; the fourth to eighth and the tenth models' rates scale by --sessions / 1600, the ninth's arrivals are --sessions (a family uses --duration, --sessions, --seed only; nightshift also --crowds, classes also --offset)."),
     crowds: Optional[int] = typer.Option(None, "--crowds", min=0, max=1000, help="--family nightshift only: how many crowds of 40-90 sessions arrive within 12 s (default 2, the reviewer's)."),
+    offset: Optional[float] = typer.Option(None, "--offset", min=0.0, help="--family classes only: the first class slot's start, s, in [0, 300) (default 0; above 0 a slot that started 300 s earlier is running at 0, as on the cohorts split's classes/s3 at 150)."),
 ) -> None:
     """Generate a synthetic session trace (CSV t_s,session_id,event,state_mb)."""
+    from infra.sim.cohorts import COHORTS
     from infra.sim.evaluate import TraceSpec, make_trace
     from infra.sim.families import FAMILIES
     from infra.sim.launches import LAUNCHES, PROBES
@@ -93,7 +95,7 @@ def trace_gen(
 
     try:
         _writable(output=output)
-        known = FAMILIES + LAUNCHES + PROBES + OUTSIDE + REVIEW + SURGES + STEPS + TENANTS + WAKES
+        known = FAMILIES + LAUNCHES + PROBES + OUTSIDE + REVIEW + SURGES + STEPS + TENANTS + WAKES + COHORTS
         if family is not None and family not in known:
             raise ConfigError("family", f"one of {', '.join(known)}", "trace gen")
         own = [f"--{n.replace('_', '-')}" for n in _GENERATOR_ONLY if ctx.get_parameter_source(n).name == "COMMANDLINE"]
@@ -102,8 +104,10 @@ def trace_gen(
                               "(a family takes --duration, --sessions and --seed)", "trace gen")
         if crowds is not None and family != "nightshift":
             raise ConfigError("--crowds", "sets the crowds of --family nightshift only", "trace gen")
+        if offset is not None and family != "classes":
+            raise ConfigError("--offset", "sets the first slot of --family classes only", "trace gen")
         if family is not None:  # the same generation evaluate runs, by the family's model
-            events = list(make_trace(TraceSpec(family, seed, duration, sessions, crowds)).events)
+            events = list(make_trace(TraceSpec(family, seed, duration, sessions, crowds, offset or 0.0)).events)
         else:
             cfg = GenConfig(level, duration, sessions, seed, swing, period, life_median, life_sigma, active_mean, idle_scale, idle_shape, state_mb)
             events = generate(cfg)
@@ -391,7 +395,7 @@ def _print_table(out: dict) -> None:
 
 
 def evaluate_cmd(
-    split: Optional[str] = typer.Option(None, "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either), outside (the fourth model's, an outside reviewer's; none chosen on either), probe (two launch families written later to probe the burst reserve: churn, periodic), review (the fifth model's, a second outside reviewer's: office, viral, batchy; none chosen on), surge (the sixth model's, a third outside reviewer's: failover, heavyvid, liveevent; none chosen on), steps (the seventh model's, a fourth outside reviewer's: plateau, waves, pareto, mixed, seeds 1 and 2; none chosen on), tenants (the eighth model's, a fifth outside reviewer's: desk, lobby, outage, seeds 1 and 2; none chosen on), wakes (the ninth model's, a sixth outside reviewer's: turns, nightshift, heavystate, lurkers, seeds 1 and 2; none chosen on), tune (the five traces the settings were chosen on) or hour (13 one-hour traces from all six models, where every other split's are 20 minutes; none chosen on). Default: heldout, unless --trace is given."),
+    split: Optional[str] = typer.Option(None, "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either), outside (the fourth model's, an outside reviewer's; none chosen on either), probe (two launch families written later to probe the burst reserve: churn, periodic), review (the fifth model's, a second outside reviewer's: office, viral, batchy; none chosen on), surge (the sixth model's, a third outside reviewer's: failover, heavyvid, liveevent; none chosen on), steps (the seventh model's, a fourth outside reviewer's: plateau, waves, pareto, mixed, seeds 1 and 2; none chosen on), tenants (the eighth model's, a fifth outside reviewer's: desk, lobby, outage, seeds 1 and 2; none chosen on), wakes (the ninth model's, a sixth outside reviewer's: turns, nightshift, heavystate, lurkers, seeds 1 and 2; none chosen on), cohorts (the tenth model's, a seventh outside reviewer's: classes, creators; classes seeds 1, 2 and 3 (at --offset 150), creators seeds 1 and 4; none chosen on), tune (the five traces the settings were chosen on) or hour (13 one-hour traces from all six models, where every other split's are 20 minutes; none chosen on). Default: heldout, unless --trace is given."),
     trace: list[Path] = typer.Option([], "--trace", help="Your own trace CSV to evaluate instead of a split (repeatable): the same policies, comparisons and bars, named by its path."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every comparison and its bars as JSON here."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated trace names of the split (e.g. flash/s0)."),
@@ -409,7 +413,7 @@ def evaluate_cmd(
     from processors.autoscaler import AutoscalerConfig, Slo
     from processors.volatility import load_volatility_table
     from infra.sim.evaluate import (EVAL_POLICIES, HELDOUT, HOUR, LAUNCH, OUTSIDE_SPLIT, PROBE, REVIEW_SPLIT, STEPS_SPLIT,
-                                     SURGE_SPLIT, TENANTS_SPLIT, TUNE, WAKES_SPLIT, evaluate)
+                                     SURGE_SPLIT, TENANTS_SPLIT, TUNE, WAKES_SPLIT, COHORTS_SPLIT, evaluate)
     from infra.sim.report import check_policies
     from infra.sim.simulator import SimConfig
 
@@ -422,7 +426,7 @@ def evaluate_cmd(
                 raise ConfigError("--policy", f"{next(p for p in extra if ':' not in p)}: the split runs every built-in already; "
                                   "give a plug-in as module:Name", "command line")
         splits = {"heldout": HELDOUT, "launch": LAUNCH, "outside": OUTSIDE_SPLIT, "probe": PROBE, "review": REVIEW_SPLIT,
-                  "surge": SURGE_SPLIT, "steps": STEPS_SPLIT, "tenants": TENANTS_SPLIT, "wakes": WAKES_SPLIT, "tune": TUNE, "hour": HOUR}
+                  "surge": SURGE_SPLIT, "steps": STEPS_SPLIT, "tenants": TENANTS_SPLIT, "wakes": WAKES_SPLIT, "cohorts": COHORTS_SPLIT, "tune": TUNE, "hour": HOUR}
         if trace and split is not None:
             raise ConfigError("--trace", "give --split or --trace, not both", "command line")
         if trace and only is not None:

@@ -17,6 +17,7 @@ from processors.latency import LatencyModel
 from processors.policy import BUILTIN_POLICIES
 from schemas.errors import PolicyError
 
+from infra.sim.cohorts import COHORTS, CohortsConfig, generate_cohorts
 from infra.sim.families import FamilyConfig, generate_family
 from infra.sim.launches import LAUNCHES, PROBES, LaunchConfig, generate_launch
 from infra.sim.outside import OUTSIDE, OutsideConfig, generate_outside
@@ -30,7 +31,7 @@ from infra.sim.simulator import SimConfig
 from infra.sim.trace import Trace
 from infra.sim.tracegen import GenConfig, generate
 
-__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "SURGE_SPLIT", "STEPS_SPLIT", "TENANTS_SPLIT", "WAKES_SPLIT", "HOUR", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
+__all__ = ["TraceSpec", "TUNE", "HELDOUT", "LAUNCH", "OUTSIDE_SPLIT", "PROBE", "REVIEW_SPLIT", "SURGE_SPLIT", "STEPS_SPLIT", "TENANTS_SPLIT", "WAKES_SPLIT", "COHORTS_SPLIT", "HOUR", "EVAL_POLICIES", "make_trace", "bars", "evaluate"]
 
 EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turboserve-no-migration",
                  "turboserve-no-autoscale", "oracle", "infra.sim.peers:TeleFuser")
@@ -39,13 +40,15 @@ EVAL_POLICIES = ("rr", "lag", "mag", "least-loaded-offload", "turboserve", "turb
 @dataclass(frozen=True, slots=True)
 class TraceSpec:
     """A family (or ``gen-L``: the project's generator at level L), a seed and a size
-    (``crowds``: the ninth model's night-shift crowds, None: its default)."""
+    (``crowds``: the ninth model's night-shift crowds, None: its default; ``offset_s``: the
+    tenth model's first class slot start)."""
 
     family: str
     seed: int
     duration_s: float = 1200.0
     sessions: int = 1600
     crowds: int | None = None
+    offset_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -81,6 +84,12 @@ TENANTS_SPLIT = tuple(TraceSpec(f, seed) for seed in (1, 2) for f in TENANTS)
 WAKES_SPLIT = tuple(spec for seed, night, crowds in ((1, 40, 1), (2, 60, 2))
                     for spec in (TraceSpec("turns", seed), TraceSpec("nightshift", seed, sessions=night, crowds=crowds),
                                  TraceSpec("heavystate", seed), TraceSpec("lurkers", seed, sessions=1500)))
+# The tenth model (a seventh outside reviewer's, from the README alone: classes on a slot grid,
+# creators' audiences), seen by no setting: the five traces the reviewer ran, at its own size
+# (scale 1.0): classes seeds 1 and 2 from the first slot and seed 3 mid-stream (its first slot
+# at 150 s), creators seeds 1 and 4.
+COHORTS_SPLIT = (TraceSpec("classes", 1), TraceSpec("classes", 2), TraceSpec("classes", 3, offset_s=150.0),
+                 TraceSpec("creators", 1), TraceSpec("creators", 4))
 # One hour each, seed 4, from all six models (every other split is 20 minutes), seen by no
 # setting: the project's generator and the second and third models at the same arrival rate
 # as their 20-minute traces (4,800 expected arrivals), the reviewers' models at their own rates.
@@ -107,6 +116,9 @@ def make_trace(spec: TraceSpec) -> Trace:
     if spec.family in WAKES:  # the sessions asked for are the reviewer's --sessions (1,600 by default: scale 1.0)
         cfg_w = WakesConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed)
         return Trace(tuple(generate_wakes(cfg_w if spec.crowds is None else replace(cfg_w, crowds=spec.crowds))), spec.name)
+    if spec.family in COHORTS:  # its classes and creators scale with the sessions asked for (1,600: the reviewer's)
+        cfg_c = CohortsConfig(spec.family, spec.duration_s, spec.sessions / 1600, spec.seed, spec.offset_s)
+        return Trace(tuple(generate_cohorts(cfg_c)), spec.name)
     if spec.family in LAUNCHES + PROBES:
         return Trace(tuple(generate_launch(LaunchConfig(spec.family, spec.duration_s, spec.sessions, spec.seed))), spec.name)
     fam = FamilyConfig(spec.family, spec.duration_s, spec.sessions, spec.seed)
