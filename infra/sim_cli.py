@@ -437,7 +437,7 @@ def evaluate_cmd(
         split = split if split is not None or trace else "heldout"
         if split is not None and split not in splits:
             *names, last = splits
-            raise ConfigError("split", f"{', '.join(names)} or {last}", split)
+            raise ConfigError("--split", f"{split!r}: not a split (give {', '.join(names)} or {last})", "command line")
         model, gpu_type = _priced_pool(profile, gpu_type)
         specs = splits[split] if split is not None else tuple(_read_trace(p, model, gpu_type) for p in trace)
         if only is not None:
