@@ -1,6 +1,7 @@
 """What the outside reviewers' generators (``infra.sim.review``, ``infra.sim.surges``,
-``infra.sim.steps``) share: a thinned Poisson process, their drawn rows made trace events, and
-the check of a trace's settings."""
+``infra.sim.steps``, ``infra.sim.tenants``, ``infra.sim.cohorts``) share: a thinned Poisson
+process, their drawn rows made trace events, the sessions still open closed at the end, and the
+check of a trace's settings."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from schemas.errors import ConfigError
 
 from infra.sim.trace import MAX_T_S, MB
 
-__all__ = ["Row", "poisson_arrivals", "row_events", "check_config"]
+__all__ = ["Row", "poisson_arrivals", "row_events", "closed_at_end", "check_config"]
 
 # (time, session index, its own order, session id, event word, state MB or None)
 Row = tuple[float, int, int, str, str, "float | None"]
@@ -37,6 +38,19 @@ def row_events(rows: Iterable[Row]) -> list[SessionEvent]:
     trace file keeps them."""
     return [SessionEvent(t, sid, EventKind(ev), int(float(f"{mb:.1f}") * MB) if mb is not None else 0)
             for t, _, _, sid, ev, mb in sorted(rows, key=lambda r: r[:3])]
+
+
+def closed_at_end(events: list[SessionEvent]) -> list[SessionEvent]:
+    """``events`` (in time order) and a close, at the last event's time, of each session still
+    open then (in the order they opened), as a trace file's reader closes them."""
+    alive: dict[str, None] = {}
+    for e in events:
+        if e.kind is EventKind.OPEN:
+            alive[e.session_id] = None
+        elif e.kind is EventKind.CLOSE:
+            alive.pop(e.session_id, None)
+    last = events[-1].t if events else 0.0
+    return events + [SessionEvent(last, sid, EventKind.CLOSE) for sid in alive]
 
 
 def check_config(families: tuple[str, ...], family: str, duration_s: float, scale: float, seed: int) -> None:

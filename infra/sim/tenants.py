@@ -44,7 +44,7 @@ import numpy as np
 
 from processors.lifecycle import EventKind, SessionEvent
 
-from infra.sim.draws import check_config
+from infra.sim.draws import check_config, closed_at_end
 from infra.sim.trace import MB
 
 __all__ = ["TENANTS", "TenantsConfig", "generate_tenants"]
@@ -81,14 +81,7 @@ class _Rows:
         rows = sorted(self.rows, key=lambda r: (r[0], r[1]))
         out = [SessionEvent(float(f"{t:.2f}"), sid, EventKind(event), int(float(mb) * MB) if mb else 0)
                for t, _, sid, event, mb in rows]
-        alive: dict[str, None] = {}
-        for e in out:
-            if e.kind is EventKind.OPEN:
-                alive[e.session_id] = None
-            elif e.kind is EventKind.CLOSE:
-                alive.pop(e.session_id, None)
-        last = out[-1].t if out else 0.0
-        return out + [SessionEvent(last, sid, EventKind.CLOSE) for sid in alive]
+        return closed_at_end(out)
 
 
 class _Session:
