@@ -97,15 +97,15 @@ def trace_gen(
         _writable(output=output)
         known = FAMILIES + LAUNCHES + PROBES + OUTSIDE + REVIEW + SURGES + STEPS + TENANTS + WAKES + COHORTS
         if family is not None and family not in known:
-            raise ConfigError("family", f"one of {', '.join(known)}", "trace gen")
+            raise ConfigError("--family", f"{family!r}: not a family (give one of {', '.join(known)})", "command line")
         own = [f"--{n.replace('_', '-')}" for n in _GENERATOR_ONLY if ctx.get_parameter_source(n).name == "COMMANDLINE"]
         if family is not None and own:  # a family has its own shape: said, not silently ignored
             raise ConfigError(own[0], f"shapes the project's generator only, not --family {family} "
-                              "(a family takes --duration, --sessions and --seed)", "trace gen")
+                              "(a family takes --duration, --sessions and --seed)", "command line")
         if crowds is not None and family != "nightshift":
-            raise ConfigError("--crowds", "sets the crowds of --family nightshift only", "trace gen")
+            raise ConfigError("--crowds", "sets the crowds of --family nightshift only", "command line")
         if offset is not None and family != "classes":
-            raise ConfigError("--offset", "sets the first slot of --family classes only", "trace gen")
+            raise ConfigError("--offset", "sets the first slot of --family classes only", "command line")
         if family is not None:  # the same generation evaluate runs, by the family's model
             events = list(make_trace(TraceSpec(family, seed, duration, sessions, crowds, offset or 0.0)).events)
         else:
@@ -113,7 +113,7 @@ def trace_gen(
             events = generate(cfg)
         if not events:  # simulate refuses an empty trace: said here, not written
             raise ConfigError("--sessions", f"no session arrives in {duration:g} s at {sessions} expected arrivals "
-                              "(raise --sessions or --duration); nothing written", "trace gen")
+                              "(raise --sessions or --duration); nothing written", "command line")
         try:
             write_trace(events, output)
         except OSError as exc:

@@ -241,7 +241,11 @@ def test_a_bad_option_of_the_simulator_commands_reads_as_a_usage_error(tmp_path)
                         "usage error: chunkserve evaluate: --trace: give --split or --trace, not both "
                         "(see chunkserve evaluate --help)"),
                        (["tune", "-o", str(tmp_path / "t.json"), "--profile", "nosuch"],
-                        "usage error: chunkserve tune: --profile: ")):
+                        "usage error: chunkserve tune: --profile: "),
+                       (["trace", "gen", "--family", "creators", "--offset", "10", "-o", str(tmp_path / "g.csv")],
+                        "usage error: chunkserve trace gen: --offset: sets the first slot of --family classes only"),
+                       (["trace", "gen", "--family", "nope", "-o", str(tmp_path / "g.csv")],
+                        "usage error: chunkserve trace gen: --family: 'nope': not a family (give one of calm, ")):
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2 and res.output.startswith(said), res.output
         assert len(res.output.strip().splitlines()) == 1
