@@ -80,11 +80,18 @@ def _metrics_server(port: Optional[int], host: str) -> None:
 MetricsPort = typer.Option(None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port.")
 MetricsHost = typer.Option("127.0.0.1", "--metrics-host",
                            help="Address the metrics endpoint listens on (0.0.0.0: every interface).")
-def _log_format_given(value: str) -> str:
-    """Checked as the command line is read: before anything connects or starts."""
+def _log_format_given(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
+    """Checked as the command line is read: before anything connects or starts. From the
+    environment, it reads as every other setting does (a usage error named the variable as
+    an option's fallback)."""
     from infra.logs import FORMATS
 
     if value not in FORMATS:
+        source = ctx.get_parameter_source(param.name or "")  # (typer's own copy of click's enum)
+        if getattr(source, "name", None) == "ENVIRONMENT":
+            _stderr.print(f"[red]configuration error:[/red] env CHUNKSERVE_LOG_FORMAT: log_format: {value!r}: choose "
+                          f"from {', '.join(FORMATS)}", soft_wrap=True, highlight=False)
+            raise typer.Exit(2)
         raise typer.BadParameter(f"{value!r}: choose from {', '.join(FORMATS)}")
     return value
 

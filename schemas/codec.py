@@ -70,14 +70,25 @@ def names(data: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, 
     if not data or len(data) > max_bytes:
         return None
     try:
-        wire = msgpack.unpackb(bytes(data), raw=False)
+        wire = msgpack.unpackb(bytes(data), raw=False, object_pairs_hook=_Pairs)
     except Exception:  # noqa: BLE001 - msgpack raises several types for malformed input
         return None
-    sid = wire.get("session_id") if isinstance(wire, dict) else None
+    if not isinstance(wire, _Pairs):
+        return None
+    sid, seq = wire.only("session_id"), wire.only("seq")  # a key given twice names nothing (a seq
+    # counted as refused that the producer never sent: the one it did send was refused as late)
     if not isinstance(sid, str) or not sid:
         return None
-    seq = wire.get("seq")
     return sid, seq if type(seq) is int and 1 <= seq <= MAX_SEQ else None
+
+
+class _Pairs(list):
+    """A msgpack map as its (key, value) pairs, in order, for :func:`names`."""
+
+    def only(self, key: str) -> Any:
+        """The value of ``key`` when the map gives it exactly once; else None."""
+        values = [v for k, v in self if k == key]
+        return values[0] if len(values) == 1 else None
 
 
 def refused_input(data: bytes | None, key: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, int] | None:

@@ -117,7 +117,8 @@ class SessionActive(Record):
 
 @record("session.idle")
 class SessionIdle(Record):
-    """The user went quiet: the session may leave the GPU."""
+    """The user went quiet: the session may leave the GPU. One of a session already closed
+    changes nothing and is passed over (no dead letter), as a close sent again is."""
 
     session_id: Id
     ts: Seconds
@@ -125,7 +126,13 @@ class SessionIdle(Record):
 
 @record("session.closed")
 class SessionClosed(Record):
-    """The session ended; its generation is released for good."""
+    """The session ended; its generation is released for good. A close wins: an input of the
+    session that dispatch reads after the close is refused (`session closed before input N
+    was applied`), however long the session waited for room before it, and so is one its
+    owner has not applied when the close lands. `session-events` and `session-inputs` have no
+    order between them: dispatch, keeping up with both, reads an input written once the close
+    is acknowledged after it; one written within moments of the close, or while dispatch lags
+    on `session-events`, may be read before it, and is then routed ahead of it."""
 
     session_id: Id
     ts: Seconds

@@ -83,7 +83,7 @@ def make_policy(spec: str, model: LatencyModel, gpu_type: str, source: str = "en
     if keeps_idle_resident(policy):  # dispatch suspends every idle session: live it would be another policy
         raise ConfigError("policy", f"{spec[:80]!r} keeps idle sessions resident on their GPU, which only the "
                           "simulator models (live, dispatch offloads every idle session): use it with `chunkserve "
-                          "simulate`, and live one that offloads them (turboserve, least-loaded-offload, "
+                          "simulate`; live, use one that offloads them (turboserve, least-loaded-offload, "
                           "lag-offload, mag-offload)", source)
     return policy
 

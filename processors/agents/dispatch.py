@@ -29,7 +29,7 @@ from ..dispatch import (REREAD_S, RETRY_S, Admission, CloseInStore, Command, Com
 from ..input_gate import InputGate
 from .dispatch_streams import (RECOVERY_SWEEP_S, bound, session_events, session_inputs, sweeper, tail_plans,
                                worker_events)
-from .input_budgets import MAX_REREADING, Chains, DeadLetterOnce, RateWindows, Remembered, Rereads
+from .input_budgets import MAX_REREADING, Chains, ClosesRead, DeadLetterOnce, RateWindows, Remembered, Rereads
 from .recovery import Recovery
 from .refusals import Refusals
 
@@ -79,6 +79,7 @@ class DispatchShell(Refusals):
         self.places: Remembered[tuple[str, int], tuple[int, int]] = Remembered()
         self.dead_letters = DeadLetterOnce(name)
         self.recovery = Recovery(self)
+        self.closes = ClosesRead(self.chains)
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
                      failed: Callable[[Exception], Awaitable[Any]] | None = None,
@@ -220,15 +221,18 @@ class DispatchShell(Refusals):
         return refused[0] if refused else None
 
     def session_work(self, rec: Record, place: str = "") -> Callable[[], Awaitable[str | None]]:
-        """The work of one session event, as its chain tries it (:meth:`on_session_event`)."""
+        """The work of one session event, as its chain tries it (:meth:`on_session_event`);
+        made as the event is read."""
         tries = 0
+        # a close comes after the inputs read before it, and only those (:class:`ClosesRead`)
+        before = self.closes.inputs_before(rec.session_id) if isinstance(rec, SessionClosed) else None  # type: ignore[attr-defined]
 
         async def work() -> str | None:
             nonlocal tries
             tries += 1
-            if isinstance(rec, SessionClosed):  # after the inputs read before it, at every try (the
-                # first may meet the store away, the inputs waiting for it as well)
-                await self.chains.drained(f"inputs:{rec.session_id}", CLOSE_WAITS_S)
+            if before is not None:  # at every try (the first may meet the store away, the
+                # inputs waiting for it as well)
+                await self.chains.ended(before, CLOSE_WAITS_S)
             return await self.on_session_event(rec, again=tries > 1, place=place)
         return work
 

@@ -11,7 +11,8 @@ import time
 from typing import Any, Awaitable, Callable
 
 from schemas.codec import refused_input
-from schemas.records import (CommandRejected, Frozen, Heartbeat, InputPushed, Record, WorkerDown, WorkerUp)
+from schemas.records import (CommandRejected, Frozen, Heartbeat, InputPushed, Record, SessionClosed, WorkerDown,
+                             WorkerUp)
 from schemas.topics import misfiled
 from streams.topics import misplaced
 
@@ -75,6 +76,8 @@ async def session_events(stream: Any, shell: Shell, publisher: Any) -> None:
                         then_ack(event, lambda exc, msg=msg, sh=sh: sh.dead_letter(
                             publisher, msg, f"refused: dispatch could not handle it ({exc})")),
                         then_ack(event, lambda why, msg=msg, sh=sh: sh.dead_letter(publisher, msg, f"refused: {why}")))
+        if isinstance(rec, SessionClosed):  # the inputs read from now on come after it
+            sh.closes.read(rec.session_id)
 
 
 def then_ack(event: Any, refuse: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[None]]:
@@ -115,7 +118,7 @@ async def session_inputs(stream: Any, shell: Shell, publisher: Any) -> None:
             event.ack()
 
         await sh.submit(f"inputs:{rec.session_id}",  # type: ignore[attr-defined]
-                        route,
+                        sh.closes.in_turn(rec.session_id, route),  # read after its close: decided after it
                         then_ack(event, lambda exc, rec=rec, msg=msg, sh=sh: sh.refuse_parked(
                             rec, msg, f"dispatch could not route it ({exc})", publisher)),
                         then_ack(event, lambda why, rec=rec, msg=msg, sh=sh: sh.refuse_parked(rec, msg, why, publisher)))

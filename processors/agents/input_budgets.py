@@ -22,7 +22,7 @@ from schemas.records import InputPushed
 from ..dispatch import Input
 from ..input_gate import InputGate
 
-__all__ = ["MAX_PARKED", "MAX_PARKED_PER_KEY", "MAX_REREADING", "MAX_REMEMBERED", "STORE_RETRY_S", "TRANSIENT",
+__all__ = ["ClosesRead", "MAX_PARKED", "MAX_PARKED_PER_KEY", "MAX_REREADING", "MAX_REMEMBERED", "STORE_RETRY_S", "TRANSIENT",
            "Chains", "DeadLetterOnce", "RateWindows", "Remembered", "Rereads", "until_done"]
 
 log = logging.getLogger("processors.agents.dispatch")
@@ -220,6 +220,44 @@ class Rereads:
             self.now.discard(key)
 
 
+class ClosesRead:
+    """A close comes after the session's inputs read before it, and only those: one read after
+    it waits for it and is refused as one after the close. (The close waited for every input
+    read until its turn: behind an open waiting for room, an input written once the close was
+    acknowledged was routed, reached the owner ahead of the Terminate and was applied.)"""
+
+    def __init__(self, chains: Chains) -> None:
+        self.chains = chains
+        self.pending: dict[str, asyncio.Task[Any]] = {}  # session -> the work of its close read last
+
+    def inputs_before(self, sid: str) -> asyncio.Task[Any] | None:
+        """As a close is read: the session's last input read before it, for the close to wait for."""
+        return self.chains.latest(f"inputs:{sid}")
+
+    def read(self, sid: str) -> None:
+        """A close of ``sid`` was just submitted: inputs read from now until its work ends wait for it."""
+        task = self.chains.latest(f"events:{sid}")
+        if task is None:
+            return
+        self.pending[sid] = task
+
+        def ended(done: asyncio.Task[Any]) -> None:
+            if self.pending.get(sid) is done:
+                del self.pending[sid]
+        task.add_done_callback(ended)
+
+    def in_turn(self, sid: str, route: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+        """``route``, the work of an input of ``sid`` just read, run once the work of the close
+        read before it (if one has not ended) has: decided after the close, it is refused."""
+        close = self.pending.get(sid)
+
+        async def run() -> Any:
+            if close is not None:
+                await asyncio.wait({close})
+            return await route()
+        return run
+
+
 class Chains:
     """Dispatch's work, at most ``max_in_flight`` pieces at once (the consumer loops wait for
     a place: backpressure on the topics), each key's in the order submitted.
@@ -241,10 +279,16 @@ class Chains:
         """Whether ``key``'s running piece waits for room (an open, a return)."""
         return key in self._waiting
 
-    async def drained(self, key: str, timeout_s: float) -> bool:
-        """Wait (at most ``timeout_s``) until the work submitted so far under ``key`` has ended;
-        whether it has."""
+    def latest(self, key: str) -> asyncio.Task[Any] | None:
+        """The piece submitted last under ``key``, while it has not ended: what :meth:`ended`
+        waits for, to wait for the work submitted so far and none submitted later."""
         task = self.tasks.get(key)
+        return task if task is not None and not task.done() else None
+
+    @staticmethod
+    async def ended(task: asyncio.Task[Any] | None, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until ``task`` (from :meth:`latest`) has ended, and with
+        it every piece before it under its key; whether it has."""
         if task is None or task.done():
             return True
         done, _ = await asyncio.wait({task}, timeout=timeout_s)

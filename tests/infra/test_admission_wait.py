@@ -77,6 +77,46 @@ def test_an_input_waits_with_its_open_for_room_and_a_return_after_a_close_is_ref
     assert len(refused) == 1 and "session late was closed: a session id is not used again" in refused[0], refused
 
 
+def test_an_input_written_after_the_close_of_a_session_waiting_for_room_is_refused(kafka_bootstrap, redis_url,
+                                                                                   namespace, tmp_path):
+    """A close wins: the session's open waits for room, its input 1 with it; the producer
+    closes it, and once the close is acknowledged, sends input 2. When room comes the session
+    is admitted and closed; input 2 is refused as one after the close, never applied (an
+    outside producer's was, for 3 of 10 sessions: the close, behind the waiting open, waited
+    for every input read until its turn, and input 2 reached the owner ahead of the Terminate).
+    Input 1, read before the close, ends one way."""
+    settings = Settings(topic_prefix=f"{namespace}.", namespace=namespace).with_endpoints(kafka_bootstrap, redis_url)
+    fleet = LocalFleet(settings, tmp_path / "logs")
+
+    def verdicts(rs: list, seq: int) -> list[str]:
+        return ([f"accepted by {x.worker_id}" for x in rs if isinstance(x, InputAccepted) and x.session_id == "late"
+                 and x.seq == seq]
+                + [x.reason for x in rs if isinstance(x, DeadLetter) and x.key == b"late"
+                   and msgpack.unpackb(x.raw).get("seq") == seq])
+
+    async def run() -> list:
+        async with _one_slot_taken(settings, fleet) as (producer, log):
+            await producer.send(SessionOpened(session_id="late", ts=time.time()))
+            await producer.send(InputPushed(session_id="late", seq=1, kind="text", payload="before", ts=time.time()))
+            await producer.send(SessionClosed(session_id="late", ts=time.time()))
+            await asyncio.sleep(0.3)
+            await producer.send(InputPushed(session_id="late", seq=2, kind="text", payload="after", ts=time.time()))
+            await asyncio.sleep(2.0)
+            await producer.send(SessionClosed(session_id="full", ts=time.time()))
+            await log.until(lambda rs: verdicts(rs, 1) and verdicts(rs, 2), 60, "a verdict for each input")
+            await asyncio.sleep(3.0)  # a second verdict would come within it
+            return log.records
+
+    try:
+        records = asyncio.run(run())
+    finally:
+        fleet.stop_all()
+    assert [a.session_id for a in records if isinstance(a, Assign)][:2] == ["full", "late"]  # admitted, then closed
+    after = verdicts(records, 2)
+    assert len(after) == 1 and "session closed before input 2 was applied" in after[0], after
+    assert len(verdicts(records, 1)) == 1, verdicts(records, 1)
+
+
 def test_inputs_refused_behind_a_waiting_open_are_never_applied(kafka_bootstrap, redis_url, namespace, tmp_path):
     """Twenty inputs behind an open that waits for room: past the records a session may park,
     they are refused to dead-letters; once the open is admitted, an input sent later must not

@@ -3,14 +3,16 @@ the option, exit code 2, no traceback; the help and a typer.Exit keep their exit
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 
-def _run(*args: str) -> tuple[int, str, str]:
-    proc = subprocess.run([sys.executable, "-m", "infra", *args], capture_output=True, text=True, timeout=120)
+def _run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-m", "infra", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -29,6 +31,14 @@ def test_a_bad_option_is_one_line(args, said):
     assert rc == 2 and "Traceback" not in out + err
     (line,) = [x for x in err.splitlines() if x.strip()]
     assert line.startswith("usage error: ") and said in line and "--help" in line
+
+
+def test_a_bad_log_format_from_the_environment_reads_as_a_setting():
+    """From the environment it is a setting, named as every other one is (it read as a usage
+    error of the option, which an outside run took for a different kind of failure)."""
+    rc, out, err = _run("processor", "metrics", env={"CHUNKSERVE_LOG_FORMAT": "xml"})
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    assert rc == 2 and line == "configuration error: env CHUNKSERVE_LOG_FORMAT: log_format: 'xml': choose from text, json"
 
 
 def test_help_and_no_arguments_keep_their_exit_codes():

@@ -284,6 +284,43 @@ def test_a_close_waits_for_the_inputs_read_before_it_to_be_routed(monkeypatch: A
     asyncio.run(run())
 
 
+def test_an_input_read_after_the_close_is_decided_after_it_and_refused() -> None:
+    """The close waits behind an earlier event of its session (an open or a return waiting
+    for room); an input read before the close is routed ahead of it, one read after it waits
+    for it and is refused as one after the close. Before, the close waited for every input read
+    until its turn, and the later one reached the owner ahead of the Terminate (an outside
+    producer's input written once the close was acknowledged was applied)."""
+    from schemas.records import SessionClosed, Terminate
+
+    async def run() -> None:
+        store, pub, shell = await _served("0:1")
+        room = asyncio.Event()
+        outcomes: dict[int, Any] = {}
+
+        def read_input(seq: int) -> Any:  # as the agent submits an input it has just read
+            rec = InputPushed(session_id="s", seq=seq, kind="text", payload="x", ts=1.0)
+
+            async def route() -> None:
+                outcomes[seq] = await shell.on_input(rec, 0, 10 + seq)
+            return shell.submit("inputs:s", shell.closes.in_turn("s", route))
+
+        await shell.submit("events:s", room.wait)  # the event before the close, waiting for room
+        await read_input(1)
+        await shell.submit("events:s", shell.session_work(SessionClosed(session_id="s", ts=2.0), "0:2"))
+        shell.closes.read("s")  # as the agent does once it submitted the close
+        await read_input(2)
+        await asyncio.sleep(0.05)
+        assert outcomes == {1: None}  # routed; the second waits for the close
+        room.set()
+        await asyncio.gather(*shell.chains.tasks.values())
+        order = [(type(r).__name__, getattr(r, "seq", None)) for r in pub.records if isinstance(r, (RoutedInput, Terminate))]
+        assert order == [("RoutedInput", 1), ("Terminate", None)]
+        assert "session closed before input 2 was applied" in outcomes[2]
+        assert shell.closes.pending == {}  # forgotten once the close's work ended
+
+    asyncio.run(run())
+
+
 def test_the_recovery_sweep_meeting_the_store_away_says_so_once_and_pauses(caplog: Any) -> None:
     """It logged a traceback every 250 ms while Redis was away (an outside run)."""
     import logging

@@ -253,3 +253,23 @@ def test_a_field_given_twice_in_a_record_is_refused() -> None:
         + msgpack.packb("generation") + gen + msgpack.packb("ts") + msgpack.packb(1.0)
     with pytest.raises(SchemaError, match="the map gives the key 'epoch' twice"):
         cmds.decode(assign)
+
+
+def test_a_refused_input_that_gives_its_seq_twice_names_no_seq() -> None:
+    """A refused input's bytes name the seq counted as refused (its owner does not wait for it):
+    one giving ``seq`` twice (2, then 3) was counted as seq 3, which the producer never sent, so
+    input 4 was applied without waiting for the real 3, which was then refused as late (an
+    outside producer). It names its session and no seq, as one whose seq is not a whole number."""
+    import msgpack
+
+    from schemas.codec import names, refused_input
+
+    def input_map(*pairs: object) -> bytes:
+        return bytes([0x80 | (len(pairs) // 2)]) + b"".join(msgpack.packb(x) for x in pairs)
+
+    head = ("t", "input.pushed", "v", 1, "session_id", "b", "kind", "text", "payload", "x", "ts", 1.0)
+    assert names(input_map(*head, "seq", 2, "seq", 3)) == ("b", None)
+    assert refused_input(input_map(*head, "seq", 2, "seq", 3), b"b") is None
+    assert refused_input(input_map(*head, "seq", 3), b"b") == ("b", 3)
+    assert names(input_map("session_id", "a", "session_id", "b", "seq", 3)) is None  # whose input, then?
+    assert names(msgpack.packb(["session_id", "b"])) is None  # not a map
