@@ -122,10 +122,11 @@ def _warn_unsigned(settings: Settings, worker: bool = False) -> None:
                     "only its own (`chunkserve event-key --worker ID`) as CHUNKSERVE_WORKER_EVENT_KEY")
 
 
-def _settings(require_endpoints: bool = True) -> Settings:
-    """The configured settings; with ``require_endpoints``, the broker and Redis must be
-    set and answer (checked once, by the command a person started: a child of ``up`` or
-    of the provisioner keeps retrying as its clients do)."""
+def _settings(require_endpoints: bool = True, redis: bool = True) -> Settings:
+    """The configured settings; with ``require_endpoints``, the broker and Redis (without
+    ``redis``, the broker alone: a command that reads the topics only) must be set and answer
+    (checked once, by the command a person started: a child of ``up`` or of the provisioner
+    keeps retrying as its clients do)."""
     from streams.config import PARENT_PID_ENV
     from streams.config_file import env_var, load_with_sources
     from streams.preflight import check
@@ -133,8 +134,8 @@ def _settings(require_endpoints: bool = True) -> Settings:
     path = _CONFIG["path"]
     try:
         settings, sources = load_with_sources(path, os.environ)
-        missing = [k for k, v in (("kafka.bootstrap", settings.kafka.bootstrap), ("redis.url", settings.redis.url))
-                   if not v]
+        needed = (("kafka.bootstrap", settings.kafka.bootstrap), ("redis.url", settings.redis.url))[:2 if redis else 1]
+        missing = [k for k, v in needed if not v]
         if require_endpoints and missing:
             where = " or ".join(([f"{', '.join(missing)} in {path}"] if path else [])
                                 + [", ".join(env_var(k) for k in missing)])
@@ -143,7 +144,7 @@ def _settings(require_endpoints: bool = True) -> Settings:
                           "starts embedded ones)", soft_wrap=True, markup=True, highlight=False)
             raise typer.Exit(2)
         if require_endpoints and not os.environ.get(PARENT_PID_ENV):
-            asyncio.run(check(settings, sources))
+            asyncio.run(check(settings, sources, redis=redis))
     except ConfigError as exc:
         _stderr.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2)
@@ -774,7 +775,7 @@ def watch_cmd(
     cost; until --duration, Ctrl-C or SIGTERM, each of which ends it with the summary."""
     from infra.watch import watch
 
-    settings = _settings()
+    settings = _settings(redis=False)  # the topics alone: after an incident, Redis may be away
     _logging("text", "WARNING")  # a broker's outage said once per 30 s, not 40 lines a second over the table
     _metrics_server(metrics_port, metrics_host)
 
@@ -818,7 +819,7 @@ def replay_cmd(
     """Rebuild a processor's state from the topics and print it (the log is the truth)."""
     from infra.replay import replay
 
-    settings = _settings()
+    settings = _settings(redis=False)  # the topics alone: after an incident, Redis may be away
     try:
         result = asyncio.run(replay(settings, processor, offset))
     except ValueError as exc:
@@ -842,7 +843,7 @@ def story_cmd(
     of it (claims, freezes, handoffs, releases, refusals), its dead letters, its chunks."""
     from infra.replay import session_log
 
-    settings = _settings()
+    settings = _settings(redis=False)  # the topics alone: after an incident, Redis may be away
     result = asyncio.run(session_log(settings, session_id, last))
     if not result["records"] and not result["refused"]:
         raise ChunkserveError(f"{session_id}: no record of this session in the topics of prefix {settings.topic_prefix!r}")

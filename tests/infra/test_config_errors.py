@@ -170,6 +170,28 @@ def test_a_topic_prefix_with_no_topics_is_named_by_the_commands_that_read_them(k
         assert "no topic of prefix 'nothere.' in the cluster (CHUNKSERVE_TOPIC_PREFIX" in line, (command, line)
 
 
+def test_the_readers_of_the_topics_need_no_redis(kafka_bootstrap, namespace):
+    """`story`, `replay` and `watch` read the topics alone; they refused to run without a
+    Redis that answers (`redis.url: not set`), which after an incident may be the part away
+    (an outside run's operator met it)."""
+    import asyncio
+
+    from streams.config import Settings
+    from streams.topics import ensure_topics
+
+    asyncio.run(ensure_topics(Settings(topic_prefix=f"{namespace}.").with_endpoints(kafka_bootstrap, "")))
+    env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_TOPIC_PREFIX": f"{namespace}."}
+    for redis in ({}, {"CHUNKSERVE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}):  # none, or none answering
+        rc, out = _run(["replay", "detector"], {**env, **redis})
+        assert rc == 0 and "redis" not in out.lower(), out
+        rc, out = _run(["story", "s-1"], {**env, **redis})
+        assert rc == 1 and "s-1: no record of this session in the topics" in _one_line(out), out
+    rc, out = _run(["watch", "--duration", "1", "--no-render"], env)
+    assert rc == 0 and '"sessions"' in out, out
+    rc, out = _run(["topics"], env)  # a command that uses the store still needs it
+    assert rc == 2 and "redis.url: not set" in _one_line(out), out
+
+
 def test_a_json_output_it_cannot_write_is_named_before_the_work(kafka_bootstrap, redis_url, tmp_path):
     """A folder, or a path under a file, was a traceback after the work (watch: the summary lost)."""
     env = {"CHUNKSERVE_KAFKA_BOOTSTRAP": kafka_bootstrap, "CHUNKSERVE_REDIS_URL": redis_url}
