@@ -32,11 +32,13 @@ class Log:
     """A read of the topics, in time order: the records the fleet acts on; those it refused
     for their signature (where this process holds the keys, as the fleet does: a command
     unsigned or forged, a worker event its worker did not sign or that speaks for another),
-    each with why (``streams.signing``'s code); and how many records did not decode."""
+    each with why (``streams.signing``'s code); how many records did not decode; and where
+    each record read sits (by ``id``: topic, partition, offset)."""
 
     records: list[Record]
     refused: list[tuple[Record, str]]
     undecodable: int
+    places: Mapping[int, tuple[str, int, int]] = dataclasses.field(default_factory=dict)
 
 
 async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0) -> Log:
@@ -54,7 +56,8 @@ async def read_log(settings: Settings, topics: tuple[str, ...], offset: int = 0)
         # a session's record keyed otherwise was refused by dispatch: no processor folds it
         read = in_time_order([d async for d in consumer.read_to(ends) if misfiled(d.record, d.key) is None])
         return Log([d.record for d in read if d.refused is None],
-                   [(d.record, d.refused) for d in read if d.refused is not None], consumer.dead_lettered)
+                   [(d.record, d.refused) for d in read if d.refused is not None], consumer.dead_lettered,
+                   {id(d.record): (d.topic, d.partition, d.offset) for d in read})
     finally:
         await consumer.stop()
 
@@ -143,20 +146,24 @@ def _counts(processor: str, log: Log) -> dict[str, Any]:
             "undecodable": log.undecodable}
 
 
-def story_entries(records: list[Record], sid: str, t0: float,
-                  refused: Mapping[int, str] | None = None) -> tuple[list[dict[str, Any]], float | None]:
+def story_entries(records: list[Record], sid: str, t0: float, refused: Mapping[int, str] | None = None,
+                  places: Mapping[int, tuple[str, int, int]] | None = None) -> tuple[list[dict[str, Any]], float | None]:
     """What the log says happened to one session, as data: each event, command, claim, freeze,
     release, refusal and dead letter (``t`` seconds after ``t0``, ``who``: the generation's
     ``worker#epoch``, a worker or ``-``, ``what``: the record's type tag, ``detail``: its reason
-    or target), and when its last chunk was released (None: no chunk). ``refused`` holds the
-    records the fleet refused for their signature (by ``id``, with why): told with ``detail``
-    ``refused: WHY``, and none of them makes an owner or a chunk."""
+    or target; with ``places``, ``topic``, ``partition`` and ``offset``: where it sits, the
+    order a reader of that partition meets it in, which its ``t`` may not say), and when its
+    last chunk was released (None: no chunk). ``refused`` holds the records the fleet refused
+    for their signature (by ``id``, with why): told with ``detail`` ``refused: WHY``, and none
+    of them makes an owner or a chunk."""
     told: list[dict[str, Any]] = []
-    refused = refused or {}
+    refused, places = refused or {}, places or {}
     chunk_at, owners = None, _owners([rec for rec in records if id(rec) not in refused], sid)
 
     def tell(rec: Record, who: str, what: str, detail: str) -> None:
-        told.append({"t": round(getattr(rec, "ts", t0) - t0, 3), "who": who, "what": what, "detail": detail})
+        at = places.get(id(rec))
+        told.append({"t": round(getattr(rec, "ts", t0) - t0, 3), "who": who, "what": what, "detail": detail,
+                     **({"topic": at[0], "partition": at[1], "offset": at[2]} if at is not None else {})})
 
     for rec in records:
         if isinstance(rec, DeadLetter):
@@ -233,9 +240,10 @@ async def session_log(settings: Settings, sid: str, last: int = 50) -> dict[str,
             "inputs_accepted": len({r.seq for r in mine if isinstance(r, InputAccepted)}),
             "story": session_story(told, sid, t0, last, refused) if told else [],
             # the same as data: the last `last` entries, how many earlier ones were left out
-            **_entries(told, sid, t0, last, refused)}
+            **_entries(told, sid, t0, last, refused, log.places)}
 
 
-def _entries(told: list[Record], sid: str, t0: float, last: int, refused: Mapping[int, str]) -> dict[str, Any]:
-    entries, chunk_at = story_entries(told, sid, t0, refused) if told else ([], None)
+def _entries(told: list[Record], sid: str, t0: float, last: int, refused: Mapping[int, str],
+             places: Mapping[int, tuple[str, int, int]]) -> dict[str, Any]:
+    entries, chunk_at = story_entries(told, sid, t0, refused, places) if told else ([], None)
     return {"entries": entries[-last:], "left_out": max(0, len(entries) - last), "last_chunk_t": chunk_at}

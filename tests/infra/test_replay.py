@@ -49,7 +49,16 @@ def test_processor_restart_and_replayed_view(kafka_bootstrap, redis_url, namespa
     # and as data (--json): the same entries, each a time, an owner, a type and a detail
     whats = [e["what"] for e in story["entries"]]
     assert whats[0] == "session.opened" and "worker.claimed" in whats and "session.closed" in whats
-    assert all(set(e) == {"t", "who", "what", "detail"} for e in story["entries"]) and story["left_out"] == 0
+    assert all(set(e) == {"t", "who", "what", "detail", "topic", "partition", "offset"} for e in story["entries"])
+    assert story["left_out"] == 0
+    # each where it sits: a reader of the topic meets it there (an outside run's story put a
+    # Terminate before the input its worker read first, by their times alone)
+    at = {(e["topic"], e["partition"], e["offset"]) for e in story["entries"]}
+    assert len(at) == len(story["entries"]) and all(t.startswith(settings.topic_prefix) for t, _, _ in at), at
+    placed = asyncio.run(_by_place(settings))
+    for e in story["entries"]:
+        got = placed[(e["topic"], e["partition"], e["offset"])]
+        assert got.TAG == e["what"] and getattr(got, "session_id", sid) == sid, (e, got)
     assert story["last_chunk_t"] is not None and story["story"][-1] == f"last chunk +{story['last_chunk_t']:.1f}"
     cut = asyncio.run(session_log(settings, sid, last=2))
     assert cut["entries"] == story["entries"][-2:] and cut["left_out"] == len(story["entries"]) - 2
@@ -78,6 +87,20 @@ def test_processor_restart_and_replayed_view(kafka_bootstrap, redis_url, namespa
     log = asyncio.run(read_log(settings, (WORKER_EVENTS,)))
     ups = [x for x in log.records if isinstance(x, WorkerUp)]
     assert ups and all(u.pid > 0 for u in ups)  # each worker says its process id (it said 0)
+
+
+async def _by_place(settings: Settings) -> dict:
+    """Every record of the story's topics by (topic, partition, offset), read on its own."""
+    from infra.replay import STORY_TOPICS
+    from streams.kafka import RecordConsumer
+
+    consumer = RecordConsumer(settings, list(STORY_TOPICS), None, name="test-places")
+    await consumer.start(subscribe=False)
+    try:
+        ends = await consumer.assign(dict.fromkeys(STORY_TOPICS), 0, deployed=True)
+        return {(d.topic, d.partition, d.offset): d.record async for d in consumer.read_to(ends)}
+    finally:
+        await consumer.stop()
 
 
 def test_replay_reads_to_the_true_end_of_multi_record_batches_and_publishes_nothing(
