@@ -322,11 +322,9 @@ def route(view: DispatchView, inp: Input, facts: Facts, now: float) -> tuple[Dis
                                f"{'closed' if sv.state == StoreState.CLOSED else 'was offloaded'}; it was settled before")]
         late = f"input {inp.seq} came after its session gave up waiting for it and applied later ones (late)"
         return view, [Refuse(inp, _refusal(inp, late))]
-    if sv is None or sv.state == StoreState.CLOSED or sv.close_requested:  # closed, or its close
-        # asked for (a close wins: routed now, it could reach the owner ahead of the Terminate
-        # and be applied); whether it came after the close or was handed back by the owner the
-        # close released, the same words (an outside producer read "unknown or closed" for its
-        # own inputs racing a close)
+    if sv is None or sv.state == StoreState.CLOSED:  # closed: whether it came after the close or was
+        # handed back by the owner the close released, the same words (an outside producer read
+        # "unknown or closed" for its own inputs racing a close)
         why = f"session closed before input {inp.seq} was applied" if sv is not None else _no_owner(view, inp.session_id)
         return view, [Refuse(inp, _refusal(inp, why))]
     if refused is not None and refused.reason not in ("stale_epoch", "not_owner"):

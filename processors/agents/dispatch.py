@@ -83,9 +83,10 @@ class DispatchShell(Refusals):
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
                      failed: Callable[[Exception], Awaitable[Any]] | None = None,
-                     refused: Callable[[str], Awaitable[Any]] | None = None) -> None:
+                     refused: Callable[[str], Awaitable[Any]] | None = None,
+                     after: asyncio.Future[Any] | None = None) -> asyncio.Task[Any] | None:
         """``work`` in order under ``key``, concurrently with other keys (:class:`Chains`)."""
-        await self.chains.submit(key, work, failed, refused)
+        return await self.chains.submit(key, work, failed, refused, after)
 
     # --- the core's inputs ---------------------------------------------------------------
 

@@ -71,13 +71,17 @@ async def session_events(stream: Any, shell: Shell, publisher: Any) -> None:
                 await sh.dead_letter(publisher, msg, f"refused: {why}")
             event.ack()
 
-        await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
-                        handle,
-                        then_ack(event, lambda exc, msg=msg, sh=sh: sh.dead_letter(
-                            publisher, msg, f"refused: dispatch could not handle it ({exc})")),
-                        then_ack(event, lambda why, msg=msg, sh=sh: sh.dead_letter(publisher, msg, f"refused: {why}")))
-        if isinstance(rec, SessionClosed):  # the inputs read from now on come after it
-            sh.closes.read(rec.session_id)
+        # a close: the inputs read from now on come after it (before it is submitted, which may
+        # wait for a place: a review found an input read meanwhile neither before it nor after)
+        ended = sh.closes.read(rec.session_id) if isinstance(rec, SessionClosed) else None
+        task = await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
+                               handle,
+                               then_ack(event, lambda exc, msg=msg, sh=sh: sh.dead_letter(
+                                   publisher, msg, f"refused: dispatch could not handle it ({exc})")),
+                               then_ack(event, lambda why, msg=msg, sh=sh: sh.dead_letter(publisher, msg,
+                                                                                          f"refused: {why}")))
+        if ended is not None:
+            sh.closes.submitted(rec.session_id, ended, task)
 
 
 def then_ack(event: Any, refuse: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[None]]:
@@ -118,10 +122,11 @@ async def session_inputs(stream: Any, shell: Shell, publisher: Any) -> None:
             event.ack()
 
         await sh.submit(f"inputs:{rec.session_id}",  # type: ignore[attr-defined]
-                        sh.closes.in_turn(rec.session_id, route),  # read after its close: decided after it
+                        route,
                         then_ack(event, lambda exc, rec=rec, msg=msg, sh=sh: sh.refuse_parked(
                             rec, msg, f"dispatch could not route it ({exc})", publisher)),
-                        then_ack(event, lambda why, rec=rec, msg=msg, sh=sh: sh.refuse_parked(rec, msg, why, publisher)))
+                        then_ack(event, lambda why, rec=rec, msg=msg, sh=sh: sh.refuse_parked(rec, msg, why, publisher)),
+                        sh.closes.waited_for(rec.session_id))  # read after its session's close: after it
 
 
 def schema_refused(msg: Any, max_bytes: int) -> tuple[str, int] | None:

@@ -222,40 +222,42 @@ class Rereads:
 
 class ClosesRead:
     """A close comes after the session's inputs read before it, and only those: one read after
-    it waits for it and is refused as one after the close. (The close waited for every input
-    read until its turn: behind an open waiting for room, an input written once the close was
-    acknowledged was routed, reached the owner ahead of the Terminate and was applied.)"""
+    it is parked until the close's work has ended (it takes no place meanwhile: parked, within
+    the bounds of what may wait behind a session), and so reaches the owner after the
+    Terminate, which refuses it. (The close waited for every input read until its turn: behind
+    an open waiting for room, an input written once the close was acknowledged was routed,
+    reached the owner ahead of the Terminate and was applied.)"""
 
     def __init__(self, chains: Chains) -> None:
         self.chains = chains
-        self.pending: dict[str, asyncio.Task[Any]] = {}  # session -> the work of its close read last
+        self.pending: dict[str, asyncio.Future[None]] = {}  # session -> its close read last, until its work ends
 
     def inputs_before(self, sid: str) -> asyncio.Task[Any] | None:
         """As a close is read: the session's last input read before it, for the close to wait for."""
         return self.chains.latest(f"inputs:{sid}")
 
-    def read(self, sid: str) -> None:
-        """A close of ``sid`` was just submitted: inputs read from now until its work ends wait for it."""
-        task = self.chains.latest(f"events:{sid}")
-        if task is None:
-            return
-        self.pending[sid] = task
+    def read(self, sid: str) -> asyncio.Future[None]:
+        """A close of ``sid`` read, before it is submitted (a submission may wait for a place):
+        the inputs read from now on wait for it. Hand it to :meth:`submitted`."""
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.pending[sid] = ended
+        return ended
 
-        def ended(done: asyncio.Task[Any]) -> None:
-            if self.pending.get(sid) is done:
+    def submitted(self, sid: str, ended: asyncio.Future[None], work: asyncio.Task[Any] | None) -> None:
+        """The close's piece (None: refused, with its reason, before it ran): ``ended`` once it ends."""
+        def end(_: Any = None) -> None:
+            if not ended.done():
+                ended.set_result(None)
+            if self.pending.get(sid) is ended:
                 del self.pending[sid]
-        task.add_done_callback(ended)
+        if work is None or work.done():
+            end()
+        else:
+            work.add_done_callback(end)
 
-    def in_turn(self, sid: str, route: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
-        """``route``, the work of an input of ``sid`` just read, run once the work of the close
-        read before it (if one has not ended) has: decided after the close, it is refused."""
-        close = self.pending.get(sid)
-
-        async def run() -> Any:
-            if close is not None:
-                await asyncio.wait({close})
-            return await route()
-        return run
+    def waited_for(self, sid: str) -> asyncio.Future[None] | None:
+        """As an input is read: the close of its session read before it, while its work has not ended."""
+        return self.pending.get(sid)
 
 
 class Chains:
@@ -323,21 +325,26 @@ class Chains:
 
     async def submit(self, key: str, work: Callable[[], Awaitable[Any]],
                      failed: Callable[[Exception], Awaitable[Any]] | None = None,
-                     refused: Callable[[str], Awaitable[Any]] | None = None) -> None:
+                     refused: Callable[[str], Awaitable[Any]] | None = None,
+                     after: asyncio.Future[Any] | None = None) -> asyncio.Task[Any] | None:
         """Run ``work`` after every earlier submission under the same key (a session's events,
         or its inputs), concurrently with other keys: one session waiting for capacity does not
         hold up the others, and each session's events (and inputs) keep their order. Returns
         once the work is scheduled. Work the store or the broker could not serve (``TRANSIENT``) is
         tried again until they can (``until_done``); work that fails otherwise (a bug) is handed
         to ``failed`` (an input is refused with the reason: never dropped). Behind a wait for room, a piece
-        with a ``refused`` handler is parked (or, past the bounds, handed to it with why)."""
+        with a ``refused`` handler is parked (or, past the bounds, handed to it with why), as is
+        one that must wait for ``after`` first (an input read after its session's close, which
+        held a place while the close waited for room, and a few hundred such inputs took every
+        place, the close's too: a review). Returns the piece's task (None: refused)."""
         previous = self.tasks.get(key)
-        parked = refused is not None and previous is not None and key in self._waiting
+        parked = refused is not None and ((previous is not None and key in self._waiting)
+                                          or (after is not None and not after.done()))
         if parked:
             why = self._park(key)
             if why is not None:
                 await refused(why)  # type: ignore[misc]
-                return
+                return None
         else:
             await self._places.acquire()
 
@@ -346,6 +353,8 @@ class Chains:
             try:
                 if previous is not None:
                     await asyncio.gather(previous, return_exceptions=True)
+                if after is not None:
+                    await asyncio.wait({after})
                 if parked:  # its turn: a place like any other piece
                     self._unpark(key)
                     behind = False
@@ -370,6 +379,7 @@ class Chains:
 
         task = asyncio.get_running_loop().create_task(run())
         self.tasks[key] = task
+        return task
 
     async def _tries(self, key: str, work: Callable[[], Awaitable[Any]]) -> None:
         # tried until done while the store or the broker is away, holding its place (so the

@@ -408,17 +408,3 @@ def test_an_idle_after_a_close_was_asked_for_offloads_nothing():
     _, cmds = decide(VIEW, Seen(EVENTS[EventKind.IDLE], Facts(closing)), 1.0)
     assert _kinds(cmds) == ["Note"] and "close is under way" in cmds[0].text
 
-
-@pytest.mark.parametrize("refused_by_owner", [False, True])
-def test_an_input_routed_after_a_close_was_asked_for_is_refused_as_closed(refused_by_owner):
-    """A close wins: routed to the owner once the close is asked for, the input could reach it
-    ahead of the Terminate and be applied (an outside producer's input written after the close
-    was, for 3 of 10 sessions admitted late); it is refused as one after the close."""
-    closing = replace(_sv(StoreState.ACTIVE), close_requested=True)
-    rejected = CommandRejected(worker_id=GEN.worker_id, command=RoutedInput.TAG, session_id="s", reason="stale_epoch",
-                               detail="moved", ts=1.0, generation=GEN, seq=4, kind="text", payload="x")
-    inp = Input("s", 4, "text", "x", refused=rejected if refused_by_owner else None)
-    _, cmds = decide(VIEW, Seen(inp, Facts(closing)), 1.0)
-    assert _kinds(cmds) == ["Refuse"] and "session closed before input 4 was applied" in cmds[0].why
-    _, cmds = decide(VIEW, Seen(inp, Facts(_sv(StoreState.ACTIVE))), 1.0)  # before the close: routed
-    assert _kinds(cmds) == (["RoutedInput"] if not refused_by_owner else ["RouteAgain"])

@@ -284,39 +284,93 @@ def test_a_close_waits_for_the_inputs_read_before_it_to_be_routed(monkeypatch: A
     asyncio.run(run())
 
 
-def test_an_input_read_after_the_close_is_decided_after_it_and_refused() -> None:
+async def _refuse(why: str) -> None:
+    raise AssertionError(f"refused: {why}")
+
+
+def _read_close(shell: DispatchShell, sid: str, done: dict[str, Any]) -> Any:
+    """The close of ``sid`` as the events agent submits it, recorded in ``done`` once decided."""
+    from schemas.records import SessionClosed
+
+    work = shell.session_work(SessionClosed(session_id=sid, ts=2.0), "0:2")
+
+    async def handle() -> None:
+        done["close"] = await work()
+
+    async def submit() -> None:
+        ended = shell.closes.read(sid)
+        shell.closes.submitted(sid, ended, await shell.submit(f"events:{sid}", handle, None, _refuse))
+    return submit()
+
+
+def _read_input(shell: DispatchShell, sid: str, seq: int, done: dict[str, Any]) -> Any:
+    """Input ``seq`` of ``sid`` as the inputs agent submits it, its outcome in ``done``."""
+    rec = InputPushed(session_id=sid, seq=seq, kind="text", payload="x", ts=1.0)
+
+    async def route() -> None:
+        done[seq] = await shell.on_input(rec, 0, 10 + seq)
+    return shell.submit(f"inputs:{sid}", route, None, _refuse, shell.closes.waited_for(sid))
+
+
+def test_an_input_read_after_the_close_reaches_the_owner_after_its_terminate() -> None:
     """The close waits behind an earlier event of its session (an open or a return waiting
     for room); an input read before the close is routed ahead of it, one read after it waits
-    for it and is refused as one after the close. Before, the close waited for every input read
-    until its turn, and the later one reached the owner ahead of the Terminate (an outside
-    producer's input written once the close was acknowledged was applied)."""
-    from schemas.records import SessionClosed, Terminate
+    for it and reaches the owner after the Terminate (which refuses it as closed). Before, the
+    close waited for every input read until its turn, and the later one reached the owner
+    ahead of the Terminate (an outside producer's input written once the close was
+    acknowledged was applied)."""
+    from schemas.records import Terminate
 
     async def run() -> None:
         store, pub, shell = await _served("0:1")
-        room = asyncio.Event()
-        outcomes: dict[int, Any] = {}
+        room, done = asyncio.Event(), {}
 
-        def read_input(seq: int) -> Any:  # as the agent submits an input it has just read
-            rec = InputPushed(session_id="s", seq=seq, kind="text", payload="x", ts=1.0)
+        async def waits_for_room() -> None:
+            with shell.chains.waiting_for_room():
+                await room.wait()
 
-            async def route() -> None:
-                outcomes[seq] = await shell.on_input(rec, 0, 10 + seq)
-            return shell.submit("inputs:s", shell.closes.in_turn("s", route))
-
-        await shell.submit("events:s", room.wait)  # the event before the close, waiting for room
-        await read_input(1)
-        await shell.submit("events:s", shell.session_work(SessionClosed(session_id="s", ts=2.0), "0:2"))
-        shell.closes.read("s")  # as the agent does once it submitted the close
-        await read_input(2)
+        await shell.submit("events:s", waits_for_room)
+        await _read_input(shell, "s", 1, done)
+        await _read_close(shell, "s", done)
+        await _read_input(shell, "s", 2, done)
         await asyncio.sleep(0.05)
-        assert outcomes == {1: None}  # routed; the second waits for the close
+        assert done == {1: None} and shell.chains.parked["inputs:s"] == 1  # 2 waits, holding no place
         room.set()
         await asyncio.gather(*shell.chains.tasks.values())
         order = [(type(r).__name__, getattr(r, "seq", None)) for r in pub.records if isinstance(r, (RoutedInput, Terminate))]
-        assert order == [("RoutedInput", 1), ("Terminate", None)]
-        assert "session closed before input 2 was applied" in outcomes[2]
+        assert order == [("RoutedInput", 1), ("Terminate", None), ("RoutedInput", 2)]
         assert shell.closes.pending == {}  # forgotten once the close's work ended
+
+    asyncio.run(run())
+
+
+def test_inputs_read_after_a_close_waiting_for_room_take_no_place_from_it() -> None:
+    """Inputs read after a close that waits behind an open waiting for room each took an
+    in-flight place and waited for the close; the place the open freed went to the next input,
+    and the close waited for a place for ever: the whole replica stopped (a review, with 4
+    places; 1,024 by default, which one producer's inputs fill within the admission wait).
+    Parked, they hold none: the close runs once room comes, then each of them."""
+
+    async def run() -> None:
+        store = MemoryGenerationStore("t")
+        await store.register_worker("w", 1)
+        shell = DispatchShell(store, Flaky(Assign, fails=0), view_ttl_s=0.0, max_in_flight=4, admission_timeout_s=20.0)
+        assert await shell.on_session_event(SessionOpened(session_id="full", ts=1.0, prompt="p"), place="0:0") is None
+        done: dict[Any, Any] = {}
+
+        async def open_late() -> None:
+            done["open"] = await shell.session_work(SessionOpened(session_id="late", ts=1.0, prompt="p"), "0:1")()
+
+        await shell.submit("events:late", open_late)
+        await asyncio.sleep(0.3)  # it waits for room
+        await _read_close(shell, "late", done)
+        for seq in range(1, 9):  # twice the places
+            await asyncio.wait_for(_read_input(shell, "late", seq, done), 1.0)
+        gen = (await store.session("full")).generation
+        await store.release("full", gen, close=True)  # room
+        await asyncio.wait_for(asyncio.gather(*shell.chains.tasks.values()), 10.0)
+        assert done["open"] is None and done["close"] is None
+        assert all(done[seq] is None for seq in range(1, 9))  # routed after the Terminate, as above
 
     asyncio.run(run())
 
