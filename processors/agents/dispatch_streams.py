@@ -71,17 +71,15 @@ async def session_events(stream: Any, shell: Shell, publisher: Any) -> None:
                 await sh.dead_letter(publisher, msg, f"refused: {why}")
             event.ack()
 
-        # a close: the inputs read from now on come after it (before it is submitted, which may
+        # a close: the inputs read from now on come after it, from before its submission (which may
         # wait for a place: a review found an input read meanwhile neither before it nor after)
-        ended = sh.closes.read(rec.session_id) if isinstance(rec, SessionClosed) else None
-        task = await sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
+        submission = sh.submit(f"events:{rec.session_id}",  # type: ignore[attr-defined]
                                handle,
                                then_ack(event, lambda exc, msg=msg, sh=sh: sh.dead_letter(
                                    publisher, msg, f"refused: dispatch could not handle it ({exc})")),
                                then_ack(event, lambda why, msg=msg, sh=sh: sh.dead_letter(publisher, msg,
                                                                                           f"refused: {why}")))
-        if ended is not None:
-            sh.closes.submitted(rec.session_id, ended, task)
+        await (sh.closes.submit(rec.session_id, submission) if isinstance(rec, SessionClosed) else submission)
 
 
 def then_ack(event: Any, refuse: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[None]]:

@@ -236,24 +236,39 @@ class ClosesRead:
         """As a close is read: the session's last input read before it, for the close to wait for."""
         return self.chains.latest(f"inputs:{sid}")
 
-    def read(self, sid: str) -> asyncio.Future[None]:
-        """A close of ``sid`` read, before it is submitted (a submission may wait for a place):
-        the inputs read from now on wait for it. Hand it to :meth:`submitted`."""
+    async def submit(self, sid: str, submission: Awaitable[asyncio.Task[Any] | None]) -> asyncio.Task[Any] | None:
+        """Submit a close of ``sid`` just read (``submission``, not started: ``Chains.submit``,
+        which may wait for a place), the inputs read from now on waiting for it; a submission
+        that fails or is cancelled holds them no longer than a refused one."""
+        submitted, work = self._read(sid), None
+        try:
+            work = await submission
+        finally:
+            submitted(work)
+        return work
+
+    def _read(self, sid: str) -> Callable[[asyncio.Task[Any] | None], None]:
+        """The close read: what to call with its piece once submitted (None: refused for the
+        bounds, or the submission failed). The inputs go on once it ends, or at once; a close
+        refused while an earlier one is under way holds them until that one ends (a review: a
+        refused duplicate let them pass the first)."""
+        earlier = self.pending.get(sid)
         ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.pending[sid] = ended
-        return ended
 
-    def submitted(self, sid: str, ended: asyncio.Future[None], work: asyncio.Task[Any] | None) -> None:
-        """The close's piece (None: refused, with its reason, before it ran): ``ended`` once it ends."""
         def end(_: Any = None) -> None:
             if not ended.done():
                 ended.set_result(None)
             if self.pending.get(sid) is ended:
                 del self.pending[sid]
-        if work is None or work.done():
-            end()
-        else:
-            work.add_done_callback(end)
+
+        def submitted(work: asyncio.Task[Any] | None) -> None:
+            after = work if work is not None else earlier
+            if after is None or after.done():
+                end()
+            else:
+                after.add_done_callback(end)
+        return submitted
 
     def waited_for(self, sid: str) -> asyncio.Future[None] | None:
         """As an input is read: the close of its session read before it, while its work has not ended."""
@@ -274,7 +289,8 @@ class Chains:
         self.name = name
         self._places = asyncio.Semaphore(max_in_flight)
         self.tasks: dict[str, asyncio.Task[Any]] = {}  # key -> its latest work
-        self.parked: Counter[str] = Counter()  # key -> pieces waiting behind a wait for room
+        self.parked: Counter[str] = Counter()  # key -> pieces waiting behind a wait for room or a close
+        self.behind_closes = 0  # of them, inputs waiting for their session's close (bounded apart)
         self._waiting: set[str] = set()  # keys whose running piece waits for room
 
     def waits(self, key: str) -> bool:
@@ -309,17 +325,23 @@ class Chains:
         finally:
             self._waiting.discard(key)
 
-    def _park(self, key: str) -> str | None:
-        """Park a piece behind ``key``'s wait for room; None, or why it cannot be."""
+    def _park(self, key: str, behind_close: bool) -> str | None:
+        """Park a piece behind ``key``'s wait for room, or behind its session's close; None, or
+        why it cannot be. Each kind has its own bound in all: inputs behind closes could fill
+        the one of waits for room, and a close behind its open waiting for room was refused."""
+        sid = key.partition(":")[2]
+        what = f"the close of {sid} is under way" if behind_close else f"{sid} waits for room"
         if self.parked[key] >= MAX_PARKED_PER_KEY:
-            return f"{key.partition(':')[2]} waits for room, and {MAX_PARKED_PER_KEY} of its records wait behind it already"
-        if self.parked.total() >= MAX_PARKED:
-            return f"{key.partition(':')[2]} waits for room, and {MAX_PARKED} records wait behind such sessions already"
+            return f"{what}, and {MAX_PARKED_PER_KEY} of its records wait behind it already"
+        if (self.behind_closes if behind_close else self.parked.total() - self.behind_closes) >= MAX_PARKED:
+            return f"{what}, and {MAX_PARKED} records wait behind such sessions already"
         self.parked[key] += 1
+        self.behind_closes += behind_close
         return None
 
-    def _unpark(self, key: str) -> None:
+    def _unpark(self, key: str, behind_close: bool) -> None:
         self.parked[key] -= 1
+        self.behind_closes -= behind_close
         if self.parked[key] <= 0:
             del self.parked[key]
 
@@ -338,10 +360,11 @@ class Chains:
         held a place while the close waited for room, and a few hundred such inputs took every
         place, the close's too: a review). Returns the piece's task (None: refused)."""
         previous = self.tasks.get(key)
-        parked = refused is not None and ((previous is not None and key in self._waiting)
-                                          or (after is not None and not after.done()))
+        behind_room = refused is not None and previous is not None and key in self._waiting
+        behind_close = refused is not None and not behind_room and after is not None and not after.done()
+        parked = behind_room or behind_close
         if parked:
-            why = self._park(key)
+            why = self._park(key, behind_close)
             if why is not None:
                 await refused(why)  # type: ignore[misc]
                 return None
@@ -356,7 +379,7 @@ class Chains:
                 if after is not None:
                     await asyncio.wait({after})
                 if parked:  # its turn: a place like any other piece
-                    self._unpark(key)
+                    self._unpark(key, behind_close)
                     behind = False
                     await self._places.acquire()
                     holds = True
@@ -373,7 +396,7 @@ class Chains:
                 if holds:
                     self._places.release()
                 if behind:  # cancelled while parked
-                    self._unpark(key)
+                    self._unpark(key, behind_close)
                 if self.tasks.get(key) is task:
                     del self.tasks[key]
 

@@ -288,28 +288,26 @@ async def _refuse(why: str) -> None:
     raise AssertionError(f"refused: {why}")
 
 
-def _read_close(shell: DispatchShell, sid: str, done: dict[str, Any]) -> Any:
+def _read_close(shell: DispatchShell, sid: str, done: dict[str, Any], place: str = "0:2",
+                refused: Any = _refuse) -> Any:
     """The close of ``sid`` as the events agent submits it, recorded in ``done`` once decided."""
     from schemas.records import SessionClosed
 
-    work = shell.session_work(SessionClosed(session_id=sid, ts=2.0), "0:2")
+    work = shell.session_work(SessionClosed(session_id=sid, ts=2.0), place)
 
     async def handle() -> None:
-        done["close"] = await work()
+        done[place] = await work()
 
-    async def submit() -> None:
-        ended = shell.closes.read(sid)
-        shell.closes.submitted(sid, ended, await shell.submit(f"events:{sid}", handle, None, _refuse))
-    return submit()
+    return shell.closes.submit(sid, shell.submit(f"events:{sid}", handle, None, refused))
 
 
-def _read_input(shell: DispatchShell, sid: str, seq: int, done: dict[str, Any]) -> Any:
+def _read_input(shell: DispatchShell, sid: str, seq: int, done: dict[str, Any], refused: Any = _refuse) -> Any:
     """Input ``seq`` of ``sid`` as the inputs agent submits it, its outcome in ``done``."""
     rec = InputPushed(session_id=sid, seq=seq, kind="text", payload="x", ts=1.0)
 
     async def route() -> None:
         done[seq] = await shell.on_input(rec, 0, 10 + seq)
-    return shell.submit(f"inputs:{sid}", route, None, _refuse, shell.closes.waited_for(sid))
+    return shell.submit(f"inputs:{sid}", route, None, refused, shell.closes.waited_for(sid))
 
 
 def test_an_input_read_after_the_close_reaches_the_owner_after_its_terminate() -> None:
@@ -369,8 +367,96 @@ def test_inputs_read_after_a_close_waiting_for_room_take_no_place_from_it() -> N
         gen = (await store.session("full")).generation
         await store.release("full", gen, close=True)  # room
         await asyncio.wait_for(asyncio.gather(*shell.chains.tasks.values()), 10.0)
-        assert done["open"] is None and done["close"] is None
+        assert done["open"] is None and done["0:2"] is None
         assert all(done[seq] is None for seq in range(1, 9))  # routed after the Terminate, as above
+
+    asyncio.run(run())
+
+
+def _waiting_for_room(shell: DispatchShell, room: asyncio.Event) -> Any:
+    """A piece that waits for room until ``room`` is set (an open or a return whose admission waits)."""
+    async def waits() -> None:
+        with shell.chains.waiting_for_room():
+            await room.wait()
+    return waits
+
+
+def test_a_close_refused_for_the_bounds_behind_another_holds_the_inputs_until_that_one_ends() -> None:
+    """A duplicate close refused for what may wait behind its session's open replaced the
+    first in the record of closes, and ended at once: an input read after both reached the
+    owner ahead of the first close's Terminate (a review)."""
+    from schemas.records import Terminate
+
+    async def run() -> None:
+        store, pub, shell = await _served("0:1")
+        room, done, refusals = asyncio.Event(), {}, []
+
+        async def refused(why: str) -> None:
+            refusals.append(why)
+
+        async def nothing() -> None:
+            pass
+
+        await shell.submit("events:s", _waiting_for_room(shell, room))
+        await asyncio.sleep(0.01)
+        await _read_close(shell, "s", done, "0:2", refused)
+        for _ in range(budgets.MAX_PARKED_PER_KEY - 1):  # other events of s wait behind it
+            await shell.submit("events:s", nothing, None, refused)
+        await _read_close(shell, "s", done, "0:20", refused)  # a duplicate: refused for the bound
+        assert len(refusals) == 1 and "s waits for room, and 16 of its records" in refusals[0]
+        await _read_input(shell, "s", 2, done)
+        room.set()
+        await asyncio.gather(*shell.chains.tasks.values())
+        order = [(type(r).__name__, getattr(r, "seq", None)) for r in pub.records if isinstance(r, (RoutedInput, Terminate))]
+        assert order == [("Terminate", None), ("RoutedInput", 2)] and shell.closes.pending == {}
+
+    asyncio.run(run())
+
+
+def test_inputs_behind_a_close_have_bounds_of_their_own_and_say_what_they_wait_for(monkeypatch: Any) -> None:
+    """Past what may wait behind a session, an input read after its close is refused saying the
+    close is under way (it said the session waited for room); and inputs behind closes do not
+    use up the bound of pieces behind waits for room (another session's close behind its
+    waiting open was refused for them: a review)."""
+    monkeypatch.setattr(budgets, "MAX_PARKED", 4)
+
+    async def run() -> None:
+        store, pub, shell = await _served("0:1")
+        room, done, refusals = asyncio.Event(), {}, []
+
+        async def refused(why: str) -> None:
+            refusals.append(why)
+
+        await shell.submit("events:s", _waiting_for_room(shell, room))
+        await asyncio.sleep(0.01)
+        await _read_close(shell, "s", done, "0:2", refused)
+        for seq in range(1, 6):  # four wait behind the close; the fifth is past the bound of all such
+            await _read_input(shell, "s", seq, done, refused)
+        assert refusals == ["the close of s is under way, and 4 records wait behind such sessions already"]
+        await shell.submit("events:t", _waiting_for_room(shell, room))  # another session's open waits
+        await asyncio.sleep(0.01)
+        await _read_close(shell, "t", done, "1:2", refused)  # its close parks, the inputs' bound full
+        assert len(refusals) == 1, refusals
+        room.set()
+        await asyncio.gather(*shell.chains.tasks.values())
+        assert shell.chains.parked == {} and shell.chains.behind_closes == 0
+
+    asyncio.run(run())
+
+
+def test_a_close_whose_submission_is_cancelled_holds_no_input() -> None:
+    """Its submission waited for a place and was cancelled (the agent stopped): the close stood
+    recorded for good, and every later input of its session waited for it (a review)."""
+
+    async def run() -> None:
+        store, pub, shell = await _served("0:1")
+        shell.chains._places = asyncio.Semaphore(0)  # no place: the close's submission waits
+        agent = asyncio.ensure_future(_read_close(shell, "s", {}))
+        await asyncio.sleep(0.01)
+        assert "s" in shell.closes.pending
+        agent.cancel()
+        await asyncio.gather(agent, return_exceptions=True)
+        assert shell.closes.pending == {}
 
     asyncio.run(run())
 
