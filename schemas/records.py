@@ -127,9 +127,11 @@ class SessionIdle(Record):
 @record("session.closed")
 class SessionClosed(Record):
     """The session ended; its generation is released for good. A close wins: an input of the
-    session that dispatch reads after the close is refused (`session closed before input N
-    was applied`), however long the session waited for room before it, and so is one its
-    owner has not applied when the close lands. `session-events` and `session-inputs` have no
+    session that dispatch reads after the close waits for it and reaches the owner after the
+    Terminate, which refuses it (`session closed before input N was applied`; past the 16
+    records that may wait behind a session, `the close of S is under way, ...`), however long
+    the session waited for room before it; so is one its owner has not applied when the close
+    lands. `session-events` and `session-inputs` have no
     order between them: dispatch, keeping up with both, reads an input written once the close
     is acknowledged after it; one written within moments of the close, or while dispatch lags
     on `session-events`, may be read before it, and is then routed ahead of it."""
