@@ -310,6 +310,14 @@ def _read_input(shell: DispatchShell, sid: str, seq: int, done: dict[str, Any], 
     return shell.submit(f"inputs:{sid}", route, None, refused, shell.closes.waited_for(sid))
 
 
+def _waiting_for_room(shell: DispatchShell, room: asyncio.Event) -> Any:
+    """A piece that waits for room until ``room`` is set (an open or a return whose admission waits)."""
+    async def waits() -> None:
+        with shell.chains.waiting_for_room():
+            await room.wait()
+    return waits
+
+
 def test_an_input_read_after_the_close_reaches_the_owner_after_its_terminate() -> None:
     """The close waits behind an earlier event of its session (an open or a return waiting
     for room); an input read before the close is routed ahead of it, one read after it waits
@@ -322,12 +330,7 @@ def test_an_input_read_after_the_close_reaches_the_owner_after_its_terminate() -
     async def run() -> None:
         store, pub, shell = await _served("0:1")
         room, done = asyncio.Event(), {}
-
-        async def waits_for_room() -> None:
-            with shell.chains.waiting_for_room():
-                await room.wait()
-
-        await shell.submit("events:s", waits_for_room)
+        await shell.submit("events:s", _waiting_for_room(shell, room))
         await _read_input(shell, "s", 1, done)
         await _read_close(shell, "s", done)
         await _read_input(shell, "s", 2, done)
@@ -371,14 +374,6 @@ def test_inputs_read_after_a_close_waiting_for_room_take_no_place_from_it() -> N
         assert all(done[seq] is None for seq in range(1, 9))  # routed after the Terminate, as above
 
     asyncio.run(run())
-
-
-def _waiting_for_room(shell: DispatchShell, room: asyncio.Event) -> Any:
-    """A piece that waits for room until ``room`` is set (an open or a return whose admission waits)."""
-    async def waits() -> None:
-        with shell.chains.waiting_for_room():
-            await room.wait()
-    return waits
 
 
 def test_a_close_refused_for_the_bounds_behind_another_holds_the_inputs_until_that_one_ends() -> None:
