@@ -4,7 +4,6 @@ sessions asked for."""
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 
@@ -12,9 +11,8 @@ import numpy as np
 import pytest
 
 from infra.sim.cohorts import COHORTS, SLOT_S, CohortsConfig, generate_cohorts
-from infra.sim.trace import MB, parse_trace, write_trace
 from processors.lifecycle import EventKind
-from schemas.errors import ConfigError
+from tests.sim.model_checks import check_bad_setting, check_closed_trace
 
 OPEN, ACTIVE, IDLE, CLOSE = EventKind.OPEN, EventKind.ACTIVE, EventKind.IDLE, EventKind.CLOSE
 
@@ -22,17 +20,8 @@ OPEN, ACTIVE, IDLE, CLOSE = EventKind.OPEN, EventKind.ACTIVE, EventKind.IDLE, Ev
 @pytest.mark.parametrize("family", COHORTS)
 def test_traces_are_seeded_valid_and_round_trip(family, tmp_path):
     cfg = CohortsConfig(family, duration_s=600.0)
-    events = generate_cohorts(cfg)
-    assert events == generate_cohorts(cfg) != generate_cohorts(CohortsConfig(family, duration_s=600.0, seed=8))
-    write_trace(events, tmp_path / "t.csv")
-    with open(tmp_path / "t.csv", newline="", encoding="utf-8") as fh:
-        assert list(parse_trace(csv.reader(fh)).events) == events  # every session closes, in the trace
-    opens = {e.session_id: e.t for e in events if e.kind is OPEN}
-    closes = {e.session_id: e.t for e in events if e.kind is CLOSE}
-    assert len(opens) == sum(e.kind is OPEN for e in events) == len(closes) > 500 and opens.keys() == closes.keys()
-    assert all(closes[s] >= t for s, t in opens.items()) and events[-1].t <= 600.0
-    assert all(a.t <= b.t for a, b in zip(events, events[1:]))
-    assert all(200 * MB <= e.state_bytes <= 30_000 * MB for e in events if e.kind is OPEN)
+    other = CohortsConfig(family, duration_s=600.0, seed=8)
+    check_closed_trace(generate_cohorts(cfg), generate_cohorts(cfg), generate_cohorts(other), tmp_path, 600.0, (200, 30_000))
 
 
 def test_the_split_draws_the_reviewers_traces():
@@ -158,11 +147,7 @@ def test_scale_multiplies_the_classes_learners_and_creators():
 @pytest.mark.parametrize("bad", [dict(family="desk"), dict(scale=0.0), dict(scale=math.nan), dict(duration_s=0.0),
                                  dict(seed=-1), dict(offset_s=-1.0), dict(offset_s=SLOT_S), dict(offset_s=math.nan)])
 def test_a_bad_setting_is_a_config_error(bad):
-    with pytest.raises(ConfigError) as err:
-        CohortsConfig(**bad)
-    assert "trace gen" in str(err.value) and "\n" not in str(err.value)
-    if "family" in bad:
-        assert "classes, creators" in str(err.value)
+    check_bad_setting(CohortsConfig, bad, "classes, creators")
 
 
 def test_trace_gen_and_evaluate_name_the_tenth_models_families(tmp_path):

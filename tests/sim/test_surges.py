@@ -13,7 +13,7 @@ import pytest
 from infra.sim.surges import SURGES, SurgeConfig, generate_surge
 from infra.sim.trace import MB, parse_trace, write_trace
 from processors.lifecycle import EventKind, SessionEvent
-from schemas.errors import ConfigError
+from tests.sim.model_checks import check_bad_setting, check_closed_trace, check_scale
 
 OPEN, ACTIVE, IDLE, CLOSE = EventKind.OPEN, EventKind.ACTIVE, EventKind.IDLE, EventKind.CLOSE
 
@@ -38,15 +38,9 @@ def _times(events: list[SessionEvent], kind: EventKind, prefix: str = "") -> dic
 
 @pytest.mark.parametrize("family", SURGES)
 def test_traces_are_seeded_valid_and_round_trip(family, tmp_path):
-    cfg = SurgeConfig(family, duration_s=600.0)
+    cfg, other = SurgeConfig(family, duration_s=600.0), SurgeConfig(family, duration_s=600.0, seed=8)
     events = generate_surge(cfg)
-    assert events == generate_surge(cfg) != generate_surge(SurgeConfig(family, duration_s=600.0, seed=8))
-    write_trace(events, tmp_path / "t.csv")
-    with open(tmp_path / "t.csv", newline="", encoding="utf-8") as fh:
-        assert list(parse_trace(csv.reader(fh)).events) == events  # every session closes, in the trace
-    opens, closes = _times(events, OPEN), _times(events, CLOSE)
-    assert len(opens) == sum(e.kind is OPEN for e in events) == len(closes) > 300  # ids unique
-    assert all(closes[s] >= t for s, t in opens.items()) and events[-1].t <= 600.0
+    check_closed_trace(events, generate_surge(cfg), generate_surge(other), tmp_path, 600.0, None, least=300)
     assert all(e.state_bytes > 0 for e in events if e.kind is OPEN)
     assert all(e.state_bytes == 0 for e in events if e.kind in (IDLE, CLOSE))
 
@@ -126,8 +120,7 @@ def test_each_family_has_its_shape(duration):
 
 @pytest.mark.parametrize("family", SURGES)
 def test_scale_multiplies_the_sessions(family):
-    n = {s: len(_times(generate_surge(SurgeConfig(family, 600.0, s, seed=5)), OPEN)) for s in (0.5, 1.0, 2.0)}
-    assert 0.4 * n[1.0] < n[0.5] < 0.6 * n[1.0] and 1.7 * n[1.0] < n[2.0] < 2.3 * n[1.0]
+    check_scale(lambda scale: len(_times(generate_surge(SurgeConfig(family, 600.0, scale, seed=5)), OPEN)), (0.4, 0.6), (1.7, 2.3))
 
 
 def test_a_scaled_failover_scales_its_populations():
@@ -137,11 +130,7 @@ def test_a_scaled_failover_scales_its_populations():
 @pytest.mark.parametrize("bad", [dict(family="weekly"), dict(scale=0.0), dict(scale=-1.0), dict(scale=math.nan),
                                  dict(scale=math.inf), dict(duration_s=0.0), dict(duration_s=math.nan), dict(seed=-1)])
 def test_a_bad_setting_is_a_config_error(bad):
-    with pytest.raises(ConfigError) as err:
-        SurgeConfig(**bad)
-    assert "trace gen" in str(err.value)
-    if "family" in bad:
-        assert "failover, heavyvid, liveevent" in str(err.value)
+    check_bad_setting(SurgeConfig, bad, "failover, heavyvid, liveevent")
 
 
 def test_trace_gen_and_evaluate_name_the_sixth_models_families(tmp_path):

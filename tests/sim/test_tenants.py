@@ -4,7 +4,6 @@ sessions asked for."""
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 
@@ -12,9 +11,8 @@ import numpy as np
 import pytest
 
 from infra.sim.tenants import TENANTS, TenantsConfig, generate_tenants
-from infra.sim.trace import MB, parse_trace, write_trace
 from processors.lifecycle import EventKind
-from schemas.errors import ConfigError
+from tests.sim.model_checks import check_bad_setting, check_closed_trace, check_scale
 
 OPEN, ACTIVE, IDLE, CLOSE = EventKind.OPEN, EventKind.ACTIVE, EventKind.IDLE, EventKind.CLOSE
 
@@ -22,17 +20,8 @@ OPEN, ACTIVE, IDLE, CLOSE = EventKind.OPEN, EventKind.ACTIVE, EventKind.IDLE, Ev
 @pytest.mark.parametrize("family", TENANTS)
 def test_traces_are_seeded_valid_and_round_trip(family, tmp_path):
     cfg = TenantsConfig(family, duration_s=600.0)
-    events = generate_tenants(cfg)
-    assert events == generate_tenants(cfg) != generate_tenants(TenantsConfig(family, duration_s=600.0, seed=8))
-    write_trace(events, tmp_path / "t.csv")
-    with open(tmp_path / "t.csv", newline="", encoding="utf-8") as fh:
-        assert list(parse_trace(csv.reader(fh)).events) == events  # every session closes, in the trace
-    opens = {e.session_id: e.t for e in events if e.kind is OPEN}
-    closes = {e.session_id: e.t for e in events if e.kind is CLOSE}
-    assert len(opens) == sum(e.kind is OPEN for e in events) == len(closes) > 500 and opens.keys() == closes.keys()
-    assert all(closes[s] >= t for s, t in opens.items()) and events[-1].t <= 600.0
-    assert all(a.t <= b.t for a, b in zip(events, events[1:]))
-    assert all(50 * MB <= e.state_bytes <= 60_000 * MB for e in events if e.kind is OPEN)
+    other = TenantsConfig(family, duration_s=600.0, seed=8)
+    check_closed_trace(generate_tenants(cfg), generate_tenants(cfg), generate_tenants(other), tmp_path, 600.0, (50, 60_000))
 
 
 def test_the_port_draws_the_reviewers_traces():
@@ -107,18 +96,13 @@ def test_the_outage_drops_most_connected_sessions_within_seconds_and_they_return
 
 @pytest.mark.parametrize("family", TENANTS)
 def test_scale_multiplies_the_sessions(family):
-    n = {s: sum(e.kind is OPEN for e in generate_tenants(TenantsConfig(family, 600.0, s, seed=5))) for s in (0.5, 1.0, 2.0)}
-    assert 0.4 * n[1.0] < n[0.5] < 0.65 * n[1.0] and 1.6 * n[1.0] < n[2.0] < 2.4 * n[1.0]
+    check_scale(lambda scale: sum(e.kind is OPEN for e in generate_tenants(TenantsConfig(family, 600.0, scale, seed=5))))
 
 
 @pytest.mark.parametrize("bad", [dict(family="office"), dict(scale=0.0), dict(scale=math.nan), dict(duration_s=0.0),
                                  dict(seed=-1)])
 def test_a_bad_setting_is_a_config_error(bad):
-    with pytest.raises(ConfigError) as err:
-        TenantsConfig(**bad)
-    assert "trace gen" in str(err.value)
-    if "family" in bad:
-        assert "desk, lobby, outage" in str(err.value)
+    check_bad_setting(TenantsConfig, bad, "desk, lobby, outage")
 
 
 def test_trace_gen_and_evaluate_name_the_eighth_models_families(tmp_path):
