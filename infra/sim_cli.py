@@ -129,7 +129,7 @@ _GENERATOR_ONLY = ("level", "swing", "period", "life_median", "life_sigma", "act
 def simulate_cmd(
     trace: Path = typer.Argument(..., help="Trace CSV (t_s,session_id,event[,state_mb])."),
     policy: list[str] = typer.Option(["all"], "--policy", "-p", help="rr, lag, mag, least-loaded-offload, lag-offload, mag-offload, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle, oracle-autoscale, telefuser (the peer, infra.sim.peers:TeleFuser), module:Name, or all (repeatable or comma-separated; all plus module:Name runs both)."),
-    subject: Optional[str] = typer.Option(None, "--subject", help="The policy the comparisons are about (a --policy spec or a policy's name; default: turboserve when it runs)."),
+    subject: Optional[str] = typer.Option(None, "--subject", help="The policy the comparisons are about (a --policy spec or a policy's name, or a module:Name, which then runs beside the --policy ones; default: turboserve when it runs)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the timeline plot (PNG) here."),
     profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
@@ -157,6 +157,8 @@ def simulate_cmd(
         _writable(reads=[trace], json=json_out, plot=plot)
         _plot_format(plot)
         names = _expand(policy)
+        if subject is not None and ":" in subject and subject not in names:  # a plug-in subject runs beside them
+            names.append(subject)
         check_policies(names)
         model, gpu_type = _priced_pool(profile, gpu_type)
         vt = load_volatility_table(table)
@@ -178,6 +180,10 @@ def simulate_cmd(
     except ChunkserveError as exc:
         _fail(exc, "simulate")
     out["wall_s"] = time.perf_counter() - start
+    # how long each policy's own code took per decision in its reported run (host time, like
+    # wall_s: no figure depends on it)
+    out["decide_s"] = {r.policy: {"calls": r.decide_calls, "mean": r.decide_s / r.decide_calls if r.decide_calls else 0.0,
+                                  "max": r.decide_max_s} for r in runner.reported.values()}
     try:  # written before the table: a reader that stops reading (`| head`) leaves the results
         if json_out is not None:
             _write_output("json", json_out, json.dumps(out, indent=2, sort_keys=True) + "\n")
@@ -324,6 +330,9 @@ def _check_names(runner: object, names: list[str]) -> None:
             seen[name] = spec
 
 
+# a decision this long or longer is named under simulate's table: live, the control processor
+# looks for a round every 0.5 s (ControlConfig.tick_s), so a longer one holds back the next
+SLOW_DECISION_S = 0.5
 _NO_ABLATIONS = "turboserve-no-autoscale ran at the peak-provisioned pool: the ablations are compared only when turboserve is the subject"
 
 
@@ -391,6 +400,12 @@ def _print_table(out: dict) -> None:
         else:
             _console.print(f"SLO bound: a perfectly elastic pool saves at most {b['saving_pct']:.1f}% against a fixed one here "
                            f"({b['elastic_gpus']:.1f} GPUs on average against {b['fixed_gpus']:.1f}, fluid model)")
+    for name, d in out.get("decide_s", {}).items():
+        if d["max"] >= SLOW_DECISION_S:
+            _console.print(f"[yellow]{name}: decisions of up to {1000 * d['max']:.0f} ms ({1000 * d['mean']:.0f} ms on average, "
+                           f"{d['calls']} calls; `decide_s` in the JSON): live, the control processor looks for a round "
+                           f"every {SLOW_DECISION_S:g} s (CHUNKSERVE_CONTROL_TICK_S) and a longer decision holds back the "
+                           "next[/yellow]", highlight=False)
     _console.print(f"wall {out['wall_s']:.1f} s")
 
 
@@ -403,7 +418,7 @@ def evaluate_cmd(
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes each comparison's runs use (0: one per CPU core)."),
     policy: list[str] = typer.Option([], "--policy", "-p", help="A plug-in (module:Name) to compare beside the split's policies, as TeleFuser is (repeatable or comma-separated)."),
-    subject: Optional[str] = typer.Option(None, "--subject", help="The policy the bars and comparisons are about: a plug-in given with --policy (its spec or name) or a policy the split runs (default: turboserve; with another, turboserve is a peer and its ablations are not compared)."),
+    subject: Optional[str] = typer.Option(None, "--subject", help="The policy the bars and comparisons are about: a plug-in (module:Name, run beside the split's policies whether or not --policy gives it; or the name of one --policy gives) or a policy the split runs (default: turboserve; with another, turboserve is a peer and its ablations are not compared)."),
     profile: str = typer.Option("paper", "--profile", help="Latency profile: built-in name or JSON file."),
     gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="GPU type of fixed pools and of scale-out (default: b300, or a profile's only type)."),
     deadline: float = typer.Option(1.0, "--deadline", min=0.001, max=3600.0, help="Chunk deadline = media duration of a chunk, s."),
@@ -420,6 +435,8 @@ def evaluate_cmd(
     try:
         _writable(reads=trace, json=json_out)
         extra = [p for p in _expand(policy) if p not in EVAL_POLICIES]
+        if subject is not None and ":" in subject and subject not in extra:  # a plug-in subject runs beside them
+            extra.append(subject)
         if extra:
             check_policies(extra)
             if any(":" not in p for p in extra):
@@ -483,8 +500,9 @@ def evaluate_cmd(
     if slow := [name for name, r in out.items() if r["comparison"].get("subject_missed_half")]:
         _console.print(f"[yellow]{who} missed half its chunks' deadlines or more on {len(slow)} trace(s) ({', '.join(slow)}): "
                        "the comparisons there set it against pools as slow as it is[/yellow]", highlight=False)
-    for n in peers:  # a plug-in's commands the simulator could not carry out: its figures are of what it did carry out
-        bad = {name: x["invalid_commands"] for name, r in out.items() if (x := r["bars"].get("peers", {}).get(n)) and x.get("invalid_commands")}
+    for n in (who, *peers):  # a policy's commands the simulator could not carry out: its figures are of what it did carry out
+        bad = {name: x["invalid_commands"] for name, r in out.items()
+               if (x := r["comparison"]["policies"].get(n) if n == who else r["bars"].get("peers", {}).get(n)) and x.get("invalid_commands")}
         if bad:
             _console.print(f"[yellow]{n}: commands the simulator could not carry out on {len(bad)} trace(s) "
                            f"({', '.join(f'{k} {v}' for k, v in bad.items())}; `invalid_commands_by_kind` in each "

@@ -111,13 +111,17 @@ def load_policy(spec: str, offer: Mapping[str, Any] | None = None, **options: An
     """Resolve a built-in name or ``module:Name`` (a class or factory is called with ``options``,
     plus those of ``offer`` its signature accepts)."""
     factory = _factory(spec)
+    if isinstance(factory, type) and not all(callable(getattr(factory, m, None)) for m in ("initial_state", "decide")):
+        raise ConfigError("policy", f"{factory.__name__} is not a policy: it needs name, initial_state() and "
+                          "decide(snapshot, signal, state)", spec)  # (not "bad options" of its constructor)
     try:
         call = _called(factory)
         if call and offer:
             options = {**_accepted(factory, offer), **options}
         policy = factory(**options) if call else factory
     except TypeError as exc:
-        raise ConfigError("policy", f"bad options ({exc})", spec) from None
+        raise ConfigError("policy", f"bad options ({exc}): a policy class, or a function that returns a policy, "
+                          "is called with the options it names", spec) from None
     except ChunkserveError:
         raise
     except Exception as exc:  # the plug-in's own code

@@ -25,6 +25,8 @@ def resolve(spec: str, key: str) -> Any:
         raise ConfigError(key, f"cannot import {module!r} ({exc})", spec) from None
     except AttributeError:
         raise ConfigError(key, f"{module!r} has no {attr!r}", spec) from None
+    except SystemExit as exc:  # not an Exception: it ended the command with no word
+        raise ConfigError(key, f"cannot import {module!r} (it called sys.exit({exc.code!r}) on import)", spec) from None
     except Exception as exc:  # the module's own code: a syntax error, or what it runs on import
         raise ConfigError(key, f"cannot import {module!r} ({type(exc).__name__}: {exc})"[:300], spec) from None
     return found

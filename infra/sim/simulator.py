@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
@@ -191,6 +192,11 @@ class SimResult:
     # invalid commands per command kind ("malformed KIND": a KIND command with a field of the wrong
     # type; "malformed": something that is no command)
     invalid_by_kind: dict[str, int] = field(default_factory=dict)
+    # the policy's decide calls and the host time they took, s (all, the longest): how fast
+    # the policy's own code is, which no figure above depends on (left out of equality)
+    decide_calls: int = field(default=0, compare=False)
+    decide_s: float = field(default=0.0, compare=False)
+    decide_max_s: float = field(default=0.0, compare=False)
 
     def metrics(self) -> dict[str, Any]:
         keys = ("worst_chunk_latency_s", "p99_chunk_latency_s", "deadline_miss_rate", "gpu_seconds", "cost", "migrations", "scale_events",
@@ -262,6 +268,7 @@ class _Sim:
         self.cost = 0.0
         self.migrations = self.scale_events = self.invalid = 0
         self.refused: Counter[str] = Counter()  # invalid commands by kind
+        self.decide_calls, self.decide_s, self.decide_max_s = 0, 0.0, 0.0
         q = cfg.round_s
         last = events[-1].t if events else 0.0
         self.end = math.ceil(last / q - 1e-9) * q if q > 0 else last
@@ -584,6 +591,7 @@ class _Sim:
         self.admit_waiting(now)  # before the snapshot: the policy sees where they went
         snap = self.snapshot(now)
         self.fresh, self.seen = [], [0, 0, 0.0]
+        began = time.perf_counter()
         try:
             d = self.policy.decide(snap, self.signals.at(now), self.state)
         except ChunkserveError:
@@ -591,12 +599,16 @@ class _Sim:
         except Exception as exc:  # a plug-in's own code: named, in one line
             raise PolicyError(f"policy {self.policy.name!r}: decide at t={now:.1f} s raised "
                               f"{type(exc).__name__}: {exc}"[:500]) from exc
+        took = time.perf_counter() - began
+        self.decide_calls += 1
+        self.decide_s += took
+        self.decide_max_s = max(self.decide_max_s, took)
         if not isinstance(d, Decision):
             raise PolicyError(f"policy {self.policy.name!r}: decide at t={now:.1f} s returned {type(d).__name__}, not a Decision")
         if not isinstance(d.commands, (tuple, list)):
             raise PolicyError(f"policy {self.policy.name!r}: decide at t={now:.1f} s returned commands as "
                               f"{type(d.commands).__name__}, "
-                              "not a tuple of commands")
+                              "not a tuple or list of commands")
         self.state = d.state
         self.plan = AdmitPlan(fallback=False, ts=now)  # a policy that issues no Admit: its Place
         for cmd in d.commands:
@@ -787,6 +799,9 @@ class _Sim:
             complete=stopped_at is None,
             stopped_at=stopped_at,
             samples=tuple(self.samples),
+            decide_calls=self.decide_calls,
+            decide_s=self.decide_s,
+            decide_max_s=self.decide_max_s,
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from processors.decisions import Admit, Decision, Migrate, Offload, Place, Boot, Restore, Retire, Vacate
@@ -182,6 +183,30 @@ class BadBoots:
     def decide(self, snapshot, signal, state):
         bad = (Boot(10**9, "b300"), Boot(2.5, "b300"), Boot(1, "a100"))  # type: ignore[arg-type]
         return Decision(bad + (Boot(1, "b300"),) if state == 0 else (), state + 1)
+
+
+@dataclass(frozen=True)
+class OnlyBadBoots(BadBoots):
+    """BadBoots without the Boot it can carry out and without a Place: every session waits, on
+    the opening pool at most."""
+
+    name: str = "only-bad-boots"
+
+    def decide(self, snapshot, signal, state):
+        d = super().decide(snapshot, signal, state)
+        return Decision(d.commands[:-1], d.state)
+
+
+@dataclass(frozen=True)
+class Sleepy(BootOne):
+    """BootOne whose first decision takes 0.5 s of host time (a policy too slow to run live)."""
+
+    name: str = "sleepy"
+
+    def decide(self, snapshot, signal, booted):
+        if not booted:
+            time.sleep(0.5)
+        return super().decide(snapshot, signal, booted)
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,12 @@ def test_a_subject_missing_half_its_deadlines_is_flagged_in_the_json_too(tmp_pat
         doc = json.loads(out.read_text())
         assert doc["subject_missed_half"] is flagged and (doc["policies"][subject]["deadline_miss_rate"] >= 0.5) is flagged
         assert ("missed 100% of its chunks' deadlines" in res.output) is flagged, res.output
+    # a plug-in subject not given with --policy runs beside those given (it was refused: an outside run)
+    out = tmp_path / "own.json"
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "rr", "--subject", "tests.sim.plugin:BadBoots",
+                                      "-j", "1", "--json", str(out)])
+    assert res.exit_code == 0 and json.loads(out.read_text())["subject"] == "bad-boots", res.output
+    assert set(json.loads(out.read_text())["policies"]) == {"rr", "bad-boots"}
 
 
 def test_the_printed_comparisons_name_what_they_compare(tmp_path):
@@ -461,10 +467,22 @@ def test_a_plugins_bug_or_clashing_name_is_one_line_naming_it(tmp_path, monkeypa
     (tmp_path / "broken_plugin.py").write_text("def x(:\n")  # a syntax error: one line too
     res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "broken_plugin:P", "-j", "1"])
     assert res.exit_code == 2 and "cannot import 'broken_plugin' (SyntaxError" in res.output, res.output
+    # a module that exits on import ended the command with its code and no word; a class that is
+    # no policy read as its constructor's bad options
+    (tmp_path / "exiting_plugin.py").write_text("import sys\nsys.exit(3)\n")
+    for spec, said in (("exiting_plugin:P", "cannot import 'exiting_plugin' (it called sys.exit(3) on import)"),
+                       ("processors.decisions:Boot", "Boot is not a policy: it needs name, initial_state() and decide(")):
+        res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", spec, "-j", "1"])
+        assert res.exit_code == 2 and said in res.output, (spec, res.output)
     out = tmp_path / "bad.json"  # Boots the simulator cannot carry out are counted, not run (nor a hang)
     res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "tests.sim.plugin:BadBoots", "-j", "1", "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["policies"]["bad-boots"]["invalid_commands"] == 3
+    # a policy too slow to decide live is named under the table (it printed nothing: an outside run)
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "tests.sim.plugin:Sleepy", "-j", "1", "--json", str(out)])
+    assert res.exit_code == 0 and "sleepy: decisions of up to 5" in res.output and "round every 0.5 s" in res.output, res.output
+    took = json.loads(out.read_text())["decide_s"]["sleepy"]
+    assert took["max"] >= 0.5 and took["calls"] > 1 and took["mean"] < took["max"]
     out = tmp_path / "peer.json"  # the peer by the name its row has
     res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "telefuser", "-j", "1", "--json", str(out)])
     assert res.exit_code == 0 and set(json.loads(out.read_text())["policies"]) == {"telefuser"}, res.output
@@ -557,7 +575,7 @@ def test_evaluate_subject_gives_the_comparison_simulate_subject_gives(tmp_path):
     got = json.loads(ev.read_text())[str(path)]
     args = ["simulate", str(path), "-p", ",".join([*EVAL_POLICIES, mine]), "--subject", "target-util", "-j", "1", "--json", str(sim)]
     assert CliRunner().invoke(_app(), args).exit_code == 0
-    want = {k: v for k, v in json.loads(sim.read_text()).items() if k != "wall_s"}
+    want = {k: v for k, v in json.loads(sim.read_text()).items() if k not in ("wall_s", "decide_s")}  # host times
     assert want["subject"] == "target-util" and got["comparison"] == want
     assert got["bars"]["slo_met"] == want["slo"]["met"]["target-util"] and "target-util" not in got["bars"]["peers"]
     assert set(got["bars"]["peers"]) == {"turboserve", "telefuser"}
@@ -572,11 +590,17 @@ def test_evaluate_names_a_subject_that_missed_half_its_deadlines_under_its_table
     trace = tmp_path / "t.csv"
     trace.write_text("t_s,session_id,event,state_mb\n0,a,open,10\n0,b,open,10\n30,a,close,\n40,b,close,\n")
     out = tmp_path / "ev.json"
-    res = CliRunner().invoke(_app(), ["evaluate", "--trace", str(trace), "-p", "tests.sim.plugin:BadBoots",
-                                      "--subject", "bad-boots", "-j", "1", "--json", str(out)])
+    res = CliRunner().invoke(_app(), ["evaluate", "--trace", str(trace), "-p", "tests.sim.plugin:OnlyBadBoots",
+                                      "--subject", "only-bad-boots", "-j", "1", "--json", str(out)])
     assert res.exit_code == 0, res.output
-    assert json.loads(out.read_text())[str(trace)]["comparison"]["subject_missed_half"] is True
-    assert f"bad-boots missed half its chunks' deadlines or more on 1 trace(s) ({trace})" in " ".join(res.output.split())
+    doc = json.loads(out.read_text())[str(trace)]
+    assert doc["comparison"]["subject_missed_half"] is True
+    said = " ".join(res.output.split())
+    assert f"only-bad-boots missed half its chunks' deadlines or more on 1 trace(s) ({trace})" in said
+    # nor is it within 10% of the oracle, whatever it saved by not serving (it read true)
+    assert doc["comparison"]["paper"]["oracle_gap_pct"] <= 10.0 and doc["bars"]["oracle_gap_le_10"] is False
+    # the subject's commands the simulator could not carry out, named as a peer's are (it said nothing)
+    assert f"only-bad-boots: commands the simulator could not carry out on 1 trace(s) ({trace} 3;" in said
 
 
 def test_a_plugin_name_with_a_control_character_is_refused(tmp_path):

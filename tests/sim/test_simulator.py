@@ -88,7 +88,7 @@ def test_a_resident_policy_sees_which_idle_sessions_it_offloaded():
 
 
 def test_commands_that_are_not_a_tuple_are_named_in_one_line():
-    with pytest.raises(PolicyError, match="'not-a-tuple': decide at t=[0-9.]+ s returned commands as str"):
+    with pytest.raises(PolicyError, match="'not-a-tuple': decide at t=[0-9.]+ s returned commands as str, not a tuple or list of commands"):
         simulate(load_policy("tests.sim.plugin:NotATuple"), _ev((0, "a", O, 0), (10, "a", C, 0)), MODEL,
                  SimConfig(initial_gpus=1, round_s=0))
 
@@ -139,6 +139,8 @@ def test_cli_is_deterministic_and_reports(tmp_path):
         assert res.exit_code == 0, res.output
         doc = json.loads(out.read_text())
         doc.pop("wall_s")
+        took = doc.pop("decide_s")  # host times: each reported policy's decisions, counted and timed
+        assert set(took) == set(doc["policies"]) and all(d["calls"] > 0 and 0 < d["mean"] <= d["max"] for d in took.values())
         outs.append(doc)
     assert outs[0] == outs[1]
     doc = outs[0]
