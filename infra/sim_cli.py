@@ -327,6 +327,10 @@ def _check_names(runner: object, names: list[str]) -> None:
                 owner = "a built-in policy's" if name in BUILTIN_POLICIES else "the word for every policy's" if name == "all" else f"{seen[name]}'s"
                 raise ConfigError("policy", f"its name {name!r} is {owner} too (results are keyed by name): "
                                   "give it a name of its own", spec)
+            alike = next((n for n in (*BUILTIN_POLICIES, *seen) if n.casefold() == name.casefold() and n != name), None)
+            if alike is not None:  # two rows that read alike ("TurboServe" beside turboserve)
+                owner = f"the built-in {alike!r}" if alike in BUILTIN_POLICIES else f"{alike!r} ({seen[alike]})"
+                raise ConfigError("policy", f"its name {name!r} is {owner} but for its case: give it a name of its own", spec)
             seen[name] = spec
 
 

@@ -171,6 +171,13 @@ class NamedAll(BootOne):
 
 
 @dataclass(frozen=True)
+class NamedCased(BootOne):
+    """A plug-in named as a built-in but for its case: refused (two rows that read alike)."""
+
+    name: str = "TurboServe"
+
+
+@dataclass(frozen=True)
 class BadBoots:
     """Boots the simulator cannot carry out (a billion GPUs, a fraction of one, a type the
     profile lacks), then one it can: each bad one counts as an invalid command."""

@@ -459,6 +459,7 @@ def test_a_plugins_bug_or_clashing_name_is_one_line_naming_it(tmp_path, monkeypa
                          ("ListNotDecision", "decide at t=0.0 s returned list, not a Decision"),
                          ("NamedRr", "its name 'rr' is a built-in policy's too"), ("Nowhere", "has no 'Nowhere'"),
                          ("NamedAll", "its name 'all' is the word for every policy's too"),
+                         ("NamedCased", "its name 'TurboServe' is the built-in 'turboserve' but for its case"),
                          ("NamedOracleSpaced", "its name 'oracle ' has spaces around it")):
         res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "rr", "-p", f"tests.sim.plugin:{plugin}", "-j", "1"])
         assert res.exit_code != 0 and said in res.output and "Traceback" not in res.output, (plugin, res.output)
