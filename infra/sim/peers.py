@@ -7,6 +7,14 @@ scale out at once; scale in only after the same smaller budget has held for 5 s;
 sessions and those on drained GPUs go to the least-loaded GPU with room; then at most 3
 rebalance moves per decision off the bottleneck GPU, each gaining more than 40 ms after a
 0.01-weighted transfer cost. Idle sessions are offloaded; no volatility table.
+
+``KubernetesHPA``: the Horizontal Pod Autoscaler's algorithm with its defaults, GPUs for pods
+and the executing sessions' share of the pool's slots for the metric: every 15 s (its sync
+period) desired = ceil(current x utilization / target), left alone within a 0.1 tolerance,
+growth at most max(4, current) a period, and a smaller size taken only as the largest
+recommendation of the last 300 s (its scale-down stabilization window). Sessions are placed as
+TeleFuser places them, with no rebalance moves (pods are not moved). The target is no default
+of Kubernetes: 0.6, the one an outside engineer chose porting it from the docs alone.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from processors.lifecycle import SessionState
 from processors.snapshot import GpuState, Snapshot
 from processors.turboserve import apply_drains
 
-__all__ = ["TeleFuser", "TeleFuserState"]
+__all__ = ["TeleFuser", "TeleFuserState", "KubernetesHPA", "HpaState"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +143,64 @@ class TeleFuser:
                 if gain > self.min_gain_s and (best is None or (gain, -s.state_bytes) > (best[3], -best[0].state_bytes)):
                     best = (s, src, dst, gain)
         return best
+
+
+@dataclass(frozen=True, slots=True)
+class HpaState:
+    """The last sync and the recommendations of the stabilization window, (time, size)."""
+
+    synced_at: float | None = None
+    recommendations: tuple[tuple[float, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class KubernetesHPA(TeleFuser):
+    """The Horizontal Pod Autoscaler's rule (see the module docstring)."""
+
+    target_utilization: float = 0.6
+    tolerance: float = 0.1
+    sync_s: float = 15.0
+    scale_down_window_s: float = 300.0
+    max_moves: int = 0
+    name: str = "kubernetes-hpa"
+
+    def initial_state(self) -> HpaState:  # type: ignore[override]
+        return HpaState()
+
+    def desired(self, current: int, active: int) -> int:
+        """The rule's size for ``active`` executing sessions on ``current`` GPUs."""
+        k = self.model[self.gpu_type].capacity
+        if current > 0 and abs(active / (current * k) / self.target_utilization - 1.0) <= self.tolerance:
+            return current
+        return min(self.max_gpus, max(self.min_gpus, math.ceil(active / (k * self.target_utilization) - 1e-9)))
+
+    def size(self, current: int, recommendations: tuple[tuple[float, int], ...]) -> int:
+        """The pool's new size from the window's recommendations, this sync's last: growth at
+        most max(4, current) (none from an empty pool, which opens at its size: a trace that
+        starts mid-stream, as a Deployment's replicas are set), a smaller size only as the
+        largest recommendation of the window."""
+        desired = recommendations[-1][1]
+        if desired > current:
+            return desired if current == 0 else min(desired, current + max(4, current))
+        return min(current, max(r for _, r in recommendations))
+
+    def decide(self, snapshot: Snapshot, signal: Signal | None, state: HpaState) -> Decision:  # type: ignore[override]
+        pool = [g for g in snapshot.gpus if g.state is not GpuState.DRAINING]
+        scale: tuple[Command, ...] = ()
+        if state.synced_at is None or snapshot.now >= state.synced_at + self.sync_s - 1e-9:
+            recs = tuple((t, r) for t, r in state.recommendations if t > snapshot.now - self.scale_down_window_s)
+            recs += ((snapshot.now, self.desired(len(pool), snapshot.active_count())),)
+            target = self.size(len(pool), recs)
+            if target > len(pool):
+                scale = (Boot(target - len(pool), self.gpu_type),)
+            elif target < len(pool):
+                loads = snapshot.resident()
+                cut = sorted(pool, key=lambda g: (g.state is GpuState.READY, loads[g.id], g.id))[: len(pool) - target]
+                scale = tuple(Vacate(g.id) for g in cut)
+            state = HpaState(snapshot.now, recs)
+        view = apply_drains(snapshot, scale)
+        moves = self._place(view)
+        return Decision(scale + moves + shutdowns(_after(view, moves)), state)
 
 
 def _after(view: Snapshot, moves: tuple[Command, ...]) -> Snapshot:
