@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from processors.autoscaler import shutdowns
 from processors.decisions import Command, Decision, Vacate, Migrate, Place, Restore, Boot
@@ -73,16 +74,28 @@ class TeleFuser:
         target = self.budget(snapshot.active_count())
         scale: tuple[Command, ...] = ()
         if target > len(pool):
-            scale, state = (Boot(target - len(pool), self.gpu_type),), TeleFuserState()
+            scale, state = self._resize(snapshot, pool, target), TeleFuserState()
         elif target < len(pool):
             if state.scale_in_to != target or state.due_at is None:
                 state = TeleFuserState(target, snapshot.now + self.scale_in_hold_s)
             if snapshot.now >= state.due_at:  # type: ignore[operator]
-                loads = snapshot.resident()
-                cut = sorted(pool, key=lambda g: (g.state is GpuState.READY, loads[g.id], g.id))[: len(pool) - target]
-                scale, state = tuple(Vacate(g.id) for g in cut), TeleFuserState()
+                scale, state = self._resize(snapshot, pool, target), TeleFuserState()
         else:
             state = TeleFuserState()
+        return self._decision(snapshot, scale, state)
+
+    def _resize(self, snapshot: Snapshot, pool: list, target: int) -> tuple[Command, ...]:
+        """The pool (its GPUs not draining) brought to ``target``: the boots, or the drains of
+        the GPUs still booting first, then of those with the fewest resident sessions."""
+        if target >= len(pool):
+            return (Boot(target - len(pool), self.gpu_type),) if target > len(pool) else ()
+        loads = snapshot.resident()
+        cut = sorted(pool, key=lambda g: (g.state is GpuState.READY, loads[g.id], g.id))[: len(pool) - target]
+        return tuple(Vacate(g.id) for g in cut)
+
+    def _decision(self, snapshot: Snapshot, scale: tuple[Command, ...], state: Any) -> Decision:
+        """``scale``, then the sessions placed and moved on the pool it leaves, and the
+        retirements of drained GPUs left empty."""
         view = apply_drains(snapshot, scale)
         moves = self._place(view)
         return Decision(scale + moves + shutdowns(_after(view, moves)), state)
@@ -190,17 +203,8 @@ class KubernetesHPA(TeleFuser):
         if state.synced_at is None or snapshot.now >= state.synced_at + self.sync_s - 1e-9:
             recs = tuple((t, r) for t, r in state.recommendations if t > snapshot.now - self.scale_down_window_s)
             recs += ((snapshot.now, self.desired(len(pool), snapshot.active_count())),)
-            target = self.size(len(pool), recs)
-            if target > len(pool):
-                scale = (Boot(target - len(pool), self.gpu_type),)
-            elif target < len(pool):
-                loads = snapshot.resident()
-                cut = sorted(pool, key=lambda g: (g.state is GpuState.READY, loads[g.id], g.id))[: len(pool) - target]
-                scale = tuple(Vacate(g.id) for g in cut)
-            state = HpaState(snapshot.now, recs)
-        view = apply_drains(snapshot, scale)
-        moves = self._place(view)
-        return Decision(scale + moves + shutdowns(_after(view, moves)), state)
+            scale, state = self._resize(snapshot, pool, self.size(len(pool), recs)), HpaState(snapshot.now, recs)
+        return self._decision(snapshot, scale, state)
 
 
 def _after(view: Snapshot, moves: tuple[Command, ...]) -> Snapshot:
