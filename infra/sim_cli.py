@@ -506,7 +506,7 @@ def evaluate_cmd(
                        "the comparisons there set it against pools as slow as it is[/yellow]", highlight=False)
     for n in (who, *peers):  # a policy's commands the simulator could not carry out: its figures are of what it did carry out
         bad = {name: x["invalid_commands"] for name, r in out.items()
-               if (x := r["comparison"]["policies"].get(n) if n == who else r["bars"].get("peers", {}).get(n)) and x.get("invalid_commands")}
+               if (x := r["comparison"]["policies"].get(n)) and x.get("invalid_commands")}
         if bad:
             _console.print(f"[yellow]{n}: commands the simulator could not carry out on {len(bad)} trace(s) "
                            f"({', '.join(f'{k} {v}' for k, v in bad.items())}; `invalid_commands_by_kind` in each "
