@@ -472,11 +472,19 @@ def evaluate_cmd(
             specs = tuple(s for s in specs if s.name in want)
         vt, auto, slo = load_volatility_table(), AutoscalerConfig(gpu_type=gpu_type, boot_s=boot), Slo(slo_miss, slo_worst)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, warm_start=True)
+        names = [getattr(s, "source", None) or s.name for s in specs]  # a user's file by its path, as evaluate names it
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("evaluating", total=None)
+
+            def on_trace(name: str) -> None:  # a bar on a terminal; else one line per trace (a CI log's progress)
+                if _err.is_terminal:
+                    bar.update(task, description=name)
+                else:
+                    _err.print(f"evaluate: {name} ({names.index(name) + 1} of {len(names)})", highlight=False, soft_wrap=True)
+
             out = evaluate(specs, model, cfg, _builtin_options(vt, auto),
                            {"table": vt, "autoscaler": auto}, slo, policies=(*EVAL_POLICIES, *extra),
-                           on_trace=lambda s: bar.update(task, description=s), jobs=_jobs(jobs),
+                           on_trace=on_trace, jobs=_jobs(jobs),
                            on_runner=lambda r: _check_names(r, [*EVAL_POLICIES, *extra]), subject=subject)
     except ChunkserveError as exc:
         _fail(exc, "evaluate")
@@ -489,14 +497,14 @@ def evaluate_cmd(
     peers = list(dict.fromkeys(n for r in out.values() for n in r["bars"].get("peers", {})))
     who = next((r["comparison"]["subject"] for r in out.values()), "turboserve")  # the same on every trace
     for col in ("trace", "beats rr/lag/mag", "beats least-loaded-offload", "ablations cost more", "oracle gap %", "SLO saving %", "SLO saving bound %",
-                f"{who} cost / worst chunk / worst resume s", *(f"{n} cost / worst s" for n in peers)):
+                f"{who} cost / worst chunk / worst resume s / deadline misses %", *(f"{n} cost / worst s" for n in peers)):
         t.add_column(col, overflow="fold")  # a long plug-in name wraps, not cut
     for name, r in out.items():
         b, p = r["bars"], r["comparison"]["paper"]
         abl = "-" if b["ablations_cost_more"] is None else str(b["ablations_cost_more"])  # none: turboserve is not the subject
         t.add_row(name, str(b["beats_paper_baselines"]), str(b["beats_least_loaded_offload"]), abl, _pct(p["oracle_gap_pct"]),
                   "misses SLO" if not b["slo_met"] else _pct(b["slo_saving_pct"]), _pct(b["slo_saving_bound_pct"]),
-                  _cost_worst_resume(r["comparison"]["policies"].get(who)),
+                  _cost_worst_resume(r["comparison"]["policies"].get(who), miss=True),
                   *(f"{x['cost']:.1f} / {x['worst_s']:.2f}" if (x := b.get("peers", {}).get(n)) else "-" for n in peers))
     _console.print(t)
     if who != "turboserve":
@@ -513,12 +521,14 @@ def evaluate_cmd(
                            "comparison's policies)[/yellow]", highlight=False)
 
 
-def _cost_worst_resume(m: dict | None) -> str:
-    """A policy's cost, worst chunk and worst resume (its restore included, which chunks leave out)."""
+def _cost_worst_resume(m: dict | None, miss: bool = False) -> str:
+    """A policy's cost, worst chunk and worst resume (its restore included, which chunks leave
+    out), and with ``miss`` the share of its chunks past their deadline, %."""
     if not m:
         return "-"
     resume = m.get("worst_resume_latency_s")  # None: no session resumed
-    return f"{m['cost']:.1f} / {m['worst_chunk_latency_s']:.2f} / {'-' if resume is None else f'{resume:.2f}'}"
+    text = f"{m['cost']:.1f} / {m['worst_chunk_latency_s']:.2f} / {'-' if resume is None else f'{resume:.2f}'}"
+    return f"{text} / {100.0 * m['deadline_miss_rate']:.2f}" if miss else text
 
 
 def tune_cmd(

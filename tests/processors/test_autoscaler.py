@@ -161,6 +161,23 @@ def test_burst_reserve_is_the_largest_rise_within_a_boot_time(samples, memory):
     assert [r[0] for r in recent] == kept
 
 
+def test_a_fall_within_a_bucket_counts_as_a_coming_return():
+    """Half the executing sessions going idle within one bucket is held as a rise of the
+    same size: they can come back together within a boot time. A fall spread over buckets
+    is not."""
+    from processors.autoscaler import burst_reserve, record_active
+
+    cfg = AutoscalerConfig(boot_s=60.0, burst_bucket_s=5.0)
+    recent = ()
+    for t, active in ((0.0, 300), (10.0, 300), (21.0, 300), (21.5, 150), (24.0, 150)):
+        recent = record_active(recent, t, active, cfg)
+    assert burst_reserve(recent, cfg) == 150  # (weighted down as it ages, as any rise)
+    slow = ()
+    for t, active in ((0.0, 300), (5.0, 250), (10.0, 200), (15.0, 150), (20.0, 150)):
+        slow = record_active(slow, t, active, cfg)
+    assert burst_reserve(slow, cfg) == 0
+
+
 def test_burst_reserve_raises_the_demand_the_pool_is_sized_for():
     cfg = AutoscalerConfig(gpu_type="h20", min_gpus=1, max_gpus=64, dwell_s=0.0, burst_memory_s=300.0, burst_utilization=None)
     quiet = _pool([4, 4, 4, 4], now=100.0)  # A = 16 on 64 slots: no scale-out without a reserve

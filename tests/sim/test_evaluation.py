@@ -582,7 +582,8 @@ def test_evaluate_subject_gives_the_comparison_simulate_subject_gives(tmp_path):
     assert set(got["bars"]["peers"]) == {"turboserve", "telefuser"}
     bad = CliRunner().invoke(_app(), ["evaluate", "--trace", str(path), "--subject", "nobody", "-j", "1"])
     assert bad.exit_code == 2 and "subject: not among the policies run (rr, lag" in bad.output, bad.output
-    assert len(bad.output.strip().splitlines()) == 1 and "lag-offload" not in bad.output, bad.output  # not run here
+    said = [line for line in bad.output.strip().splitlines() if not line.startswith("evaluate: ")]  # (progress: no terminal here)
+    assert len(said) == 1 and "lag-offload" not in bad.output, bad.output  # not run here
 
 
 def test_evaluate_names_a_subject_that_missed_half_its_deadlines_under_its_table(tmp_path):
@@ -713,6 +714,11 @@ def test_evaluate_on_a_trace_that_lasts_no_time_prints_its_row_and_writes_its_js
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert set(doc) == {str(good), str(path)} and doc[str(path)]["bars"]["slo_saving_pct"] is None
+    # stderr is no terminal here: a line per trace says how far it is (a log had nothing for minutes)
+    assert f"evaluate: {good} (1 of 2)" in res.output and f"evaluate: {path} (2 of 2)" in res.output
+    # the subject's share of chunks past their deadline, beside its cost and worst chunk
+    ts = doc[str(good)]["comparison"]["policies"]["turboserve"]
+    assert "deadline misses %" in res.output and f"/ {100 * ts['deadline_miss_rate']:.2f}" in res.output
 
 
 @pytest.mark.parametrize("met, saving", [(True, 25.0), (False, None)])
