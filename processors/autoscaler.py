@@ -17,11 +17,12 @@ GPU down only once it holds no session.
 
 Demand also counts a burst reserve: the largest rise of executing sessions within one
 boot time seen over the last ``burst_memory_s`` (0 turns it off), each rise weighted down
-linearly with its age; a fall within one bucket counts as a rise of its size (sessions that go
-idle together come back together: :func:`record_active`). A pool only grows a boot time after a burst starts, so what covers
-a burst is capacity held before it; bursts come in sessions, not in shares of the load, so
-the reserve is a count of slots added to A / u* (held at full capacity: it only has to
-carry a burst until the boot that follows), not a lower u*. Measured on the tuning traces
+linearly with its age; a fall within one bucket counts as a rise of its size (sessions that
+go idle together come back together: :func:`record_active`). A pool only grows a boot time
+after a burst starts, so what covers a burst is capacity held before it; bursts come in
+sessions, not in shares of the load, so the reserve is a count of slots added to A / u*
+(held at full capacity: it only has to carry a burst until the boot that follows), not a
+lower u*. Measured on the tuning traces
 (``infra.sim.evaluate.TUNE``), holding the reserve at u* and undecayed cost 14-35% over
 the oracle told the future; at full capacity and decayed, 5-15%, and lower worst chunks
 at matched cost against every paper baseline. Only the part of a rise that would fill the
