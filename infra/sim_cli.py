@@ -6,6 +6,7 @@ line and exit 2; never a traceback.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -472,15 +473,15 @@ def evaluate_cmd(
             specs = tuple(s for s in specs if s.name in want)
         vt, auto, slo = load_volatility_table(), AutoscalerConfig(gpu_type=gpu_type, boot_s=boot), Slo(slo_miss, slo_worst)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, warm_start=True)
-        names = [getattr(s, "source", None) or s.name for s in specs]  # a user's file by its path, as evaluate names it
         with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
             task = bar.add_task("evaluating", total=None)
+            started = itertools.count(1)  # evaluate calls on_trace once per trace, in order
 
             def on_trace(name: str) -> None:  # a bar on a terminal; else one line per trace (a CI log's progress)
                 if _err.is_terminal:
                     bar.update(task, description=name)
                 else:
-                    _err.print(f"evaluate: {name} ({names.index(name) + 1} of {len(names)})", highlight=False, soft_wrap=True)
+                    _err.print(f"evaluate: {name} ({next(started)} of {len(specs)})", highlight=False, soft_wrap=True)
 
             out = evaluate(specs, model, cfg, _builtin_options(vt, auto),
                            {"table": vt, "autoscaler": auto}, slo, policies=(*EVAL_POLICIES, *extra),
