@@ -9,9 +9,11 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -33,6 +35,35 @@ def _pct(x: float | None) -> str:
     """A percentage of a table, or "-" where there is none (no bound, no pool: a trace that
     lasts no time crashed the table after every run, and its JSON was never written)."""
     return "-" if x is None else f"{x:.1f}"
+
+
+HEARTBEAT_S = 30.0  # off a terminal, a long command says it is alive this often
+
+
+@contextmanager
+def _progress(command: str, what: str, every_s: float = HEARTBEAT_S) -> Iterator[Callable[[str], None]]:
+    """What runs now, told through the function this yields: on a terminal a transient bar;
+    elsewhere (a CI log, a pipe) one line every ``every_s`` seconds (``simulate: 30 s,
+    simulating turboserve``), so a log shows a long run alive, and a run that fails at once
+    prints its error alone."""
+    if _err.is_terminal:
+        with Progress(console=_err, transient=True) as bar:
+            task = bar.add_task(what, total=None)
+            yield lambda s: bar.update(task, description=s)
+        return
+    now, start, stop = [what], time.monotonic(), threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            _err.print(f"{command}: {time.monotonic() - start:.0f} s, {now[0]}", highlight=False, soft_wrap=True)
+
+    beating = threading.Thread(target=beat, name=f"{command}-progress", daemon=True)
+    beating.start()
+    try:
+        yield lambda s: now.__setitem__(0, s)
+    finally:
+        stop.set()
+        beating.join()
 
 
 def _fail(exc: Exception, command: str) -> None:
@@ -169,9 +200,8 @@ def simulate_cmd(
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory, follow_worst=follow_worst or None)
         options = _builtin_options(vt, auto)
         offer = {"table": vt, "autoscaler": auto}  # the SLO is offered only to the runs at it (compare)
-        with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
-            task = bar.add_task("simulating", total=None)
-            runner = Runner(tr, model, cfg, options, on_run=lambda s: bar.update(task, description=f"simulating {s}"),
+        with _progress("simulate", "simulating") as tell:
+            runner = Runner(tr, model, cfg, options, on_run=lambda s: tell(f"simulating {s}"),
                             offer=offer, plugin_pool=pool)
             _check_names(runner, names)
             subject_spec = resolve_subject(runner, names, subject)
@@ -552,10 +582,9 @@ def tune_cmd(
         lv = _levels(levels)
         model = _profiles(profile)
         gpu_type = _pool_type(model, profile, gpu_type)
-        with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
-            task = bar.add_task("tuning", total=None)
+        with _progress("tune", "tuning") as tell:
             vt = tune(model, bound, lv, range(seeds), GenConfig(duration_s=duration, sessions=sessions),
-                      SimConfig(warm_start=True, gpu_type=gpu_type), on_step=lambda s: bar.update(task, description=s))
+                      SimConfig(warm_start=True, gpu_type=gpu_type), on_step=tell)
         _write_output("output", output, json.dumps(vt.to_json(), indent=2) + "\n")
     except ChunkserveError as exc:
         _fail(exc, "tune")

@@ -570,7 +570,9 @@ def _prefetch(runner: Runner, policies: Sequence[str], subject: str, slo: Slo, j
                      {k: v for k, v in runner.partial.items() if k not in base[1]},
                      {k: v for k, v in runner.found.items() if k not in base[2]})
             late = [pool.submit(_part, (g, subject, slo, since)) for g in groups if g[0] != "slo"]
-            for job in early + late:
+            for done, job in enumerate(early + late):
+                if runner.on_run is not None:  # what this process waits for, in the order it takes them
+                    runner.on_run(f"the other policies: {done} of {len(groups)} groups in, {jobs} processes")
                 cache, partial, found = job.result()
                 runner.cache.update(cache)
                 runner.partial.update(partial)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
 import typer
+from rich.console import Console
 from typer.testing import CliRunner
 
 from infra.sim.simulator import SimConfig, simulate
+from infra import sim_cli
 from infra.sim_cli import register
 from processors.latency import GpuProfile, LatencyModel, load_profiles
 from processors.lifecycle import EventKind, SessionEvent
@@ -483,3 +488,26 @@ def test_a_run_in_which_no_session_resumed_has_no_resume_latency(tmp_path):
     run = simulate(load_policy("least-loaded-offload", model=MODEL), load_trace(trace).events, MODEL,
                    SimConfig(initial_gpus=1))
     assert run.worst_resume_latency_s is not None and run.worst_resume_latency_s > 0
+
+
+def test_off_a_terminal_a_long_command_says_what_runs_every_so_often(monkeypatch):
+    """A CI log showed nothing from ``simulate`` or ``tune`` for minutes: off a terminal a line
+    now comes every ``HEARTBEAT_S`` seconds naming what runs, none after the command ends, and
+    none from a command that ends first (a run that fails at once prints its error alone)."""
+    out = io.StringIO()
+    monkeypatch.setattr(sim_cli, "_err", Console(file=out, force_terminal=False, soft_wrap=True))
+    with sim_cli._progress("simulate", "simulating", every_s=0.02) as tell:
+        tell("simulating rr (pool 3)")
+        give_up = time.monotonic() + 10.0
+        while "rr (pool 3)" not in out.getvalue() and time.monotonic() < give_up:
+            time.sleep(0.01)
+    lines = out.getvalue().splitlines()
+    assert lines and lines[-1].endswith("simulating rr (pool 3)"), lines
+    assert all(re.fullmatch(r"simulate: \d+ s, simulating( rr \(pool 3\))?", line) for line in lines), lines
+    time.sleep(0.1)
+    assert out.getvalue().splitlines() == lines  # the beat stopped with the command
+    quick = io.StringIO()
+    monkeypatch.setattr(sim_cli, "_err", Console(file=quick, force_terminal=False, soft_wrap=True))
+    with sim_cli._progress("tune", "tuning", every_s=60.0) as tell:
+        tell("level 1")
+    assert quick.getvalue() == ""
