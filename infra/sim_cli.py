@@ -503,15 +503,16 @@ def evaluate_cmd(
             specs = tuple(s for s in specs if s.name in want)
         vt, auto, slo = load_volatility_table(), AutoscalerConfig(gpu_type=gpu_type, boot_s=boot), Slo(slo_miss, slo_worst)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, warm_start=True)
-        with Progress(console=_err, transient=True, disable=not _err.is_terminal) as bar:
-            task = bar.add_task("evaluating", total=None)
+        with _progress("evaluate", "evaluating") as tell:
             started = itertools.count(1)  # evaluate calls on_trace once per trace, in order
 
-            def on_trace(name: str) -> None:  # a bar on a terminal; else one line per trace (a CI log's progress)
+            def on_trace(name: str) -> None:  # a bar on a terminal; else a line as each trace starts, and the beat
                 if _err.is_terminal:
-                    bar.update(task, description=name)
-                else:
-                    _err.print(f"evaluate: {name} ({next(started)} of {len(specs)})", highlight=False, soft_wrap=True)
+                    tell(name)
+                    return
+                said = f"{name} ({next(started)} of {len(specs)})"
+                _err.print(f"evaluate: {said}", highlight=False, soft_wrap=True)
+                tell(said)
 
             out = evaluate(specs, model, cfg, _builtin_options(vt, auto),
                            {"table": vt, "autoscaler": auto}, slo, policies=(*EVAL_POLICIES, *extra),
