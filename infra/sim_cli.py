@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import threading
 import time
@@ -38,6 +39,10 @@ def _pct(x: float | None) -> str:
 
 
 HEARTBEAT_S = 30.0  # off a terminal, a long command says it is alive this often
+# held while a beat prints: the runs' worker processes fork from this one, and a child must
+# not inherit the output's locks in the middle of a line
+_BEAT = threading.Lock()
+os.register_at_fork(before=_BEAT.acquire, after_in_parent=_BEAT.release, after_in_child=_BEAT.release)
 
 
 @contextmanager
@@ -55,7 +60,8 @@ def _progress(command: str, what: str, every_s: float = HEARTBEAT_S) -> Iterator
 
     def beat() -> None:
         while not stop.wait(every_s):
-            _err.print(f"{command}: {time.monotonic() - start:.0f} s, {now[0]}", highlight=False, soft_wrap=True)
+            with _BEAT:
+                _err.print(f"{command}: {time.monotonic() - start:.0f} s, {now[0]}", highlight=False, soft_wrap=True)
 
     beating = threading.Thread(target=beat, name=f"{command}-progress", daemon=True)
     beating.start()
