@@ -158,8 +158,8 @@ def _student(rng: np.random.Generator, start: float, end: float, base_mb: float,
     if join >= end - 10:
         return None
     state = [base_mb * rng.lognormal(0, 0.15)]
-    if rng.random() < 0.1:  # drops out early
-        leave = rng.uniform(join + 20, end)
+    if rng.random() < 0.1:  # drops out early (at the class's end when it joined within 20 s of it)
+        leave = rng.uniform(min(join + 20, end), end)
     else:
         leave = end + rng.exponential(6) if rng.random() < 0.9 else end + rng.uniform(20, 90)
     attentive = rng.random() > 0.12
