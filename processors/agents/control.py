@@ -95,7 +95,7 @@ class ControlShell:
         cfg = self.config
         return make_policy(cfg.policy, model, cfg.gpu_type, min_gpus=cfg.min_gpus, max_gpus=cfg.max_gpus,
                            dwell_s=cfg.dwell_s, boot_s=cfg.boot_s, burst_memory_s=cfg.burst_memory_s,
-                           slo=cfg.slo)
+                           settle_s=cfg.settle_s, slo=cfg.slo)
 
     def fold(self, rec: r.Record) -> None:
         """Fold one record; an arrival, departure or flip (or a worker change) asks for a round."""

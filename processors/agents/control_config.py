@@ -105,6 +105,7 @@ class ControlConfig:
     min_gpus: int = 1
     max_gpus: int = 64
     burst_memory_s: float = 900.0  # how long the autoscaler's burst reserve remembers a rise
+    settle_s: float = 120.0  # a rise counts toward it only above the level held this long before (0: in full)
     # an SLO the autoscaler meets on the measured chunks (either set: on, the other Slo's default)
     slo_miss_rate: float | None = None
     slo_worst_s: float | None = None
@@ -125,7 +126,7 @@ class ControlConfig:
                  "heartbeat_timeout_s": "CHUNKSERVE_HEARTBEAT_TIMEOUT_S", "boot_s": "CHUNKSERVE_BOOT_S",
                  "boot_timeout_s": "CHUNKSERVE_BOOT_TIMEOUT_S", "dwell_s": "CHUNKSERVE_SCALE_DWELL_S",
                  "min_gpus": "CHUNKSERVE_MIN_WORKERS", "max_gpus": "CHUNKSERVE_MAX_WORKERS",
-                 "burst_memory_s": "CHUNKSERVE_BURST_MEMORY_S", "policy": "CHUNKSERVE_POLICY",
+                 "burst_memory_s": "CHUNKSERVE_BURST_MEMORY_S", "settle_s": "CHUNKSERVE_SETTLE_S", "policy": "CHUNKSERVE_POLICY",
                  "profile": "CHUNKSERVE_PROFILE", "gpu_type": "CHUNKSERVE_GPU_TYPE",
                  "pool": "CHUNKSERVE_POOL", "slo_miss_rate": "CHUNKSERVE_SLO_MISS_RATE",
                  "slo_worst_s": "CHUNKSERVE_SLO_WORST_S"}  # spelt out: the README's table is checked against the code

@@ -39,7 +39,7 @@ def test_a_growth_waits_the_dwell_or_a_boot_time_whichever_is_shorter():
     assert cmds and state.last_action_at == 100.0
     assert autoscale(_pool([16, 15, 14, 15], now=109.0), 1, PAPER, cfg, state=state)[0] == ()
     assert autoscale(_pool([16, 15, 14, 15], now=111.0), 1, PAPER, cfg, state=state)[0] != ()  # a boot time on
-    low = replace(cfg, scale_in_delay_s=0.0)
+    low = replace(cfg, scale_in_delay_s=0.0, settle_s=0.0)  # (no hold of the last peak)
     assert autoscale(_pool([2, 1, 0, 3], now=111.0), 1, PAPER, low, state=state)[0] == ()  # a shrink waits the dwell
     assert autoscale(_pool([2, 1, 0, 3], now=131.0), 1, PAPER, low, state=state)[0] != ()
 
@@ -68,13 +68,16 @@ def test_a_wait_whose_peak_drains_nothing_starts_again_once_the_load_would():
     """The pool went below the band at 30 sessions (50 slots at u* 0.6: all four GPUs) and the
     load then fell to 4: the wait's peak drains nothing, so a new wait starts at 4 and, a
     scale-in delay on, drains three GPUs (the old peak held all four for good). A pool at
-    its floor keeps its wait."""
-    cmds, low = autoscale(_pool([8, 7, 8, 7]), 1, PAPER, CFG)
+    its floor keeps its wait. (Without the hold of the last ``settle_s`` seconds' peak, which
+    keeps the four GPUs until the 30 sessions are that old.)"""
+    cfg = replace(CFG, settle_s=0.0)
+    cmds, low = autoscale(_pool([8, 7, 8, 7]), 1, PAPER, cfg)
     assert cmds == () and (low.low_since, low.low_peak) == (100.0, 30)
-    cmds, low = autoscale(_pool([1, 1, 1, 1], now=100.0 + CFG.boot_s), 1, PAPER, CFG, state=low)
+    cmds, low = autoscale(_pool([1, 1, 1, 1], now=100.0 + CFG.boot_s), 1, PAPER, cfg, state=low)
     assert cmds == () and (low.low_since, low.low_peak) == (100.0 + CFG.boot_s, 4)
-    cmds, _ = autoscale(_pool([1, 1, 1, 1], now=100.0 + 2 * CFG.boot_s), 1, PAPER, CFG, state=low)
+    cmds, _ = autoscale(_pool([1, 1, 1, 1], now=100.0 + 2 * CFG.boot_s), 1, PAPER, cfg, state=low)
     assert len(cmds) == 3 and all(isinstance(c, Vacate) for c in cmds)
+    assert autoscale(_pool([1, 1, 1, 1], now=100.0 + 2 * CFG.boot_s), 1, PAPER, CFG, state=low)[0] == ()  # held
     floor = replace(CFG, min_gpus=4)
     _, held = autoscale(_pool([8, 7, 8, 7]), 1, PAPER, floor)
     _, held2 = autoscale(_pool([1, 1, 1, 1], now=100.0 + CFG.boot_s), 1, PAPER, floor, state=held)
@@ -141,11 +144,15 @@ def test_offline_oracle_keeps_a_gpu_it_needs_again_within_a_boot_time():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 40), st.integers(0, 300)), min_size=1, max_size=60), st.sampled_from([0.0, 30.0, 120.0]))
-def test_burst_reserve_is_the_largest_rise_within_a_boot_time(samples, memory):
+@given(st.lists(st.tuples(st.floats(0, 40), st.integers(0, 300)), min_size=1, max_size=60), st.sampled_from([0.0, 30.0, 120.0]),
+       st.sampled_from([0.0, 30.0, 120.0]))
+def test_burst_reserve_is_the_largest_rise_within_a_boot_time(samples, memory, settle):
+    """Each bucket's rise: its most less the fewest of the boot time up to it, and no more
+    than its most less the level held before that boot time (the highest fewest of the
+    ``settle_s`` seconds before it)."""
     from processors.autoscaler import burst_reserve, record_active
 
-    cfg = AutoscalerConfig(boot_s=20.0, burst_memory_s=memory, burst_bucket_s=5.0)
+    cfg = AutoscalerConfig(boot_s=20.0, burst_memory_s=memory, burst_bucket_s=5.0, settle_s=settle)
     recent, t, seen = (), 0.0, []
     for dt, active in samples:
         t += dt
@@ -155,10 +162,55 @@ def test_burst_reserve_is_the_largest_rise_within_a_boot_time(samples, memory):
     lo = {b: min(a for c, a in seen if c == b) for b in buckets}
     hi = {b: max(a for c, a in seen if c == b) for b in buckets}
     last = buckets[-1]
-    kept = [b for b in buckets if b >= last - math.ceil((memory + 20.0) / 5.0)]
-    want = max(hi[b] - min(lo[c] for c in buckets if b - 4 <= c <= b) for b in kept)
-    assert burst_reserve(recent) == want
+    kept = [b for b in buckets if b >= last - math.ceil((memory + 20.0 + settle) / 5.0)]
+
+    def rise(b):
+        full = hi[b] - min(lo[c] for c in buckets if b - 4 <= c <= b)
+        before = [lo[c] for c in buckets if b - settle / 5.0 <= c < b - 4]
+        return max(0, min(full, hi[b] - max(before))) if before else full
+
+    assert burst_reserve(recent) == max(rise(b) for b in kept)
     assert [r[0] for r in recent] == kept
+
+
+def _readings(cfg, levels):
+    """``recent`` after one reading per 5 s bucket: ``levels`` as (until, executing) steps."""
+    from processors.autoscaler import record_active
+
+    recent, t = (), 0.0
+    for until, active in levels:
+        while t <= until:
+            recent = record_active(recent, t, active, cfg)
+            t += 5.0
+    return recent
+
+
+def test_a_return_to_the_level_held_before_is_no_burst_and_a_scale_in_keeps_that_level():
+    """300 executing, a dip to 150 for 45 s, back to 300: the return is no burst (the
+    sessions come back to a level the pool held within ``settle_s``), counted in full with
+    ``settle_s`` 0. A rise past that level counts above it. A scale-in keeps the last
+    ``settle_s`` seconds' peak instead, until it is that old."""
+    from processors.autoscaler import burst_reserve
+
+    cfg = AutoscalerConfig(gpu_type="b300", boot_s=60.0, burst_bucket_s=5.0)
+    full = replace(cfg, settle_s=0.0)
+    dip = ((150.0, 300), (195.0, 150), (200.0, 300))
+    assert burst_reserve(_readings(cfg, dip), cfg) == 0
+    assert burst_reserve(_readings(full, dip), full) == 150
+    past = dip + ((255.0, 300), (260.0, 400))
+    assert burst_reserve(_readings(cfg, past), cfg) == 100
+    assert burst_reserve(_readings(full, past), full) == 150  # the return, still within a boot time at 255 s
+    flat = VolatilityTable(((0.5, 0.05),) * 10)
+    fell = ((60.0, 300), (125.0, 150))  # the load fell at 65 s; low since then
+
+    def kept(config, now):
+        state = AutoscalerState(recent=_readings(config, fell), low_since=65.0, low_peak=150)
+        cmds, _ = autoscale(_pool([10] * 15, now=now, gpu_type="b300"), 1, PAPER, replace(config, dwell_s=0.0), flat, state)
+        return 15 - sum(isinstance(c, Vacate) for c in cmds)
+
+    assert kept(cfg, 130.0) == 15  # 300 executing within the last 120 s: 600 slots
+    assert kept(full, 130.0) == 8  # the peak since the fall: 150 / 0.5 = 300 slots
+    assert kept(cfg, 190.0) == 8  # the 300 is older than settle_s
 
 
 def test_a_fall_within_a_bucket_counts_as_a_coming_return():

@@ -162,6 +162,9 @@ def test_config_from_env():
     assert (cfg.policy, cfg.profile, cfg.gpu_type, cfg.min_gpus, cfg.tick_s) == ("lag", "paper", "b300", 2, 0.1)
     assert cfg.burst_memory_s == 20.0
     assert ControlConfig.from_env({}) == ControlConfig() and ControlConfig().slo is None
+    settled = ControlConfig.from_env({"CHUNKSERVE_SETTLE_S": "0"})
+    assert settled.settle_s == 0.0 and ControlConfig().settle_s == 120.0
+    assert ControlShell(settled).policy(load_profiles(settled.profile)).autoscaler.settle_s == 0.0
 
 
 def test_a_bad_profile_or_gpu_type_names_its_variable():

@@ -304,6 +304,27 @@ def test_cli_burst_memory_zero_turns_the_reserve_off(tmp_path):
     assert docs["0"]["gpu_seconds"] < docs["900"]["gpu_seconds"]
 
 
+def test_cli_settle_zero_holds_a_reserve_for_sessions_that_come_back(tmp_path):
+    """200 sessions execute; 100 go idle for 30 s and come back. By default the return is
+    to a level the pool held moments before, no burst: ``--settle 0`` counts it in full and
+    holds GPUs for it to the end of the trace."""
+    rows = ["t_s,session_id,event,state_mb"] + [f"0,s{i},open,500" for i in range(200)]
+    rows += [f"300,s{i},idle," for i in range(100)] + [f"330,s{i},active," for i in range(100)]
+    trace = tmp_path / "dip.csv"
+    trace.write_text("\n".join(rows + [f"900,s{i},close," for i in range(200)]) + "\n")
+    run, app = CliRunner(), _app()
+    docs = {}
+    for settle in ("120", "0"):
+        out = tmp_path / f"s{settle}.json"
+        res = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--settle", settle, "--json", str(out), "-j", "1"])
+        assert res.exit_code == 0, res.output
+        docs[settle] = json.loads(out.read_text())["policies"]["turboserve"]
+    assert docs["120"]["gpu_seconds"] < docs["0"]["gpu_seconds"]
+    assert docs["120"]["worst_chunk_latency_s"] == docs["0"]["worst_chunk_latency_s"]
+    bad = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--settle", "-1"])
+    assert bad.exit_code != 0 and "--settle" in bad.output
+
+
 def test_cli_follow_worst_zero_runs_the_table_u_star_alone(tmp_path):
     """Without an SLO turboserve runs hotter once a slow chunk has been measured (the worst
     chunk stays what it was); ``--follow-worst 0`` turns that off."""
