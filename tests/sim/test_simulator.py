@@ -294,14 +294,20 @@ def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
 def test_cli_burst_memory_zero_turns_the_reserve_off(tmp_path):
     run, app = CliRunner(), _app()
     trace = _generated(run, app, tmp_path / "t.csv", level=10, duration=600, sessions=400, seed=1)
-    docs = {}
-    for memory in ("900", "0"):
-        out = tmp_path / f"m{memory}.json"
-        res = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--burst-memory", memory, "--json", str(out)])
-        assert res.exit_code == 0, res.output
-        docs[memory] = json.loads(out.read_text())["policies"]["turboserve"]
+    docs = _turboserve_at(run, app, trace, tmp_path, "--burst-memory", ("900", "0"))
     # the reserve holds capacity for the largest recent rise: without it the pool is smaller
     assert docs["0"]["gpu_seconds"] < docs["900"]["gpu_seconds"]
+
+
+def _turboserve_at(run, app, trace, folder, option, values):
+    """turboserve's figures from ``simulate TRACE -p turboserve OPTION VALUE`` at each value."""
+    docs = {}
+    for value in values:
+        out = folder / f"{option.strip('-')}-{value}.json"
+        res = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", option, value, "--json", str(out), "-j", "1"])
+        assert res.exit_code == 0, res.output
+        docs[value] = json.loads(out.read_text())["policies"]["turboserve"]
+    return docs
 
 
 def test_cli_settle_zero_holds_a_reserve_for_sessions_that_come_back(tmp_path):
@@ -313,12 +319,7 @@ def test_cli_settle_zero_holds_a_reserve_for_sessions_that_come_back(tmp_path):
     trace = tmp_path / "dip.csv"
     trace.write_text("\n".join(rows + [f"900,s{i},close," for i in range(200)]) + "\n")
     run, app = CliRunner(), _app()
-    docs = {}
-    for settle in ("120", "0"):
-        out = tmp_path / f"s{settle}.json"
-        res = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--settle", settle, "--json", str(out), "-j", "1"])
-        assert res.exit_code == 0, res.output
-        docs[settle] = json.loads(out.read_text())["policies"]["turboserve"]
+    docs = _turboserve_at(run, app, trace, tmp_path, "--settle", ("120", "0"))
     assert docs["120"]["gpu_seconds"] < docs["0"]["gpu_seconds"]
     assert docs["120"]["worst_chunk_latency_s"] == docs["0"]["worst_chunk_latency_s"]
     bad = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--settle", "-1"])
@@ -330,12 +331,7 @@ def test_cli_follow_worst_zero_runs_the_table_u_star_alone(tmp_path):
     chunk stays what it was); ``--follow-worst 0`` turns that off."""
     run, app = CliRunner(), _app()
     trace = _generated(run, app, tmp_path / "t.csv", level=10, duration=600, sessions=400, seed=1)
-    docs = {}
-    for cap in ("0.75", "0"):
-        out = tmp_path / f"f{cap}.json"
-        res = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--follow-worst", cap, "--json", str(out), "-j", "1"])
-        assert res.exit_code == 0, res.output
-        docs[cap] = json.loads(out.read_text())["policies"]["turboserve"]
+    docs = _turboserve_at(run, app, trace, tmp_path, "--follow-worst", ("0.75", "0"))
     assert docs["0.75"]["gpu_seconds"] < docs["0"]["gpu_seconds"]
     assert docs["0.75"]["worst_chunk_latency_s"] == docs["0"]["worst_chunk_latency_s"]
     bad = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--follow-worst", "1.5"])
