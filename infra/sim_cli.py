@@ -179,6 +179,7 @@ def simulate_cmd(
     round_s: float = typer.Option(0.5, "--round", min=0.0, max=60.0, help="Decision round grid, s (events are quantized up to it; 0: exact)."),
     burst_memory: float = typer.Option(900.0, "--burst-memory", min=0.0, max=1e6, help="How long the autoscaler's burst reserve remembers a rise of executing sessions, s (0: no reserve)."),
     settle: float = typer.Option(120.0, "--settle", min=0.0, max=1e6, help="Without an SLO, a rise of executing sessions counts toward the burst reserve only above the level held in these seconds before it, and a scale-in keeps their peak, s (0: every rise in full)."),
+    min_gpus: int = typer.Option(2, "--min-gpus", min=0, max=1024, help="The fewest GPUs turboserve's autoscaler (and the oracles built on it) keeps, booting up to them at once (default 2, N + 1: one GPU lost leaves the sessions somewhere to go; 1 is the rule before)."),
     follow_worst: float = typer.Option(0.75, "--follow-worst", min=0.0, max=1.0, help="Without an SLO, turboserve's u* rises to the sessions per GPU the worst chunk of the burst memory already allows, up to this share of K (0: off, the table's u* alone)."),
     slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
     slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
@@ -205,7 +206,7 @@ def simulate_cmd(
         tr = _read_trace(trace, model, gpu_type)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, round_s=round_s, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory, settle_s=settle,
-                                follow_worst=follow_worst or None)
+                                follow_worst=follow_worst or None, min_gpus=min_gpus)
         options = _builtin_options(vt, auto)
         offer = {"table": vt, "autoscaler": auto}  # the SLO is offered only to the runs at it (compare)
         with _progress("simulate", "simulating") as tell:

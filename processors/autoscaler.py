@@ -121,7 +121,9 @@ class AutoscalerConfig:
     """
 
     gpu_type: str = "b300"
-    min_gpus: int = 1
+    # two, not one: a pool of one has nowhere to put its sessions while its GPU fails and
+    # another boots, and no room for a crowd the burst reserve has not yet seen (N + 1)
+    min_gpus: int = 2
     max_gpus: int = 1024
     dwell_s: float = 30.0
     boot_s: float = 60.0

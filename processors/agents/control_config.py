@@ -102,7 +102,7 @@ class ControlConfig:
     boot_s: float = 10.0  # expected worker boot time (the autoscaler's; also its scale-in delay)
     boot_timeout_s: float = 120.0  # a scale-out not answered by WorkerUp by then is forgotten
     dwell_s: float = 30.0
-    min_gpus: int = 1
+    min_gpus: int = 2  # N + 1: AutoscalerConfig.min_gpus
     max_gpus: int = 64
     burst_memory_s: float = 900.0  # how long the autoscaler's burst reserve remembers a rise
     settle_s: float = 120.0  # a rise counts toward it only above the level held this long before (0: in full)

@@ -119,9 +119,17 @@ def test_detector_control_and_metrics_agents_answer_events(kafka_bootstrap, redi
                                             and x.to_idle == 1, 45, "workload signal")
                 assert sig.active == 2 and 1 <= sig.level <= 10
                 scale = await reader.wait_for(lambda x: isinstance(x, r.ScaleOut), 30, "scale-out")
-                assert scale.pool == "p" and scale.count == 1 and scale.gpu_type == "cpu"
+                assert scale.pool == "p" and scale.gpu_type == "cpu"
                 decision = await reader.wait_for(lambda x: isinstance(x, r.ScalingDecision), 5, "decision")
-                assert decision.current == 0 and decision.target == 1
+                # 2 sessions fit one worker; the default floor of two (N + 1) asks for a second
+                # in the same decision (one ScaleOut, or one for the sessions and one for the floor)
+                assert decision.current == 0 and decision.target == 2
+
+                def asked() -> int:
+                    return sum(x.count for x in reader.records if isinstance(x, r.ScaleOut) and x.ts == decision.ts)
+
+                await reader.wait_for(lambda _x: asked() >= 2, 10, "the floor's two workers asked for")
+                assert asked() == 2
                 tick = await reader.wait_for(lambda x: isinstance(x, r.CostTick), 20, "cost tick")
                 assert tick.gpus == 0 and tick.gpu_seconds == pytest.approx(1800)
                 assert tick.cost == pytest.approx(1800 * 0.1 / 3600)  # reference-cpu: 0.10 per hour
@@ -296,7 +304,7 @@ def test_control_decisions_survive_a_crashed_leader(kafka_bootstrap, redis_url, 
     settings = _settings(kafka_bootstrap, redis_url, namespace)
     asyncio.run(ensure_topics(settings))
     env = dict(CHUNKSERVE_CONTROL_TICK_S="0.2", CHUNKSERVE_POOL="p", CHUNKSERVE_SCALE_DWELL_S="1",
-               CHUNKSERVE_BURST_MEMORY_S="0", CHUNKSERVE_BOOT_TIMEOUT_S="600")
+               CHUNKSERVE_BURST_MEMORY_S="0", CHUNKSERVE_BOOT_TIMEOUT_S="600", CHUNKSERVE_MIN_WORKERS="1")
     first = _spawn_processor("control", settings, tmp_path / "control-a.log", **env)
     procs = [first]
 

@@ -59,7 +59,7 @@ def test_scale_in_drains_least_loaded_and_waits_for_boots():
     later = _pool([2, 1, 0, 3], now=100.0 + CFG.boot_s)
     cmds, _ = autoscale(later, 1, PAPER, CFG, state=low)
     assert cmds == (Vacate("g02"), Vacate("g01"), Vacate("g00"))
-    assert autoscale(snap, 1, PAPER, AutoscalerConfig(gpu_type="h20", scale_in_delay_s=0.0))[0] == cmds
+    assert autoscale(snap, 1, PAPER, AutoscalerConfig(gpu_type="h20", min_gpus=1, scale_in_delay_s=0.0))[0] == cmds
     booting = Snapshot(later.now, later.gpus + (Gpu("new", "h20", GpuState.BOOTING),), later.sessions)
     assert autoscale(booting, 1, PAPER, CFG, state=low)[0] == ()
 
@@ -137,9 +137,10 @@ def test_offline_oracle_keeps_a_gpu_it_needs_again_within_a_boot_time():
     # peak executing per 30 s window: busy, quiet for two minutes, busy again
     future = (80, 0, 0, 0, 80, 80)
     snap = Snapshot(30.0, (Gpu("g0", "b300", GpuState.READY), Gpu("g1", "b300", GpuState.READY)), ())
-    kept = OracleAutoscale(future=future, model=PAPER).decide(snap, None, None)
+    one = AutoscalerConfig(min_gpus=1)  # (the default floor of two would keep both)
+    kept = OracleAutoscale(future=future, model=PAPER, autoscaler=one).decide(snap, None, None)
     assert not any(isinstance(c, Vacate) for c in kept.commands)  # needed at 120 s < 30 + 60 + 60
-    short = OracleAutoscale(future=future, model=PAPER, hold_s=0.0).decide(snap, None, None)
+    short = OracleAutoscale(future=future, model=PAPER, autoscaler=one, hold_s=0.0).decide(snap, None, None)
     assert [c.gpu_id for c in short.commands if isinstance(c, Vacate)] == ["g0"]
 
 
@@ -315,6 +316,15 @@ def test_a_pool_below_its_floor_boots_the_rest_with_or_without_sessions():
     cmds, _ = autoscale(_pool([16]), 1, PAPER, floor)  # a scale-out past the floor: no extra Boot
     assert len(cmds) == 1 and isinstance(cmds[0], Boot) and cmds[0].count >= 1
     assert autoscale(Snapshot(100.0, (), ()), 1, PAPER, replace(CFG, min_gpus=0))[0] == ()
+
+
+def test_the_default_floor_is_two_gpus():
+    """N + 1 by default: a pool of one gets a second GPU, and a scale-in stops at two."""
+    default = AutoscalerConfig(gpu_type="h20", scale_in_delay_s=0.0, dwell_s=0.0)
+    assert default.min_gpus == 2
+    assert autoscale(_pool([1]), 1, PAPER, default)[0] == (Boot(1, "h20"),)
+    cmds, _ = autoscale(_pool([0, 0, 0, 1]), 1, PAPER, default)
+    assert cmds == (Vacate("g00"), Vacate("g01"))
 
 
 def test_without_an_slo_u_star_follows_the_worst_chunk_measured_over_the_burst_memory():

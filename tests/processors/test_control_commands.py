@@ -157,14 +157,16 @@ def test_a_policy_that_keeps_idle_sessions_resident_is_refused_live():
 
 def test_config_from_env():
     cfg = ControlConfig.from_env({"CHUNKSERVE_POLICY": "lag", "CHUNKSERVE_PROFILE": "paper",
-                                  "CHUNKSERVE_GPU_TYPE": "b300", "CHUNKSERVE_MIN_WORKERS": "2",
+                                  "CHUNKSERVE_GPU_TYPE": "b300", "CHUNKSERVE_MIN_WORKERS": "3",
                                   "CHUNKSERVE_CONTROL_TICK_S": "0.1", "CHUNKSERVE_BURST_MEMORY_S": "20"})
-    assert (cfg.policy, cfg.profile, cfg.gpu_type, cfg.min_gpus, cfg.tick_s) == ("lag", "paper", "b300", 2, 0.1)
-    assert cfg.burst_memory_s == 20.0
+    assert (cfg.policy, cfg.profile, cfg.gpu_type, cfg.min_gpus, cfg.tick_s) == ("lag", "paper", "b300", 3, 0.1)
+    assert cfg.burst_memory_s == 20.0 and ControlConfig().min_gpus == 2
     assert ControlConfig.from_env({}) == ControlConfig() and ControlConfig().slo is None
     settled = ControlConfig.from_env({"CHUNKSERVE_SETTLE_S": "0"})
     assert settled.settle_s == 0.0 and ControlConfig().settle_s == 120.0
     assert ControlShell(settled).policy(load_profiles(settled.profile)).autoscaler.settle_s == 0.0
+    one = ControlConfig.from_env({"CHUNKSERVE_MIN_WORKERS": "1"})
+    assert ControlShell(one).policy(load_profiles(one.profile)).autoscaler.min_gpus == 1
 
 
 def test_a_bad_profile_or_gpu_type_names_its_variable():

@@ -101,7 +101,7 @@ def test_control_shell_scales_in_around_a_hand_started_worker_and_sends_nothing_
 def test_an_announcement_outlives_the_epochs_before_its_worker_comes_up():
     """The provisioner announces a worker seconds before its model is loaded; the rounds
     between (each pruning the view) must not forget it."""
-    shell = ControlShell(ControlConfig())
+    shell = ControlShell(ControlConfig(min_gpus=1))  # (a floor of two would boot a second)
     shell.fold(_provisioned("default-0", ts=100.0))
     for now in (101.0, 102.0, 103.0):
         shell.decide(now)

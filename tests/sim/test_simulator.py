@@ -326,6 +326,22 @@ def test_cli_settle_zero_holds_a_reserve_for_sessions_that_come_back(tmp_path):
     assert bad.exit_code != 0 and "--settle" in bad.output
 
 
+def test_cli_min_gpus_one_leaves_a_quiet_pool_no_room_for_a_crowd(tmp_path):
+    """Four sessions for five minutes, then 60 open at once: the default floor of two GPUs
+    (N + 1) holds the crowd's first chunks at a lower worst chunk than ``--min-gpus 1``,
+    for what the second GPU costs."""
+    rows = ["t_s,session_id,event,state_mb"] + [f"0,q{i},open,500" for i in range(4)]
+    rows += [f"300,c{i},open,500" for i in range(60)] + [f"600,{s},close," for s in [f"q{i}" for i in range(4)] + [f"c{i}" for i in range(60)]]
+    trace = tmp_path / "crowd.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    run, app = CliRunner(), _app()
+    docs = _turboserve_at(run, app, trace, tmp_path, "--min-gpus", ("2", "1"))
+    assert docs["2"]["worst_chunk_latency_s"] < docs["1"]["worst_chunk_latency_s"]
+    assert docs["2"]["gpu_seconds"] > docs["1"]["gpu_seconds"]
+    bad = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--min-gpus", "-1"])
+    assert bad.exit_code != 0 and "--min-gpus" in bad.output
+
+
 def test_cli_follow_worst_zero_runs_the_table_u_star_alone(tmp_path):
     """Without an SLO turboserve runs hotter once a slow chunk has been measured (the worst
     chunk stays what it was); ``--follow-worst 0`` turns that off."""
