@@ -280,9 +280,10 @@ async def run_flow(settings: Settings, log_dir: Path, sessions: int = 3, chunks:
                         if len({c.worker_id for c in owners.values()}) < 2:  # give each worker a session
                             await _move(settings, log, owners[ids[-1]], workers, timeout_s)
                         progress("the control processor scales in: drain, move the sessions off, shut down")
+                        # a floor of one: the default two (N + 1) would keep both workers
                         fleet.extra_env = {"CHUNKSERVE_POLICY": "turboserve", "CHUNKSERVE_BOOT_S": "2",
                                            "CHUNKSERVE_SCALE_DWELL_S": "1", "CHUNKSERVE_BURST_MEMORY_S": "0",
-                                           "CHUNKSERVE_CONTROL_PERIOD_S": "1"}
+                                           "CHUNKSERVE_CONTROL_PERIOD_S": "1", "CHUNKSERVE_MIN_WORKERS": "1"}
                         fleet.start_processor("control")
                         await log.until(lambda rs: any(isinstance(r, Shutdown) for r in rs), timeout_s,
                                         "a drained worker to be emptied and shut down")
