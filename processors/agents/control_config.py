@@ -17,6 +17,7 @@ from streams.config_file import env_number
 __all__ = ["ControlConfig", "fit_capacity", "make_policy", "takes_model", "profile_error", "MIN_HEARTBEAT_TIMEOUT_S"]
 
 MIN_HEARTBEAT_TIMEOUT_S = 2.0  # two of a worker's heartbeats (one a second)
+_AUTOSCALER = AutoscalerConfig()  # the live defaults the autoscaler shares with the simulator
 _POSITIVE = {"tick_s", "period_s", "heartbeat_timeout_s", "boot_timeout_s", "max_gpus", "slo_worst_s"}  # 0 would never act
 
 
@@ -102,10 +103,10 @@ class ControlConfig:
     boot_s: float = 10.0  # expected worker boot time (the autoscaler's; also its scale-in delay)
     boot_timeout_s: float = 120.0  # a scale-out not answered by WorkerUp by then is forgotten
     dwell_s: float = 30.0
-    min_gpus: int = 2  # N + 1: AutoscalerConfig.min_gpus
+    min_gpus: int = _AUTOSCALER.min_gpus  # two: N + 1
     max_gpus: int = 64
     burst_memory_s: float = 900.0  # how long the autoscaler's burst reserve remembers a rise
-    settle_s: float = 120.0  # a rise counts toward it only above the level held this long before (0: in full)
+    settle_s: float = _AUTOSCALER.settle_s  # a rise counts toward it only above the level held this long before (0: in full)
     # an SLO the autoscaler meets on the measured chunks (either set: on, the other Slo's default)
     slo_miss_rate: float | None = None
     slo_worst_s: float | None = None
