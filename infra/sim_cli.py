@@ -22,9 +22,13 @@ from rich.progress import Progress
 from rich.table import Table
 
 from infra.outputs import writable as _writable, write_output as _write_output
+from processors.scaling_config import AutoscalerConfig, Slo
 from schemas.errors import ChunkserveError, ConfigError
 
 __all__ = ["register"]
+
+# the options' defaults are the shipped configuration's own, not copies of it
+_AUTO, _SLO = AutoscalerConfig(), Slo()
 
 # piped or redirected, a table keeps each row on one line (at 80 columns it broke
 # `least-loaded-offload` and a trace's path over several)
@@ -177,17 +181,16 @@ def simulate_cmd(
     deadline: float = typer.Option(1.0, "--deadline", min=0.001, max=3600.0, help="Chunk deadline = media duration of a chunk, s."),
     boot: float = typer.Option(60.0, "--boot", min=0.0, max=86400.0, help="GPU boot time, s."),
     round_s: float = typer.Option(0.5, "--round", min=0.0, max=60.0, help="Decision round grid, s (events are quantized up to it; 0: exact)."),
-    burst_memory: float = typer.Option(900.0, "--burst-memory", min=0.0, max=1e6, help="How long the autoscaler's burst reserve remembers a rise of executing sessions, s (0: no reserve)."),
-    settle: float = typer.Option(120.0, "--settle", min=0.0, max=1e6, help="Without an SLO, a rise of executing sessions counts toward the burst reserve only above the level held in these seconds before it, and a scale-in keeps their peak, s (0: every rise in full)."),
-    min_gpus: int = typer.Option(2, "--min-gpus", min=0, max=1024, help="The fewest GPUs turboserve's autoscaler (and the oracles built on it) keeps, booting up to them at once (default 2, N + 1: one GPU lost leaves the sessions somewhere to go; 1 is the rule before)."),
-    follow_worst: float = typer.Option(0.75, "--follow-worst", min=0.0, max=1.0, help="Without an SLO, turboserve's u* rises to the sessions per GPU the worst chunk of the burst memory already allows, up to this share of K (0: off, the table's u* alone)."),
-    slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
-    slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
+    burst_memory: float = typer.Option(_AUTO.burst_memory_s, "--burst-memory", min=0.0, max=1e6, help="How long the autoscaler's burst reserve remembers a rise of executing sessions, s (0: no reserve)."),
+    settle: float = typer.Option(_AUTO.settle_s, "--settle", min=0.0, max=1e6, help="Without an SLO, a rise of executing sessions counts toward the burst reserve only above the level held in these seconds before it, and a scale-in keeps their peak, s (0: every rise in full)."),
+    min_gpus: int = typer.Option(_AUTO.min_gpus, "--min-gpus", min=0, max=1024, help="The fewest GPUs turboserve's autoscaler (and the oracles built on it) keeps, booting up to them at once (N + 1: one GPU lost leaves the sessions somewhere to go; 1 is the rule before)."),
+    follow_worst: float = typer.Option(_AUTO.follow_worst or 0.0, "--follow-worst", min=0.0, max=1.0, help="Without an SLO, turboserve's u* rises to the sessions per GPU the worst chunk of the burst memory already allows, up to this share of K (0: off, the table's u* alone)."),
+    slo_miss: float = typer.Option(_SLO.miss_rate, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
+    slo_worst: float = typer.Option(_SLO.worst_s, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream), and a launch (a first instant with fewer sessions than one GPU holds) opens with the GPUs its first two boot times' peak needs at full capacity."),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes the comparisons' runs use (0: one per CPU core; same figures for any number)."),
 ) -> None:
     """Replay a trace through policies; print a table, write JSON and a timeline plot."""
-    from processors.autoscaler import AutoscalerConfig, Slo
     from processors.volatility import load_volatility_table
     from infra.sim.report import Runner, check_policies, compare, plot_timeline, resolve_subject, timelines
     from infra.sim.simulator import SimConfig
@@ -458,8 +461,8 @@ def evaluate_cmd(
     trace: list[Path] = typer.Option([], "--trace", help="Your own trace CSV to evaluate instead of a split (repeatable): the same policies, comparisons and bars, named by its path."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every comparison and its bars as JSON here."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated trace names of the split (e.g. flash/s0)."),
-    slo_miss: float = typer.Option(0.001, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
-    slo_worst: float = typer.Option(3.0, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
+    slo_miss: float = typer.Option(_SLO.miss_rate, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
+    slo_worst: float = typer.Option(_SLO.worst_s, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Processes each comparison's runs use (0: one per CPU core)."),
     policy: list[str] = typer.Option([], "--policy", "-p", help="A plug-in (module:Name) to compare beside the split's policies, as TeleFuser is (repeatable or comma-separated)."),
     subject: Optional[str] = typer.Option(None, "--subject", help="The policy the bars and comparisons are about: a plug-in (module:Name, run beside the split's policies whether or not --policy gives it; or the name of one --policy gives) or a policy the split runs (default: turboserve; with another, turboserve is a peer and its ablations are not compared)."),
@@ -469,7 +472,6 @@ def evaluate_cmd(
     boot: float = typer.Option(60.0, "--boot", min=0.0, max=86400.0, help="GPU boot time, s."),
 ) -> None:
     """Compare the policies on a split of trace families or on your own traces; print the quality bars per trace."""
-    from processors.autoscaler import AutoscalerConfig, Slo
     from processors.volatility import load_volatility_table
     from infra.sim.evaluate import (EVAL_POLICIES, HELDOUT, HOUR, LAUNCH, OUTSIDE_SPLIT, PROBE, REVIEW_SPLIT, STEPS_SPLIT,
                                      SURGE_SPLIT, TENANTS_SPLIT, TUNE, WAKES_SPLIT, COHORTS_SPLIT, evaluate)
