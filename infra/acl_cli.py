@@ -44,7 +44,7 @@ def acls_cmd(
     from streams.config_file import load_with_sources
     from streams.kafka_acls import apply_acls, bindings, kafka_acls_line
     from streams.preflight import check
-    from infra.cli import _CONFIG
+    from infra.cli_common import CONFIG as _CONFIG
 
     if redis:
         if print_ or apply or principal or role:

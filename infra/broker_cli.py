@@ -91,7 +91,7 @@ def _configured_prefix() -> str:
     """The topic prefix of the configuration ``up`` will read (--config, the environment)."""
     import os
 
-    from infra.cli import _CONFIG
+    from infra.cli_common import CONFIG as _CONFIG
     from streams.config_file import load_with_sources
 
     return load_with_sources(_CONFIG["path"], os.environ)[0].topic_prefix

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from infra.cli_common import (CONFIG as _CONFIG, console, err_console as _stderr, load_settings as _settings,
+                               write_json as _write_json)
 from infra.outputs import folder_option, folder_problem, json_option, writable, write_output
 from schemas.errors import ChunkserveError, ConfigError
 from schemas.records import ID_MAX_LEN, Record, WorkerProvisioned
@@ -29,16 +30,13 @@ app = typer.Typer(help="chunkserve: serve long-lived, stateful, GPU-backed strea
                   no_args_is_help=True, pretty_exceptions_enable=False)
 schemas_app = typer.Typer(help="Wire contracts.", no_args_is_help=True)
 app.add_typer(schemas_app, name="schemas")
-bench_app = typer.Typer(help="Benchmarks; each writes JSON.", no_args_is_help=True)
-app.add_typer(bench_app, name="bench")
-console = Console(emoji=False, soft_wrap=True)  # piped output keeps paths whole; ":x:" stays text
-_stderr = Console(stderr=True, emoji=False, soft_wrap=True)
 
 
 def _register_extensions() -> None:
     from infra.broker_cli import register as register_broker
     from infra.sim_cli import register as register_sim
 
+    __import__("infra.bench_cli", fromlist=["register"]).register(app)
     register_sim(app)
     register_broker(app)
     __import__("infra.place_cli", fromlist=["register"]).register(app)
@@ -48,7 +46,6 @@ def _register_extensions() -> None:
 _register_extensions()
 
 
-_CONFIG: dict[str, Optional[Path]] = {"path": None}
 
 
 @app.callback()
@@ -120,35 +117,6 @@ def _warn_unsigned(settings: Settings, worker: bool = False) -> None:
     if worker and settings.event_keys.masters:
         log.warning("this worker holds CHUNKSERVE_EVENT_KEYS, which sign events for every worker: hand it "
                     "only its own (`chunkserve event-key --worker ID`) as CHUNKSERVE_WORKER_EVENT_KEY")
-
-
-def _settings(require_endpoints: bool = True, redis: bool = True) -> Settings:
-    """The configured settings; with ``require_endpoints``, the broker and Redis (without
-    ``redis``, the broker alone: a command that reads the topics only) must be set and answer
-    (checked once, by the command a person started: a child of ``up`` or of the provisioner
-    keeps retrying as its clients do)."""
-    from streams.config import PARENT_PID_ENV
-    from streams.config_file import env_var, load_with_sources
-    from streams.preflight import check
-
-    path = _CONFIG["path"]
-    try:
-        settings, sources = load_with_sources(path, os.environ)
-        needed = (("kafka.bootstrap", settings.kafka.bootstrap), ("redis.url", settings.redis.url))[:2 if redis else 1]
-        missing = [k for k, v in needed if not v]
-        if require_endpoints and missing:
-            where = " or ".join(([f"{', '.join(missing)} in {path}"] if path else [])
-                                + [", ".join(env_var(k) for k in missing)])
-            _stderr.print(f"[red]configuration error:[/red] {', '.join(missing)}: not set (set {where}; `chunkserve "
-                          "broker start` and `chunkserve redis start` run them on this machine, `chunkserve demo` "
-                          "starts embedded ones)", soft_wrap=True, markup=True, highlight=False)
-            raise typer.Exit(2)
-        if require_endpoints and not os.environ.get(PARENT_PID_ENV):
-            asyncio.run(check(settings, sources, redis=redis))
-    except ConfigError as exc:
-        _stderr.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
-        raise typer.Exit(2)
-    return settings
 
 
 @schemas_app.command("asyncapi")
@@ -560,47 +528,6 @@ def smoke(
         raise typer.Exit(1)
 
 
-def _write_json(result: dict, json_out: Optional[Path]) -> None:
-    """``result`` to ``--json`` (checked before the work by ``json_option``), else to stdout;
-    if the file cannot be written after all, to stdout too, so a long run's result is not
-    lost, then one line and exit code 2 (``ConfigError``)."""
-    text = json.dumps(result, indent=2, default=str) + "\n"
-    if json_out is None:
-        sys.stdout.write(text)
-        return
-    try:
-        write_output("json", json_out, text)
-    except ConfigError:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        raise
-    console.print(f"wrote {json_out}")
-
-
-def _int_list(text: str, option: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint=option)
-    if not values or min(values) < 1:
-        raise typer.BadParameter("expected positive integers", param_hint=option)
-    return values
-
-
-@bench_app.command("scheduler")
-def bench_scheduler(
-    gpus: str = typer.Option("64,256,1024", help="Pool sizes to time, comma-separated."),
-    instances: int = typer.Option(200, min=1, help="Random small instances compared with the exhaustive oracle."),
-    seed: int = typer.Option(0, min=0, help="Seed of the generated pools and instances."),
-    json_out: Optional[Path] = json_option("Write the result here."),
-) -> None:
-    """Time one decision round on loaded pools; measure the gap to exhaustive placement."""
-    from infra.bench.scheduler import run
-
-    result = run(_int_list(gpus, "--gpus"), instances=instances, seed=seed)
-    _write_json(result, json_out)
-
-
 @app.command("ownership-check")
 def ownership_check(
     runs: int = typer.Option(100_000, min=1, help="Randomized runs, split evenly over the protocols."),
@@ -957,113 +884,6 @@ def chaos(
                   f"broker faults {result['broker_faults']}, max recovery {result['max_recovery_s']} s"
                   + (f", Redis failovers {redis['failovers']} (longest unserved {redis['longest_unserved_s']} s)"
                      if redis else ""))
-
-
-@bench_app.command("control-plane")
-def bench_control_plane(
-    sessions: int = typer.Option(5000, min=1, help="Concurrent sessions to open."),
-    workers: int = typer.Option(4, min=1, help="Light workers (claim and acknowledge, no model)."),
-    inputs: int = typer.Option(1, min=0, help="Inputs (PushText) per session."),
-    rate: float = typer.Option(500.0, min=1.0, help="Opens (and pushes) published per second."),
-    dispatch_replicas: int = typer.Option(1, min=1, help="Dispatch replicas."),
-    timeout: float = typer.Option(120.0, min=1.0, help="Give up waiting after this many seconds."),
-    redis_cluster: bool = typer.Option(False, "--redis-cluster", help="Run the store on an embedded "
-                                       "Redis Cluster (3 masters, a replica each)."),
-    replica_acks: Optional[int] = typer.Option(None, min=0, max=16, help="Replicas a fenced write waits "
-                                               "for on the cluster (default 1)."),
-    warmup: float = typer.Option(10.0, min=0.0, help="Seconds of sessions opened (one input each) at the "
-                                 "rate and kept open before measuring."),
-    json_out: Optional[Path] = json_option("Write the result here."),
-    log_dir: Optional[Path] = folder_option("log-dir", "Folder for the processes' logs."),
-) -> None:
-    """CreateLive and PushText latency through the real broker, dispatch and Redis."""
-    from infra.bench.control_plane import run
-
-    result = run(_settings(require_endpoints=False), sessions, workers=workers,
-                 inputs_per_session=inputs, log_dir=log_dir, rate=rate,
-                 dispatch_replicas=dispatch_replicas, timeout_s=timeout,
-                 redis_cluster=redis_cluster, replica_acks=replica_acks, warmup_s=warmup)
-    _write_json(result, json_out)
-
-
-@bench_app.command("broker")
-def bench_broker(
-    rate: int = typer.Option(600, min=1, help="Records per second produced."),
-    seconds: int = typer.Option(30, min=2, help="How long to produce."),
-    partitions: int = typer.Option(8, min=1, help="Partitions of the topic."),
-    compare: bool = typer.Option(False, "--compare", help="Also run the other embedded broker (Tansu beside Kafka)."),
-    json_out: Optional[Path] = json_option("Write the result here."),
-) -> None:
-    """The embedded broker's CPU and one-hop latency per window under a steady producer, and its idle hop per fetch wait."""
-    from infra.bench.broker import run
-
-    try:
-        result = run(rate, seconds, partitions, window_s=max(1.0, seconds / 6), compare=compare)
-    except ValueError as exc:
-        _stderr.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2)
-    _write_json(result, json_out)
-
-
-@bench_app.command("fuzz")
-def bench_fuzz(
-    records: int = typer.Option(1_000_000, min=1, help="Hostile records fed to the decoders."),
-    consumer_records: int = typer.Option(2000, min=0, help="More, through a real consumer loop (added to "
-                                                          "the JSON's records)."),
-    processor_records: int = typer.Option(3000, min=0, help="More, through the running faust processors "
-                                                           "(added to the JSON's records)."),
-    seed: int = typer.Option(0, min=0, help="Seed of the generated and mutated records."),
-    json_out: Optional[Path] = json_option("Write the result here."),
-) -> None:
-    """Generated and mutated records against every decoder, a real consumer loop and every
-    faust processor (dispatch, detector, metrics, control) running as a process."""
-    from infra.bench.fuzz import run
-    from infra.embedded import infrastructure
-
-    base = _settings(require_endpoints=False)
-    run_id = uuid.uuid4().hex[:6]
-    logging.getLogger("streams.kafka").setLevel(logging.ERROR)  # one warning per bad record otherwise
-    with infrastructure() as infra:
-        settings = infra.settings(base).isolated(f"fuzz-{run_id}")
-        result = run(records, seed, settings if consumer_records or processor_records else None,
-                     consumer_records, processor_records)
-    _write_json(result, json_out)
-    if result["crashes"] or result["hangs"]:
-        raise typer.Exit(1)
-
-
-@bench_app.command("worker")
-def bench_worker(
-    json_out: Optional[Path] = json_option("Write the result here."),
-    profile_out: Optional[Path] = typer.Option(None, help="Also write the latencies as a latency profile."),
-    sessions: int = typer.Option(32, min=1, help="Sessions offloaded and restored."),
-    migrations: int = typer.Option(40, min=1, help="Migrations timed."),
-    model_spec: Optional[str] = typer.Option(None, "--model", help="A model of your own, module:Name "
-                                             "(as `worker --model`); default: the reference model."),
-    device: str = typer.Option("cpu", help="torch device: cpu, cuda, cuda:1, ..."),
-) -> None:
-    """Chunk latency by batch, coalescing speedup, state size, offload/restore, migration time."""
-    from infra.bench.worker import run, write_profile
-    from infra.embedded import EmbeddedRedis
-    from workers.model_plugin import load_model
-
-    writable(**{"profile-out": profile_out})  # before the run, not after it
-    settings = _settings(require_endpoints=False)
-    try:  # a model that cannot serve: one line, before Redis is started
-        load_model(model_spec, device)
-    except ConfigError as exc:
-        _stderr.print(f"[red]configuration error:[/red] {exc}", soft_wrap=True)
-        raise typer.Exit(2)
-    embedded = None if settings.redis.url else EmbeddedRedis().start()
-    try:
-        result = run(settings.redis.url or embedded.url, sessions=sessions, migrations=migrations,  # type: ignore[union-attr]
-                     model=model_spec, device=device)
-    finally:
-        if embedded is not None:
-            embedded.stop()
-    _write_json(result, json_out)
-    if profile_out is not None:
-        write_profile(result, profile_out)
 
 
 def _print_summary(summary: object, wall_s: float) -> None:

@@ -274,7 +274,7 @@ def test_topics_lists_the_partitions_the_broker_gives_not_the_configured_ones(ka
 def test_a_json_output_that_fails_at_the_end_still_gives_the_result(tmp_path, capsys):
     """Checked before the work, the file can still fail when written: the result goes to
     stdout, then one line (exit code 2 through ConfigError), no traceback."""
-    from infra.cli import _write_json
+    from infra.cli_common import write_json as _write_json
     from schemas.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
