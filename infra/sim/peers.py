@@ -15,6 +15,16 @@ growth at most max(4, current) a period, and a smaller size taken only as the la
 recommendation of the last 300 s (its scale-down stabilization window). Sessions are placed as
 TeleFuser places them, with no rebalance moves (pods are not moved). The target is no default
 of Kubernetes: 0.6, the one an outside engineer chose porting it from the docs alone.
+
+``RayServe``: Ray Serve's default autoscaling policy (``replica_queue_length_autoscaling_policy``
+with its delay logic), GPUs for replicas and executing sessions for ongoing requests: the
+executing sessions averaged over the last 30 s (``look_back_period_s``), desired =
+ceil(average / (target K)), taken once the desired size has stayed above the pool's for 30 s
+(``upscale_delay_s``) or below it for 600 s (``downscale_delay_s``), the counter starting
+again whenever it meets the pool's size or turns; an empty pool opens at once. Its target is
+the HPA port's, 0.6 of the slots, so that the two rules meet at one target; ``RayServeAuto``
+takes Ray's own pairing for ``num_replicas="auto"``, 2 target ongoing requests of at most 5 a
+replica: 0.4. Sessions are placed as the HPA's are, with no rebalance moves.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from processors.lifecycle import SessionState
 from processors.snapshot import GpuState, Snapshot
 from processors.turboserve import apply_drains
 
-__all__ = ["TeleFuser", "TeleFuserState", "KubernetesHPA", "HpaState"]
+__all__ = ["TeleFuser", "TeleFuserState", "KubernetesHPA", "HpaState", "RayServe", "RayServeAuto", "RayServeState"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +215,76 @@ class KubernetesHPA(TeleFuser):
             recs += ((snapshot.now, self.desired(len(pool), snapshot.active_count())),)
             scale, state = self._resize(snapshot, pool, self.size(len(pool), recs)), HpaState(snapshot.now, recs)
         return self._decision(snapshot, scale, state)
+
+
+@dataclass(frozen=True, slots=True)
+class RayServeState:
+    """The executing sessions seen over the look-back period, (time, count), oldest first, and
+    the delay counter: the way the desired size differs from the pool's (+1 above, -1 below,
+    0 neither) and since when."""
+
+    seen: tuple[tuple[float, int], ...] = ()
+    direction: int = 0
+    since: float | None = None
+
+
+@dataclass(frozen=True)
+class RayServe(TeleFuser):
+    """Ray Serve's default autoscaling policy (see the module docstring)."""
+
+    target_utilization: float = 0.6
+    look_back_s: float = 30.0
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    max_moves: int = 0
+    name: str = "ray-serve"
+
+    def initial_state(self) -> RayServeState:  # type: ignore[override]
+        return RayServeState()
+
+    def desired(self, mean_active: float) -> int:
+        """The policy's size for ``mean_active`` executing sessions on average."""
+        k = self.model[self.gpu_type].capacity
+        return min(self.max_gpus, max(self.min_gpus, math.ceil(mean_active / (k * self.target_utilization) - 1e-9)))
+
+    def decide(self, snapshot: Snapshot, signal: Signal | None, state: RayServeState) -> Decision:  # type: ignore[override]
+        pool = [g for g in snapshot.gpus if g.state is not GpuState.DRAINING]
+        now = snapshot.now
+        seen = _look_back(state.seen, now - self.look_back_s) + ((now, snapshot.active_count()),)
+        want, have = self.desired(_time_mean(seen, now - self.look_back_s)), len(pool)
+        way = (want > have) - (want < have)
+        since = state.since if way and way == state.direction else (now if way else None)
+        scale: tuple[Command, ...] = ()
+        if have == 0 or (since is not None and now - since >= (self.upscale_delay_s if way > 0 else self.downscale_delay_s)):
+            scale, way, since = self._resize(snapshot, pool, want), 0, None
+        return self._decision(snapshot, scale, RayServeState(seen, way, since))
+
+
+@dataclass(frozen=True)
+class RayServeAuto(RayServe):
+    """Ray Serve's policy at the target of its own ``num_replicas="auto"``: 2 of 5, 0.4."""
+
+    target_utilization: float = 0.4
+    name: str = "ray-serve-auto"
+
+
+def _look_back(seen: tuple[tuple[float, int], ...], start: float) -> tuple[tuple[float, int], ...]:
+    """The readings that still count at ``start`` on: those after it and the one it falls in."""
+    i = 0
+    while i + 1 < len(seen) and seen[i + 1][0] <= start:
+        i += 1
+    return seen[i:]
+
+
+def _time_mean(seen: tuple[tuple[float, int], ...], start: float) -> float:
+    """The time-weighted mean of the readings from ``start`` to the last (each holds until the
+    next); the last reading alone when they span no time."""
+    total = span = 0.0
+    for (t, a), (t_next, _) in zip(seen, seen[1:]):
+        width = t_next - max(t, start)
+        if width > 0:
+            total, span = total + a * width, span + width
+    return total / span if span > 0 else float(seen[-1][1])
 
 
 def _after(view: Snapshot, moves: tuple[Command, ...]) -> Snapshot:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from infra.sim.peers import HpaState, KubernetesHPA
+from infra.sim.peers import HpaState, KubernetesHPA, RayServe, RayServeAuto, RayServeState, _look_back, _time_mean
 from processors.decisions import Boot, Vacate
 from processors.latency import load_profiles
 from processors.lifecycle import Session, SessionState
@@ -52,3 +52,47 @@ def test_decide_scales_every_sync_and_shrinks_after_300_s_of_smaller_recommendat
     assert not [c for c in held.commands if isinstance(c, Vacate)]
     d = HPA.decide(_snap(300.0, 7, K), None, window)  # the 7 recommended at 0 left it at 300 s
     assert len([c for c in d.commands if isinstance(c, Vacate)]) == 5 and d.state.synced_at == 300.0
+
+
+RAY = RayServe(model=MODEL)
+
+
+def test_ray_serve_sizes_for_the_look_back_periods_time_mean():
+    assert RAY.desired(10 * K * 0.6) == 10 and RAY.desired(10 * K * 0.6 + 1) == 11
+    assert RAY.desired(0) == 1  # the floor
+    assert RayServeAuto(model=MODEL).desired(10 * K * 0.4) == 10  # Ray's own auto target
+    # 10 sessions for 10 s, then 20 for 20 s: a time mean of 50/3, not the readings' 15
+    assert math.isclose(_time_mean(((0.0, 10), (10.0, 20), (30.0, 99)), 0.0), 50 / 3)
+    assert math.isclose(_time_mean(((0.0, 10), (10.0, 20), (30.0, 99)), 20.0), 20.0)  # only what the window holds
+    assert _time_mean(((5.0, 7),), 0.0) == 7.0  # one reading spans no time
+    assert _look_back(((0.0, 1), (10.0, 2), (20.0, 3)), 15.0) == ((10.0, 2), (20.0, 3))  # the one 15 s falls in stays
+
+
+def _ray_scaling(decision) -> list:
+    return [c for c in decision.commands if isinstance(c, (Boot, Vacate))]
+
+
+def test_ray_serve_grows_after_30_s_above_and_shrinks_after_600_s_below():
+    state, busy = RAY.initial_state(), 4 * K  # every slot of 4 GPUs busy: 4 K / 0.6 K wants 7
+    for t in (0.0, 10.0, 20.0):  # above for less than the upscale delay: no boot
+        d = RAY.decide(_snap(t, 4, busy), None, state)
+        assert not _ray_scaling(d) and d.state.direction == 1 and d.state.since == 0.0
+        state = d.state
+    d = RAY.decide(_snap(30.0, 4, busy), None, state)
+    assert _ray_scaling(d) == [Boot(3, "b300")] and d.state.since is None
+    # the counter starts again when the desired size meets the pool's
+    met = RAY.decide(_snap(15.0, 4, round(4 * K * 0.6)), None, RayServeState((), 1, 0.0))
+    assert not _ray_scaling(met) and met.state.direction == 0 and met.state.since is None
+    # below: nothing for 600 s, then straight to the desired size
+    state = RayServeState()
+    for t in (0.0, 300.0, 599.0):
+        d = RAY.decide(_snap(t, 7, K), None, replace(state, seen=()))
+        assert not _ray_scaling(d) and d.state.direction == -1
+        state = d.state
+    d = RAY.decide(_snap(600.0, 7, K), None, replace(state, seen=()))
+    assert len([c for c in _ray_scaling(d) if isinstance(c, Vacate)]) == 5  # K sessions want 2 GPUs
+
+
+def test_ray_serve_opens_an_empty_pool_at_once():
+    d = RAY.decide(_snap(0.0, 0, 3 * K), None, RAY.initial_state())
+    assert _ray_scaling(d) == [Boot(5, "b300")]  # 3 K / 0.6 K, no delay
