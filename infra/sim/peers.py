@@ -30,7 +30,9 @@ replica: 0.4. Sessions are placed as the HPA's are, with no rebalance moves.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any
 
 from processors.autoscaler import shutdowns
@@ -71,6 +73,11 @@ class TeleFuser:
 
     def initial_state(self) -> TeleFuserState:
         return TeleFuserState()
+
+    def sized(self, load: float) -> int:
+        """GPUs for ``load`` executing sessions at the target utilization, within the pool's bounds."""
+        k = self.model[self.gpu_type].capacity
+        return min(self.max_gpus, max(self.min_gpus, math.ceil(load / (k * self.target_utilization) - 1e-9)))
 
     def budget(self, active: int) -> int:
         k = self.model[self.gpu_type].capacity
@@ -195,7 +202,7 @@ class KubernetesHPA(TeleFuser):
         k = self.model[self.gpu_type].capacity
         if current > 0 and abs(active / (current * k) / self.target_utilization - 1.0) <= self.tolerance:
             return current
-        return min(self.max_gpus, max(self.min_gpus, math.ceil(active / (k * self.target_utilization) - 1e-9)))
+        return self.sized(active)
 
     def size(self, current: int, recommendations: tuple[tuple[float, int], ...]) -> int:
         """The pool's new size from the window's recommendations, this sync's last: growth at
@@ -242,16 +249,11 @@ class RayServe(TeleFuser):
     def initial_state(self) -> RayServeState:  # type: ignore[override]
         return RayServeState()
 
-    def desired(self, mean_active: float) -> int:
-        """The policy's size for ``mean_active`` executing sessions on average."""
-        k = self.model[self.gpu_type].capacity
-        return min(self.max_gpus, max(self.min_gpus, math.ceil(mean_active / (k * self.target_utilization) - 1e-9)))
-
     def decide(self, snapshot: Snapshot, signal: Signal | None, state: RayServeState) -> Decision:  # type: ignore[override]
         pool = [g for g in snapshot.gpus if g.state is not GpuState.DRAINING]
         now = snapshot.now
         seen = _look_back(state.seen, now - self.look_back_s) + ((now, snapshot.active_count()),)
-        want, have = self.desired(_time_mean(seen, now - self.look_back_s)), len(pool)
+        want, have = self.sized(_time_mean(seen, now - self.look_back_s)), len(pool)
         way = (want > have) - (want < have)
         since = state.since if way and way == state.direction else (now if way else None)
         scale: tuple[Command, ...] = ()
@@ -270,10 +272,7 @@ class RayServeAuto(RayServe):
 
 def _look_back(seen: tuple[tuple[float, int], ...], start: float) -> tuple[tuple[float, int], ...]:
     """The readings that still count at ``start`` on: those after it and the one it falls in."""
-    i = 0
-    while i + 1 < len(seen) and seen[i + 1][0] <= start:
-        i += 1
-    return seen[i:]
+    return seen[max(0, bisect_right(seen, start, key=itemgetter(0)) - 1):]
 
 
 def _time_mean(seen: tuple[tuple[float, int], ...], start: float) -> float:

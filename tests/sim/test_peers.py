@@ -58,14 +58,15 @@ RAY = RayServe(model=MODEL)
 
 
 def test_ray_serve_sizes_for_the_look_back_periods_time_mean():
-    assert RAY.desired(10 * K * 0.6) == 10 and RAY.desired(10 * K * 0.6 + 1) == 11
-    assert RAY.desired(0) == 1  # the floor
-    assert RayServeAuto(model=MODEL).desired(10 * K * 0.4) == 10  # Ray's own auto target
+    assert RAY.sized(10 * K * 0.6) == 10 and RAY.sized(10 * K * 0.6 + 1) == 11
+    assert RAY.sized(0) == 1  # the floor
+    assert RayServeAuto(model=MODEL).sized(10 * K * 0.4) == 10  # Ray's own auto target
     # 10 sessions for 10 s, then 20 for 20 s: a time mean of 50/3, not the readings' 15
     assert math.isclose(_time_mean(((0.0, 10), (10.0, 20), (30.0, 99)), 0.0), 50 / 3)
     assert math.isclose(_time_mean(((0.0, 10), (10.0, 20), (30.0, 99)), 20.0), 20.0)  # only what the window holds
     assert _time_mean(((5.0, 7),), 0.0) == 7.0  # one reading spans no time
     assert _look_back(((0.0, 1), (10.0, 2), (20.0, 3)), 15.0) == ((10.0, 2), (20.0, 3))  # the one 15 s falls in stays
+    assert _look_back(((0.0, 1), (10.0, 2)), -5.0) == ((0.0, 1), (10.0, 2))  # a window before every reading
 
 
 def _ray_scaling(decision) -> list:
