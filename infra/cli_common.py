@@ -42,8 +42,8 @@ def load_settings(require_endpoints: bool = True, redis: bool = True) -> Setting
             where = " or ".join(([f"{', '.join(missing)} in {path}"] if path else [])
                                 + [", ".join(env_var(k) for k in missing)])
             err_console.print(f"[red]configuration error:[/red] {', '.join(missing)}: not set (set {where}; `chunkserve "
-                          "broker start` and `chunkserve redis start` run them on this machine, `chunkserve demo` "
-                          "starts embedded ones)", soft_wrap=True, markup=True, highlight=False)
+                              "broker start` and `chunkserve redis start` run them on this machine, `chunkserve demo` "
+                              "starts embedded ones)", soft_wrap=True, markup=True, highlight=False)
             raise typer.Exit(2)
         if require_endpoints and not os.environ.get(PARENT_PID_ENV):
             asyncio.run(check(settings, sources, redis=redis))
@@ -71,6 +71,7 @@ def write_json(result: dict, json_out: Optional[Path]) -> None:
 
 
 def int_list(text: str, option: str) -> list[int]:
+    """An option's comma-separated positive integers, or a usage error naming ``option``."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
