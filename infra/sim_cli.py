@@ -170,7 +170,7 @@ _GENERATOR_ONLY = ("level", "swing", "period", "life_median", "life_sigma", "act
 
 def simulate_cmd(
     trace: Path = typer.Argument(..., help="Trace CSV (t_s,session_id,event[,state_mb])."),
-    policy: list[str] = typer.Option(["all"], "--policy", "-p", help="rr, lag, mag, least-loaded-offload, lag-offload, mag-offload, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle, oracle-autoscale, telefuser (the peer, infra.sim.peers:TeleFuser), module:Name, or all (repeatable or comma-separated; all plus module:Name runs both)."),
+    policy: list[str] = typer.Option(["all"], "--policy", "-p", help="rr, lag, mag, least-loaded-offload, lag-offload, mag-offload, turboserve, turboserve-no-migration, turboserve-no-autoscale, oracle, oracle-autoscale, telefuser (the peer, infra.sim.peers:TeleFuser), kubernetes-hpa, ray-serve, ray-serve-auto (peers not in all), module:Name, or all (repeatable or comma-separated; all plus module:Name runs both)."),
     subject: Optional[str] = typer.Option(None, "--subject", help="The policy the comparisons are about (a --policy spec or a policy's name, or a module:Name, which then runs beside the --policy ones; default: turboserve when it runs)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the timeline plot (PNG) here."),

@@ -42,7 +42,9 @@ PAPER_BASELINES = ("rr", "lag", "mag")
 OFFLOAD_BASELINES = ("least-loaded-offload", "lag-offload", "mag-offload")
 ABLATIONS = ("turboserve-no-migration", "turboserve-no-autoscale")
 PEERS = ("infra.sim.peers:TeleFuser",)
-PEER_NAMES = {"telefuser": "infra.sim.peers:TeleFuser"}  # a peer asked for by the name its row has
+# a peer asked for by the name its row has (only TeleFuser runs in `all`)
+PEER_NAMES = {"telefuser": "infra.sim.peers:TeleFuser", "kubernetes-hpa": "infra.sim.peers:KubernetesHPA",
+              "ray-serve": "infra.sim.peers:RayServe", "ray-serve-auto": "infra.sim.peers:RayServeAuto"}
 ALL_POLICIES = (*PAPER_BASELINES, *OFFLOAD_BASELINES, "turboserve", *ABLATIONS, "oracle", "oracle-autoscale", *PEERS)
 ORACLE_WINDOW_S = 30.0
 SLO_CONFIGURED = ("turboserve", "turboserve-no-migration", "oracle")  # take the SLO as configuration
@@ -765,4 +767,4 @@ def check_policies(specs: Sequence[str]) -> None:
     for s in specs:
         if s not in BUILTIN_POLICIES and ":" not in s:
             raise ConfigError("policy", f"unknown policy (built-ins: {', '.join(BUILTIN_POLICIES)}, "
-                              f"{', '.join(PEER_NAMES)} (a peer), all, or module:Name)", s)
+                              f"{', '.join(PEER_NAMES)} (peers), all, or module:Name)", s)

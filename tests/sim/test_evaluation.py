@@ -485,8 +485,8 @@ def test_a_plugins_bug_or_clashing_name_is_one_line_naming_it(tmp_path, monkeypa
     took = json.loads(out.read_text())["decide_s"]["sleepy"]
     assert took["max"] >= 0.5 and took["calls"] > 1 and took["mean"] < took["max"]
     out = tmp_path / "peer.json"  # the peer by the name its row has
-    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "telefuser", "-j", "1", "--json", str(out)])
-    assert res.exit_code == 0 and set(json.loads(out.read_text())["policies"]) == {"telefuser"}, res.output
+    res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "telefuser,kubernetes-hpa,ray-serve", "-j", "1", "--json", str(out)])
+    assert res.exit_code == 0 and set(json.loads(out.read_text())["policies"]) == {"telefuser", "kubernetes-hpa", "ray-serve"}, res.output
     out = tmp_path / "o.json"
     res = CliRunner().invoke(_app(), ["simulate", str(trace), "-p", "turboserve-no-autoscale", "--json", str(out)])
     assert res.exit_code == 0, res.output
