@@ -227,8 +227,8 @@ def test_cli_user_errors_are_one_line(tmp_path):
     # a generated trace with no session is refused, not written empty (simulate would refuse it)
     res = CliRunner().invoke(app, ["trace", "gen", "--family", "weekly", "--duration", "10", "--sessions", "5", "-o", str(tmp_path / "e.csv")])
     assert res.exit_code == 2 and "--sessions: no session arrives in 10 s" in res.output and not (tmp_path / "e.csv").exists()
-    res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "telefu"])  # the peer is among the names offered
-    assert res.exit_code == 2 and "telefuser (a peer)" in res.output
+    res = CliRunner().invoke(app, ["simulate", str(ok), "-p", "telefu"])  # the peers are among the names offered
+    assert res.exit_code == 2 and "telefuser, kubernetes-hpa, ray-serve, ray-serve-auto (peers)" in res.output
     # a family has its own shape: the generator's options beside it are refused, not ignored
     res = CliRunner().invoke(app, ["trace", "gen", "--family", "flash", "--state-mb", "50", "-o", str(tmp_path / "f.csv")])
     assert res.exit_code == 2 and "--state-mb: shapes the project's generator only" in res.output and not (tmp_path / "f.csv").exists()
