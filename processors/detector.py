@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import chain
 from types import MappingProxyType
-from typing import Container, Iterable, Sequence
+from typing import Container, Iterable, Iterator, Sequence
 
 from processors.lifecycle import REFUSED_UNKNOWN, EventKind, SessionEvent, SessionState, transition
 from schemas.errors import ConfigError
@@ -290,11 +291,17 @@ def rebuild(events: Iterable[SessionEvent], config: DetectorConfig, state: Detec
     return DetectorState(frozenset(active), frozenset(idle), window, first, last), tuple(now_closed)  # type: ignore[arg-type]
 
 
-def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfig) -> tuple[tuple[float, ...], tuple[Signal, ...]]:
+def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfig,
+            start: float | None = None) -> tuple[tuple[float, ...], tuple[Signal, ...]]:
     """(times, signals): what :func:`step` gives for each of ``events`` in turn, from an
     empty state, with an :func:`observe` every ``tick_s`` (from ``tick_s`` on) before each
     event later than the tick; the same signals, in O(events + (events + ticks) x slots)
-    instead of ``step``'s O(sessions) copy per event (the simulator reads a whole trace)."""
+    instead of ``step``'s O(sessions) copy per event (the simulator reads a whole trace).
+
+    ``start`` (a trace cut mid-stream): the events at or before it are the state it starts
+    in, counted in no slot, and read once at ``start``. As arrivals, a cut's first instant
+    fills one slot and reads level 10 for a whole window on a calm trace
+    (docs/scheduling.md, "A trace cut mid-stream")."""
     if not tick_s > 0:
         raise ConfigError("tick_s", "must be > 0", "detector signals")
     active: set[str] = set()
@@ -321,6 +328,11 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
         out.append(_reading(now, len(active), len(idle), sums.sums, spread))
 
     tick = tick_s
+    if start is not None:  # the state the trace starts in, read once
+        events = _state_then(events, start, active, idle, n)
+        read(start)
+        while tick <= start:
+            tick += tick_s
     for event in events:
         while tick < event.t:  # observe: the window rolls to the tick's slot
             slot = math.floor(tick / config.slot_s)
@@ -339,6 +351,18 @@ def signals(events: Iterable[SessionEvent], tick_s: float, config: DetectorConfi
         changes += moved[4]
         read(event.t)
     return tuple(times), tuple(out)
+
+
+def _state_then(events: Iterable[SessionEvent], start: float, active: set[str], idle: set[str],
+                slots: int) -> Iterator[SessionEvent]:
+    """Fold the events at or before ``start`` into the sets, counted in no slot; the events
+    after it, in order."""
+    rest = iter(events)
+    for event in rest:
+        if event.t > start:
+            return chain((event,), rest)
+        _fold(active, idle, {}, event.session_id, EventKind(event.kind), 0, 0, slots)
+    return iter(())
 
 
 class _SpanSums:

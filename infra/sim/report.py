@@ -114,7 +114,7 @@ class Runner:
 
     def __post_init__(self) -> None:
         if self.signals is None:
-            self.signals = signals_for(self.trace.events, self.config.tick_s, self.config.detector)
+            self.signals = signals_for(self.trace.events, self.config.tick_s, self.config.detector, self.config.warm_start)
         self.future = future_active(self.trace.events, ORACLE_WINDOW_S)
         k = self.model[self.config.gpu_type].capacity
         # cold: elastic policies open with enough GPUs for the first boot time's demand at

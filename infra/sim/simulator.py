@@ -161,9 +161,12 @@ class Signals:
         return self.signals[i] if i >= 0 else None
 
 
-def signals_for(events: Sequence[SessionEvent], tick_s: float, config: DetectorConfig = DetectorConfig()) -> Signals:
-    """Run the real detector over the events, plus an ``observe`` on every tick."""
-    return Signals(*detector_signals(events, tick_s, config))
+def signals_for(events: Sequence[SessionEvent], tick_s: float, config: DetectorConfig = DetectorConfig(),
+                warm: bool = False) -> Signals:
+    """Run the real detector over the events, plus an ``observe`` on every tick; ``warm`` (a
+    trace that starts mid-stream): the first instant's events are the state it starts in,
+    not arrivals (:func:`processors.detector.signals`)."""
+    return Signals(*detector_signals(events, tick_s, config, events[0].t if warm and events else None))
 
 
 @dataclass
@@ -831,5 +834,5 @@ def simulate(
         raise ConfigError(f"gpu_types.{fast}.latency_s", f"a one-session chunk of {model[fast].latency(1):g} s: the simulator "
                           f"replays every chunk and takes chunks of {MIN_CHUNK_S:g} s or longer", model.name)
     if signals is None:
-        signals = signals_for(events, config.tick_s, config.detector)
+        signals = signals_for(events, config.tick_s, config.detector, config.warm_start)
     return _Sim(policy, events, model, config, signals, stop).run(progress)

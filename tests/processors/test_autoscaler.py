@@ -150,7 +150,8 @@ def test_offline_oracle_keeps_a_gpu_it_needs_again_within_a_boot_time():
 def test_burst_reserve_is_the_largest_rise_within_a_boot_time(samples, memory, settle):
     """Each bucket's rise: its most less the fewest of the boot time up to it, and no more
     than its most less the level held before that boot time (the highest fewest of the
-    ``settle_s`` seconds before it)."""
+    ``settle_s`` seconds before it; with none seen then, the fewest of the boot time's first
+    bucket before this one)."""
     from processors.autoscaler import burst_reserve, record_active
 
     cfg = AutoscalerConfig(boot_s=20.0, burst_memory_s=memory, burst_bucket_s=5.0, settle_s=settle)
@@ -168,6 +169,8 @@ def test_burst_reserve_is_the_largest_rise_within_a_boot_time(samples, memory, s
     def rise(b):
         full = hi[b] - min(lo[c] for c in buckets if b - 4 <= c <= b)
         before = [lo[c] for c in buckets if b - settle / 5.0 <= c < b - 4]
+        first = [c for c in buckets if b - 4 <= c < b]  # none before: the boot time's first reading
+        before = before or ([lo[first[0]]] if settle > 0 and first else [])
         return max(0, min(full, hi[b] - max(before))) if before else full
 
     assert burst_reserve(recent) == max(rise(b) for b in kept)
@@ -217,10 +220,11 @@ def test_a_return_to_the_level_held_before_is_no_burst_and_a_scale_in_keeps_that
 def test_a_fall_within_a_bucket_counts_as_a_coming_return():
     """Half the executing sessions going idle within one bucket is held as a rise of the
     same size: they can come back together within a boot time. A fall spread over buckets
-    is not."""
+    is not. (Read with every rise in full, as the SLO mode reads them: settled, a return to
+    the 300 held before is no burst.)"""
     from processors.autoscaler import burst_reserve, record_active
 
-    cfg = AutoscalerConfig(boot_s=60.0, burst_bucket_s=5.0)
+    cfg = AutoscalerConfig(boot_s=60.0, burst_bucket_s=5.0, settle_s=0.0)
     recent = ()
     for t, active in ((0.0, 300), (10.0, 300), (21.0, 300), (21.5, 150), (24.0, 150)):
         recent = record_active(recent, t, active, cfg)
@@ -287,6 +291,21 @@ def test_slo_mode_grows_when_short_and_shrinks_after_the_delay():
     assert cmds == () and low.low_since == 100.0  # 50 slots needed, 160 held: waits a scale-in delay
     cmds, _ = autoscale(_measured(160.0, 0, 0, gpus=4, active=40), 1, PAPER, cfg, table, low)
     assert len(cmds) == 2 and all(isinstance(c, Vacate) for c in cmds)  # down to the 50 slots it needed
+
+
+def test_a_controller_that_starts_on_a_running_load_takes_its_first_reading_as_the_level_held():
+    """With nothing seen before a rise's boot time (a controller's first minute: a new
+    leader, a trace cut mid-stream), the boot time's first reading stands for the level
+    held: noise on a running load is no burst, a launch from nothing counts in full, and a
+    crowd past the first level counts above it."""
+    from processors.autoscaler import burst_reserve
+
+    cfg = AutoscalerConfig(gpu_type="b300", boot_s=60.0, burst_bucket_s=5.0)  # settle_s 120
+    calm = ((4.0, 188), (9.0, 173), (14.0, 191))  # a running load's noise in its first 15 s
+    assert burst_reserve(_readings(cfg, calm), cfg) == 191 - 188
+    assert burst_reserve(_readings(replace(cfg, settle_s=0.0), calm), cfg) == 191 - 173  # every rise in full
+    assert burst_reserve(_readings(cfg, ((4.0, 0), (14.0, 100))), cfg) == 100  # a launch
+    assert burst_reserve(_readings(cfg, ((4.0, 188), (14.0, 300))), cfg) == 300 - 188  # a crowd
 
 
 def test_burst_reserve_decays_with_age_and_is_held_at_full_capacity():

@@ -135,6 +135,27 @@ def test_signals_of_a_whole_trace_are_those_of_step_and_observe(events, tick, wi
         signals(events, 0.0, config)
 
 
+def test_a_traces_first_instant_given_as_its_start_is_state_not_a_burst():
+    """A trace cut mid-stream opens every session alive at its first instant. Given as
+    ``start``, those events are the state the window starts from: the readings after it are
+    those of the flow alone (the sessions counted as active and idle), where read as
+    arrivals they fill one slot and the level reads a burst for a whole window."""
+    config = DetectorConfig()  # 60 s of 1 s slots
+    head = [SessionEvent(0.0, f"w{i}", EventKind.OPEN) for i in range(200)]
+    head += [SessionEvent(0.0, f"w{i}", EventKind.IDLE) for i in range(0, 200, 4)]
+    flow = [SessionEvent(0.5 + t, f"n{t}", EventKind.OPEN) for t in range(50)]  # one a second
+    times, sigs = signals(head + flow, 5.0, config, start=0.0)
+    alone_times, alone = signals(flow, 5.0, config)
+    assert times[0] == 0.0 and (sigs[0].active, sigs[0].idle, sigs[0].arrivals) == (150, 50, 0)
+    assert times[1:] == alone_times
+    for sig, want in zip(sigs[1:], alone):
+        assert (sig.level, sig.variation, sig.arrivals) == (want.level, want.variation, want.arrivals)
+        assert (sig.active, sig.idle) == (want.active + 150, 50)
+    _, burst = signals(head + flow, 5.0, config)  # the same events read as arrivals
+    assert burst[-1].level == 10 and sigs[-1].level < 5
+    assert signals(head, 5.0, config, start=0.0) == ((0.0,), (sigs[0],))  # nothing after it
+
+
 def test_a_closed_session_opened_again_is_not_counted():
     """A session id is not used again: dispatch refuses an open of a closed one, and the
     detector passes over it (it counted an arrival and an active session for good, in the

@@ -292,10 +292,15 @@ def test_plugin_policy_by_path_runs_through_simulate(tmp_path):
 
 
 def test_cli_burst_memory_zero_turns_the_reserve_off(tmp_path):
+    """100 sessions execute; 100 more open at 200 s and close at 320 s. The reserve holds
+    GPUs for that rise after it has gone (for 900 s, fading); ``--burst-memory 0`` lets
+    them go."""
+    rows = ["t_s,session_id,event,state_mb"] + [f"0,s{i},open,500" for i in range(100)]
+    rows += [f"200,c{i},open,500" for i in range(100)] + [f"320,c{i},close," for i in range(100)]
+    trace = tmp_path / "crowd.csv"
+    trace.write_text("\n".join(rows + [f"900,s{i},close," for i in range(100)]) + "\n")
     run, app = CliRunner(), _app()
-    trace = _generated(run, app, tmp_path / "t.csv", level=10, duration=600, sessions=400, seed=1)
     docs = _turboserve_at(run, app, trace, tmp_path, "--burst-memory", ("900", "0"))
-    # the reserve holds capacity for the largest recent rise: without it the pool is smaller
     assert docs["0"]["gpu_seconds"] < docs["900"]["gpu_seconds"]
 
 
