@@ -48,11 +48,12 @@ def record_active(recent: Recent, now: float, active: int, config: AutoscalerCon
     dip (146-169 sessions) stayed in the reserve on top of the load that had come back, 17
     GPUs at its peak where Kubernetes' HPA held 14 (docs/scheduling.md, "Tried and not kept:
     against the HPA", for the windows and levels measured). The SLO mode reads every rise in
-    full: read this way it missed its SLO on two traces of 59 it meets otherwise. Until a
-    boot time's buckets lie behind the rise, the boot time's first bucket stands for the
-    level held: a controller that starts on a running load (a new leader, a trace cut mid-stream)
-    did not see that load rise, and read from nothing a calm trace's noise in its first
-    minute held a reserve of 18 sessions, fading over the next 15 minutes.
+    full: read this way it missed its SLO on two traces of 59 it meets otherwise. With no
+    bucket in the ``settle_s`` seconds before the boot time, the boot time's first bucket
+    stands for the level held: a controller that starts on a running load (a trace cut
+    mid-stream, a state lost) did not see that load rise, and read from nothing a calm
+    trace's noise in its first minute held a reserve of 18 sessions, fading over the next 15
+    minutes.
 
     The fewest counts the bucket's own readings whichever came first, so a fall within one
     bucket counts as a rise of its size: sessions that go idle together can come back
