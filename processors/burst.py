@@ -72,9 +72,9 @@ def record_active(recent: Recent, now: float, active: int, config: AutoscalerCon
     rise = hi - low
     settle = config.settle_s if config.slo is None else 0.0
     if settle > 0:
-        before = recent[bisect_left(recent, b - math.floor(settle / bucket + 1e-9), key=_FIRST):at_span]
-        if not before:  # nothing seen before this boot time: its first reading was the level held
-            before = recent[at_span:at_span + 1]
+        # with nothing seen before this boot time, its first reading was the level held
+        before = (recent[bisect_left(recent, b - math.floor(settle / bucket + 1e-9), key=_FIRST):at_span]
+                  or recent[at_span:at_span + 1])
         if before:
             rise = max(0, min(rise, hi - max(map(_LOW, before))))
     first = b - math.ceil((config.burst_memory_s + config.boot_s + settle) / bucket - 1e-9)

@@ -294,8 +294,8 @@ def test_slo_mode_grows_when_short_and_shrinks_after_the_delay():
 
 
 def test_a_controller_that_starts_on_a_running_load_takes_its_first_reading_as_the_level_held():
-    """With nothing seen before a rise's boot time (a controller's first minute: a new
-    leader, a trace cut mid-stream), the boot time's first reading stands for the level
+    """With nothing seen before a rise's boot time (a controller's first minute on a running
+    load: a trace cut mid-stream, a state lost), the boot time's first reading stands for the level
     held: noise on a running load is no burst, a launch from nothing counts in full, and a
     crowd past the first level counts above it."""
     from processors.autoscaler import burst_reserve
