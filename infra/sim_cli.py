@@ -185,6 +185,7 @@ def simulate_cmd(
     settle: float = typer.Option(_AUTO.settle_s, "--settle", min=0.0, max=1e6, help="Without an SLO, a rise of executing sessions counts toward the burst reserve only above the level held in these seconds before it, and a scale-in keeps their peak, s (0: every rise in full)."),
     min_gpus: int = typer.Option(_AUTO.min_gpus, "--min-gpus", min=0, max=1024, help="The fewest GPUs turboserve's autoscaler (and the oracles built on it) keeps, booting up to them at once (N + 1: one GPU lost leaves the sessions somewhere to go; 1 is the rule before)."),
     follow_worst: float = typer.Option(_AUTO.follow_worst or 0.0, "--follow-worst", min=0.0, max=1.0, help="Without an SLO, turboserve's u* rises to the sessions per GPU the worst chunk of the burst memory already allows, up to this share of K (0: off, the table's u* alone)."),
+    slo_floor: float = typer.Option(_AUTO.slo_floor_share or 0.0, "--slo-floor", min=0.0, max=1.0, help="With an SLO, turboserve's u* is no lower than the sessions per GPU at which first chunks, at the busiest minute's rate of the burst memory, would miss this share of the SLO's rate, after its first 300 s and while within its error budget (0: off, the feedback alone)."),
     slo_miss: float = typer.Option(_SLO.miss_rate, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
     slo_worst: float = typer.Option(_SLO.worst_s, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream), and a launch (a first instant with fewer sessions than one GPU holds) opens with the GPUs its first two boot times' peak needs at full capacity."),
@@ -209,7 +210,7 @@ def simulate_cmd(
         tr = _read_trace(trace, model, gpu_type)
         cfg = SimConfig(gpu_type=gpu_type, boot_s=boot, deadline_s=deadline, round_s=round_s, warm_start=not cold_start)
         auto = AutoscalerConfig(gpu_type=gpu_type, boot_s=boot, burst_memory_s=burst_memory, settle_s=settle,
-                                follow_worst=follow_worst or None, min_gpus=min_gpus)
+                                follow_worst=follow_worst or None, min_gpus=min_gpus, slo_floor_share=slo_floor or None)
         options = _builtin_options(vt, auto)
         offer = {"table": vt, "autoscaler": auto}  # the SLO is offered only to the runs at it (compare)
         with _progress("simulate", "simulating") as tell:

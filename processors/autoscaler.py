@@ -43,7 +43,7 @@ from processors.decisions import Boot, Command, Vacate
 from processors.latency import LatencyModel
 from processors.pool import execution_counts, resize, shutdowns, utilization, wait_again
 from processors.scaling_config import AutoscalerConfig, AutoscalerState, Slo
-from processors.slo_mode import slo_feedback, slo_scale
+from processors.slo_mode import slo_feedback, slo_floor, slo_scale
 from processors.snapshot import GpuState, Snapshot
 from processors.volatility import DEFAULT_VOLATILITY_TABLE, VolatilityTable
 
@@ -139,6 +139,8 @@ def _band(snapshot: Snapshot, level: int, model: LatencyModel, config: Autoscale
     folded in."""
     if config.slo is not None:
         state = slo_feedback(state, snapshot, config)
+        if config.slo_floor_share is not None:
+            state = slo_floor(state, snapshot, model, config, execution_counts(snapshot)[0])
     elif config.follow_worst is not None:
         state = replace(state, worst_seen=_fold_worst(state.worst_seen, snapshot.now, snapshot.chunks.worst_s, config))
     return (*band(level, model, config, table, state), state)
@@ -152,7 +154,7 @@ def band(level: int, model: LatencyModel, config: AutoscalerConfig, table: Volat
     u_target, delta = table.lookup(level)
     if config.slo is not None:
         h = state.headroom if state.headroom is not None else config.headroom_start
-        return min(0.98, u_target * h), delta * min(1.0, h)
+        return min(0.98, max(u_target * h, state.floor_u or 0.0)), delta * min(1.0, h)
     if config.follow_worst is not None and state.worst_seen:
         p = model[config.gpu_type]
         load = math.floor(p.first_chunk_load(max(w for _, w in state.worst_seen), 2 * p.capacity)) / p.capacity

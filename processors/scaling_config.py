@@ -58,6 +58,12 @@ class AutoscalerConfig:
     headroom_up: float = 1.03
     headroom_min: float = 0.3
     headroom_max: float = 1.6
+    # with an SLO: u* no lower than the load per GPU at which first chunks (the activations
+    # of the last burst memory, at their busiest step) would miss this share of the SLO's
+    # rate, once that many seconds have been watched and while the run is within its budget
+    # (None: off)
+    slo_floor_share: float | None = 0.8
+    slo_floor_after_s: float = 300.0
     # without an SLO: u* may rise to the load per GPU the worst chunk of the last burst
     # memory already allows (less delta), up to this (None: off)
     follow_worst: float | None = 0.75
@@ -71,9 +77,11 @@ class AutoscalerConfig:
         if (not (0 <= self.min_gpus <= self.max_gpus) or self.dwell_s < 0 or self.boot_s < 0 or self.scale_in_delay < 0
                 or self.burst_memory_s < 0 or self.burst_bucket_s <= 0 or self.settle_s < 0
                 or (self.burst_utilization is not None and not 0 < self.burst_utilization <= 1)
-                or (self.follow_worst is not None and not 0 < self.follow_worst <= 1)):
+                or (self.follow_worst is not None and not 0 < self.follow_worst <= 1)
+                or (self.slo_floor_share is not None and not 0 < self.slo_floor_share <= 1) or self.slo_floor_after_s < 0):
             raise ConfigError("autoscaler", "need 0 <= min_gpus <= max_gpus, dwell_s, boot_s, scale_in_delay_s, burst_memory_s, settle_s >= 0, "
-                              "burst_bucket_s > 0, 0 < burst_utilization <= 1, 0 < follow_worst <= 1", "autoscaler")
+                              "burst_bucket_s > 0, 0 < burst_utilization <= 1, 0 < follow_worst <= 1, 0 < slo_floor_share <= 1, "
+                              "slo_floor_after_s >= 0", "autoscaler")
 
     @property
     def scale_in_delay(self) -> float:
@@ -97,3 +105,7 @@ class AutoscalerState:
     # without an SLO: per minute of the last burst memory, the worst chunk measured in it
     worst_seen: tuple[tuple[int, float], ...] = ()
     deadline_s: float = 0.0  # the chunk deadline measured chunks were last judged against (read with an SLO)
+    # with an SLO: per step, the sessions that started executing in it (opens and returns),
+    # and the load per GPU the first-chunk floor allows (None: no floor now)
+    starts: tuple[tuple[int, int], ...] = ()
+    floor_u: float | None = None
