@@ -392,3 +392,71 @@ def test_with_an_slo_a_rise_past_the_load_whose_first_chunk_misses_counts_in_the
         cmds, state = autoscale(at(130.0, 30, 0.0), 1, PAPER, cfg, state=state)
         assert state.deadline_s == deadline
         assert cmds == (Boot(math.ceil((120 / u + reserve) / 40 - 1e-9) - 4, "b300"),)
+
+
+def test_a_first_chunk_misses_as_it_waits_out_the_running_chunk_then_runs_its_own():
+    """Under the paper profile (l(n) from 0.3 s to 1.0 s at 40) a first chunk meets a 1 s
+    deadline up to 11 sessions on its GPU; past them it misses with the share of the running
+    chunk's remainder, uniform in [0, l(n - 1)], that takes it past the deadline."""
+    from processors.slo_mode import first_chunk_misses
+
+    p = PAPER["b300"]
+    assert [first_chunk_misses(p, n, 1.0) for n in (1, 5, 11)] == [0.0, 0.0, 0.0]
+    for n in (12, 20, 40):
+        assert first_chunk_misses(p, n, 1.0) == pytest.approx((p.latency(n - 1) + p.latency(n) - 1.0) / p.latency(n - 1))
+    assert first_chunk_misses(p, 1, 0.2) == 1.0  # alone on its GPU, a chunk longer than the deadline always misses
+    chances = [first_chunk_misses(p, n, 1.0) for n in range(1, 41)]
+    assert chances == sorted(chances) and chances[-1] == pytest.approx(1.0)
+
+
+def test_the_floor_is_the_most_sessions_per_gpu_whose_first_chunks_stay_within_the_allowed_misses():
+    from processors.slo_mode import first_chunk_misses, floor_load
+
+    p = PAPER["b300"]
+    for rate, allowed in ((5.0, 2.4), (0.5, 2.4), (50.0, 2.4), (5.0, 0.0)):
+        n = floor_load(p, rate, allowed, 1.0)
+        fits = [k for k in range(1, 41) if rate * first_chunk_misses(p, k, 1.0) * p.latency(k) <= allowed]
+        assert n == max(fits, default=1)
+    assert floor_load(p, 0.0, 0.0, 1.0) == 40  # nothing starts: a full GPU misses nothing
+    assert floor_load(p, 0.0, 0.0, 0.7) == max(k for k in range(1, 41) if p.latency(k) <= 0.7)  # every chunk would miss past it
+    # 3,000 executing, 5 starts a second, 0.8 of a 0.1% SLO: the floor is where a GPU more would pass it
+    n = floor_load(p, 5.0, 0.8 * 0.001 * 3000, 1.0)
+    misses = [5.0 * first_chunk_misses(p, k, 1.0) * p.latency(k) / 3000 for k in (n, n + 1)]
+    assert 12 < n < 40 and misses[0] <= 0.0008 < misses[1]
+
+
+def test_with_an_slo_u_star_is_floored_where_sessions_seldom_start_executing():
+    """The floor counts the sessions that start executing per step, not the first decision's
+    (the state the run starts from: a trace cut mid-stream opens every session at once),
+    waits ``slo_floor_after_s``, reads the busiest closed step, and lets go once the run is
+    past its budget."""
+    from processors.autoscaler import Slo, band
+    from processors.lifecycle import EventKind, SessionEvent
+    from processors.slo_mode import floor_load, slo_feedback, slo_floor
+    from processors.snapshot import ChunkStats
+
+    cfg = AutoscalerConfig(gpu_type="b300", slo=Slo(), slo_step_s=60.0, slo_floor_after_s=120.0)
+    p = PAPER["b300"]
+
+    def at(now: float, starts: int, count: int = 10_000, missed: int = 0) -> Snapshot:
+        snap = _pool([30] * 100, now=now, gpu_type="b300")  # 3,000 executing
+        events = tuple(SessionEvent(now, f"n{now}-{k}", EventKind.OPEN if k % 2 else EventKind.ACTIVE) for k in range(starts))
+        return replace(snap, events=events, chunks=ChunkStats(count, missed, 0.9, 1.0))
+
+    def step(state: AutoscalerState, snap: Snapshot) -> AutoscalerState:
+        return slo_floor(slo_feedback(state, snap, cfg), snap, PAPER, cfg, 3000)
+
+    state = step(AutoscalerState(), at(0.0, 3000))  # the opening instant: state, not starts
+    assert state.starts == ((0, 0),) and state.floor_u is None
+    for t, n in ((30.0, 150), (70.0, 300), (100.0, 60)):  # 150 in step 0, 360 in step 1
+        state = step(state, at(t, n))
+        assert state.floor_u is None  # under 120 s watched
+    state = step(state, at(130.0, 10))
+    assert state.starts == ((0, 150), (1, 360), (2, 10))
+    assert state.floor_u == floor_load(p, 360 / 60.0, 0.8 * 0.001 * 3000, 1.0) / 40
+    table_u = DEFAULT_VOLATILITY_TABLE.lookup(1)[0]
+    assert band(1, PAPER, cfg, DEFAULT_VOLATILITY_TABLE, state)[0] == pytest.approx(max(state.floor_u, table_u * 0.6))
+    assert state.floor_u > table_u * 0.6  # few starts: more sessions per GPU than the feedback's start allows
+    spent = step(state, at(140.0, 0, count=0, missed=100_000))  # the run is past its error budget
+    assert spent.floor_u is None
+    assert slo_floor(state, at(140.0, 0), PAPER, replace(cfg, slo_floor_share=None), 3000) == state  # off

@@ -549,3 +549,27 @@ def test_off_a_terminal_a_long_command_says_what_runs_every_so_often(monkeypatch
     with sim_cli._progress("tune", "tuning", every_s=60.0) as tell:
         tell("level 1")
     assert quick.getvalue() == ""
+
+
+def test_cli_slo_floor_runs_a_load_that_seldom_starts_executing_hotter_within_the_slo(tmp_path):
+    """1,200 sessions execute and never idle; two more open a second and live 10 minutes.
+    At the SLO the feedback starts at u* 0.36 and climbs 3% a minute; few first chunks miss
+    at far more sessions per GPU, and after 300 s the floor holds the pool there: cheaper,
+    the SLO met either way. ``--slo-floor 0`` runs the feedback alone."""
+    ev = [(0.0, f"w{i}", "open", "500") for i in range(1200)] + [(0.75 * i + 0.5, f"w{i}", "close", "") for i in range(1200)]
+    ev += [(0.5 * k + 0.25, f"n{k}", "open", "500") for k in range(1800)]
+    ev += [(0.5 * k + 600.25, f"n{k}", "close", "") for k in range(600)]
+    trace = tmp_path / "steady.csv"
+    trace.write_text("\n".join(["t_s,session_id,event,state_mb"] + [f"{t:g},{s},{e},{m}" for t, s, e, m in sorted(ev)]) + "\n")
+    run, app = CliRunner(), _app()
+    slo = {}
+    for value in ("0.8", "0"):
+        out = tmp_path / f"floor-{value}.json"
+        res = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--slo-floor", value, "--json", str(out), "-j", "1"])
+        assert res.exit_code == 0, res.output
+        slo[value] = json.loads(out.read_text())["slo"]
+    assert slo["0.8"]["cost"]["turboserve"] < slo["0"]["cost"]["turboserve"]
+    assert slo["0.8"]["met"]["turboserve"] and slo["0"]["met"]["turboserve"]
+    assert slo["0"]["miss_rates"]["turboserve"] < slo["0.8"]["miss_rates"]["turboserve"] <= 0.001
+    bad = run.invoke(app, ["simulate", str(trace), "-p", "turboserve", "--slo-floor", "1.5"])
+    assert bad.exit_code != 0 and "--slo-floor" in bad.output
