@@ -178,3 +178,24 @@ def test_each_gpus_sessions_are_read_cheapest_first_ties_in_snapshot_order(huge)
     assert got == [f"s{k}" for k in want]
     assert pz.have.tolist() == [4, 4]
     assert not pz.lat.flags.writeable and not any(c.flags.writeable for c in pz.curves)  # shared between decisions
+
+
+def test_with_an_slo_a_drained_gpus_sessions_move_within_its_worst_chunk():
+    """A drained GPU's four sessions can go only where 24 already run: the move's next
+    chunk (transfer, the running chunk, its own) passes 1.4 s, so turboserve keeps them
+    there without an SLO; with one, the limit is the SLO's worst chunk (3 s) and it moves them
+    (each such chunk a miss the error budget counts)."""
+    from processors.autoscaler import Slo
+    from processors.turboserve import TurboServe
+
+    gpus = (Gpu("d", "b300", GpuState.DRAINING), Gpu("g1", "b300"), Gpu("g2", "b300"))
+    sessions = tuple(Session(f"d{k}", 10**8, gpu_id="d") for k in range(4))
+    sessions += tuple(Session(f"{g}s{k}", 10**8, gpu_id=g) for g in ("g1", "g2") for k in range(24))
+    snap = Snapshot(0.0, gpus, sessions)
+    moved = {}
+    for slo in (None, Slo()):
+        policy = TurboServe(model=PAPER, autoscale=False, slo=slo)
+        cmds = policy.decide(snap, None, policy.initial_state()).commands
+        moved[slo is not None] = {c.session_id for c in cmds if isinstance(c, Migrate) and c.src == "d"}
+    assert PAPER["b300"].latency(24) + PAPER["b300"].latency(25) > TurboServe().rebalance.max_transient_s
+    assert moved == {False: set(), True: {"d0", "d1", "d2", "d3"}}
