@@ -94,9 +94,9 @@ def scale(
     migrations the placement controller issues for the drained GPUs.
     """
     now = snapshot.now
-    u_target, delta, state = _band(snapshot, level, model, config, table, state)
-    reserve = 0
     executing, loads = execution_counts(snapshot)
+    u_target, delta, state = _band(snapshot, level, model, config, table, state, executing)
+    reserve = 0
     if foresight is not None:  # an oracle: the peak of the next boot time is known
         reserve = max(0, foresight - executing)
     elif config.burst_memory_s > 0:
@@ -134,13 +134,13 @@ def scale(
 
 
 def _band(snapshot: Snapshot, level: int, model: LatencyModel, config: AutoscalerConfig, table: VolatilityTable,
-          state: AutoscalerState) -> tuple[float, float, AutoscalerState]:
+          state: AutoscalerState, executing: int) -> tuple[float, float, AutoscalerState]:
     """(u*, delta) for this decision (:func:`band`), and the state with what was measured
     folded in."""
     if config.slo is not None:
         state = slo_feedback(state, snapshot, config)
         if config.slo_floor_share is not None:
-            state = slo_floor(state, snapshot, model, config, execution_counts(snapshot)[0])
+            state = slo_floor(state, snapshot, model, config, executing)
     elif config.follow_worst is not None:
         state = replace(state, worst_seen=_fold_worst(state.worst_seen, snapshot.now, snapshot.chunks.worst_s, config))
     return (*band(level, model, config, table, state), state)
