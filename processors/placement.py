@@ -203,20 +203,23 @@ def _commands(pz: _Parsed, moves: list[tuple[int, int, int]], arrivals: list[int
     return cmds, unplaced
 
 
-def _drain(snapshot: Snapshot, pz: _Parsed, cfg: RebalanceConfig) -> tuple[Snapshot, dict[str, tuple[str, float]]]:
+def _drain(snapshot: Snapshot, pz: _Parsed, cfg: RebalanceConfig,
+           overdue: frozenset[str] = frozenset()) -> tuple[Snapshot, dict[str, tuple[str, float]]]:
     """Evacuate draining GPUs greedily: cheapest session first, to the GPU with the least
-    l(n + 1), while kappa <= drain_max_kappa_s, the move keeps the transient limit and room
-    stays for the waiting sessions. Returns the snapshot after it and the moved sessions
-    (id -> (draining GPU, the move's gain L - L' - eta * kappa))."""
+    l(n + 1), while kappa <= drain_max_kappa_s (any kappa on an ``overdue`` GPU), the move
+    keeps the transient limit and room stays for the waiting sessions. Returns the snapshot
+    after it and the moved sessions (id -> (draining GPU, the move's gain L - L' - eta *
+    kappa))."""
     n = pz.have.copy()
     caps = np.asarray(pz.caps)[pz.tidx]
     room = int(np.maximum(0, caps - n)[pz.usable].sum()) - len(pz.pending)
     moved: dict[str, tuple[str, float]] = {}
     where: dict[str, str] = {}
     for src in np.nonzero(pz.draining & (pz.have > 0))[0].tolist():
+        bound = math.inf if pz.ids[src] in overdue else cfg.drain_max_kappa_s
         for k in range(int(pz.start[src]), int(pz.start[src + 1])):
             kappa = float(pz.kappa[k])
-            if kappa > cfg.drain_max_kappa_s or room <= 0:
+            if kappa > bound or room <= 0:
                 break  # the rest are dearer still: they leave when idle
             after = np.where(pz.usable & (n < caps), pz.lat[pz.tidx, np.minimum(n + 1, pz.lat.shape[1] - 1)], np.inf)
             dst = int(np.argmin(after))
@@ -244,9 +247,12 @@ def plan_placement(
     config: RebalanceConfig = RebalanceConfig(),
     *,
     rebalance: bool = True,
+    overdue: frozenset[str] = frozenset(),
 ) -> PlacementPlan:
     """Evacuate draining GPUs, place waiting sessions and rebalance exactly (when
-    ``rebalance``; otherwise only place waiting sessions, least-latency first).
+    ``rebalance``; otherwise only place waiting sessions, least-latency first). A draining
+    GPU in ``overdue`` sheds its sessions whatever their transfer time (the transient limit
+    still holds each move), not only those within ``drain_max_kappa_s``.
 
     Returns Place/Restore for sessions that get a GPU, then Migrate commands (largest kappa
     first; a session moved twice gets one Migrate from its old GPU to its final one).
@@ -255,7 +261,7 @@ def plan_placement(
     pz = _Parsed(snapshot, model, config)
     worst_before = float(pz.lat[pz.tidx, pz.have].max()) if pz.ids else 0.0
     if rebalance and pz.draining.any():
-        view, drained = _drain(snapshot, pz, config)
+        view, drained = _drain(snapshot, pz, config, overdue)
         if drained:
             pz = _Parsed(view, model, config)
     m = len(pz.ids)

@@ -26,10 +26,12 @@ TURBOSERVE_REBALANCE = RebalanceConfig(eta=1.0, drain_max_kappa_s=0.2, max_trans
 
 @dataclass(frozen=True, slots=True)
 class TurboServeState:
-    """Autoscaler state plus the last volatility level seen (used when no signal comes)."""
+    """Autoscaler state plus the last volatility level seen (used when no signal comes) and
+    when each draining GPU was first seen draining, (gpu id, time) by id."""
 
     autoscaler: AutoscalerState = AutoscalerState()
     level: int = 1
+    draining: tuple[tuple[str, float], ...] = ()
 
 
 def apply_drains(snapshot: Snapshot, commands: tuple[Command, ...]) -> Snapshot:
@@ -39,6 +41,13 @@ def apply_drains(snapshot: Snapshot, commands: tuple[Command, ...]) -> Snapshot:
         return snapshot
     gpus = tuple(replace(g, state=GpuState.DRAINING) if g.id in drained else g for g in snapshot.gpus)
     return replace(snapshot, gpus=gpus)
+
+
+def drain_times(snapshot: Snapshot, seen: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    """When each GPU draining in ``snapshot`` was first seen draining: as in ``seen``, or now."""
+    known = dict(seen)
+    return tuple((g.id, known.get(g.id, snapshot.now)) for g in sorted(snapshot.gpus, key=lambda g: g.id)
+                 if g.state is GpuState.DRAINING)
 
 
 def _peak(future: tuple[int, ...], window_s: float, now: float, ahead_s: float) -> int:
@@ -65,6 +74,10 @@ class TurboServe:
     future: tuple[int, ...] | None = None
     future_window_s: float = 30.0
     slo: Slo | None = None  # when set, u* follows measured chunks to meet it (AutoscalerConfig.slo)
+    # with an SLO, a GPU draining this long sheds its sessions whatever their transfer time
+    # (the transient limit still holds each move): a session that never idles otherwise keeps
+    # its drained GPU billed until it closes (docs/scheduling.md, "Loads that never idle, at the SLO")
+    drain_wait_s: float = 300.0
     name: str = "turboserve"
 
     def initial_state(self) -> TurboServeState:
@@ -104,7 +117,9 @@ class TurboServe:
                 known = _peak(self.future, self.future_window_s, snapshot.now, config.boot_s)
             scale, auto = autoscale(snapshot, level, self.model, config, self.table, auto, known)
         view = apply_drains(snapshot, scale)
-        plan = plan_placement(view, self.model, self.placement, rebalance=self.migrate)
+        since = drain_times(view, state.draining)
+        overdue = frozenset(g for g, t in since if snapshot.now - t >= self.drain_wait_s) if self.slo else frozenset()
+        plan = plan_placement(view, self.model, self.placement, rebalance=self.migrate, overdue=overdue)
         tail = shutdowns(view) if self.autoscale else ()
         admit = Admit(admission_order(view, self.model, plan.loads))
-        return Decision(scale + plan.commands + tail + (admit,), TurboServeState(auto, level))
+        return Decision(scale + plan.commands + tail + (admit,), TurboServeState(auto, level, since))

@@ -1,5 +1,6 @@
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +11,7 @@ from processors.lifecycle import SessionState
 from processors.oracles import exhaustive_placement, plan_objective
 from processors.placement import RebalanceConfig, plan_placement, worst_latency
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
+from processors.turboserve import TURBOSERVE_REBALANCE
 from tests.processors.strategies import PAPER, SMALL, apply, snapshots
 
 CONFIGS = st.builds(
@@ -199,3 +201,41 @@ def test_with_an_slo_a_drained_gpus_sessions_move_within_its_worst_chunk():
         moved[slo is not None] = {c.session_id for c in cmds if isinstance(c, Migrate) and c.src == "d"}
     assert PAPER["b300"].latency(24) + PAPER["b300"].latency(25) > TurboServe().rebalance.max_transient_s
     assert moved == {False: set(), True: {"d0", "d1", "d2", "d3"}}
+
+
+def test_an_overdue_drained_gpu_sheds_sessions_past_the_drain_bound():
+    """A drained GPU's 8 GB session moves in 0.34 s, past the 0.2 s a drain sheds: it stays,
+    unless the GPU is overdue, when it moves (the transient limit still holds the move)."""
+    cfg = replace(TURBOSERVE_REBALANCE, max_transient_s=3.0)
+    gpus = (Gpu("d", "b300", GpuState.DRAINING), Gpu("g1", "b300"))
+    snap = Snapshot(0.0, gpus, (Session("big", 8 * 10**9, gpu_id="d"), Session("small", 10**8, gpu_id="d")))
+    assert cfg.kappa(8 * 10**9) > cfg.drain_max_kappa_s >= cfg.kappa(10**8)
+    for overdue, want in ((frozenset(), {"small"}), (frozenset({"d"}), {"small", "big"}), (frozenset({"g1"}), {"small"})):
+        plan = plan_placement(snap, PAPER, cfg, overdue=overdue)
+        assert {c.session_id for c in plan.commands if isinstance(c, Migrate) and c.src == "d"} == want
+    tight = replace(cfg, max_transient_s=cfg.kappa(8 * 10**9))  # no room for its next chunk: it stays
+    plan = plan_placement(snap, PAPER, tight, overdue=frozenset({"d"}))
+    assert {c.session_id for c in plan.commands if isinstance(c, Migrate)} == {"small"}
+
+
+def test_with_an_slo_a_gpu_drained_five_minutes_sheds_what_the_drain_bound_kept():
+    """turboserve remembers when each GPU started draining; with an SLO, a GPU drained for
+    ``drain_wait_s`` moves its heavy session too; without one it keeps it. The times travel in
+    the state a control leader persists."""
+    from processors.autoscaler import Slo
+    from processors.policy_state import decode, encode
+    from processors.turboserve import TurboServe
+
+    gpus = (Gpu("d", "b300", GpuState.DRAINING), Gpu("g1", "b300"))
+    sessions = (Session("big", 8 * 10**9, gpu_id="d"),)
+    for slo, late in ((None, set()), (Slo(), {"big"})):
+        policy = TurboServe(model=PAPER, autoscale=False, slo=slo)
+        state = policy.initial_state()
+        for now, want in ((10.0, set()), (309.0, set()), (310.0, late)):
+            d = policy.decide(Snapshot(now, gpus, sessions), None, state)
+            assert {c.session_id for c in d.commands if isinstance(c, Migrate)} == want, (slo, now)
+            assert d.state.draining == (("d", 10.0),)
+            state = decode(policy.initial_state(), encode(d.state))
+            assert state == d.state
+    ready = TurboServe(model=PAPER, autoscale=False, slo=Slo()).decide(Snapshot(320.0, (Gpu("g1", "b300"),), ()), None, state)
+    assert ready.state.draining == ()  # a GPU no longer draining is forgotten
