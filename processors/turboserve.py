@@ -27,7 +27,7 @@ TURBOSERVE_REBALANCE = RebalanceConfig(eta=1.0, drain_max_kappa_s=0.2, max_trans
 @dataclass(frozen=True, slots=True)
 class TurboServeState:
     """Autoscaler state plus the last volatility level seen (used when no signal comes) and
-    when each draining GPU was first seen draining, (gpu id, time) by id."""
+    when each draining GPU was first seen draining, (gpu id, time) in the snapshot's order."""
 
     autoscaler: AutoscalerState = AutoscalerState()
     level: int = 1
@@ -46,8 +46,7 @@ def apply_drains(snapshot: Snapshot, commands: tuple[Command, ...]) -> Snapshot:
 def drain_times(snapshot: Snapshot, seen: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
     """When each GPU draining in ``snapshot`` was first seen draining: as in ``seen``, or now."""
     known = dict(seen)
-    return tuple((g.id, known.get(g.id, snapshot.now)) for g in sorted(snapshot.gpus, key=lambda g: g.id)
-                 if g.state is GpuState.DRAINING)
+    return tuple((g.id, known.get(g.id, snapshot.now)) for g in snapshot.gpus if g.state is GpuState.DRAINING)
 
 
 def _peak(future: tuple[int, ...], window_s: float, now: float, ahead_s: float) -> int:
