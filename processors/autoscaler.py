@@ -138,9 +138,7 @@ def _band(snapshot: Snapshot, level: int, model: LatencyModel, config: Autoscale
     """(u*, delta) for this decision (:func:`band`), and the state with what was measured
     folded in."""
     if config.slo is not None:
-        state = slo_feedback(state, snapshot, config)
-        if config.slo_floor_share is not None:
-            state = slo_floor(state, snapshot, model, config, executing)
+        state = slo_floor(slo_feedback(state, snapshot, config), snapshot, model, config, executing)
     elif config.follow_worst is not None:
         state = replace(state, worst_seen=_fold_worst(state.worst_seen, snapshot.now, snapshot.chunks.worst_s, config))
     return (*band(level, model, config, table, state), state)
