@@ -39,7 +39,7 @@ import math
 from dataclasses import replace
 
 from processors.burst import absorbed_share, burst_reserve, held_demand, record_active
-from processors.decisions import Boot, Command, Vacate
+from processors.decisions import Boot, Command, Reinstate, Vacate
 from processors.latency import LatencyModel
 from processors.pool import execution_counts, resize, shutdowns, utilization, wait_again
 from processors.scaling_config import AutoscalerConfig, AutoscalerState, Slo
@@ -70,8 +70,8 @@ def autoscale(snapshot: Snapshot, level: int, model: LatencyModel, config: Autos
     """:func:`scale`, then up to ``min_gpus``: a pool below its floor (none booted yet, or
     GPUs lost) boots the rest at once, with or without sessions, dwell or not."""
     cmds, state = scale(snapshot, level, model, config, table, state, foresight)
-    after = (sum(1 for g in snapshot.gpus if g.state is not GpuState.DRAINING)
-             + sum(c.count for c in cmds if isinstance(c, Boot)) - sum(1 for c in cmds if isinstance(c, Vacate)))
+    after = (sum(1 for g in snapshot.gpus if g.state is not GpuState.DRAINING) + sum(c.count for c in cmds if isinstance(c, Boot))
+             + sum(1 for c in cmds if isinstance(c, Reinstate)) - sum(1 for c in cmds if isinstance(c, Vacate)))
     short = min(config.min_gpus, config.max_gpus) - after
     return (cmds + (Boot(short, config.gpu_type),) if short > 0 else cmds), state
 

@@ -47,6 +47,7 @@ class WorkerInfo:
     beat: tuple[float, float, int, int, int] = (_NEVER, 0.0, 0, 0, 0)  # ts, latency, sessions, executing, capacity
     down_ts: float = _NEVER
     drain_ts: float = _NEVER
+    reinstate_ts: float = _NEVER  # a Reinstate after the last Drain calls the drain off
     shutdown_ts: float = _NEVER
     provisioned_ts: float = _NEVER  # when a provisioner announced it (WorkerProvisioned)
 
@@ -66,8 +67,9 @@ class WorkerInfo:
 
     @property
     def state(self) -> GpuState:
-        """READY once up; DRAINING after a Drain issued since it came up."""
-        return GpuState.DRAINING if self.drain_ts >= self.up[0] else GpuState.READY
+        """READY once up; DRAINING after a Drain issued since it came up and not called off
+        by a later Reinstate."""
+        return GpuState.DRAINING if self.drain_ts >= self.up[0] and self.drain_ts > self.reinstate_ts else GpuState.READY
 
     @property
     def capacity(self) -> int:
@@ -168,6 +170,10 @@ def apply(view: ClusterView, rec: r.Record) -> ClusterView:
         case r.Drain(worker_id=wid, ts=ts):
             w = view.workers.get(wid) or WorkerInfo(wid)
             view = _worker(view, wid, drain_ts=max(w.drain_ts, ts))
+            return replace(view, last_scale_ts=max(view.last_scale_ts, ts))
+        case r.Reinstate(worker_id=wid, ts=ts):
+            w = view.workers.get(wid) or WorkerInfo(wid)
+            view = _worker(view, wid, reinstate_ts=max(w.reinstate_ts, ts))
             return replace(view, last_scale_ts=max(view.last_scale_ts, ts))
         case r.Shutdown(worker_id=wid, ts=ts):
             w = view.workers.get(wid) or WorkerInfo(wid)

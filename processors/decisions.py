@@ -20,6 +20,7 @@ __all__ = [
     "Discard",
     "Boot",
     "Vacate",
+    "Reinstate",
     "Retire",
     "Admit",
     "Command",
@@ -100,6 +101,14 @@ class Vacate:
 
 
 @dataclass(frozen=True, slots=True)
+class Reinstate:
+    """Take draining ``gpu_id`` back into the pool: sessions are placed there again."""
+
+    kind: ClassVar[str] = "reinstate"
+    gpu_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Retire:
     """Release ``gpu_id``; only ever issued for a draining GPU that holds no session."""
 
@@ -120,7 +129,7 @@ class Admit:
     fallback: bool = True
 
 
-Command = Union[Place, Restore, Migrate, Offload, Discard, Boot, Vacate, Retire, Admit]
+Command = Union[Place, Restore, Migrate, Offload, Discard, Boot, Vacate, Reinstate, Retire, Admit]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +178,7 @@ _FIELDS: dict[type, tuple[tuple[str, Any], ...]] = {
     Discard: (("session_id", _name), ("gpu_id", _name_or_none)),
     Boot: (("count", _number), ("gpu_type", _name)),  # a fraction or a huge count: the shell's to refuse
     Vacate: (("gpu_id", _name),),
+    Reinstate: (("gpu_id", _name),),
     Retire: (("gpu_id", _name),),
     Admit: (("order", _order), ("fallback", lambda x: isinstance(x, bool))),
 }

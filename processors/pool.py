@@ -8,11 +8,11 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-from processors.decisions import Boot, Command, Retire, Vacate
+from processors.decisions import Boot, Command, Reinstate, Retire, Vacate
 from processors.latency import LatencyModel
 from processors.lifecycle import SessionState
 from processors.scaling_config import AutoscalerConfig, AutoscalerState
-from processors.snapshot import GpuState, Snapshot
+from processors.snapshot import Gpu, GpuState, Snapshot
 
 __all__ = ["execution_counts", "utilization", "resize", "shutdowns", "wait_again"]
 
@@ -65,10 +65,27 @@ def wait_again(snapshot: Snapshot, model: LatencyModel, config: AutoscalerConfig
     return state
 
 
+def _reinstated(snapshot: Snapshot, model: LatencyModel, short: float, room: int) -> list[Gpu]:
+    """The draining GPUs a growth by ``short`` session slots takes back before it boots any
+    (at most ``room``): those still holding a session, the fullest first (then by id). They
+    are up and billed already; a boot serves a boot time later. An empty one may be on its way
+    out (its Shutdown sent), and is left to it; so is an external one (an operator drained it)."""
+    held = Counter([s.gpu_id for s in snapshot.sessions if s.gpu_id is not None and s.lifecycle is not SessionState.TERMINATED])
+    draining = [g for g in snapshot.gpus if g.state is GpuState.DRAINING and held[g.id] and not g.external]
+    back: list[Gpu] = []
+    for g in sorted(draining, key=lambda g: (-held[g.id], g.id)):
+        if short <= 0 or len(back) >= room:
+            break
+        back.append(g)
+        short -= model[g.type].capacity
+    return back
+
+
 def resize(snapshot: Snapshot, model: LatencyModel, need: float, config: AutoscalerConfig, *, grow: bool) -> tuple[Command, ...]:
     """Grow the non-draining pool to ``need`` session slots, or shrink it towards them.
 
-    Growing counts booting GPUs as capacity (no double boot). Shrinking waits while any GPU
+    Growing counts booting GPUs as capacity (no double boot) and reinstates draining GPUs
+    before it boots any (:func:`_reinstated`). Shrinking waits while any GPU
     boots, drains the least-loaded GPUs first (then the dearest per slot, then by id) and
     never drops below ``need`` slots, the executing sessions, or ``min_gpus``. External GPUs
     count as capacity but are never drained: shutting them down is not chunkserve's to do.
@@ -78,9 +95,12 @@ def resize(snapshot: Snapshot, model: LatencyModel, need: float, config: Autosca
     if grow:
         if have >= need:
             return ()
+        back = _reinstated(snapshot, model, need - have, config.max_gpus - len(pool))
+        have += sum(model[g.type].capacity for g in back)
         k = model[config.gpu_type].capacity
-        count = min(math.ceil((need - have) / k - 1e-9), config.max_gpus - len(pool))
-        return (Boot(count, config.gpu_type),) if count > 0 else ()
+        count = min(math.ceil((need - have) / k - 1e-9), config.max_gpus - len(pool) - len(back))
+        boot = (Boot(count, config.gpu_type),) if count > 0 else ()
+        return tuple(Reinstate(g.id) for g in back) + boot
     if any(g.state is GpuState.BOOTING for g in pool):
         return ()
     active, loads = execution_counts(snapshot)

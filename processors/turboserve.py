@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from processors.autoscaler import AutoscalerConfig, AutoscalerState, Slo, autoscale, band, shutdowns
-from processors.decisions import Admit, Command, Decision, Vacate
+from processors.decisions import Admit, Command, Decision, Reinstate, Vacate
 from processors.detector import Signal
 from processors.latency import LatencyModel, load_profiles
 from processors.placement import RebalanceConfig, admission_order, plan_placement
@@ -35,11 +35,15 @@ class TurboServeState:
 
 
 def apply_drains(snapshot: Snapshot, commands: tuple[Command, ...]) -> Snapshot:
-    """The snapshot as the placement controller must see it after these Vacate commands."""
+    """The snapshot as the placement controller must see it after these Vacate and Reinstate
+    commands."""
     drained = {c.gpu_id for c in commands if isinstance(c, Vacate)}
-    if not drained:
+    back = {c.gpu_id for c in commands if isinstance(c, Reinstate)}
+    if not drained and not back:
         return snapshot
-    gpus = tuple(replace(g, state=GpuState.DRAINING) if g.id in drained else g for g in snapshot.gpus)
+    gpus = tuple(replace(g, state=GpuState.DRAINING) if g.id in drained
+                 else replace(g, state=GpuState.READY) if g.id in back and g.state is GpuState.DRAINING else g
+                 for g in snapshot.gpus)
     return replace(snapshot, gpus=gpus)
 
 

@@ -23,7 +23,7 @@ __all__ = [
     "WorkerUp", "Heartbeat", "WorkerDown", "WorkerProvisioned", "Claimed", "Frozen", "Released", "ChunkDone",
     "InputAccepted", "CommandRejected",
     # scaling-commands
-    "ScaleOut", "SCALE_OUT_MAX", "Drain", "Shutdown", "PolicyState", "AdmissionPlan", "AdmitSlot",
+    "ScaleOut", "SCALE_OUT_MAX", "Drain", "Reinstate", "Shutdown", "PolicyState", "AdmissionPlan", "AdmitSlot",
     # metrics
     "WorkloadSignal", "PlacementReport", "ScalingDecision", "CostTick",
     # dead-letters
@@ -44,7 +44,7 @@ ReleaseReason = Literal["closed", "suspended", "migrated", "revoked", "fenced"]
 #: (``access_denied``), other failures (``error``)
 RejectReason = Literal["stale_epoch", "not_owner", "unknown_session", "ownership", "no_capacity", "late",
                        "too_many_pending", "closed", "over_limit", "snapshot_corrupt", "unsigned",
-                       "unknown_key", "forged", "replayed", "not-provisioned", "access_denied", "error"]
+                       "unknown_key", "forged", "replayed", "not-provisioned", "stopping", "access_denied", "error"]
 
 _REGISTRY: dict[str, type["Record"]] = {}
 
@@ -430,6 +430,17 @@ class Drain(Record):
     decision_id: str = ""
 
 
+@record("scale.reinstate")
+class Reinstate(Record):
+    """Admit sessions on draining ``worker_id`` again: its drain is called off (the pool must
+    grow, and a worker already up serves at once where a boot would take its boot time)."""
+
+    pool: Id
+    worker_id: Id
+    ts: Seconds
+    decision_id: str = ""
+
+
 @record("scale.shutdown")
 class Shutdown(Record):
     """Stop ``worker_id`` once it holds no session."""
@@ -561,5 +572,5 @@ InputRecord = InputPushed
 WorkerCommand = Assign | Revoke | Suspend | Resume | Terminate | Handoff | RoutedInput
 WorkerEvent = (WorkerUp | Heartbeat | WorkerDown | WorkerProvisioned | Claimed | Frozen | Released | ChunkDone
                | InputAccepted | CommandRejected)
-ScalingCommand = ScaleOut | Drain | Shutdown | PolicyState | AdmissionPlan
+ScalingCommand = ScaleOut | Drain | Reinstate | Shutdown | PolicyState | AdmissionPlan
 MetricRecord = WorkloadSignal | PlacementReport | ScalingDecision | CostTick

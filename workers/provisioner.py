@@ -2,14 +2,15 @@
 
 ``ScaleOut`` starts workers (each registers with ``WorkerUp`` once its model is loaded: that
 is the boot time); ``Drain`` marks a worker draining in the generation store so no session
-is admitted there; ``Shutdown`` drains too and stops the worker only once the store shows it
-holds no session, retrying until then. How workers run is behind the small
+is admitted there, and ``Reinstate`` clears the mark (refused, as ``stopping``, for a worker
+already asked to stop); ``Shutdown`` drains too and stops the worker only once the store shows
+it holds no session, retrying until then. How workers run is behind the small
 :class:`Provisioner` protocol: :class:`LocalProcessProvisioner` runs child processes; a
 Kubernetes one can follow. Bad records go to ``dead-letters``.
 
 Every command is safe to carry out twice (a commit the group refused, after the broker was
 paused or the group rebalanced, delivers it again): a scale-out's decision id is refused as
-replayed, a drain sets the flag again, a shutdown of a worker already stopped here is done.
+replayed, a drain sets the flag again and a reinstate clears it again, a shutdown of a worker already stopped here is done.
 A store outage is waited out (``workers.runtime.PatientStore``), its workers, its children,
 left running.
 """
@@ -54,6 +55,11 @@ class Provisioner(Protocol):
 
     async def drain(self, worker_id: str) -> None:
         """The worker will get no new session (platform hook; admission is closed in Redis)."""
+        ...
+
+    async def reinstate(self, worker_id: str) -> None:
+        """The worker takes new sessions again, its drain called off (platform hook; admission
+        is reopened in Redis)."""
         ...
 
     async def shutdown(self, worker_id: str) -> bool:
@@ -169,6 +175,9 @@ class LocalProcessProvisioner:
     async def drain(self, worker_id: str) -> None:
         log.info("provisioner: %s draining", worker_id)
 
+    async def reinstate(self, worker_id: str) -> None:
+        log.info("provisioner: %s reinstated", worker_id)
+
     async def shutdown(self, worker_id: str) -> bool:
         proc = self.procs.pop(worker_id, None)
         if proc is None:
@@ -247,6 +256,15 @@ class ProvisionerService:
             if isinstance(rec, r.Shutdown):
                 self.pending.add(rec.worker_id)
                 await self.retry()
+        elif isinstance(rec, r.Reinstate):
+            if rec.worker_id in self.stopped or rec.worker_id in self.pending:  # its Shutdown came first
+                await self.reject(rec, "stopping", f"{rec.worker_id} is being stopped: it is not reinstated")
+                return
+            try:
+                await self.store.set_draining(rec.worker_id, False)
+            except OwnershipError as exc:  # not registered (any more): nothing to reopen in the store
+                log.info("provisioner: %s not reinstated in the store: %s", rec.worker_id, exc)
+            await self.provisioner.reinstate(rec.worker_id)
 
     async def retry(self) -> None:
         """Stop every pending worker the store shows empty; the others wait for the next try."""

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from processors.decisions import Admit, Decision, Vacate, Migrate, Place, Restore, Boot, Retire, Offload, Discard, well_formed
+from processors.decisions import Admit, Decision, Reinstate, Vacate, Migrate, Place, Restore, Boot, Retire, Offload, Discard, well_formed
 from processors.admission import AdmitPlan, WorkerLoad, admit_in_turn
 from processors.detector import DetectorConfig, Signal, signals as detector_signals
 from processors.latency import LatencyModel
@@ -545,6 +545,14 @@ class _Sim:
             if g.state is not GpuState.DRAINING:
                 self.scale_events += 1
             g.state = GpuState.DRAINING
+            self.gpu_view = None
+        elif isinstance(cmd, Reinstate):
+            g = self.gpus.get(cmd.gpu_id)
+            if g is None or g.state is not GpuState.DRAINING or g.closing:
+                self.refuse(cmd)
+                return
+            self.scale_events += 1
+            g.state = GpuState.READY
             self.gpu_view = None
         elif isinstance(cmd, Admit):
             self.plan = AdmitPlan(cmd.order, {}, cmd.fallback, now)

@@ -236,14 +236,15 @@ class ControlShell:
                                          source="control", loads=dict(list(loads.items())[:256])))
         outs = [x for x in recs if isinstance(x, r.ScaleOut)]
         drains = [x for x in recs if isinstance(x, r.Drain)]
-        if outs or drains:
+        back = [x for x in recs if isinstance(x, r.Reinstate)]
+        if outs or drains or back:
             u_max, _ = utilization(snap, model)
             u_target, delta = band
             current = sum(1 for g in snap.gpus if g.state is not GpuState.DRAINING)
-            target = current + sum(x.count for x in outs) - len(drains)
+            target = current + sum(x.count for x in outs) + len(back) - len(drains)
             out.append(r.ScalingDecision(ts=now, current=current, target=max(0, target),
                                          u_max=min(u_max, 1e6), u_target=u_target, delta=delta,
-                                         level=signal.level, reason="scale-out" if outs else "scale-in"))
+                                         level=signal.level, reason="scale-out" if outs or back else "scale-in"))
         return out
 
 

@@ -1,5 +1,5 @@
 """The records a control round sends (pure): a policy's commands as ``Handoff``,
-``ScaleOut``, ``Drain`` and ``Shutdown`` records, and the admission plan dispatch admits
+``ScaleOut``, ``Drain``, ``Reinstate`` and ``Shutdown`` records, and the admission plan dispatch admits
 sessions by (``Admit``, ``Place``, ``Restore``)."""
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
 
     ``Migrate`` -> ``Handoff`` stamped with the view's current generation of the session
     (dropped when the view has none on the source, or the target is a booting placeholder);
-    ``Boot`` -> a ``ScaleOut`` of ``pool`` (one per GPU type, the Boots' counts summed); ``Vacate`` / ``Retire`` -> ``Drain`` / ``Shutdown``
-    for the worker's pool (a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not
+    ``Boot`` -> a ``ScaleOut`` of ``pool`` (one per GPU type, the Boots' counts summed);
+    ``Vacate`` / ``Reinstate`` / ``Retire`` -> ``Drain`` / ``Reinstate`` / ``Shutdown`` for the worker's pool (no ``Reinstate`` for a worker sent a
+    ``Shutdown`` since its drain; a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not
     repeated, and none goes to a worker no provisioner announced: it was started outside
     chunkserve). ``Admit``, ``Place`` and ``Restore`` go to dispatch as one plan
     (:func:`admission_plan`); Offload and Discard follow the user's events, which dispatch
@@ -83,6 +84,10 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
                                       decision_id=decision_id))
             case d.Vacate(gpu_id=gid) if not gid.startswith(BOOTING_PREFIX):
                 out.append(r.Drain(pool=pools.get(gid, pool), worker_id=gid, ts=now, decision_id=decision_id))
+            case d.Reinstate(gpu_id=gid) if not gid.startswith(BOOTING_PREFIX):
+                w = view.workers.get(gid)
+                if w is None or w.shutdown_ts < w.drain_ts:  # a worker asked to stop stays stopping
+                    out.append(r.Reinstate(pool=pools.get(gid, pool), worker_id=gid, ts=now, decision_id=decision_id))
             case d.Retire(gpu_id=gid) if not gid.startswith(BOOTING_PREFIX):
                 w = view.workers.get(gid)
                 if w is not None and w.provisioned and now - w.shutdown_ts >= shutdown_resend_s:

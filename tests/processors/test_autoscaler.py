@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processors.autoscaler import AutoscalerConfig, AutoscalerState, autoscale
-from processors.decisions import Vacate, Boot, Retire
+from processors.decisions import Vacate, Boot, Reinstate, Retire
 from processors.snapshot import Gpu, GpuState, Session, Snapshot
 from processors.turboserve import TurboServe, TurboServeState
 from processors.volatility import DEFAULT_VOLATILITY_TABLE, PAPER_VOLATILITY_TABLE, VolatilityTable, load_volatility_table
@@ -335,6 +335,26 @@ def test_a_pool_below_its_floor_boots_the_rest_with_or_without_sessions():
     cmds, _ = autoscale(_pool([16]), 1, PAPER, floor)  # a scale-out past the floor: no extra Boot
     assert len(cmds) == 1 and isinstance(cmds[0], Boot) and cmds[0].count >= 1
     assert autoscale(Snapshot(100.0, (), ()), 1, PAPER, replace(CFG, min_gpus=0))[0] == ()
+
+
+def test_a_growth_takes_back_draining_gpus_that_hold_sessions_before_it_boots():
+    """Draining GPUs are up and billed: a growth reinstates those still holding a session
+    (the fullest first) before it boots any; an empty one (its Shutdown may be on its way) and
+    an external one (an operator drained it) are left draining."""
+    gpus = (Gpu("g00", "h20"), Gpu("g01", "h20", GpuState.DRAINING), Gpu("g02", "h20", GpuState.DRAINING),
+            Gpu("g03", "h20", GpuState.DRAINING), Gpu("g04", "h20", GpuState.DRAINING, external=True))
+    held = {"g00": 16, "g01": 1, "g02": 3, "g04": 2}
+    sessions = tuple(Session(f"{g}s{k}", gpu_id=g) for g, n in held.items() for k in range(n))
+    snap = Snapshot(100.0, gpus, sessions)  # A = 22 on 16 slots: 37 slots at u* 0.6
+    u, _ = DEFAULT_VOLATILITY_TABLE.lookup(1)
+    cmds, _ = autoscale(snap, 1, PAPER, CFG)
+    boots = math.ceil(22 / (u * 16)) - 3
+    assert cmds == (Reinstate("g02"), Reinstate("g01")) + ((Boot(boots, "h20"),) if boots > 0 else ())
+    fewer = tuple(x for x in sessions if x.gpu_id != "g00") + tuple(Session(f"n{k}", gpu_id="g00") for k in range(12))
+    small = Snapshot(100.0, gpus, fewer)
+    cmds, _ = autoscale(small, 1, PAPER, CFG)  # A = 18: 30 slots, one reinstated GPU enough
+    assert cmds == (Reinstate("g02"),)
+    assert autoscale(snap, 1, PAPER, replace(CFG, max_gpus=2))[0] == (Reinstate("g02"),)  # the pool's ceiling holds
 
 
 def test_the_default_floor_is_two_gpus():

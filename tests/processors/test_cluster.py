@@ -61,6 +61,8 @@ def logs(draw):
         streams["scaling"].append(r.ScaleOut(pool="p", count=2, ts=8.0, decision_id="d1"))
     if draw(st.booleans()):
         streams["scaling"].append(r.Drain(pool="p", worker_id="w1", ts=9.0, decision_id="d2"))
+        if draw(st.booleans()):
+            streams["scaling"].append(r.Reinstate(pool="p", worker_id="w1", ts=11.0, decision_id="d3"))
     return {k: v for k, v in streams.items() if v}
 
 
@@ -180,6 +182,19 @@ def test_workers_drain_die_and_come_back():
     view = apply(view, r.WorkerUp(worker_id="w1", ts=20, capacity=8))  # restarted: ready again
     assert view.workers["w1"].alive and view.workers["w1"].state is GpuState.READY
     assert view.workers["w1"].capacity == 8
+
+
+def test_a_reinstate_calls_off_the_drain_before_it_and_a_later_drain_wins_again():
+    up = [r.WorkerUp(worker_id="w1", ts=1, capacity=4), r.Drain(pool="default", worker_id="w1", ts=2)]
+    back = apply_all(ClusterView(), up + [r.Reinstate(pool="default", worker_id="w1", ts=3)])
+    assert back.workers["w1"].state is GpuState.READY and back.last_scale_ts == 3
+    # delivered in any order, or twice, the fold is the same: each is a max of its times
+    assert apply_all(ClusterView(), [up[1], r.Reinstate(pool="default", worker_id="w1", ts=3), up[0], up[1]]) == back
+    stale = apply_all(ClusterView(), up + [r.Reinstate(pool="default", worker_id="w1", ts=1.5)])
+    assert stale.workers["w1"].state is GpuState.DRAINING  # one from before the drain calls nothing off
+    again = apply(back, r.Drain(pool="default", worker_id="w1", ts=4))
+    assert again.workers["w1"].state is GpuState.DRAINING
+    assert [g.state for g in to_snapshot(back, 3.0).gpus] == [GpuState.READY]
 
 
 def test_scale_outs_stand_as_booting_gpus_until_their_workers_come_up():

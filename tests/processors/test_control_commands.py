@@ -68,6 +68,14 @@ def test_a_decisions_boots_are_one_scale_out_per_gpu_type():
     assert [(x.gpu_type, x.count) for x in big] == [("cpu", r.SCALE_OUT_MAX), ("gpu", r.SCALE_OUT_MAX)]
 
 
+def test_a_reinstate_goes_to_the_workers_pool_but_not_after_its_shutdown():
+    view = apply_all(_view(), [r.Drain(pool="p", worker_id="p-1", ts=9.0)])
+    assert command_records([d.Reinstate("p-1"), d.Reinstate(BOOTING_PREFIX + "p:0")], view, 10.0, pool="q", decision_id="x") == (
+        r.Reinstate(pool="p", worker_id="p-1", ts=10.0, decision_id="x"),)
+    stopping = apply_all(view, [r.Shutdown(pool="p", worker_id="p-1", ts=9.5)])
+    assert command_records([d.Reinstate("p-1")], stopping, 10.0) == ()  # its provisioner stops it once empty
+
+
 def test_a_shutdown_is_not_repeated_within_the_resend_interval():
     view = apply_all(_view(), [r.Shutdown(pool="p", worker_id="p-1", ts=9.0)])
     assert command_records([d.Retire("p-1")], view, 12.0, shutdown_resend_s=10) == ()

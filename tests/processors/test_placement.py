@@ -239,3 +239,24 @@ def test_with_an_slo_a_gpu_drained_five_minutes_sheds_what_the_drain_bound_kept(
             assert state == d.state
     ready = TurboServe(model=PAPER, autoscale=False, slo=Slo()).decide(Snapshot(320.0, (Gpu("g1", "b300"),), ()), None, state)
     assert ready.state.draining == ()  # a GPU no longer draining is forgotten
+
+
+def test_turboserve_takes_a_draining_gpu_back_for_a_rise_and_places_onto_it_in_the_same_round():
+    """A rise past the pool: the draining GPU that still holds a session is reinstated (no
+    boot for its slots), the placement evacuates nothing from it and admits sessions to it, and
+    no Retire goes with it."""
+    from processors.decisions import Admit, Boot, Reinstate, Retire
+    from processors.turboserve import TurboServe
+
+    k = PAPER["b300"].capacity
+    gpus = (Gpu("d", "b300", GpuState.DRAINING), Gpu("g1", "b300"), Gpu("g2", "b300"))
+    sessions = ((Session("stays", gpu_id="d"),) + tuple(Session(f"r{i}", gpu_id="g1") for i in range(k))
+                + tuple(Session(f"w{i}") for i in range(k // 2)))  # waiting for a GPU
+    d = TurboServe(model=PAPER).decide(Snapshot(100.0, gpus, sessions), None, TurboServe(model=PAPER).initial_state())
+    assert Reinstate("d") in d.commands
+    assert not any(isinstance(c, (Migrate, Retire)) and getattr(c, "src", getattr(c, "gpu_id", None)) == "d" for c in d.commands)
+    (admit,) = [c for c in d.commands if isinstance(c, Admit)]
+    assert "d" in {gid for gid, _ in admit.order} and d.state.draining == ()
+    boots = sum(c.count for c in d.commands if isinstance(c, Boot))
+    calm = TurboServe(model=PAPER).decide(Snapshot(100.0, gpus[1:], sessions[1:]), None, TurboServe(model=PAPER).initial_state())
+    assert boots == max(0, sum(c.count for c in calm.commands if isinstance(c, Boot)) - 1)  # one boot fewer

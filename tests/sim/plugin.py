@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from processors.decisions import Admit, Decision, Migrate, Offload, Place, Boot, Restore, Retire, Vacate
+from processors.decisions import Admit, Decision, Migrate, Offload, Place, Boot, Reinstate, Restore, Retire, Vacate
 from processors.lifecycle import SessionState
 from processors.snapshot import GpuState
 
@@ -394,3 +394,26 @@ class AdmitDraining:
     def decide(self, snapshot, signal, state):
         gpus = sorted(g.id for g in snapshot.gpus)
         return Decision((Vacate(gpus[1]), Admit(((gpus[1], 5),), fallback=False)), state)
+
+
+@dataclass(frozen=True)
+class DrainThenReinstate:
+    """Places every waiting session on the second GPU; drains it at the first decision and
+    takes it back at the first at or after ``at``, asking the first GPU (never drained) back too."""
+
+    at: float = 5.0
+    name: str = "drain-then-reinstate"
+
+    def initial_state(self) -> int:
+        return 0
+
+    def decide(self, snapshot, signal, step):
+        gpus = sorted(g.id for g in snapshot.gpus)
+        cmds = [Place(s.id, gpus[1]) for s in snapshot.sessions if s.gpu_id is None and s.lifecycle is SessionState.EXECUTION]
+        if step == 0:
+            cmds.append(Vacate(gpus[1]))
+            step = 1
+        elif step == 1 and snapshot.now >= self.at:
+            cmds += [Reinstate(gpus[1]), Reinstate(gpus[0])]
+            step = 2
+        return Decision(tuple(cmds), step)

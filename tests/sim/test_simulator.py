@@ -98,6 +98,17 @@ def test_commands_that_are_not_a_tuple_are_named_in_one_line():
                  SimConfig(initial_gpus=1, round_s=0))
 
 
+def test_a_reinstated_gpu_takes_sessions_again_and_one_not_draining_is_refused():
+    """The second GPU, drained at 0 s, is taken back at 5 s: b, opening at 7 s, is placed on
+    it at once; never taken back, every Place of b there is refused and b waits to the end."""
+    ev = _ev((0, "a", O, 0), (7, "b", O, 0), (20, "a", C, 0), (20, "b", C, 0))
+    r = simulate(load_policy("tests.sim.plugin:DrainThenReinstate"), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
+    assert r.invalid_by_kind == {"reinstate": 1}  # the first GPU's: it was not draining
+    assert r.scale_events == 2 and r.worst_chunk_latency_s < 1.0
+    never = simulate(load_policy("tests.sim.plugin:DrainThenReinstate", at=100.0), ev, MODEL, SimConfig(initial_gpus=2, round_s=0))
+    assert never.invalid_by_kind == {"place": 3} and never.worst_chunk_latency_s == pytest.approx(13.0)
+
+
 def test_scale_out_waits_for_boot():
     ev = _ev((0, "a", O, 0), (100, "a", C, 0))
     r = simulate(load_policy("tests.sim.plugin:BootOne"), ev, MODEL, SimConfig(initial_gpus=0, boot_s=60, round_s=0))

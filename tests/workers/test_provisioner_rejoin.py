@@ -177,6 +177,9 @@ def test_commands_delivered_again_after_a_refused_commit_are_not_carried_out_twi
         async def drain(self, worker_id: str) -> None:
             pass
 
+        async def reinstate(self, worker_id: str) -> None:
+            pass
+
         async def shutdown(self, worker_id: str) -> bool:
             if worker_id not in self.running:
                 return False
@@ -206,3 +209,57 @@ def test_commands_delivered_again_after_a_refused_commit_are_not_carried_out_twi
     assert platform.started == ["p-0", "p-1"] and platform.running == {"p-1"}
     assert [(type(x).__name__, getattr(x, "reason", "")) for x in sent] == [
         ("WorkerDown", "shutdown by provisioner"), ("CommandRejected", "replayed")]
+
+
+def test_a_reinstate_reopens_a_drained_workers_admission_but_not_one_asked_to_stop() -> None:
+    """Unit (the store's in-memory twin, a recording platform): a Drain closes admission in the
+    store and a Reinstate reopens it (delivered again, it is done again); a Reinstate after
+    the worker's Shutdown is refused as ``stopping`` and the worker is stopped once empty."""
+    from streams.generations_memory import MemoryGenerationStore
+    from workers.provisioner import ProvisionerService
+
+    class Platform:
+        pool = POOL
+
+        def __init__(self) -> None:
+            self.said: list[str] = []
+
+        async def start(self, count: int, gpu_type: str) -> list[str]:
+            return []
+
+        async def drain(self, worker_id: str) -> None:
+            self.said.append(f"drain {worker_id}")
+
+        async def reinstate(self, worker_id: str) -> None:
+            self.said.append(f"reinstate {worker_id}")
+
+        async def shutdown(self, worker_id: str) -> bool:
+            self.said.append(f"shutdown {worker_id}")
+            return True
+
+    async def run() -> tuple[list[bool], Platform, list[r.Record]]:
+        store, sent, platform = MemoryGenerationStore("ns"), [], Platform()
+
+        async def publish(rec: r.Record) -> None:
+            sent.append(rec)
+
+        service = ProvisionerService(platform, store, publish, clock=lambda: 1.0)
+        await store.register_worker("p-0", 2)
+        await store.register_worker("p-1", 2)
+        flags = []
+        await service.handle(r.Drain(pool=POOL, worker_id="p-0", ts=1.0))
+        flags.append((await store.load_view())["p-0"].draining)
+        back = r.Reinstate(pool=POOL, worker_id="p-0", ts=2.0)
+        await service.handle(back)
+        await service.handle(back)  # delivered again
+        flags.append((await store.load_view())["p-0"].draining)
+        await service.handle(r.Shutdown(pool=POOL, worker_id="p-1", ts=3.0))  # empty: stopped at once
+        await service.handle(r.Reinstate(pool=POOL, worker_id="p-1", ts=4.0))
+        await service.handle(r.Reinstate(pool="other", worker_id="p-1", ts=4.0))  # another pool's
+        return flags, platform, sent
+
+    flags, platform, sent = asyncio.run(run())
+    assert flags == [True, False]
+    assert platform.said == ["drain p-0", "reinstate p-0", "reinstate p-0", "drain p-1", "shutdown p-1"]
+    assert [(type(x).__name__, getattr(x, "reason", "")) for x in sent] == [
+        ("WorkerDown", "shutdown by provisioner"), ("CommandRejected", "stopping")]
