@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from processors.lifecycle import EventKind
 from schemas.records import (ChunkDone, Claimed, CostTick, DeadLetter, Drain, InputAccepted,
-                             Record, Released, ScaleOut, ScalingDecision, Shutdown, WorkerDown,
+                             Record, Reinstate, Released, ScaleOut, ScalingDecision, Shutdown, WorkerDown,
                              WorkerUp)
 from schemas.topics import DEAD_LETTERS, METRICS, SCALING_COMMANDS, WORKER_EVENTS
 from streams.client import SessionClient
@@ -78,6 +78,9 @@ def _trace(cfg: DemoConfig) -> list[Any]:
     return fall(events, cfg.fall_at * trace_s, cfg.fall_keep, trace_s, over_s=2.0 * cfg.speed)
 
 
+_SCALE_WORDS = {Drain: "drain", Reinstate: "reinstate", Shutdown: "shutdown"}
+
+
 def scale_log(records: list[Record], t0: float) -> list[str]:
     """What the fleet did, in order: each scaling command, decision, worker change and
     migration, as ``"<seconds since t0> <what>"`` (the decisions carry u_max, u* and the
@@ -89,8 +92,8 @@ def scale_log(records: list[Record], t0: float) -> list[str]:
             out.append((r.ts, f"migrate {r.session_id} {r.worker_id}->{target}"))
         elif isinstance(r, ScaleOut):
             out.append((r.ts, f"scale-out {r.count}"))
-        elif isinstance(r, (Drain, Shutdown)):
-            out.append((r.ts, f"{'drain' if isinstance(r, Drain) else 'shutdown'} {r.worker_id}"))
+        elif isinstance(r, (Drain, Reinstate, Shutdown)):
+            out.append((r.ts, f"{_SCALE_WORDS[type(r)]} {r.worker_id}"))
         elif isinstance(r, WorkerUp):
             out.append((r.ts, f"up {r.worker_id}"))
         elif isinstance(r, WorkerDown):  # said by the worker and by whoever saw it go: each names why
@@ -125,6 +128,7 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
         "restores": sum(1 for r in records if isinstance(r, Claimed) and r.generation.epoch > 1),
         "scale_events": {"scale_out": sum(r.count for r in records if isinstance(r, ScaleOut)),
                          "drain": sum(1 for r in records if isinstance(r, Drain)),
+                         "reinstate": sum(1 for r in records if isinstance(r, Reinstate)),
                          "shutdown": len({r.worker_id for r in records if isinstance(r, Shutdown)})},
         "cost": round(costs[-1].cost, 4) if costs else 0.0,
         "dead_letters": sum(1 for r in records if isinstance(r, DeadLetter)),
@@ -139,13 +143,18 @@ def summarize(records: list[Record], pushed: dict[str, int], sessions: int, wall
 
 
 def drain_migrations(records: list[Record]) -> int:
-    """Migrations off a worker after the control processor drained it."""
-    drained = {}
-    for r in records:
-        if isinstance(r, Drain):
-            drained.setdefault(r.worker_id, r.ts)
-    return sum(1 for r in records if isinstance(r, Released) and r.reason == "migrated"
-               and r.ts >= drained.get(r.worker_id, float("inf")))
+    """Migrations off a worker while the control processor had it drained (from a Drain until
+    a Reinstate takes it back)."""
+    marks = sorted((r.ts, isinstance(r, Drain), r.worker_id) for r in records if isinstance(r, (Drain, Reinstate)))
+    moves = sorted((r.ts, r.worker_id) for r in records if isinstance(r, Released) and r.reason == "migrated")
+    drained: set[str] = set()
+    count, i = 0, 0
+    for ts, wid in moves:
+        while i < len(marks) and marks[i][0] <= ts:
+            (drained.add if marks[i][1] else drained.discard)(marks[i][2])
+            i += 1
+        count += wid in drained
+    return count
 
 
 def _folded(reason: str) -> str:

@@ -64,7 +64,7 @@ def test_a_trace_file_is_replayed(tmp_path):
 
 def test_the_scale_log_names_each_migration_and_counts_those_off_drained_workers():
     from infra.demo import drain_migrations, scale_log
-    from schemas.records import Drain, Generation, Released, WorkerDown
+    from schemas.records import Drain, Generation, Reinstate, Released, WorkerDown
 
     def moved(sid: str, src: str, ts: float) -> Released:
         return Released(worker_id=src, session_id=sid, generation=Generation(src, 1), ts=ts, reason="migrated",
@@ -75,6 +75,10 @@ def test_the_scale_log_names_each_migration_and_counts_those_off_drained_workers
     assert drain_migrations(records) == 1  # b: a moves before the drain, c off a worker not drained
     assert scale_log(records, 10.0) == ["0.0 migrate a w1->w2", "1.0 drain w1", "2.0 migrate b w1->w2",
                                         "3.0 migrate c w3->w2"]
+    back = records + [Reinstate(pool="default", worker_id="w1", ts=14.0), moved("d", "w1", 15.0),
+                      Drain(pool="default", worker_id="w1", ts=16.0), moved("e", "w1", 17.0)]
+    assert drain_migrations(back) == 2  # b and e: d moved off w1 while it was taken back
+    assert scale_log(back, 10.0)[4:] == ["4.0 reinstate w1", "5.0 migrate d w1->w2", "6.0 drain w1", "7.0 migrate e w1->w2"]
     downs = [WorkerDown(worker_id="w1", ts=14.0, reason="shutdown"),
              WorkerDown(worker_id="w1", ts=14.5, reason="shutdown by provisioner")]
     assert scale_log(downs, 10.0) == ["4.0 down w1 (shutdown)", "4.5 down w1 (shutdown by provisioner)"]
