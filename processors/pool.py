@@ -70,8 +70,11 @@ def _reinstated(snapshot: Snapshot, model: LatencyModel, short: float, room: int
     (at most ``room``): those still holding a session, the fullest first (then by id). They
     are up and billed already; a boot serves a boot time later. An empty one may be on its way
     out (its Shutdown sent), and is left to it; so is an external one (an operator drained it)."""
-    held = Counter([s.gpu_id for s in snapshot.sessions if s.gpu_id is not None and s.lifecycle is not SessionState.TERMINATED])
-    draining = [g for g in snapshot.gpus if g.state is GpuState.DRAINING and held[g.id] and not g.external]
+    draining = [g for g in snapshot.gpus if g.state is GpuState.DRAINING and not g.external]
+    if not draining:
+        return []
+    held = snapshot.resident()
+    draining = [g for g in draining if held[g.id]]
     back: list[Gpu] = []
     for g in sorted(draining, key=lambda g: (-held[g.id], g.id)):
         if short <= 0 or len(back) >= room:

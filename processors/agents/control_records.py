@@ -56,8 +56,9 @@ def command_records(commands: Iterable[d.Command], view: ClusterView, now: float
     ``Migrate`` -> ``Handoff`` stamped with the view's current generation of the session
     (dropped when the view has none on the source, or the target is a booting placeholder);
     ``Boot`` -> a ``ScaleOut`` of ``pool`` (one per GPU type, the Boots' counts summed);
-    ``Vacate`` / ``Reinstate`` / ``Retire`` -> ``Drain`` / ``Reinstate`` / ``Shutdown`` for the worker's pool (no ``Reinstate`` for a worker sent a
-    ``Shutdown`` since its drain; a ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not
+    ``Vacate`` / ``Reinstate`` / ``Retire`` -> ``Drain`` / ``Reinstate`` / ``Shutdown`` for the
+    worker's pool (no ``Reinstate`` for a worker sent a ``Shutdown`` since its drain; a
+    ``Shutdown`` sent less than ``shutdown_resend_s`` ago is not
     repeated, and none goes to a worker no provisioner announced: it was started outside
     chunkserve). ``Admit``, ``Place`` and ``Restore`` go to dispatch as one plan
     (:func:`admission_plan`); Offload and Discard follow the user's events, which dispatch
