@@ -11,8 +11,8 @@ Kubernetes one can follow. Bad records go to ``dead-letters``.
 Every command is safe to carry out twice (a commit the group refused, after the broker was
 paused or the group rebalanced, delivers it again): a scale-out's decision id is refused as
 replayed, a drain sets the flag again and a reinstate clears it again, a shutdown of a worker
-already stopped here is done. A store outage is waited out (``workers.runtime.PatientStore``), its workers, its children,
-left running.
+already stopped here is done. A store outage is waited out (``workers.runtime.PatientStore``),
+its workers, its children, left running.
 """
 
 from __future__ import annotations
