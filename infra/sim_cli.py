@@ -117,7 +117,7 @@ def trace_gen(
     idle_scale: float = typer.Option(8.0, "--idle-scale", min=0.1, help="Idle gap Pareto scale, s (minimum gap)."),
     idle_shape: float = typer.Option(1.5, "--idle-shape", min=0.1, help="Idle gap Pareto shape (heavier tail when smaller)."),
     state_mb: float = typer.Option(2000.0, "--state-mb", min=50.0, max=20000.0, help="Median per-session state size, MB (log-normal; each session's clipped to 50 MB .. 20 GB)."),
-    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky, and its probes churn, periodic; or of the fourth (an outside reviewer's): hawkes, weekly, bimodal, recall, or of the fifth (a second reviewer's): office, viral, batchy, or of the sixth (a third reviewer's): failover, heavyvid, liveevent, or of the seventh (a fourth reviewer's): plateau, waves, pareto, mixed, or of the eighth (a fifth reviewer's): desk, lobby, outage, or of the ninth (a sixth reviewer's): turns, nightshift, heavystate, lurkers, or of the tenth (a seventh reviewer's): classes, creators; the fourth to eighth and the tenth models' rates scale by --sessions / 1600, the ninth's arrivals are --sessions (a family uses --duration, --sessions, --seed only; nightshift also --crowds, classes also --offset)."),
+    family: Optional[str] = typer.Option(None, "--family", help="A trace family of the second workload model instead: calm, flash, mass-idle, longtail, diurnal, scale4x; or of the third (launches: the trace starts empty): mmpp, avatar, flicker, ramp, bigstate, spiky, and its probes churn, periodic; or of the fourth (an outside reviewer's): hawkes, weekly, bimodal, recall, or of the fifth (a second reviewer's): office, viral, batchy, or of the sixth (a third reviewer's): failover, heavyvid, liveevent, or of the seventh (a fourth reviewer's): plateau, waves, pareto, mixed, or of the eighth (a fifth reviewer's): desk, lobby, outage, or of the ninth (a sixth reviewer's): turns, nightshift, heavystate, lurkers, or of the tenth (a seventh reviewer's): classes, creators, or of the eleventh (sessions in rounds): quiz, match, lesson; the fourth to eighth and the tenth models' rates and the eleventh's seats (600 at 1600) scale by --sessions / 1600, the ninth's arrivals are --sessions (a family uses --duration, --sessions, --seed only; nightshift also --crowds, classes also --offset)."),
     crowds: Optional[int] = typer.Option(None, "--crowds", min=0, max=1000, help="--family nightshift only: how many crowds of 40-90 sessions arrive within 12 s (default 2, the reviewer's)."),
     offset: Optional[float] = typer.Option(None, "--offset", min=0.0, help="--family classes only: the first class slot's start, s, in [0, 300) (default 0; above 0 a slot that started 300 s earlier is running at 0, as on the cohorts split's classes/s3 at 150)."),
 ) -> None:
@@ -128,6 +128,7 @@ def trace_gen(
     from infra.sim.launches import LAUNCHES, PROBES
     from infra.sim.outside import OUTSIDE
     from infra.sim.review import REVIEW
+    from infra.sim.rounds import ROUNDS
     from infra.sim.steps import STEPS
     from infra.sim.surges import SURGES
     from infra.sim.tenants import TENANTS
@@ -137,7 +138,7 @@ def trace_gen(
 
     try:
         _writable(output=output)
-        known = FAMILIES + LAUNCHES + PROBES + OUTSIDE + REVIEW + SURGES + STEPS + TENANTS + WAKES + COHORTS
+        known = FAMILIES + LAUNCHES + PROBES + OUTSIDE + REVIEW + SURGES + STEPS + TENANTS + WAKES + COHORTS + ROUNDS
         if family is not None and family not in known:
             raise ConfigError("--family", f"{family!r}: not a family (give one of {', '.join(known)})", "command line")
         own = [f"--{n.replace('_', '-')}" for n in _GENERATOR_ONLY if ctx.get_parameter_source(n).name == "COMMANDLINE"]
@@ -185,7 +186,7 @@ def simulate_cmd(
     settle: float = typer.Option(_AUTO.settle_s, "--settle", min=0.0, max=1e6, help="Without an SLO, a rise of executing sessions counts toward the burst reserve only above the level held in these seconds before it, and a scale-in keeps their peak, s (0: every rise in full)."),
     min_gpus: int = typer.Option(_AUTO.min_gpus, "--min-gpus", min=0, max=1024, help="The fewest GPUs turboserve's autoscaler (and the oracles built on it) keeps, booting up to them at once (N + 1: one GPU lost leaves the sessions somewhere to go; 1 is the rule before)."),
     follow_worst: float = typer.Option(_AUTO.follow_worst or 0.0, "--follow-worst", min=0.0, max=1.0, help="Without an SLO, turboserve's u* rises to the sessions per GPU the worst chunk of the burst memory already allows, up to this share of K (0: off, the table's u* alone)."),
-    slo_floor: float = typer.Option(_AUTO.slo_floor_share or 0.0, "--slo-floor", min=0.0, max=1.0, help="With an SLO, turboserve's u* is no lower than the sessions per GPU at which first chunks, at the busiest minute's rate of the burst memory, would miss this share of the SLO's rate, after its first 300 s and while within its error budget (0: off, the feedback alone)."),
+    slo_floor: float = typer.Option(_AUTO.slo_floor_share or 0.0, "--slo-floor", min=0.0, max=1.0, help="With an SLO, turboserve's u* is no lower than the sessions per GPU at which first chunks, at the mean minute's rate of the burst memory, would miss this share of the SLO's rate, after its first 300 s and while within its error budget (0: off, the feedback alone)."),
     slo_miss: float = typer.Option(_SLO.miss_rate, "--slo-miss-rate", min=0.0, max=0.999, help="SLO: largest share of chunks past their deadline."),
     slo_worst: float = typer.Option(_SLO.worst_s, "--slo-worst", min=0.001, max=86400.0, help="SLO: slowest chunk allowed, s."),
     cold_start: bool = typer.Option(False, "--cold-start", help="Elastic policies start with the first boot time's demand at full capacity and every scale-out boots; default: the pool their first decision asks for is ready at the trace's first instant (a trace starts mid-stream), and a launch (a first instant with fewer sessions than one GPU holds) opens with the GPUs its first two boot times' peak needs at full capacity."),
@@ -458,7 +459,7 @@ def _print_table(out: dict) -> None:
 
 
 def evaluate_cmd(
-    split: Optional[str] = typer.Option(None, "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either), outside (the fourth model's, an outside reviewer's; none chosen on either), probe (two launch families written later to probe the burst reserve: churn, periodic), review (the fifth model's, a second outside reviewer's: office, viral, batchy; none chosen on), surge (the sixth model's, a third outside reviewer's: failover, heavyvid, liveevent; none chosen on), steps (the seventh model's, a fourth outside reviewer's: plateau, waves, pareto, mixed, seeds 1 and 2; none chosen on), tenants (the eighth model's, a fifth outside reviewer's: desk, lobby, outage, seeds 1 and 2; none chosen on), wakes (the ninth model's, a sixth outside reviewer's: turns, nightshift, heavystate, lurkers, seeds 1 and 2; none chosen on), cohorts (the tenth model's, a seventh outside reviewer's: classes, creators; classes seeds 1, 2 and 3 (at --offset 150), creators seeds 1 and 4; none chosen on), tune (the five traces the settings were chosen on) or hour (13 one-hour traces from all six models, where every other split's are 20 minutes; none chosen on). Default: heldout, unless --trace is given."),
+    split: Optional[str] = typer.Option(None, "--split", help="heldout (traces no setting was chosen on), launch (the third model's traces, which start empty; none chosen on either), outside (the fourth model's, an outside reviewer's; none chosen on either), probe (two launch families written later to probe the burst reserve: churn, periodic), review (the fifth model's, a second outside reviewer's: office, viral, batchy; none chosen on), surge (the sixth model's, a third outside reviewer's: failover, heavyvid, liveevent; none chosen on), steps (the seventh model's, a fourth outside reviewer's: plateau, waves, pareto, mixed, seeds 1 and 2; none chosen on), tenants (the eighth model's, a fifth outside reviewer's: desk, lobby, outage, seeds 1 and 2; none chosen on), wakes (the ninth model's, a sixth outside reviewer's: turns, nightshift, heavystate, lurkers, seeds 1 and 2; none chosen on), cohorts (the tenth model's, a seventh outside reviewer's: classes, creators; classes seeds 1, 2 and 3 (at --offset 150), creators seeds 1 and 4; none chosen on), rounds (the eleventh model's, the project's own, sessions in rounds: quiz, match, lesson, seeds 1 and 2; the SLO floor's reading of starts was chosen on a first version of it), tune (the five traces the settings were chosen on) or hour (13 one-hour traces from all six models, where every other split's are 20 minutes; none chosen on). Default: heldout, unless --trace is given."),
     trace: list[Path] = typer.Option([], "--trace", help="Your own trace CSV to evaluate instead of a split (repeatable): the same policies, comparisons and bars, named by its path."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every comparison and its bars as JSON here."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated trace names of the split (e.g. flash/s0)."),
@@ -475,7 +476,7 @@ def evaluate_cmd(
     """Compare the policies on a split of trace families or on your own traces; print the quality bars per trace."""
     from processors.volatility import load_volatility_table
     from infra.sim.evaluate import (EVAL_POLICIES, HELDOUT, HOUR, LAUNCH, OUTSIDE_SPLIT, PROBE, REVIEW_SPLIT, STEPS_SPLIT,
-                                     SURGE_SPLIT, TENANTS_SPLIT, TUNE, WAKES_SPLIT, COHORTS_SPLIT, evaluate)
+                                     SURGE_SPLIT, TENANTS_SPLIT, TUNE, WAKES_SPLIT, COHORTS_SPLIT, ROUNDS_SPLIT, evaluate)
     from infra.sim.report import check_policies
     from infra.sim.simulator import SimConfig
 
@@ -490,7 +491,7 @@ def evaluate_cmd(
                 raise ConfigError("--policy", f"{next(p for p in extra if ':' not in p)}: the split runs every built-in already; "
                                   "give a plug-in as module:Name", "command line")
         splits = {"heldout": HELDOUT, "launch": LAUNCH, "outside": OUTSIDE_SPLIT, "probe": PROBE, "review": REVIEW_SPLIT,
-                  "surge": SURGE_SPLIT, "steps": STEPS_SPLIT, "tenants": TENANTS_SPLIT, "wakes": WAKES_SPLIT, "cohorts": COHORTS_SPLIT, "tune": TUNE, "hour": HOUR}
+                  "surge": SURGE_SPLIT, "steps": STEPS_SPLIT, "tenants": TENANTS_SPLIT, "wakes": WAKES_SPLIT, "cohorts": COHORTS_SPLIT, "rounds": ROUNDS_SPLIT, "tune": TUNE, "hour": HOUR}
         if trace and split is not None:
             raise ConfigError("--trace", "give --split or --trace, not both", "command line")
         if trace and only is not None:

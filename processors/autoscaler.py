@@ -43,7 +43,7 @@ from processors.decisions import Boot, Command, Reinstate, Vacate
 from processors.latency import LatencyModel
 from processors.pool import execution_counts, resize, shutdowns, utilization, wait_again
 from processors.scaling_config import AutoscalerConfig, AutoscalerState, Slo
-from processors.slo_mode import slo_feedback, slo_floor, slo_scale
+from processors.slo_mode import reserve_cap, slo_feedback, slo_floor, slo_scale
 from processors.snapshot import GpuState, Snapshot
 from processors.volatility import DEFAULT_VOLATILITY_TABLE, VolatilityTable
 
@@ -106,6 +106,9 @@ def scale(
         absorbs = absorbed_share(model, config, state)
         if absorbs is not None:  # the pool at A / u* absorbs a rise up to this
             reserve = max(0, reserve - max(0, math.floor((absorbs - u_target) / u_target * executing)))
+        if config.slo is not None and config.slo_reserve_cap:
+            cap, state = reserve_cap(state, snapshot, config, executing)
+            reserve = min(reserve, cap)
     if config.slo is not None:
         return slo_scale(snapshot, model, config, state, u_target, reserve, executing)
     u_max, active = utilization(snapshot, model, reserve, executing, loads)

@@ -59,11 +59,16 @@ class AutoscalerConfig:
     headroom_min: float = 0.3
     headroom_max: float = 1.6
     # with an SLO: u* no lower than the load per GPU at which first chunks (the activations
-    # of the last burst memory, at their busiest step) would miss this share of the SLO's
+    # of the last burst memory, at their mean step's rate) would miss this share of the SLO's
     # rate, once that many seconds have been watched and while the run is within its budget
     # (None: off)
     slo_floor_share: float | None = 0.8
     slo_floor_after_s: float = 300.0
+    # the floor reads the busiest step's starts of the burst memory instead of their mean
+    slo_floor_busiest: bool = False
+    # with an SLO: the burst reserve holds no more than the sessions that may start executing
+    # within a boot time: every idle one, and the most opens of a step of the burst memory
+    slo_reserve_cap: bool = True
     # without an SLO: u* may rise to the load per GPU the worst chunk of the last burst
     # memory already allows (less delta), up to this (None: off)
     follow_worst: float | None = 0.75
@@ -109,3 +114,5 @@ class AutoscalerState:
     # and the load per GPU the first-chunk floor allows (None: no floor now)
     starts: tuple[tuple[int, int], ...] = ()
     floor_u: float | None = None
+    # with an SLO: per step of the burst memory, the sessions that opened in it (the reserve's cap)
+    opens: tuple[tuple[int, int], ...] = ()

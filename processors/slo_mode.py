@@ -15,11 +15,14 @@ traces in no split: 9.8% dearer than the fixed pool meeting the SLO on average i
 The feedback has no model of where misses come from, and climbs 3% a minute: a load whose
 sessions seldom start executing (long spells, few returns) misses little at far more sessions
 per GPU than its start allows. So u* is floored (:func:`slo_floor`) at the load at which the
-first chunks of the busiest minute seen would miss ``slo_floor_share`` of the SLO's rate, as
-the latency model predicts them (:func:`floor_load`). Measured on the 59 twenty-minute split
+first chunks of the minutes seen would miss ``slo_floor_share`` of the SLO's rate, as the
+latency model predicts them (:func:`floor_load`). Measured on the 59 twenty-minute split
 traces: 1.05% cheaper on average (on launches up to 11%), the same 47 meeting the SLO; on
 their families at unseen seeds 0.61% cheaper, 48 meeting it either way (docs/scheduling.md,
-"The SLO mode's floor").
+"The SLO mode's floor"). The floor read the busiest minute at first; it reads their mean
+rate since, as the error budget is the run's, not a minute's: on sessions in rounds, which
+come back together a few times a run, the busiest minute held u* at a third of the slots
+where the run spent half its budget (docs/scheduling.md, "The floor reads the mean minute").
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from processors.pool import resize, wait_again
 from processors.scaling_config import AutoscalerConfig, AutoscalerState
 from processors.snapshot import GpuState, Snapshot
 
-__all__ = ["slo_feedback", "slo_floor", "floor_load", "first_chunk_misses", "slo_scale"]
+__all__ = ["slo_feedback", "slo_floor", "floor_load", "first_chunk_misses", "reserve_cap", "slo_scale"]
 
 _STARTS = (EventKind.OPEN, EventKind.ACTIVE)
 
@@ -78,13 +81,13 @@ def slo_floor(state: AutoscalerState, snapshot: Snapshot, model: LatencyModel, c
               executing: int) -> AutoscalerState:
     """Fold the sessions that started executing since the last decision (opens and returns)
     into their step, and set ``floor_u``, the least u* this decision may hold: the most
-    sessions per GPU (over K) at which first chunks, at the busiest step's rate of the last
-    burst memory, would miss no more than ``slo_floor_share`` of the SLO's rate
-    (:func:`floor_load`). None (no floor) before ``slo_floor_after_s`` have been watched, once
-    the run is past its error budget, or with no deadline known. The first decision's events
-    are the state the run starts from, not starts (a trace cut mid-stream opens every session
-    at its first instant, and a controller that starts on a running load did not see them
-    start)."""
+    sessions per GPU (over K) at which first chunks, at the mean rate of the last burst
+    memory's closed steps (``slo_floor_busiest``: the busiest one's), would miss no more
+    than ``slo_floor_share`` of the SLO's rate (:func:`floor_load`). None (no floor) before
+    ``slo_floor_after_s`` have been watched, once the run is past its error budget, or with no
+    deadline known. The first decision's events are the state the run starts from, not starts
+    (a trace cut mid-stream opens every session at its first instant, and a controller that
+    starts on a running load did not see them start)."""
     slo, share = config.slo, config.slo_floor_share
     if slo is None or share is None:
         return state
@@ -98,7 +101,8 @@ def slo_floor(state: AutoscalerState, snapshot: Snapshot, model: LatencyModel, c
     floor_u = None
     if (deadline > 0 and executing > 0 and len(starts) > 1 and watched >= config.slo_floor_after_s
             and missed <= slo.miss_rate * total):
-        rate = max(c for _, c in starts[:-1]) / config.slo_step_s  # closed steps: the open one is partial
+        closed = [c for _, c in starts[:-1]]  # closed steps: the open one is partial
+        rate = (max(closed) if config.slo_floor_busiest else sum(closed) / len(closed)) / config.slo_step_s
         p = model[config.gpu_type]
         floor_u = floor_load(p, rate, share * slo.miss_rate * executing, deadline) / p.capacity
     return replace(state, starts=starts, floor_u=floor_u)
@@ -119,6 +123,23 @@ def floor_load(p: GpuProfile, rate: float, allowed: float, deadline_s: float) ->
             break
         best = n
     return best
+
+
+def reserve_cap(state: AutoscalerState, snapshot: Snapshot, config: AutoscalerConfig, executing: int) -> tuple[int, AutoscalerState]:
+    """The most sessions that may start executing within a boot time, which the SLO mode's
+    burst reserve holds no more than: every idle session (each may come back) and the most
+    sessions opened in a step of the last burst memory (times a boot time's steps, at least
+    one); with the state that counts this decision's opens into their step. The first
+    decision's opens are the state the run starts from, not arrivals. The reserve remembers
+    rises for the burst memory; once the sessions that rose are executing and none is idle to
+    rise again, a reserve past this holds GPUs for a rise that cannot come (sessions in rounds:
+    a round's return held a third of the pool through the round it returned to)."""
+    step = math.floor(snapshot.now / config.slo_step_s)
+    n = sum(1 for e in snapshot.events if e.kind is EventKind.OPEN) if state.opens else 0
+    opens = tuple(x for x in state.opens if x[0] > step - config.burst_memory_s / config.slo_step_s)
+    opens = opens[:-1] + ((step, opens[-1][1] + n),) if opens and opens[-1][0] == step else opens + ((step, n),)
+    most = max(c for _, c in opens) * max(1.0, config.boot_s / config.slo_step_s)
+    return len(snapshot.sessions) - executing + math.ceil(most - 1e-9), replace(state, opens=opens)
 
 
 def slo_scale(snapshot: Snapshot, model: LatencyModel, config: AutoscalerConfig, state: AutoscalerState, u: float,

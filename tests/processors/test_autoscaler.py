@@ -398,13 +398,16 @@ def test_with_an_slo_a_rise_past_the_load_whose_first_chunk_misses_counts_in_the
     1 s deadline: with an SLO, a rise the pool would absorb up to 0.75 K (no reserve without
     one) counts in full once the chunk deadline is known, and it stays known between chunks."""
     from processors.autoscaler import Slo
+    from processors.lifecycle import SessionState
     from processors.snapshot import ChunkStats
 
     cfg = AutoscalerConfig(gpu_type="b300", slo=Slo(), headroom_start=0.6, dwell_s=0.0, burst_memory_s=300.0)
     u = DEFAULT_VOLATILITY_TABLE.lookup(1)[0] * 0.6
 
     def at(now: float, per_gpu: int, deadline: float) -> Snapshot:
-        return replace(_pool([per_gpu] * 4, now=now, gpu_type="b300"), chunks=ChunkStats(0, 0, 0.0, deadline))
+        snap = _pool([per_gpu] * 4, now=now, gpu_type="b300")
+        idle = tuple(Session(f"i{k}", lifecycle=SessionState.SUSPENDED) for k in range(40))  # as many may rise again
+        return replace(snap, sessions=snap.sessions + idle, chunks=ChunkStats(0, 0, 0.0, deadline))
 
     assert math.floor(PAPER["b300"].first_chunk_load(1.0, 80)) == 11
     for deadline, reserve in ((0.0, 0), (1.0, 40)):  # +40 executing within a boot time
@@ -448,8 +451,8 @@ def test_the_floor_is_the_most_sessions_per_gpu_whose_first_chunks_stay_within_t
 def test_with_an_slo_u_star_is_floored_where_sessions_seldom_start_executing():
     """The floor counts the sessions that start executing per step, not the first decision's
     (the state the run starts from: a trace cut mid-stream opens every session at once),
-    waits ``slo_floor_after_s``, reads the busiest closed step, and lets go once the run is
-    past its budget."""
+    waits ``slo_floor_after_s``, reads the mean of the closed steps (or, as configured, the
+    busiest), and lets go once the run is past its budget."""
     from processors.autoscaler import Slo, band
     from processors.lifecycle import EventKind, SessionEvent
     from processors.slo_mode import floor_load, slo_feedback, slo_floor
@@ -473,10 +476,48 @@ def test_with_an_slo_u_star_is_floored_where_sessions_seldom_start_executing():
         assert state.floor_u is None  # under 120 s watched
     state = step(state, at(130.0, 10))
     assert state.starts == ((0, 150), (1, 360), (2, 10))
-    assert state.floor_u == floor_load(p, 360 / 60.0, 0.8 * 0.001 * 3000, 1.0) / 40
+    assert state.floor_u == floor_load(p, (150 + 360) / 2 / 60.0, 0.8 * 0.001 * 3000, 1.0) / 40
+    busiest = slo_floor(slo_feedback(state, at(135.0, 0), cfg), at(135.0, 0), PAPER, replace(cfg, slo_floor_busiest=True), 3000)
+    assert busiest.floor_u == floor_load(p, 360 / 60.0, 0.8 * 0.001 * 3000, 1.0) / 40 < state.floor_u  # the burst's minute alone
     table_u = DEFAULT_VOLATILITY_TABLE.lookup(1)[0]
     assert band(1, PAPER, cfg, DEFAULT_VOLATILITY_TABLE, state)[0] == pytest.approx(max(state.floor_u, table_u * 0.6))
     assert state.floor_u > table_u * 0.6  # few starts: more sessions per GPU than the feedback's start allows
     spent = step(state, at(140.0, 0, count=0, missed=100_000))  # the run is past its error budget
     assert spent.floor_u is None
     assert slo_floor(state, at(140.0, 0), PAPER, replace(cfg, slo_floor_share=None), 3000) == state  # off
+
+
+def test_with_an_slo_the_burst_reserve_holds_no_more_than_what_may_start_within_a_boot_time():
+    """The reserve remembers a rise for its memory; with an SLO it is capped by the sessions
+    that may start executing within a boot time: the idle ones and the most opens of a step
+    (a boot time's worth). Once a round's returns are all back and none is idle, it no longer
+    holds GPUs for them; a break that idles them raises the cap again. The first decision's
+    opens are the state the run starts from."""
+    from processors.autoscaler import Slo
+    from processors.lifecycle import EventKind, SessionEvent, SessionState
+    from processors.slo_mode import reserve_cap
+    from processors.snapshot import ChunkStats
+
+    cfg = AutoscalerConfig(gpu_type="b300", slo=Slo(), slo_floor_share=None, boot_s=60.0, slo_step_s=60.0)
+
+    def at(now: float, executing: int, idle: int, opens: int = 0) -> Snapshot:
+        gpus = tuple(Gpu(f"g{i:02d}", "b300") for i in range(20))
+        run = tuple(Session(f"e{k}", gpu_id=gpus[k % 20].id) for k in range(executing))
+        rest = tuple(Session(f"i{k}", lifecycle=SessionState.SUSPENDED) for k in range(idle))
+        events = tuple(SessionEvent(now, f"e{k}", EventKind.OPEN) for k in range(opens))
+        return Snapshot(now, gpus, run + rest, events, ChunkStats(1000, 0, 0.9, 1.0))  # a 1 s chunk deadline
+
+    cap, state = reserve_cap(AutoscalerState(), at(0.0, 300, 0, opens=300), cfg, 300)  # the opening instant
+    assert cap == 0 and state.opens == ((0, 0),)
+    cap, state = reserve_cap(state, at(30.0, 300, 50, opens=12), cfg, 300)
+    assert cap == 50 + 12 and state.opens == ((0, 12),)
+    cap, state = reserve_cap(state, at(70.0, 340, 0, opens=4), cfg, 340)  # every idle one back
+    assert cap == 12 and state.opens == ((0, 12), (1, 4))
+    assert reserve_cap(state, at(75.0, 340, 0), replace(cfg, boot_s=180.0), 340)[0] == 36  # three steps a boot time
+
+    # in a decision: a remembered return of 250 sessions is held only while sessions are idle to make it
+    rise = AutoscalerState(recent=((0, 90, 90, 0), (12, 90, 340, 250)), opens=((1, 4),))
+    held = autoscale(at(70.0, 340, 0), 1, PAPER, replace(cfg, slo_reserve_cap=False), state=rise)[0]
+    capped = autoscale(at(70.0, 340, 0), 1, PAPER, cfg, state=rise)[0]
+    boots = [sum(c.count for c in cmds if isinstance(c, Boot)) for cmds in (held, capped)]
+    assert boots[0] > boots[1] > 0, boots  # GPUs for the load, not for a return with nobody idle to make it
