@@ -22,7 +22,8 @@ their families at unseen seeds 0.61% cheaper, 48 meeting it either way (docs/sch
 "The SLO mode's floor"). The floor read the busiest minute at first; it reads their mean
 rate since, as the error budget is the run's, not a minute's: on sessions in rounds, which
 come back together a few times a run, the busiest minute held u* at a third of the slots
-where the run spent half its budget (docs/scheduling.md, "The floor reads the mean minute").
+where the run spent a sixth to a half of its budget (docs/scheduling.md, "The floor reads the
+mean minute").
 """
 
 from __future__ import annotations
