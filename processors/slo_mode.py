@@ -94,8 +94,7 @@ def slo_floor(state: AutoscalerState, snapshot: Snapshot, model: LatencyModel, c
         return state
     step = math.floor(snapshot.now / config.slo_step_s)
     n = sum(1 for e in snapshot.events if e.kind in _STARTS) if state.starts else 0
-    starts = tuple(x for x in state.starts if x[0] > step - config.burst_memory_s / config.slo_step_s)
-    starts = starts[:-1] + ((step, starts[-1][1] + n),) if starts and starts[-1][0] == step else starts + ((step, n),)
+    starts = _per_step(state.starts, step, n, config)
     total, missed = state.measured[:2] if state.measured else (0, 0)
     deadline = snapshot.chunks.deadline_s or state.deadline_s
     watched = (step - starts[0][0]) * config.slo_step_s
@@ -107,6 +106,13 @@ def slo_floor(state: AutoscalerState, snapshot: Snapshot, model: LatencyModel, c
         p = model[config.gpu_type]
         floor_u = floor_load(p, rate, share * slo.miss_rate * executing, deadline) / p.capacity
     return replace(state, starts=starts, floor_u=floor_u)
+
+
+def _per_step(counts: tuple[tuple[int, int], ...], step: int, n: int, config: AutoscalerConfig) -> tuple[tuple[int, int], ...]:
+    """``counts`` (per step, a count) with ``n`` added to ``step``'s; steps older than the
+    burst memory are dropped."""
+    kept = tuple(x for x in counts if x[0] > step - config.burst_memory_s / config.slo_step_s)
+    return kept[:-1] + ((step, kept[-1][1] + n),) if kept and kept[-1][0] == step else kept + ((step, n),)
 
 
 def floor_load(p: GpuProfile, rate: float, allowed: float, deadline_s: float) -> int:
@@ -137,8 +143,7 @@ def reserve_cap(state: AutoscalerState, snapshot: Snapshot, config: AutoscalerCo
     a round's return held a third of the pool through the round it returned to)."""
     step = math.floor(snapshot.now / config.slo_step_s)
     n = sum(1 for e in snapshot.events if e.kind is EventKind.OPEN) if state.opens else 0
-    opens = tuple(x for x in state.opens if x[0] > step - config.burst_memory_s / config.slo_step_s)
-    opens = opens[:-1] + ((step, opens[-1][1] + n),) if opens and opens[-1][0] == step else opens + ((step, n),)
+    opens = _per_step(state.opens, step, n, config)
     most = max(c for _, c in opens) * max(1.0, config.boot_s / config.slo_step_s)
     return len(snapshot.sessions) - executing + math.ceil(most - 1e-9), replace(state, opens=opens)
 
