@@ -92,8 +92,9 @@ WAKES_SPLIT = tuple(spec for seed, night, crowds in ((1, 40, 1), (2, 60, 2))
 COHORTS_SPLIT = (TraceSpec("classes", 1), TraceSpec("classes", 2), TraceSpec("classes", 3, offset_s=150.0),
                  TraceSpec("creators", 1), TraceSpec("creators", 4))
 # The eleventh model (the project's own, sessions in rounds: idle through a break, back together
-# at the next round), written to probe the SLO mode; its floor's reading of the starts was chosen
-# on traces of a first version of it, so these judge nothing unseen: seeds 1 and 2 of each family.
+# at the next round), written to probe the SLO mode; its floor's reading of the starts and its
+# reserve's cap were chosen on traces of a first version of it, so these judge nothing unseen:
+# seeds 1 and 2 of each family.
 ROUNDS_SPLIT = tuple(TraceSpec(f, seed) for f in ROUNDS for seed in (1, 2))
 # One hour each, seed 4, from all six models (every other split is 20 minutes), seen by no
 # setting: the project's generator and the second and third models at the same arrival rate

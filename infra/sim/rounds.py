@@ -5,7 +5,7 @@ Written to probe the SLO mode on returns that come on a schedule (a quiz show, a
 lesson with breaks), a load no other model draws: most of the returns of a run come in a few
 bursts, each far faster than a boot, at a pool that saw the same burst a few minutes before.
 
-The model: ``seats`` users (600 at a scale of 1) sit from the first instant (the trace starts
+The model: ``scale`` times 600 users, one a seat, sit from the first instant (the trace starts
 mid-round: every seat's session open and executing at 0). Rounds and breaks alternate, each
 15% shorter or longer than its family's length, drawn per phase. Within ``jitter_s`` (10 s) of
 a break's start each executing session goes idle with the family's ``idle_share``; within
